@@ -1,0 +1,189 @@
+"""A Llama-style PreNorm decoder whose residual connection is a swappable component (attnres.residual).
+
+token embedding -> [ attention sublayer, MLP sublayer ] x n_layers -> final read -> RMSNorm -> LM head
+
+Each sublayer is f(h) = Op(RMSNorm(h)): PreNorm lives *inside* the sublayer, so AttnRes mixes the raw
+sublayer outputs and the baseline adds them. RoPE, causal SDPA attention, SwiGLU MLP, no biases.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .residual import ResidualScheme, build_residual
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in fp32 for stability under bf16 autocast, then return the input dtype
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [max_seq_len, head_dim // 2] for rotary position embeddings."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, hd]; rotate the (first half, second half) pairs of each head by position-dependent angles."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    """f(h) = W_o · Attention(RoPE(W_q n), RoPE(W_k n), W_v n), with n = RMSNorm(h)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = config.n_heads, config.head_dim
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.qkv = nn.Linear(config.d_model, 3 * config.attn_dim, bias=False)
+        self.out = nn.Linear(config.attn_dim, config.d_model, bias=False)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = h.shape
+        q, k, v = self.qkv(self.norm(h)).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])  # [B, H, T, hd]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, hd]
+        return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    """f(h) = W_down (silu(W_gate n) * W_up n), with n = RMSNorm(h)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.gate_up = nn.Linear(config.d_model, 2 * config.d_ff, bias=False)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(self.norm(h)).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class TransformerBlock(nn.Module):
+    """One attention and one MLP sublayer (sublayers 2i and 2i+1). The residual scheme decides what each reads."""
+
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.attn = CausalSelfAttention(config)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, state, residual: ResidualScheme, cos: torch.Tensor, sin: torch.Tensor, probe=None):
+        l = 2 * self.index
+        h = residual.read(state, l)
+        out = self.attn(h, cos, sin)
+        if probe is not None:
+            probe(l, h, out)
+        residual.write(state, l, out)
+        h = residual.read(state, l + 1)
+        out = self.mlp(h)
+        if probe is not None:
+            probe(l + 1, h, out)
+        residual.write(state, l + 1, out)
+        return state
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(TransformerBlock(config, i) for i in range(config.n_layers))
+        self.residual = build_residual(config)
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.record_diagnostics = False
+        self.diagnostics: dict[str, torch.Tensor] = {}
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2/nanoGPT init: N(0, 0.02); projections back into the residual stream scaled by 1/sqrt(2 L_b);
+        norms at one; AttnRes pseudo-queries at zero (each scheme resets its own parameters)."""
+        std = self.config.init_std
+        for name, p in self.named_parameters():
+            if name.startswith("residual."):
+                continue
+            if p.dim() == 1:  # RMSNorm gains
+                nn.init.ones_(p)
+            elif name.endswith(("attn.out.weight", "mlp.down.weight")):
+                nn.init.normal_(p, std=std / math.sqrt(2 * self.config.n_layers))
+            else:
+                nn.init.normal_(p, std=std)
+        if hasattr(self.residual, "reset_parameters"):
+            self.residual.reset_parameters()
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """idx [B, T] token ids -> logits [B, T, V]; with targets [B, T] returns (logits, mean cross-entropy)."""
+        B, T = idx.shape
+        if T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds ModelConfig.max_seq_len={self.config.max_seq_len}")
+        recording = self.record_diagnostics
+        self.residual.record = recording
+        probe = self._probe if recording else None
+        if recording:
+            self._read_rms, self._out_rms = [], []
+
+        x = self.tok_emb(idx)  # [B, T, D]
+        state = self.residual.begin(x)
+        for block in self.blocks:
+            state = block(state, self.residual, self.rope_cos, self.rope_sin, probe)
+        h = self.residual.final(state)  # [B, T, D] final depth-wise read
+        logits = self.lm_head(self.norm(h))  # [B, T, V]
+
+        if recording:
+            self._read_rms.append(h.detach().float().pow(2).mean().sqrt())
+            self._collect_diagnostics()
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    # ---- diagnostics (paper Fig. 5 and Fig. 8) ------------------------------------------------------------
+    def _probe(self, l: int, h: torch.Tensor, out: torch.Tensor) -> None:
+        self._read_rms.append(h.detach().float().pow(2).mean().sqrt())
+        self._out_rms.append(out.detach().float().pow(2).mean().sqrt())
+
+    def _collect_diagnostics(self) -> None:
+        read_rms = torch.stack(self._read_rms).cpu()  # [L + 1]: RMS of the input of every read
+        self.diagnostics = {
+            "read_rms": read_rms,
+            "sublayer_output_rms": torch.stack(self._out_rms).cpu(),  # [L]
+            # hidden state leaving transformer block i = what the next read (2i + 2, or the final read) returns
+            "block_output_rms": read_rms[2::2].clone(),  # [L_b]
+        }
+        weights = self.residual.depth_weights()
+        if weights is not None:
+            self.diagnostics["depth_weights"] = weights  # [L + 1, n_sources]
+        self._read_rms, self._out_rms = [], []
+
+    def read_kinds(self) -> list[str]:
+        return ["attn", "mlp"] * self.config.n_layers + ["final"]
+
+    # ---- bookkeeping ----------------------------------------------------------------------------------------
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.tok_emb.weight.numel()
+        return n
