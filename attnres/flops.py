@@ -46,7 +46,7 @@ def matmul_params(config: ModelConfig) -> int:
 
 
 def non_embedding_params(config: ModelConfig) -> int:
-    """Parameters minus the token embedding, counted analytically (equals Transformer.num_params(True))."""
+    """Kaplan's N: parameters outside the token embedding and LM head (= Transformer.num_params(True))."""
     from .model import Transformer  # local import: building on the meta device costs no memory
 
     import torch

@@ -183,7 +183,10 @@ class Transformer(nn.Module):
 
     # ---- bookkeeping ----------------------------------------------------------------------------------------
     def num_params(self, non_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
+        """All parameters, or (Kaplan's N) those outside the token embedding and the LM head."""
+        n = sum(p.numel() for p in self.parameters())  # a tied head is counted once
         if non_embedding:
             n -= self.tok_emb.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.lm_head.weight.numel()
         return n
