@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 from .residual import ResidualScheme, build_residual
@@ -84,16 +85,25 @@ class TransformerBlock(nn.Module):
         self.index = index
         self.attn = CausalSelfAttention(config)
         self.mlp = SwiGLU(config)
+        # Recompute each sublayer in backward instead of storing its internals. Only the sublayers are
+        # checkpointed (pure functions of h); the residual scheme's bookkeeping runs once, never replayed.
+        self.activation_checkpointing = False
+
+    def _run(self, fn, *args):
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
 
     def forward(self, state, residual: ResidualScheme, cos: torch.Tensor, sin: torch.Tensor, probe=None):
+        """Run sublayers 2i (attention) and 2i+1 (MLP); the residual scheme forms their inputs."""
         l = 2 * self.index
         h = residual.read(state, l)
-        out = self.attn(h, cos, sin)
+        out = self._run(self.attn, h, cos, sin)
         if probe is not None:
             probe(l, h, out)
         residual.write(state, l, out)
         h = residual.read(state, l + 1)
-        out = self.mlp(h)
+        out = self._run(self.mlp, h)
         if probe is not None:
             probe(l + 1, h, out)
         residual.write(state, l + 1, out)
@@ -180,6 +190,10 @@ class Transformer(nn.Module):
 
     def read_kinds(self) -> list[str]:
         return ["attn", "mlp"] * self.config.n_layers + ["final"]
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        for block in self.blocks:
+            block.activation_checkpointing = enabled
 
     # ---- bookkeeping ----------------------------------------------------------------------------------------
     def num_params(self, non_embedding: bool = False) -> int:

@@ -390,3 +390,16 @@ def test_tied_embeddings_and_param_counts():
     emb = TINY["vocab_size"] * TINY["d_model"]
     assert untied.num_params() - model.num_params() == emb
     assert untied.num_params(non_embedding=True) == model.num_params(non_embedding=True)
+
+
+@pytest.mark.parametrize("residual", ["baseline", "block"])
+def test_activation_checkpointing_gives_identical_gradients(residual):
+    a = make(residual, block_size=2)
+    randomize_queries(a) if residual != "baseline" else None
+    b = copy.deepcopy(a)
+    b.set_activation_checkpointing(True)
+    idx = tokens()
+    a(idx, idx)[1].backward()
+    b(idx, idx)[1].backward()
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
