@@ -1,0 +1,494 @@
+"""Tests of the data layer (experiments/data.py, experiments/prepare_data.py). Small slices, a few seconds."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+import threading
+import types
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from experiments import data
+from experiments.data import (
+    ShardHeader,
+    TokenShards,
+    TrainBatches,
+    default_cache_dir,
+    load_dataset,
+    prepare_hf_dataset,
+    prepare_stdlib,
+    prepare_text_files,
+    val_windows,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = 300_000  # bytes of stdlib for the shared fixture
+
+
+def independent_hash(key: str) -> float:
+    """Transcription of the documented rule: sha256(b'attnres-split\\0' + path)[:8] / 2**64, val if < fraction."""
+    return int.from_bytes(hashlib.sha256(b"attnres-split\0" + key.encode()).digest()[:8], "big") / 2**64
+
+
+def independent_split(keys: list[str], fraction: float) -> list[str]:
+    """The rule plus its documented fallback: with no file below `fraction`, the smallest hash is held out."""
+    u = [independent_hash(k) for k in keys]
+    out = ["val" if x < fraction else "train" for x in u]
+    if "val" not in out:
+        out[min(range(len(u)), key=u.__getitem__)] = "val"
+    return out
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> TokenShards:
+    cache = tmp_path_factory.mktemp("cache")
+    return TokenShards(prepare_stdlib(cache, max_bytes=SMALL, progress=False))
+
+
+@pytest.fixture()
+def shard_copy(small: TokenShards, tmp_path: Path) -> Path:
+    """A private copy of the small shards that a test may damage."""
+    return Path(shutil.copytree(small.path, tmp_path / "shards"))
+
+
+# ---------------------------------------------------------------------------------------------- stdlib corpus
+
+
+def test_stdlib_small_matches_sources_and_manifest(small: TokenShards) -> None:
+    h = small.header
+    assert (h.tokenizer, h.vocab_size, h.dtype, h.separator) == ("bytes", 256, "uint8", 0)
+    assert small.path.name.startswith("stdlib-py") and small.path.name.endswith(f"-bytes-max{SMALL}")
+    manifest = json.loads((small.path / "manifest.json").read_text())
+    root = Path(data.stdlib_root())
+    files = manifest["files"]
+    paths = [f["path"] for f in files]
+    assert paths == sorted(paths) and len(paths) >= 5
+    assert not any("site-packages" in p or "dist-packages" in p for p in paths)
+    # every entry is the real file, hashed
+    contents = {}
+    for f in files:
+        raw = (root / f["path"]).read_bytes()
+        assert hashlib.sha256(raw).hexdigest() == f["sha256"] and len(raw) == f["bytes"]
+        contents[f["path"]] = raw
+    # the documented hash split, with at least one held-out file
+    assert [f["split"] for f in files] == independent_split(paths, 0.01)
+    # train.bin / val.bin are exactly the files of each split, each followed by a 0 byte
+    for split in ("train", "val"):
+        expected = b"".join(contents[f["path"]] + b"\0" for f in files if f["split"] == split)
+        assert bytes(small.split(split)) == expected
+        assert h.n_tokens[split] == len(expected) > 0
+    # the whole-corpus hash two machines compare
+    corpus = hashlib.sha256(b"".join(contents[p] + b"\0" for p in paths)).hexdigest()
+    assert h.source["corpus_sha256"] == manifest["corpus_sha256"] == corpus
+    assert h.source["manifest_sha256"] == hashlib.sha256((small.path / "manifest.json").read_bytes()).hexdigest()
+    assert sum(f["bytes"] for f in files) <= SMALL
+    TokenShards(small.path, verify=True)  # checksums in the header are right
+
+
+def test_full_stdlib_corpus(tmp_path: Path) -> None:
+    """The real default: ~31 MB, ~1% held out, Python version recorded, non-UTF-8 fixtures skipped."""
+    with pytest.warns(UserWarning, match="non-UTF-8") if _has_non_utf8_stdlib() else contextlib.nullcontext():
+        shards = TokenShards(prepare_stdlib(tmp_path, progress=False))
+    h, s = shards.header, shards.header.source
+    assert s["kind"] == "stdlib" and s["python_version"] == __import__("platform").python_version()
+    assert s["n_docs"] > 500 and s["n_docs_val"] >= 1
+    assert 0.002 < h.n_tokens["val"] / (h.n_tokens["train"] + h.n_tokens["val"]) < 0.05
+    assert 1.0 < shards.unigram_entropy() < np.log(256)
+    manifest = json.loads((shards.path / "manifest.json").read_text())
+    assert all(not f["path"].startswith(("site-packages/", "dist-packages/")) for f in manifest["files"])
+    assert all(x["reason"] == "empty" or x["reason"].startswith("not valid UTF-8") for x in manifest["skipped"])
+
+
+def _has_non_utf8_stdlib() -> bool:
+    for _, path in data.stdlib_files():
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return True
+    return False
+
+
+def test_cache_is_reused_and_rebuilt_when_damaged(small: TokenShards, tmp_path: Path, monkeypatch) -> None:
+    cache = tmp_path / "c"
+    path = prepare_stdlib(cache, max_bytes=60_000, progress=False)
+    header = (path / "header.json").read_text()
+    stale = cache / f".tmp-{path.name}-999999-dead"  # left behind by a killed run
+    stale.mkdir()
+
+    calls = []
+    real_build = data._build_shards
+    monkeypatch.setattr(data, "_build_shards", lambda *a, **k: calls.append(1) or real_build(*a, **k))
+    assert prepare_stdlib(cache, max_bytes=60_000, progress=False) == path
+    assert calls == [] and stale.exists()  # cached: no work, no lock, nothing touched
+
+    with open(path / "train.bin", "r+b") as f:  # truncate: the size check catches it
+        f.truncate(10)
+    with pytest.raises(ValueError, match="prepare_data stdlib"):
+        TokenShards(path)
+    assert prepare_stdlib(cache, max_bytes=60_000, progress=False) == path
+    assert calls == [1] and not stale.exists()
+    assert (path / "header.json").read_text() == header  # same corpus -> byte-identical header
+    assert prepare_stdlib(cache, max_bytes=60_000, force=True, progress=False) == path and calls == [1, 1]
+    assert [p.name for p in cache.iterdir() if p.name.startswith((".tmp-", ".trash-"))] == []
+
+
+@pytest.mark.parametrize("with_lock", [True, False])
+def test_concurrent_preparation_is_safe(tmp_path: Path, monkeypatch, with_lock: bool) -> None:
+    if not with_lock:  # the no-flock path (Windows): both build, the atomic rename decides
+        monkeypatch.setattr(data, "_file_lock", lambda path: contextlib.nullcontext())
+    results, errors = [], []
+    barrier = threading.Barrier(3)
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            results.append(TokenShards(prepare_stdlib(tmp_path, max_bytes=80_000, progress=False), verify=True))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len({(r.path, r.header.checksum["train"]) for r in results}) == 1
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == [results[0].path.name]
+
+
+def test_default_cache_dir(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ATTNRES_DATA_DIR", str(tmp_path))
+    assert default_cache_dir() == tmp_path
+    monkeypatch.delenv("ATTNRES_DATA_DIR")
+    assert default_cache_dir() == REPO / "data" / "cache"
+
+
+def test_load_dataset(small: TokenShards, tmp_path: Path) -> None:
+    assert load_dataset(str(small.path)).header == small.header
+    cache = small.path.parent
+    assert load_dataset("stdlib", cache_dir=cache, max_bytes=SMALL).path == small.path
+    with pytest.raises(FileNotFoundError, match="stdlib"):
+        load_dataset(str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="allowed values: bytes, bpe"):
+        load_dataset("stdlib", cache_dir=cache, tokenizer="chars")
+
+
+# --------------------------------------------------------------------------------------------------- bad data
+
+
+def _rewrite_header(path: Path, **changes) -> None:
+    raw = json.loads((path / "header.json").read_text())
+    raw.update(changes)
+    (path / "header.json").write_text(json.dumps(raw))
+
+
+def test_missing_files(shard_copy: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="prepare_data"):
+        TokenShards(tmp_path / "nothing")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="header.json"):
+        TokenShards(empty)
+    (shard_copy / "val.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="val.bin"):
+        TokenShards(shard_copy)
+
+
+def test_wrong_header(shard_copy: Path) -> None:
+    n = json.loads((shard_copy / "header.json").read_text())["n_tokens"]
+    _rewrite_header(shard_copy, dtype="int16")
+    with pytest.raises(ValueError, match="dtype='int16'.*allowed values: uint8, uint16, uint32"):
+        TokenShards(shard_copy)
+    _rewrite_header(shard_copy, dtype="uint16")  # file size now disagrees: 2 bytes per token
+    with pytest.raises(ValueError, match="another dtype"):
+        TokenShards(shard_copy)
+    _rewrite_header(shard_copy, dtype="uint8", n_tokens={"train": n["train"] + 1, "val": n["val"]})
+    with pytest.raises(ValueError, match="truncated"):
+        TokenShards(shard_copy)
+    _rewrite_header(shard_copy, n_tokens=n, vocab_size=300)
+    with pytest.raises(ValueError, match="does not fit dtype uint8"):
+        TokenShards(shard_copy)
+    _rewrite_header(shard_copy, vocab_size=256, format_version=99)
+    with pytest.raises(ValueError, match="format_version"):
+        TokenShards(shard_copy)
+    _rewrite_header(shard_copy, format_version=1)
+    with open(shard_copy / "val.bin", "ab") as f:  # longer than the header says
+        f.write(b"x")
+    with pytest.raises(ValueError, match="val.bin holds"):
+        TokenShards(shard_copy)
+    (shard_copy / "header.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        TokenShards(shard_copy)
+
+
+def test_checksum_and_token_range_verified(shard_copy: Path) -> None:
+    with open(shard_copy / "train.bin", "r+b") as f:  # same size, one byte changed
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([(first[0] + 1) % 256]))
+    TokenShards(shard_copy)  # size is fine: opening without verify works
+    with pytest.raises(ValueError, match="checksum mismatch for .*train.bin"):
+        TokenShards(shard_copy, verify=True)
+    # token ids beyond the header's vocabulary, with consistent checksums
+    _rewrite_header(shard_copy, vocab_size=40,
+                    checksum={"algorithm": "sha256", "train": data.sha256_file(shard_copy / "train.bin"),
+                              "val": data.sha256_file(shard_copy / "val.bin")})
+    with pytest.raises(ValueError, match="token id .* >= header vocab_size 40"):
+        TokenShards(shard_copy, verify=True)
+
+
+def test_check_compatible(small: TokenShards) -> None:
+    small.check_compatible(vocab_size=256, seq_len=64, batch_size=8)
+    small.check_compatible(vocab_size=8192, seq_len=64, batch_size=8)  # a bigger model vocab is fine
+    with pytest.raises(ValueError, match="vocab_size to at least 256"):
+        small.check_compatible(vocab_size=128, seq_len=64, batch_size=8)
+    n = small.header.n_tokens["train"]
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        small.check_compatible(vocab_size=256, seq_len=1024, batch_size=n // 1024 + 1)
+    with pytest.raises(ValueError, match="validation tokens"):
+        small.check_compatible(vocab_size=256, seq_len=small.header.n_tokens["val"], batch_size=1)
+    with pytest.raises(ValueError, match="seq_len"):
+        small.check_compatible(vocab_size=256, seq_len=0, batch_size=1)
+
+
+# ------------------------------------------------------------------------------------------ windows, batches
+
+
+def test_val_windows_fixed_and_evenly_spaced(small: TokenShards) -> None:
+    seq, n = 32, 7
+    np.random.seed(1)
+    torch.manual_seed(1)
+    a = val_windows(small, seq, n)
+    np.random.seed(2)
+    torch.manual_seed(2)
+    b = val_windows(small, seq, n)
+    assert a.dtype == torch.int64 and a.shape == (n, seq + 1) and torch.equal(a, b)
+    val = np.asarray(small.val, dtype=np.int64)
+    span = len(val) - (seq + 1)
+    for i in range(n):
+        start = i * span // (n - 1)
+        assert a[i].tolist() == val[start : start + seq + 1].tolist()
+    assert a[-1].tolist() == val[-(seq + 1) :].tolist()
+    every = val_windows(small, seq, None)
+    assert every.shape == (len(val) // (seq + 1), seq + 1)
+    assert every.flatten().tolist() == val[: every.numel()].tolist()
+    with pytest.raises(ValueError, match="fewer than one window"):
+        val_windows(small, len(val), 1)
+
+
+def test_train_batches_deterministic_resumable(small: TokenShards) -> None:
+    seq, bs, seed = 16, 8, 1234
+    ds = TrainBatches(small, seq, bs, seed)
+    it = iter(ds)
+    stream = [next(it) for _ in range(6)]
+    train = np.asarray(small.train, dtype=np.int64)
+    for step, (x, y) in enumerate(stream):
+        assert x.shape == y.shape == (bs, seq) and x.dtype == y.dtype == torch.int64
+        offsets = np.random.default_rng([seed, step]).integers(0, len(train) - seq, size=bs)
+        windows = np.stack([train[o : o + seq + 1] for o in offsets])
+        assert x.tolist() == windows[:, :-1].tolist() and y.tolist() == windows[:, 1:].tolist()
+    # resume at step 4: exactly the batches an uninterrupted run sees
+    resumed = iter(TrainBatches(small, seq, bs, seed, start_step=4))
+    for step in (4, 5):
+        x, y = next(resumed)
+        assert torch.equal(x, stream[step][0]) and torch.equal(y, stream[step][1])
+    # a different seed gives different data
+    assert not torch.equal(TrainBatches(small, seq, bs, seed + 1).batch(0)[0], stream[0][0])
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_train_batches_ddp_slices_global_batch(small: TokenShards, world_size: int) -> None:
+    seq, bs, seed = 16, 8, 7
+    for step in (0, 3):
+        full_x, full_y = TrainBatches(small, seq, bs, seed).batch(step)
+        parts = [TrainBatches(small, seq, bs, seed, rank=r, world_size=world_size).batch(step) for r in range(world_size)]
+        assert all(p[0].shape == (bs // world_size, seq) for p in parts)
+        assert torch.equal(torch.cat([p[0] for p in parts]), full_x)
+        assert torch.equal(torch.cat([p[1] for p in parts]), full_y)
+
+
+def test_train_batches_bad_arguments(small: TokenShards) -> None:
+    with pytest.raises(ValueError, match="not divisible by world_size=4"):
+        TrainBatches(small, 16, 6, 0, world_size=4)
+    with pytest.raises(ValueError, match="rank=2 must be < world_size=2"):
+        TrainBatches(small, 16, 8, 0, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="seed"):
+        TrainBatches(small, 16, 8, -1)
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        TrainBatches(small, 1024, small.header.n_tokens["train"] // 1024 + 1, 0)
+
+
+def test_train_batches_dataloader_workers_and_pickle(small: TokenShards) -> None:
+    ds = TrainBatches(small, 16, 4, 3, start_step=10)
+    clone = pickle.loads(pickle.dumps(ds))  # spawn-started workers get a reopened memmap, not a copy
+    assert torch.equal(clone.batch(10)[0], ds.batch(10)[0])
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    got = []
+    for i, (x, _) in enumerate(loader):
+        got.append(x)
+        if i == 4:
+            break
+    for i, x in enumerate(got):  # worker striding + round-robin = step order
+        assert torch.equal(x, ds.batch(10 + i)[0])
+
+
+def test_unigram_entropy(small: TokenShards) -> None:
+    counts = np.array(list(Counter(bytes(small.train)).values()), dtype=np.float64)
+    p = counts / counts.sum()
+    assert small.unigram_entropy("train") == pytest.approx(float(-(p * np.log(p)).sum()), rel=1e-12)
+    assert 0 < small.unigram_entropy("val") < np.log(256)
+    with pytest.raises(ValueError, match="split"):
+        small.unigram_entropy("test")
+
+
+# ---------------------------------------------------------------------------------------------- text files, HF
+
+
+def test_text_file_single_tail_split(tmp_path: Path) -> None:
+    text = "".join(f"line {i}: the quick brown fox é\n" for i in range(400)).encode()
+    (tmp_path / "book.txt").write_bytes(text)
+    shards = TokenShards(prepare_text_files([tmp_path / "book.txt"], tmp_path / "out", val_fraction=0.05, progress=False))
+    train, val = bytes(shards.train), bytes(shards.val)
+    assert train[-1] == 0 and val[-1] == 0 and train[:-1] + val[:-1] == text
+    assert train[-2:-1] == b"\n" and 0.03 < len(val) / len(text) < 0.1  # cut at a line break, ~val_fraction
+    assert shards.header.source["split"] == "tail"
+    assert shards.decode(shards.val[:-1]) == val[:-1].decode()
+
+
+def test_text_directory_file_split_skip_and_overwrite(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    for i in range(150):
+        (corpus / ("sub" if i % 2 else "") / f"f{i:03d}.txt").write_text(f"document {i}\n" * 5)
+    (corpus / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    out = tmp_path / "out"
+    with pytest.warns(UserWarning, match="non-UTF-8.*latin1.txt"):
+        shards = TokenShards(prepare_text_files([corpus], out, val_fraction=0.02, progress=False))
+    manifest = json.loads((out / "manifest.json").read_text())
+    keys = [f["path"] for f in manifest["files"]]
+    assert all(k.startswith("corpus/") for k in keys) and "corpus/sub/f001.txt" in keys
+    assert [f["split"] for f in manifest["files"]] == independent_split(keys, 0.02)
+    assert manifest["skipped"][0]["path"] == "corpus/latin1.txt"
+    assert shards.header.source["n_docs_val"] == sum(f["split"] == "val" for f in manifest["files"]) >= 1
+    # re-preparing into a shard dir replaces it; a foreign non-empty dir is refused
+    prepare_text_files([corpus / "f000.txt", corpus / "f002.txt"], out, progress=False)
+    assert TokenShards(out).header.source["n_docs"] == 2
+    with pytest.raises(ValueError, match="not a token-shard directory"):
+        prepare_text_files([corpus / "f000.txt"], corpus, progress=False)
+    with pytest.raises(ValueError, match="not a directory"):
+        prepare_text_files([corpus / "f000.txt"], corpus / "f004.txt", progress=False)
+    assert (corpus / "f004.txt").read_text() == "document 4\n" * 5
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        prepare_text_files([tmp_path / "missing.txt"], tmp_path / "o2", progress=False)
+
+
+def test_bpe_needs_tokenizers(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails as if not installed
+    (tmp_path / "a.txt").write_text("hello\n")
+    with pytest.raises(ImportError, match=r"pip install 'attnres\[bpe\]'"):
+        prepare_text_files([tmp_path / "a.txt"], tmp_path / "out", tokenizer="bpe", progress=False)
+    with pytest.raises(ValueError, match="allowed values: bytes, bpe"):
+        prepare_text_files([tmp_path / "a.txt"], tmp_path / "out", tokenizer="gpt2", progress=False)
+
+
+def test_bpe_round_trip(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    root = data.stdlib_root()
+    sources = [root / n for n in ("textwrap.py", "glob.py", "fnmatch.py", "bisect.py", "colorsys.py")]
+    out = prepare_text_files(sources, tmp_path / "bpe", tokenizer="bpe", bpe_vocab_size=500, val_fraction=0.3,
+                             progress=False)
+    shards = TokenShards(out, verify=True)
+    h = shards.header
+    assert (h.tokenizer, h.dtype, h.separator) == ("bpe", "uint16", 0) and 257 <= h.vocab_size <= 500
+    manifest = json.loads((out / "manifest.json").read_text())
+    for split in ("train", "val"):
+        expected = "".join(p.read_text() + "\x00" for p, f in zip(sources, manifest["files"]) if f["split"] == split)
+        assert shards.decode(shards.split(split)) == expected
+        assert int((np.asarray(shards.split(split)) == 0).sum()) == sum(f["split"] == split for f in manifest["files"])
+    assert h.n_tokens["train"] < 0.6 * sum(len(p.read_bytes()) for p in sources)  # BPE actually compresses
+    # the same corpus gives the same tokenizer and shards
+    again = TokenShards(prepare_text_files(sources, tmp_path / "bpe2", tokenizer="bpe", bpe_vocab_size=500,
+                                           val_fraction=0.3, progress=False))
+    assert again.header.checksum == h.checksum
+
+
+def _fake_datasets(records: list[dict]) -> types.ModuleType:
+    module = types.ModuleType("datasets")
+    module.load_dataset = lambda name, config=None, split="train", streaming=True: iter(records)  # type: ignore[attr-defined]
+    return module
+
+
+def test_hf_dataset_with_fake_datasets(tmp_path: Path, monkeypatch) -> None:
+    records = [{"text": f"story {i}: once upon a time\n", "id": i} for i in range(400)]
+    monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(records))
+    out = prepare_hf_dataset("fake/stories", tmp_path / "hf", val_fraction=0.05, max_docs=300, progress=False)
+    shards = TokenShards(out, verify=True)
+    s = shards.header.source
+    assert (s["kind"], s["name"], s["n_docs"]) == ("hf", "fake/stories", 300)
+    held = [i for i in range(300) if independent_hash(f"train/{i}") < 0.05]
+    assert s["n_docs_val"] == len(held) >= 1
+    assert bytes(shards.val) == b"".join(records[i]["text"].encode() + b"\0" for i in held)
+    monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(records))
+    with pytest.raises(ValueError, match="text_field='body'.*columns: text, id"):
+        prepare_hf_dataset("fake/stories", tmp_path / "hf2", text_field="body", progress=False)
+
+
+def test_hf_dataset_errors(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError, match=r"pip install 'attnres\[hf\]'"):
+        prepare_hf_dataset("any/name", tmp_path / "o", progress=False)
+    broken = types.ModuleType("datasets")
+
+    def offline(*_a, **_k):
+        raise ConnectionError("no route to host")
+
+    broken.load_dataset = offline  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "datasets", broken)
+    with pytest.raises(RuntimeError, match="no route to host.*network access"):
+        prepare_hf_dataset("any/name", tmp_path / "o", progress=False)
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_help_is_light() -> None:
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['prepare_data', '--help']\n"
+        "try:\n    runpy.run_module('experiments.prepare_data', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = [m for m in ('torch', 'lightning', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "stdlib" in result.stdout and "files" in result.stdout and "hf" in result.stdout
+
+
+def test_cli_files_and_info(tmp_path: Path, capsys) -> None:
+    from experiments.prepare_data import main
+
+    (tmp_path / "a.txt").write_text("alpha beta gamma\n" * 50)
+    assert main(["--no-progress", "files", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    shards = TokenShards(tmp_path / "out")
+    assert str(tmp_path / "out") in printed and f"train {shards.header.n_tokens['train']:,}" in printed
+    assert main(["info", str(tmp_path / "out"), "--verify"]) == 0
+    assert main(["info", str(tmp_path / "nope")]) == 2
+    assert "prepare_data stdlib" in capsys.readouterr().err
+
+
+def test_header_round_trip() -> None:
+    h = ShardHeader("bytes", 256, "uint8", {"train": 10, "val": 2}, {"algorithm": "sha256", "train": "a", "val": "b"},
+                    {"kind": "files"})
+    assert ShardHeader.from_dict(json.loads(h.to_json())) == h
