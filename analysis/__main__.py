@@ -1,0 +1,95 @@
+"""Command line: ``python -m analysis {fit,paper} ...`` (also installed as ``attnres-analysis``).
+
+Heavy imports (pandas, scipy, matplotlib) happen inside the subcommands so that ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Sequence
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m analysis",
+        description="Scaling-law fits, compute multipliers with intervals, and figures from attnres result records "
+        "(docs/results_schema.md). Output schema: docs/analysis.md.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("fit", help="fit a results table and write fit.json, summary.md and figures")
+    src = f.add_mutually_exclusive_group(required=True)
+    src.add_argument("--results", help="results.csv, a results.json, or a study/run directory (results.csv or results.json files below it)")
+    src.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the same records from W&B (needs wandb and network)")
+    f.add_argument("--wandb-group", help="W&B group (study) to read, with --wandb")
+    f.add_argument("--out", required=True, help="output directory")
+    f.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    f.add_argument("--study", help="which study to fit as the scaling ladder (default: the only one besides block_size/ablations)")
+    f.add_argument("--compute", default="pflops_days", choices=["pflops_days", "pflops_days_6nd"], help="compute column (default: pflops_days)")
+    f.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
+    f.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    f.add_argument("--bootstrap-mode", default="auto", choices=["auto", "cluster", "parametric"],
+                   help="auto: paired cluster bootstrap over seeds when every size has >= 2 seeds, else parametric")  # fmt: skip
+    f.add_argument("--seed-sigma", type=float, help="seed-noise sd of one run's final val loss, for the parametric bootstrap")
+    f.add_argument("--seed-rho", type=float, default=0.0, help="share of seed noise common to both arms of a cell (default: 0)")
+    f.add_argument("--form", default="auto", choices=["auto", "saturating", "power_law"],
+                   help="joint-fit form: auto = E + A C^-alpha, falling back to E = 0 when E hits a bound")  # fmt: skip
+    f.add_argument("--skip-incomplete", action="store_true", help="skip (with a warning) variants with fewer than 3 sizes instead of failing")
+    f.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
+
+    q = sub.add_parser("paper", help="refit the paper's published numbers and draw its figures")
+    q.add_argument("--out", required=True, help="output directory")
+    q.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
+    q.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    q.add_argument("--seed-sigma", type=float, help="seed-noise sd for the parametric bootstrap (default: fit residual sd)")
+    return p
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None or x != x else f"{x:.3f}"
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
+    return f"warning: {message}\n"  # no file:line noise for a CLI user
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    saved = warnings.formatwarning
+    warnings.formatwarning = _format_warning
+    try:
+        if args.command == "fit":
+            from .pipeline import load_any, run_fit
+
+            df = load_any(args.results, args.wandb, args.wandb_group)
+            doc = run_fit(
+                df, args.out, baseline=args.baseline, study=args.study, compute=args.compute, B=args.bootstrap,
+                seed=args.seed, bootstrap_mode=args.bootstrap_mode, seed_sigma=args.seed_sigma, seed_rho=args.seed_rho,
+                form=args.form, skip_incomplete=args.skip_incomplete, make_figures=not args.no_figures,
+            )  # fmt: skip
+            for v, m in doc["multipliers"].items():
+                lo, hi = m["m_ci95"]
+                print(f"{v}: m = {_f(m['m'])} [{_f(lo)}, {_f(hi)}], P(m<=1) = {_f(m['p_m_le_1'])}, "
+                      f"paper M = {_f(m['paper_M'])}, per-size geo-mean = {_f(m['per_size_geomean'])}")  # fmt: skip
+                if m["headline"] == "curve":
+                    c = m["paper_M_curve"]
+                    print(f"  exponents differ significantly: M(C) runs from {_f(c['M'][0])} at C = {c['C'][0]:.3g} "
+                          f"to {_f(c['M'][-1])} at C = {c['C'][-1]:.3g} (see fit.json paper_M_curve)")  # fmt: skip
+        else:
+            from .paper import headline_numbers, run_paper
+
+            doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
+            print(headline_numbers(doc))
+        print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        warnings.formatwarning = saved
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

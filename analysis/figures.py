@@ -1,0 +1,465 @@
+"""Figures in the style of the AttnRes paper, each written as PNG and PDF.
+
+Every function takes tidy data (the results DataFrame, the fit.json document, or per-run files located through
+``run_dir``) and an output stem; it returns the written paths, or an empty list with an AnalysisWarning when the
+inputs it needs are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+
+from .fit import PowerLaw  # noqa: E402
+from .records import AnalysisWarning, resolve_run_dir, size_order  # noqa: E402
+
+COLORS = {
+    "baseline": "#4d4d4d",
+    "block_attnres": "#1f77b4",
+    "full_attnres": "#d62728",
+    "mhc_lite": "#2ca02c",
+    "mhc": "#2ca02c",
+    "denseformer": "#9467bd",
+}
+LABELS = {"baseline": "Baseline", "block_attnres": "Block AttnRes", "full_attnres": "Full AttnRes"}
+_FALLBACK = ["#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
+
+plt.rcParams.update({
+    "figure.dpi": 110, "savefig.dpi": 160, "font.size": 9.5, "axes.titlesize": 10, "axes.labelsize": 9.5,
+    "legend.fontsize": 8.5, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+    "grid.alpha": 0.25, "grid.linewidth": 0.6,
+})  # fmt: skip
+
+
+def color_of(variant: str, order: list[str] | None = None) -> str:
+    if variant in COLORS:
+        return COLORS[variant]
+    i = (order.index(variant) if order and variant in order else zlib.crc32(variant.encode())) % len(_FALLBACK)
+    return _FALLBACK[i]
+
+
+def label_of(variant: str, labels: dict[str, str] | None = None) -> str:
+    return (labels or {}).get(variant) or LABELS.get(variant, variant)
+
+
+def save(fig: plt.Figure, stem: Path) -> list[Path]:
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def _compute_formatter(x: float, _pos: Any = None) -> str:
+    # Plain numbers for paper-scale compute (0.5, 1, 2, 5), powers of ten for CPU-scale (1e-6).
+    if x <= 0:
+        return ""
+    if 0.01 <= x < 1e4:
+        return f"{x:g}"
+    e = math.floor(math.log10(x))
+    mant = x / 10**e
+    return f"$10^{{{e}}}$" if abs(mant - 1) < 1e-6 else f"${mant:g}\\times10^{{{e}}}$"
+
+
+def _log_compute_axis(ax: plt.Axes, lo: float, hi: float) -> None:
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    if hi / lo < 30:  # less than ~1.5 decades: label 1-2-5 steps, else only decades would be visible
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_formatter(FuncFormatter(_compute_formatter))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fig. 4: scaling law with the multiplier arrow
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def scaling_figure(
+    df: pd.DataFrame,
+    doc: dict[str, Any],
+    stem: Path,
+    *,
+    compute: str = "pflops_days",
+    labels: dict[str, str] | None = None,
+    variants: list[str] | None = None,
+    title: str | None = None,
+    per_size_panel: bool = True,
+) -> list[Path]:
+    """Val loss vs compute (log x): runs, per-size means, the paper-form law per variant, and for each variant a
+    horizontal arrow from its curve at the largest compute to the baseline curve at the same loss (length M),
+    labelled with M and its 95% interval; the joint-fit m with its interval is printed below."""
+    fits = doc.get("variants", {})
+    variants = [v for v in (variants or list(fits)) if v in fits]
+    if not variants:
+        warnings.warn("scaling figure skipped: no fitted variants", AnalysisWarning, stacklevel=2)
+        return []
+    base = doc["baseline"]
+    mults = {v: doc["multipliers"][v] for v in variants if v in doc.get("multipliers", {})}
+    C_all = df.loc[df["variant"].isin(variants), compute].to_numpy(float)
+    reach = max([mm["paper_M"] * mm["paper_M_at_C"] for mm in mults.values() if np.isfinite(mm["paper_M"] or np.nan)] + [C_all.max()])
+    lo, hi = C_all.min() / 1.25, max(reach, C_all.max()) * 1.3
+
+    if per_size_panel and mults:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11.2, 4.5), gridspec_kw={"width_ratios": [1.45, 1]})
+    else:
+        fig, ax = plt.subplots(figsize=(6.6, 4.5))
+        ax2 = None
+    grid = np.geomspace(lo, hi, 200)
+    for v in variants:
+        f = fits[v]
+        law = PowerLaw(f["A"], f["alpha"])
+        col = color_of(v, variants)
+        d = df[df["variant"] == v]
+        ax.scatter(d[compute], d["val_loss"], s=12, color=col, alpha=0.45, lw=0, zorder=3)
+        means = d.groupby("size")[[compute, "val_loss"]].mean()
+        ax.scatter(means[compute], means["val_loss"], s=34, color=col, edgecolor="white", lw=0.7, zorder=4)
+        ax.plot(grid, law.loss(grid), color=col, lw=1.5, zorder=2,
+                label=f"{label_of(v, labels)}: $L = {f['A']:.3f}\\,C^{{-{f['alpha']:.4f}}}$")  # fmt: skip
+
+    # Arrows: variant curve at C* -> baseline curve at the same loss, i.e. M x further right.
+    arrows = sorted(((v, mm) for v, mm in mults.items() if mm["paper_M"] and np.isfinite(mm["paper_M"])),
+                    key=lambda t: PowerLaw(fits[t[0]]["A"], fits[t[0]]["alpha"]).loss(t[1]["paper_M_at_C"]))  # fmt: skip
+    y_lo, y_hi = _loss_limits(df, variants, grid, fits)
+    span = y_hi - y_lo
+    last_y = -np.inf
+    for v, mm in arrows:
+        C_star = mm["paper_M_at_C"]
+        y = float(PowerLaw(fits[v]["A"], fits[v]["alpha"]).loss(C_star))
+        col = color_of(v, variants)
+        ax.annotate("", xy=(C_star * mm["paper_M"], y), xytext=(C_star, y),
+                    arrowprops={"arrowstyle": "-|>", "color": col, "lw": 1.6, "shrinkA": 0, "shrinkB": 0}, zorder=5)  # fmt: skip
+        ci = mm.get("paper_M_ci95") or [None, None]
+        txt = f"M = {mm['paper_M']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else "")
+        ty = max(y + 0.05 * span, last_y + 0.065 * span)  # keep stacked labels apart
+        last_y = ty
+        ax.text(C_star * mm["paper_M"], ty, txt, color=col, ha="right", va="bottom", fontsize=8.5,
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}, zorder=6)  # fmt: skip
+    lines = []
+    for v, mm in mults.items():
+        ci = mm["m_ci95"]
+        s = f"{label_of(v, labels)}: m = {mm['m']:.2f}×"
+        if ci and ci[0] is not None:
+            s += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+        if mm.get("p_m_le_1") is not None:
+            s += f", P(m≤1) = {mm['p_m_le_1']:.3f}"
+        if mm.get("headline") == "curve":
+            s += " (exponents differ: read M(C))"
+        lines.append(s)
+    if lines:
+        form = {m["joint"]["form"] for m in mults.values()}
+        head = "joint fit, shared " + ("E, α" if form == {"saturating"} else "α") + " (95% CI):"
+        ax.text(0.02, 0.03, "\n".join([head] + lines), transform=ax.transAxes, fontsize=7.8, va="bottom", ha="left",
+                bbox={"boxstyle": "round,pad=0.35", "fc": "white", "ec": "0.8", "alpha": 0.9}, zorder=6)  # fmt: skip
+    _log_compute_axis(ax, lo, hi)
+    ax.set_ylim(y_lo - (0.06 + 0.045 * len(lines)) * span if lines else y_lo, y_hi)
+    xlabel = "Compute (PFLOP/s-days)" + ("" if compute == "pflops_days" else f"  [{compute}]")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("Validation loss")
+    ax.set_title(title or f"Scaling laws; arrows: multiplier M vs {label_of(base, labels)} at the largest C")
+    ax.legend(loc="upper right", frameon=True, framealpha=0.9)
+    if ax2 is not None:
+        _multiplier_panel(ax2, mults, variants, labels, base)
+        _log_compute_axis(ax2, lo, hi)
+        ax2.set_xlabel(xlabel)
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+def _multiplier_panel(ax: plt.Axes, mults: dict[str, Any], variants: list[str], labels: dict[str, str] | None, base: str) -> None:
+    """Per-size multipliers m_s (baseline curve inverted at each variant's loss) with intervals, the joint-fit m
+    as a band, and the paper-form M(C) curve: a trend in m_s means the gain is not a constant multiplier."""
+    n = len(mults)
+    for k, (v, mm) in enumerate(mults.items()):
+        col = color_of(v, variants)
+        ps = mm["per_size"]
+        C = np.array([p["C"] for p in ps.values()])
+        shift = 1.0 + 0.04 * (k - (n - 1) / 2)  # dodge the markers of different variants
+        y = np.array([p["m"] for p in ps.values()])
+        ci = np.array([p.get("m_ci95") or [np.nan, np.nan] for p in ps.values()], float)
+        yerr = np.abs(np.vstack([y - ci[:, 0], ci[:, 1] - y]))
+        ax.errorbar(C * shift, y, yerr=None if np.isnan(yerr).all() else yerr, fmt="o", ms=4.5, color=col, capsize=2.5,
+                    lw=1.1, label=f"{label_of(v, labels)}: $m_s$ per size", zorder=4)  # fmt: skip
+        lo_, hi_ = mm["m_ci95"]
+        if lo_ is not None:
+            ax.axhspan(lo_, hi_, color=col, alpha=0.12, lw=0)
+        ax.axhline(mm["m"], color=col, lw=1.2, alpha=0.9)
+        cur = mm.get("paper_M_curve")
+        if cur:
+            ax.plot(cur["C"], cur["M"], color=col, ls="--", lw=1.0, alpha=0.9)
+    ax.axhline(1.0, color="0.3", lw=0.9, ls=":")
+    ax.set_ylabel(f"Compute multiplier vs {label_of(base, labels)}")
+    ax.set_title("Multiplier: $m_s$ per size (points), joint-fit m (line, 95% band),\npaper-form M(C) (dashed)", fontsize=9)
+    ax.legend(loc="best", frameon=True, framealpha=0.9)
+
+
+def _loss_limits(df: pd.DataFrame, variants: list[str], grid: np.ndarray, fits: dict[str, Any]) -> tuple[float, float]:
+    vals = [df.loc[df["variant"].isin(variants), "val_loss"].to_numpy(float)]
+    vals += [PowerLaw(fits[v]["A"], fits[v]["alpha"]).loss(grid[[0, -1]]) for v in variants]
+    allv = np.concatenate(vals)
+    lo, hi = float(np.nanmin(allv)), float(np.nanmax(allv))
+    pad = 0.06 * (hi - lo)
+    return lo - pad, hi + 0.25 * (hi - lo)  # headroom for the legend
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loss curves from metrics.csv
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _names(items: list[str], limit: int = 8) -> str:
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _read_run_file(row: pd.Series, base_dir: str | None, name: str) -> Path | None:
+    d = resolve_run_dir(row, base_dir)
+    if d is None or not (d / name).is_file():
+        return None
+    return d / name
+
+
+def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days",
+                       labels: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+    """Val loss vs tokens (top) and vs FLOPs (bottom), one panel per size, one line per variant (mean over
+    seeds at each evaluation step).  Runs without a metrics.csv are skipped with one warning naming them."""
+    curves, missing = [], []
+    for _, row in df.iterrows():
+        path = _read_run_file(row, base_dir, "metrics.csv")
+        if path is None:
+            missing.append(str(row["run_id"]))
+            continue
+        m = pd.read_csv(path)
+        if not {"tokens", "flops", "val_loss"} <= set(m.columns):
+            missing.append(f"{row['run_id']} (metrics.csv lacks tokens/flops/val_loss)")
+            continue
+        m = m.dropna(subset=["val_loss"])
+        m = m.assign(variant=row["variant"], size=row["size"], seed=row["seed"])
+        curves.append(m[["step", "tokens", "flops", "val_loss", "variant", "size", "seed"]])
+    if missing:
+        warnings.warn(f"loss curves: no usable metrics.csv for {len(missing)} run(s): {_names(missing)}", AnalysisWarning, stacklevel=2)
+    if not curves:
+        return []
+    c = pd.concat(curves, ignore_index=True)
+    sizes = [s for s in size_order(df, compute) if s in set(c["size"])]
+    variants = list(pd.unique(df["variant"]))
+    ncol = len(sizes)
+    fig, axes = plt.subplots(2, ncol, figsize=(max(2.6 * ncol + 0.6, 4.6), 5.2), squeeze=False)
+    for j, size in enumerate(sizes):
+        cs = c[c["size"] == size]
+        final = df.loc[df["size"] == size, "val_loss"]
+        for i, xcol in enumerate(("tokens", "flops")):
+            ax = axes[i, j]
+            for v in variants:
+                cv = cs[cs["variant"] == v]
+                if cv.empty:
+                    continue
+                mean = cv.groupby("step")[[xcol, "val_loss"]].mean()
+                mean = mean[mean[xcol] > 0]
+                ax.plot(mean[xcol], mean["val_loss"], color=color_of(v, variants), lw=1.3, label=label_of(v, labels))
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))  # one "1e8" offset instead of long labels
+            # Zoom on the part that separates the variants: from just under the final losses to the loss reached
+            # at ~10% of training (the start of training is uninformative and would flatten everything).
+            early = cs[cs[xcol] >= 0.1 * cs[xcol].max()]["val_loss"]
+            top = float(np.nanmax(early)) if len(early) else float(cs["val_loss"].max())
+            bottom = float(np.nanmin(np.r_[cs["val_loss"].to_numpy(float), final.to_numpy(float)]))
+            ax.set_ylim(bottom - 0.05 * (top - bottom), top)
+            if i == 0:
+                ax.set_title(size)
+            ax.set_xlabel("Tokens" if xcol == "tokens" else "FLOPs")
+            if j == 0:
+                ax.set_ylabel("Validation loss")
+    handles, labs = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labs, loc="upper center", ncol=min(len(labs), 2 * ncol + 1), frameon=False, bbox_to_anchor=(0.5, 1.04 + 0.035 * (len(labs) > 2 * ncol + 1)))
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fig. 5b/c and Fig. 8 from diagnostics.json
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _diagnostics(df: pd.DataFrame, base_dir: str | None) -> tuple[list[dict[str, Any]], list[str]]:
+    out, missing = [], []
+    for _, row in df.iterrows():
+        path = _read_run_file(row, base_dir, "diagnostics.json")
+        if path is None:
+            missing.append(str(row["run_id"]))
+            continue
+        d = json.loads(path.read_text())
+        d.update(variant=row["variant"], size=row["size"], seed=row["seed"], residual=row.get("residual", d.get("residual")))
+        out.append(d)
+    return out, missing
+
+
+def _largest_size_with(diags: list[dict[str, Any]], df: pd.DataFrame, key: str, compute: str) -> str | None:
+    have = {d["size"] for d in diags if d.get(key)}
+    for s in reversed(size_order(df, compute)):
+        if s in have:
+            return s
+    return None
+
+
+def dynamics_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days",
+                    labels: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+    """Fig. 5b/c: output RMS and gradient norm per transformer block at the end of training, baseline vs AttnRes
+    (largest size with diagnostics, mean over seeds)."""
+    diags, missing = _diagnostics(df, base_dir)
+    if missing:
+        warnings.warn(f"training dynamics: no diagnostics.json for {len(missing)} run(s): {_names(missing)}", AnalysisWarning, stacklevel=2)
+    size = _largest_size_with(diags, df, "block_output_rms", compute)
+    if size is None:
+        return []
+    variants = list(pd.unique(df["variant"]))
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
+    for ax, key, ylabel in ((axes[0], "block_output_rms", "Output RMS"), (axes[1], "block_grad_norm", "Gradient norm")):
+        for v in variants:
+            rows = [np.asarray(d[key], float) for d in diags if d["size"] == size and d["variant"] == v and d.get(key)]
+            if not rows or len({r.size for r in rows}) != 1:
+                continue
+            y = np.mean(rows, axis=0)
+            ax.plot(np.arange(y.size), y, marker="o", ms=3.5, lw=1.4, color=color_of(v, variants), label=label_of(v, labels))
+        ax.set_xlabel("Transformer block")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].set_title(f"(b) output magnitude per block ({size})")
+    axes[1].set_title(f"(c) gradient magnitude per block ({size})")
+    axes[0].legend(frameon=False)
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+def depth_weights_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days",
+                         labels: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+    """Fig. 8: depth-attention weights (rows: reads, columns: sources) for Full and Block AttnRes, pre-attention
+    and pre-MLP reads in separate panels (largest size with weights, mean over seeds; blank = not visible)."""
+    diags, _ = _diagnostics(df, base_dir)
+    panels = []
+    for residual, default_name in (("full", "full_attnres"), ("block", "block_attnres")):
+        cand = [d for d in diags if d.get("depth_weights") and d.get("residual") == residual]
+        # Prefer the canonical variant (not an ablation that happens to share the residual scheme).
+        named = [d for d in cand if d["variant"] == default_name]
+        cand = named or cand
+        if not cand:
+            continue
+        size = _largest_size_with(cand, df, "depth_weights", compute)
+        runs = [d for d in cand if d["size"] == size]
+        runs = [d for d in runs if d["variant"] == runs[0]["variant"]]
+        mats = [np.array([[np.nan if x is None else x for x in r] for r in d["depth_weights"]], float) for d in runs]
+        if len({m.shape for m in mats}) != 1:
+            mats = mats[:1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells stay NaN (not visible)
+            W = np.nanmean(mats, axis=0)
+        kinds = list(runs[0]["read_kinds"])
+        srcs = list(runs[0]["source_labels"])
+        panels.append((runs[0]["variant"], size, W, kinds, srcs))
+    if not panels:
+        warnings.warn("depth-weight heatmaps skipped: no diagnostics.json with depth_weights (Full/Block AttnRes)", AnalysisWarning, stacklevel=2)
+        return []
+    vmax = max(float(np.nanmax(p[2])) for p in panels)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(9.0, 3.4 * len(panels) + 0.3), squeeze=False)
+    cmap = plt.get_cmap("viridis").copy()
+    cmap.set_bad("#f2f2f2")
+    im = None
+    for i, (variant, size, W, kinds, srcs) in enumerate(panels):
+        for j, kind in enumerate(("attn", "mlp")):
+            ax = axes[i, j]
+            rows = [r for r, k in enumerate(kinds) if k == kind]
+            M = np.ma.masked_invalid(W[rows])
+            im = ax.imshow(M, cmap=cmap, vmin=0, vmax=vmax, aspect="auto", interpolation="nearest")
+            ax.grid(False)
+            step = max(1, math.ceil(len(srcs) / 17))
+            ax.set_xticks(range(0, len(srcs), step))
+            ax.set_xticklabels([srcs[k] for k in range(0, len(srcs), step)], rotation=90 if len(srcs) > 12 else 0, fontsize=7.5)
+            rstep = max(1, math.ceil(len(rows) / 16))
+            ax.set_yticks(range(0, len(rows), rstep))
+            ax.set_yticklabels([str(k + 1) for k in range(0, len(rows), rstep)], fontsize=7.5)
+            ax.set_xlabel("Source")
+            ax.set_ylabel("Layer (transformer block)")
+            ax.set_title(f"{label_of(variant, labels)}: pre-{'attention' if kind == 'attn' else 'MLP'} reads ({size})")
+    fig.tight_layout()
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.85, pad=0.02, label="Depth-attention weight α")
+    return save(fig, stem)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fig. 6 (block size sweep) and Fig. 7 (architecture grid)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def block_size_figure(sweep: dict[str, Any], stem: Path, title: str | None = None) -> list[Path]:
+    """Fig. 6: Block AttnRes validation loss vs block size S (sublayers), with Full and baseline references."""
+    pts = sweep["points"]
+    S = np.array([p["block_size"] for p in pts], float)
+    y = np.array([p["val_loss"] for p in pts], float)
+    err = np.array([p["val_loss_sd"] or 0.0 for p in pts], float)
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    ax.errorbar(S, y, yerr=err if err.any() else None, color=COLORS["block_attnres"], marker="o", ms=5, lw=1.5, capsize=3,
+                label="Block AttnRes")  # fmt: skip
+    for key, name, style in (("baseline", "baseline", "--"), ("full", "full_attnres", ":")):
+        ref = sweep.get(key)
+        if ref:
+            ax.axhline(ref["val_loss"], color=COLORS[name], ls=style, lw=1.3, label=f"{LABELS[name]} ({ref['val_loss']:.3f})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(S)
+    ax.set_xticklabels([f"{int(s)}" + (" (Full)" if s == 1 else "") for s in S])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    for s, v in zip(S, y):
+        ax.annotate(f"{v:.3f}", (s, v), textcoords="offset points", xytext=(6, 0), ha="left", va="center", fontsize=7.5)
+    lo = min([y.min()] + [sweep[k]["val_loss"] for k in ("baseline", "full") if sweep.get(k)])
+    hi = max([y.max()] + [sweep[k]["val_loss"] for k in ("baseline", "full") if sweep.get(k)])
+    ax.set_ylim(lo - 0.12 * (hi - lo), hi + 0.12 * (hi - lo))
+    ax.set_xlim(S.min() / 1.4, S.max() * 1.6)  # room for the value labels right of each point
+    ax.set_xlabel("Block size S (sublayers per block)")
+    ax.set_ylabel("Validation loss")
+    ax.set_title(title or f"Block size sweep ({sweep['size']})")
+    ax.legend(frameon=True, framealpha=0.9, loc="lower right")
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+def architecture_grid_figure(fig7: dict[str, Any], stem: Path) -> list[Path]:
+    """Fig. 7: loss over (d_model/L_b, H/L_b) at fixed compute, Baseline and AttnRes, optimum outlined."""
+    xs, ys = fig7["d_over_Lb"], fig7["H_over_Lb"]
+    grids = [("Baseline", np.array(fig7["baseline"], float)), ("AttnRes", np.array(fig7["attnres"], float))]
+    vmin = min(g.min() for _, g in grids)
+    vmax = max(g.max() for _, g in grids)
+    fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.9))
+    im = None
+    for ax, (name, g) in zip(axes, grids):
+        im = ax.imshow(g, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
+        ax.grid(False)
+        i, j = np.unravel_index(np.argmin(g), g.shape)
+        for r in range(g.shape[0]):
+            for c in range(g.shape[1]):
+                shade = (g[r, c] - vmin) / (vmax - vmin)
+                ax.text(c, r, f"{g[r, c]:.3f}", ha="center", va="center", fontsize=8,
+                        color="black" if shade < 0.55 else "white", fontweight="bold" if (r, c) == (i, j) else None)  # fmt: skip
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
+        ax.set_xticks(range(len(xs)))
+        ax.set_xticklabels(xs)
+        ax.set_yticks(range(len(ys)))
+        ax.set_yticklabels(ys)
+        ax.set_xlabel("$d_{model}/L_b$")
+        ax.set_ylabel("$H/L_b$")
+        ax.set_title(f"{name} (best {g.min():.3f} at $d/L_b$={xs[j]}, $H/L_b$={ys[i]})")
+    fig.tight_layout()
+    fig.colorbar(im, ax=list(axes), shrink=0.9, pad=0.02, label="Validation loss")
+    return save(fig, stem)

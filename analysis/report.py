@@ -1,0 +1,473 @@
+"""From a tidy table of completed runs to the fit.json document and summary.md (schema: docs/analysis.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import bootstrap as bs
+from .fit import HUBER_DELTA, PowerLaw, arm_slopes_batch, fit_joint, fit_joint_batch, fit_power_law, multiplier_curve, wls_line
+from .records import AnalysisWarning, size_order
+
+SCHEMA_VERSION = 1
+MIN_SIZES = 3
+_CHUNK = 400  # replicates per batched call: bounds memory of the (replicates x alphas x points) arrays
+
+
+def check_ladder(df: pd.DataFrame, baseline: str, skip_incomplete: bool = False) -> list[str]:
+    """Variants to fit (baseline first).  Raise if the baseline is absent or any variant has < 3 sizes."""
+    variants = list(pd.unique(df["variant"]))
+    if baseline not in variants:
+        raise ValueError(
+            f"no completed runs of the baseline {baseline!r} (variants present: {', '.join(map(str, variants)) or 'none'}); "
+            "pass --baseline NAME to choose another"
+        )
+    ok = []
+    for v in [baseline] + [v for v in variants if v != baseline]:
+        sizes = size_order(df[df["variant"] == v])
+        if len(sizes) < MIN_SIZES:
+            msg = (
+                f"variant {v!r} has completed runs at only {len(sizes)} size(s) ({', '.join(sizes)}); "
+                f"a scaling-law fit needs at least {MIN_SIZES} sizes"
+            )
+            if skip_incomplete and v != baseline:
+                warnings.warn(msg + " -- skipped", AnalysisWarning, stacklevel=2)
+                continue
+            raise ValueError(msg)
+        ok.append(v)
+    return ok
+
+
+def _residual_sigma(df: pd.DataFrame, variants: list[str], compute: str) -> float | None:
+    """Pooled residual sd (loss units) of the per-variant paper-form fits: a last-resort seed-noise estimate."""
+    sq, dof = 0.0, 0
+    for v in variants:
+        d = df[df["variant"] == v]
+        law = fit_power_law(d[compute], d["val_loss"])
+        sq += float(((d["val_loss"] - law.loss(d[compute])) ** 2).sum())
+        dof += len(d) - 2
+    return math.sqrt(sq / dof) if dof > 0 else None
+
+
+def _chunked(fn, B: int, *arrays: np.ndarray) -> dict[str, np.ndarray]:
+    parts = [fn(*(a[i : i + _CHUNK] for a in arrays)) for i in range(0, B, _CHUNK)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _loss_table(df: pd.DataFrame, variants: list[str], baseline: str, compute: str) -> list[dict[str, Any]]:
+    rows = []
+    base = df[df["variant"] == baseline].groupby("size")["val_loss"].mean()
+    for size in size_order(df, compute):
+        for v in variants:
+            d = df[(df["variant"] == v) & (df["size"] == size)]
+            if d.empty:
+                continue
+            mean = float(d["val_loss"].mean())
+            rows.append({
+                "size": size,
+                "variant": v,
+                "C": float(d[compute].mean()),
+                "val_loss": mean,
+                "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
+                "n_runs": int(len(d)),
+                "delta_vs_baseline": mean - float(base[size]) if size in base.index and v != baseline else None,
+            })  # fmt: skip
+    return rows
+
+
+def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str) -> dict[str, Any]:
+    C = d[compute].to_numpy(float)
+    law = fit_power_law(C, d["val_loss"])
+    Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "variant:" + name))
+    a, s = wls_line(np.log(C), np.log(np.maximum(Ls, 1e-12)), Ws)
+    resid = np.log(d["val_loss"].to_numpy(float)) - np.log(law.loss(C))
+    return {
+        "A": law.A,
+        "A_ci95": bs.interval(law.A, np.exp(a), plan, log=True),
+        "alpha": law.alpha,
+        "alpha_ci95": bs.interval(law.alpha, -s, plan),
+        "E": None,  # the paper form has no E; the joint fit's E is under multipliers.<name>.joint
+        "law": law.describe(4),
+        "sizes": size_order(d, compute),
+        "n_runs": int(len(d)),
+        "C_min": float(C.min()),
+        "C_max": float(C.max()),
+        "rmse_log": float(np.sqrt(np.mean(resid**2))),
+    }
+
+
+def _pair_fit(
+    df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str, delta: float
+) -> dict[str, Any]:
+    d = pd.concat([df[df["variant"] == baseline], df[df["variant"] == variant]], ignore_index=True)
+    C = d[compute].to_numpy(float)
+    L = d["val_loss"].to_numpy(float)
+    isv = (d["variant"] == variant).to_numpy()
+    sizes = d["size"].astype(str).to_numpy()
+
+    # --- point estimates -----------------------------------------------------------------------------------
+    base_law = fit_power_law(C[~isv], L[~isv])
+    var_law = fit_power_law(C[isv], L[isv])
+    C_star = float(C[isv].max())  # the paper reads M at its largest compute point
+    paper_M = float(multiplier_curve(base_law, var_law, C_star))
+    C_grid = np.geomspace(C[isv].min(), C[isv].max(), 25)
+    M_grid = multiplier_curve(base_law, var_law, C_grid)
+
+    joint = fit_joint(C, L, isv, form=form, delta=delta)
+    C_ref = joint.C_ref
+    lnc = np.log(C / C_ref)
+    sl = arm_slopes_batch(lnc, L, isv, np.ones_like(L), joint.E)
+    alpha_diff = float(sl["alpha_v"] - sl["alpha_b"])
+    # Baseline curve (with the joint fit's E) inverted at each variant run's loss: m_s needs no variant fit.
+    inv_base = PowerLaw(A=float(np.exp(sl["a_b"])) * C_ref ** float(sl["alpha_b"]), alpha=float(sl["alpha_b"]), E=joint.E)
+    m_run = inv_base.compute_for_loss(L) / C  # only the variant entries are used
+    order = [s for s in size_order(d, compute) if np.any(isv & (sizes == s))]
+    per_size_point = {s: float(np.exp(np.mean(np.log(m_run[isv & (sizes == s)])))) for s in order}
+    geo_point = float(np.exp(np.mean(np.log(list(per_size_point.values())))))
+
+    # --- bootstrap -----------------------------------------------------------------------------------------
+    Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "pair:" + variant))
+    Ls = np.maximum(Ls, 1e-9)
+    jb = _chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, joint.form, delta), plan.B, Ls, Ws)
+    lnC = np.log(C)
+    ab, sb = wls_line(lnC, np.log(Ls), Ws * ~isv)
+    av, sv = wls_line(lnC, np.log(Ls), Ws * isv)
+    with np.errstate(all="ignore"):
+        # Paper-form M(C) per replicate: C_base(L_v(C)) / C with both arms' own power laws.
+        def M_of(Cq: np.ndarray) -> np.ndarray:
+            lnLv = av[:, None] + sv[:, None] * np.log(Cq)
+            return np.exp((lnLv - ab[:, None]) / sb[:, None] - np.log(Cq))
+
+        M_star = M_of(np.array([C_star]))[:, 0]
+        M_curve = M_of(C_grid)
+        slb = arm_slopes_batch(lnc, Ls, isv, Ws, jb["E"])
+        diff_b = slb["alpha_v"] - slb["alpha_b"]
+        y = np.maximum(Ls - jb["E"][:, None], 1e-12)
+        ln_m = -(np.log(y) - slb["a_b"][:, None]) / slb["alpha_b"][:, None] - lnc  # log(C_b^-1(L)/C) per point
+        per_size_boot = {}
+        for s in order:
+            mask = isv & (sizes == s)
+            w = Ws * mask
+            per_size_boot[s] = np.exp((w * np.where(mask, ln_m, 0.0)).sum(1) / w.sum(1))
+        geo_boot = np.exp(np.nanmean(np.log(np.stack(list(per_size_boot.values()), 1)), 1))
+
+    diff_ci = bs.interval(alpha_diff, diff_b, plan)
+    significant = bool(np.isfinite(diff_ci[0]) and (diff_ci[0] > 0 or diff_ci[1] < 0))
+    finite_m = np.isfinite(jb["m"]) & (jb["m"] > 0)
+    joint_d = joint.to_dict()
+    joint_d["alpha_ci95"] = bs.interval(joint.alpha, jb["alpha"], plan)
+    joint_d["E_ci95"] = bs.interval(joint.E, jb["E"], plan) if joint.form == "saturating" else None
+    joint_d["huber_delta"] = delta
+    per_size = {}
+    for s in order:
+        mask = isv & (sizes == s)
+        per_size[s] = {
+            "m": per_size_point[s],
+            "m_ci95": bs.interval(per_size_point[s], per_size_boot[s], plan, log=True),
+            "C": float(C[mask].mean()),
+            "L_variant": float(L[mask].mean()),
+            "n_runs": int(mask.sum()),
+        }
+    return {
+        "baseline": baseline,
+        "paper_M": paper_M,
+        "paper_M_ci95": bs.interval(paper_M, M_star, plan, log=True),
+        "paper_M_at_C": C_star,
+        "paper_M_curve": {
+            "C": C_grid.tolist(),
+            "M": M_grid.tolist(),
+            "ci95_lo": [bs.interval(M_grid[i], M_curve[:, i], plan, log=True)[0] for i in range(len(C_grid))],
+            "ci95_hi": [bs.interval(M_grid[i], M_curve[:, i], plan, log=True)[1] for i in range(len(C_grid))],
+        },
+        "m": joint.m,
+        "m_ci95": bs.interval(joint.m, jb["m"], plan, log=True),
+        "p_m_le_1": bs.share_at_most(joint.m, jb["m"], plan, 1.0),
+        "joint": joint_d,
+        "exponents": {
+            "E_used": joint.E,
+            "alpha_base": float(sl["alpha_b"]),
+            "alpha_variant": float(sl["alpha_v"]),
+            "diff": alpha_diff,
+            "diff_ci95": diff_ci,
+            "significant": significant,
+        },
+        "headline": "curve" if significant else "m",
+        "per_size": per_size,
+        "per_size_geomean": geo_point,
+        "per_size_geomean_ci95": bs.interval(geo_point, geo_boot, plan, log=True),
+        "bootstrap_failed": int((~finite_m).sum()),
+    }
+
+
+def analyse_scaling(
+    df: pd.DataFrame,
+    *,
+    baseline: str = "baseline",
+    compute: str = "pflops_days",
+    B: int = bs.DEFAULT_B,
+    seed: int = 0,
+    bootstrap_mode: str = "auto",
+    seed_sigma: float | None = None,
+    seed_rho: float = 0.0,
+    form: str = "auto",
+    delta: float = HUBER_DELTA,
+    skip_incomplete: bool = False,
+    excluded: list[dict[str, Any]] | None = None,
+    source: str | None = None,
+    study: str | None = None,
+) -> dict[str, Any]:
+    """Fit every variant of one compute ladder and compare each to the baseline; returns the fit.json document.
+
+    ``df`` holds completed runs of one scaling study (see records.select_completed / records.scaling_runs).
+    """
+    variants = check_ladder(df, baseline, skip_incomplete)
+    df = df[df["variant"].isin(variants)].reset_index(drop=True)
+    plan = bs.plan_resampling(
+        df, B=B, seed=seed, mode=bootstrap_mode, sigma=seed_sigma, rho=seed_rho,
+        residual_sigma=_residual_sigma(df, variants, compute),
+    )  # fmt: skip
+    if plan.mode == "parametric" and seed_sigma is None:
+        warnings.warn(f"parametric bootstrap with sigma = {plan.sigma:.3g}: {plan.sigma_source}", AnalysisWarning, stacklevel=2)
+    out: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": source if source is not None else df.attrs.get("source"),
+        "study": study if study is not None else (sorted(set(df["study"]))[0] if "study" in df.columns and len(df) else None),
+        "baseline": baseline,
+        "compute": compute,
+        "compute_units": "PFLOP/s-days",
+        "n_runs": int(len(df)),
+        "sizes": size_order(df, compute),
+        "excluded_runs": excluded or [],
+        "bootstrap": plan.to_dict() | {"ci_level": bs.CI_LEVEL, "interval": "percentile"},
+        "variants": {},
+        "multipliers": {},
+        "losses": _loss_table(df, variants, baseline, compute),
+    }
+    for v in variants:
+        out["variants"][v] = _variant_fit(df[df["variant"] == v], v, plan, compute)
+    for v in variants:
+        if v != baseline:
+            out["multipliers"][v] = _pair_fit(df, baseline, v, plan, compute, form, delta)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Non-ladder studies: block-size sweep (Fig. 6) and ablations (Table 4)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _mean_sd(d: pd.DataFrame) -> dict[str, Any]:
+    return {
+        "val_loss": float(d["val_loss"].mean()),
+        "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
+        "n_runs": int(len(d)),
+    }
+
+
+def _reference(df_all: pd.DataFrame, study_rows: pd.DataFrame, variant: str) -> dict[str, Any] | None:
+    """A reference variant's loss at the sweep's size: from the sweep study itself, else from any other study."""
+    if study_rows.empty:
+        return None
+    size = study_rows["size"].mode().iloc[0]
+    for pool in (study_rows, df_all):
+        d = pool[(pool["variant"] == variant) & (pool["size"] == size)]
+        if not d.empty:
+            return _mean_sd(d) | {"size": size}
+    return None
+
+
+def block_size_sweep(df_all: pd.DataFrame, baseline: str = "baseline", full: str = "full_attnres") -> dict[str, Any] | None:
+    """Fig. 6 data: Block AttnRes loss per block size S at one model size (study ``block_size``)."""
+    if "study" not in df_all.columns or "block_size" not in df_all.columns:
+        return None
+    rows = df_all[df_all["study"] == "block_size"]
+    blocks = rows[(rows["variant"] == "block_attnres") & rows["block_size"].notna()]
+    if blocks.empty:
+        return None
+    sizes = sorted(set(blocks["size"]))
+    if len(sizes) > 1:
+        warnings.warn(f"block-size study spans several sizes ({', '.join(sizes)}); using the most common", AnalysisWarning, stacklevel=2)
+        blocks = blocks[blocks["size"] == blocks["size"].mode().iloc[0]]
+    points = [
+        {"block_size": int(S)} | _mean_sd(g) for S, g in blocks.groupby("block_size", sort=True)
+    ]
+    return {
+        "size": str(blocks["size"].iloc[0]),
+        "points": points,
+        "baseline": _reference(df_all, rows, baseline),
+        "full": _reference(df_all, rows, full),
+    }
+
+
+def ablation_table(df_all: pd.DataFrame, baseline: str = "baseline") -> list[dict[str, Any]] | None:
+    """Table 4 data: one row per variant of study ``ablations`` (mean over seeds), with Δ vs the baseline."""
+    if "study" not in df_all.columns:
+        return None
+    rows = df_all[df_all["study"] == "ablations"]
+    if rows.empty:
+        return None
+    ref = _reference(df_all, rows, baseline)
+    order = list(pd.unique(rows["variant"]))
+    if baseline in order:
+        order.remove(baseline)
+        order.insert(0, baseline)
+    table = []
+    for v in order:
+        d = rows[rows["variant"] == v]
+        entry = {"variant": v} | _mean_sd(d)
+        entry["delta_vs_baseline"] = entry["val_loss"] - ref["val_loss"] if ref is not None and v != baseline else None
+        table.append(entry)
+    if ref is not None and baseline not in order:
+        table.insert(0, {"variant": baseline, "val_loss": ref["val_loss"], "val_loss_sd": ref["val_loss_sd"],
+                         "n_runs": ref["n_runs"], "delta_vs_baseline": None, "note": "from another study at the same size"})  # fmt: skip
+    return table
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: numpy scalars to Python, NaN/inf to null."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+def write_json(doc: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(_clean(doc), indent=2, allow_nan=False) + "\n")
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
+
+
+def _ci(ci: list[float] | None, digits: int = 3) -> str:
+    if not ci or ci[0] is None or not all(isinstance(c, float) and math.isfinite(c) for c in ci):
+        return "–"
+    return f"[{ci[0]:.{digits}g}, {ci[1]:.{digits}g}]"
+
+
+def _loss_cell(r: dict[str, Any]) -> str:
+    s = f"{r['val_loss']:.4f}"
+    if r.get("val_loss_sd") is not None:
+        s += f" ± {r['val_loss_sd']:.4f}"
+    return s
+
+
+def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") -> str:
+    """The tables a user pastes into a paper: losses per size and variant, fitted laws, multipliers."""
+    lines = [f"# {title}", ""]
+    if doc.get("source"):
+        lines += [f"Source: `{doc['source']}`" + (f", study `{doc['study']}`" if doc.get("study") else "") + ".", ""]
+    variants = list(doc.get("variants", {}))
+    base = doc.get("baseline", "baseline")
+    if doc.get("losses"):
+        lines += ["## Validation loss per size", ""]
+        header = ["size", f"C ({doc.get('compute_units', 'PFLOP/s-days')}, {base})"] + [
+            v if v == base else f"{v} (Δ vs {base})" for v in variants
+        ]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        by = {(r["size"], r["variant"]): r for r in doc["losses"]}
+        for size in doc.get("sizes", []):
+            b = by.get((size, base))
+            cells = [size, _fmt(b["C"], 3) if b else "–"]
+            for v in variants:
+                r = by.get((size, v))
+                if r is None:
+                    cells.append("–")
+                elif v == base or r["delta_vs_baseline"] is None:
+                    cells.append(_loss_cell(r))
+                else:
+                    cells.append(f"{_loss_cell(r)} ({r['delta_vs_baseline']:+.4f})")
+            lines.append("| " + " | ".join(cells) + " |")
+        n_seeds = sorted({r["n_runs"] for r in doc["losses"]})
+        lines += ["", f"Mean ± sd over seeds ({', '.join(map(str, n_seeds))} per cell).", ""]
+    if variants:
+        lines += ["## Fitted laws (paper form, L = A·C^−α, C in PFLOP/s-days)", ""]
+        lines += ["| variant | A [95% CI] | α [95% CI] | sizes | rmse(log L) |", "|---|---|---|---|---|"]
+        for v, f in doc["variants"].items():
+            lines.append(
+                f"| {v} | {f['A']:.4f} {_ci(f['A_ci95'], 4)} | {f['alpha']:.4f} {_ci(f['alpha_ci95'], 3)} | "
+                f"{len(f['sizes'])} | {f['rmse_log']:.2g} |"
+            )
+        lines.append("")
+    if doc.get("multipliers"):
+        lines += [f"## Compute multipliers vs {base}", ""]
+        lines += [
+            "| variant | paper M at C_max [95% CI] | joint-fit m [95% CI] | P(m ≤ 1) | per-size geo-mean m_s [95% CI] | α_v − α_b [95% CI] |",
+            "|---|---|---|---|---|---|",
+        ]
+        for v, mm in doc["multipliers"].items():
+            ex = mm["exponents"]
+            flag = " (differ)" if ex["significant"] else ""
+            lines.append(
+                f"| {v} | {mm['paper_M']:.3f}× {_ci(mm['paper_M_ci95'])} (C = {mm['paper_M_at_C']:.3g}) | "
+                f"{mm['m']:.3f}× {_ci(mm['m_ci95'])} | {_fmt(mm['p_m_le_1'], 3)} | "
+                f"{mm['per_size_geomean']:.3f}× {_ci(mm['per_size_geomean_ci95'])} | "
+                f"{ex['diff']:+.4f} {_ci(ex['diff_ci95'], 2)}{flag} |"
+            )
+        lines.append("")
+        for v, mm in doc["multipliers"].items():
+            j = mm["joint"]
+            form = "L = E + A_arm·C^−α, E and α shared" if j["form"] == "saturating" else "L = A_arm·C^−α, α shared (E = 0)"
+            lines.append(f"- **{v}**: joint fit {form}: E = {_fmt(j['E'])}, α = {j['alpha']:.4f} {_ci(j['alpha_ci95'])}.")
+            if j.get("fallback"):
+                lines.append(f"  Fallback: {j['fallback']}.")
+            if mm["headline"] == "curve":
+                c = mm["paper_M_curve"]
+                pts = ", ".join(
+                    f"M({c['C'][i]:.3g}) = {c['M'][i]:.3f} {_ci([c['ci95_lo'][i], c['ci95_hi'][i]])}" for i in (0, len(c["C"]) // 2, -1)
+                )
+                lines.append(f"  The exponents differ significantly, so the multiplier is a curve, not one number: {pts}.")
+            sizes = ", ".join(f"{s}: {p['m']:.3f}" for s, p in mm["per_size"].items())
+            lines.append(f"  Per-size m_s: {sizes}.")
+        b = doc["bootstrap"]
+        if b["mode"] == "paired_cluster":
+            how = (f"paired, size-stratified cluster bootstrap over seeds (both arms of a size/seed cell together), "
+                   f"deviations scaled by {b['scale']:.3f} = sqrt(mean n/(n−1))")  # fmt: skip
+        else:
+            how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
+        lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
+    if doc.get("excluded_runs"):
+        lines += ["## Excluded runs", ""]
+        lines += [f"- `{e['run_id']}` ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in doc["excluded_runs"]]
+        lines.append("")
+    if doc.get("block_size_sweep"):
+        sw = doc["block_size_sweep"]
+        lines += [f"## Block size sweep (Block AttnRes, size {sw['size']})", "", "| block size S | val loss |", "|---|---|"]
+        lines += [f"| {p['block_size']}{' (Full)' if p['block_size'] == 1 else ''} | {_loss_cell(p)} |" for p in sw["points"]]
+        for key, label in (("full", "Full AttnRes"), ("baseline", "Baseline")):
+            if sw.get(key):
+                lines.append(f"| {label} | {_loss_cell(sw[key])} |")
+        lines.append("")
+    if doc.get("ablations"):
+        lines += ["## Ablations", ""] + ablation_markdown(doc["ablations"]) + [""]
+    return "\n".join(lines)
+
+
+def ablation_markdown(table: list[dict[str, Any]]) -> list[str]:
+    out = ["| variant | val loss | Δ vs baseline | runs |", "|---|---|---|---|"]
+    for r in table:
+        d = "–" if r.get("delta_vs_baseline") is None else f"{r['delta_vs_baseline']:+.4f}"
+        out.append(f"| {r['variant']} | {_loss_cell(r)} | {d} | {r['n_runs']} |")
+    return out

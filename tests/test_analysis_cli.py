@@ -1,0 +1,150 @@
+"""`python -m analysis fit` end to end on a synthetic study: fit.json schema, summary.md, figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.__main__ import main
+from analysis.records import AnalysisWarning
+from analysis.synthetic import synthetic_ladder, write_study
+
+REPO = Path(__file__).resolve().parents[1]
+FIGURES = ["fig4_scaling", "loss_curves", "fig5_dynamics", "fig8_depth_weights", "fig6_block_size"]
+TRUTH = {"full_attnres": 1.25, "block_attnres": 1.15}  # synthetic.DEFAULT_MULTIPLIERS
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, list[str]]:
+    root = tmp_path_factory.mktemp("study")
+    write_study(root / "study")  # ladder + block-size sweep + ablations + one diverged run
+    out = root / "report"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rc = main(["fit", "--results", str(root / "study"), "--out", str(out), "--bootstrap", "300"])
+    return out, rc, [str(w.message) for w in caught if issubclass(w.category, AnalysisWarning)]
+
+
+def test_fit_json_schema(report: tuple[Path, int, list[str]]) -> None:
+    out, rc, _ = report
+    assert rc == 0
+    doc = json.loads((out / "fit.json").read_text())
+    for v in ("baseline", "full_attnres", "block_attnres"):
+        f = doc["variants"][v]
+        assert f["A"] > 0 and 0 < f["alpha"] < 1
+        assert f["A_ci95"][0] < f["A"] < f["A_ci95"][1] and f["alpha_ci95"][0] < f["alpha"] < f["alpha_ci95"][1]
+    assert set(doc["multipliers"]) == set(TRUTH)
+    for v, truth in TRUTH.items():
+        m = doc["multipliers"][v]
+        for key in ("paper_M", "m", "m_ci95", "p_m_le_1", "per_size"):
+            assert key in m
+        lo, hi = m["m_ci95"]
+        assert lo < m["m"] < hi and abs(m["m"] / truth - 1) < 0.1
+        assert 0.0 <= m["p_m_le_1"] <= 0.05
+        assert list(m["per_size"]) == ["cpu_xs", "cpu_s", "cpu_m", "cpu_l", "cpu_xl"]  # ordered by compute
+        assert all(p["m"] > 1 for p in m["per_size"].values())
+        assert m["joint"]["form"] in ("saturating", "power_law") and m["exponents"]["significant"] in (True, False)
+        assert m["paper_M_at_C"] == pytest.approx(max(p["C"] for p in m["per_size"].values()), rel=0.01)
+    assert doc["bootstrap"]["mode"] == "paired_cluster" and doc["bootstrap"]["B"] == 300
+    assert [p["block_size"] for p in doc["block_size_sweep"]["points"]] == [1, 2, 4, 8]
+    assert doc["block_size_sweep"]["baseline"]["n_runs"] == 2
+    assert len(doc["ablations"]) == 12 and doc["ablations"][0]["variant"] == "baseline"
+
+
+def test_excluded_run_is_reported(report: tuple[Path, int, list[str]]) -> None:
+    out, _, warned = report
+    doc = json.loads((out / "fit.json").read_text())
+    (bad,) = doc["excluded_runs"]
+    assert bad["status"] == "diverged" and bad["run_id"] in " ".join(warned)
+    assert bad["run_id"] in (out / "summary.md").read_text()
+
+
+def test_summary_tables(report: tuple[Path, int, list[str]]) -> None:
+    md = (out := report[0]).joinpath("summary.md").read_text()
+    for heading in ("Validation loss per size", "Fitted laws", "Compute multipliers vs baseline", "Block size sweep", "Ablations"):
+        assert f"## {heading}" in md
+    assert "| cpu_xl |" in md and "full_attnres (Δ vs baseline)" in md
+    assert (out / "table4_ablations.md").read_text().count("\n|") == 14  # header, rule and 12 variants
+
+
+def test_figures_are_written_and_not_empty(report: tuple[Path, int, list[str]]) -> None:
+    out = report[0]
+    for name in FIGURES:
+        png, pdf = out / f"{name}.png", out / f"{name}.pdf"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000, name
+        assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5_000, name
+
+
+def test_missing_run_files_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0,), n_sizes=3)
+    path = write_study(tmp_path / "s", df, failed=False)
+    gone = df["run_id"].iloc[0]
+    (tmp_path / "s" / "runs" / gone / "metrics.csv").unlink()
+    for f in (tmp_path / "s" / "runs").glob("*/diagnostics.json"):
+        f.unlink()
+    with pytest.warns(AnalysisWarning) as rec:
+        rc = main(["fit", "--results", str(path), "--out", str(tmp_path / "r"), "--bootstrap", "50", "--seed-sigma", "0.01"])
+    msgs = " ".join(str(w.message) for w in rec)
+    assert rc == 0
+    assert f"loss curves: no usable metrics.csv for 1 run(s): {gone}" in msgs
+    assert "depth-weight heatmaps skipped" in msgs
+    assert (tmp_path / "r" / "loss_curves.png").stat().st_size > 10_000
+    assert not (tmp_path / "r" / "fig8_depth_weights.png").exists()
+    doc = json.loads((tmp_path / "r" / "fit.json").read_text())
+    assert doc["bootstrap"]["mode"] == "parametric" and doc["bootstrap"]["sigma"] == 0.01
+
+
+def test_cli_errors_exit_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1))
+    df.drop(columns=["val_loss"]).to_csv(tmp_path / "no_loss.csv", index=False)
+    assert main(["fit", "--results", str(tmp_path / "no_loss.csv"), "--out", str(tmp_path / "o")]) == 2
+    assert "lacks column(s) needed for a scaling fit: val_loss" in capsys.readouterr().err
+    df[df["size"] == "cpu_xs"].to_csv(tmp_path / "one_size.csv", index=False)
+    assert main(["fit", "--results", str(tmp_path / "one_size.csv"), "--out", str(tmp_path / "o")]) == 2
+    assert "at only 1 size(s) (cpu_xs); a scaling-law fit needs at least 3 sizes" in capsys.readouterr().err
+    assert main(["fit", "--results", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_help_works_without_heavy_imports() -> None:
+    res = subprocess.run([sys.executable, "-m", "analysis", "--help"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "fit" in res.stdout and "paper" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "analysis", "fit", "--help"], cwd=REPO, capture_output=True, text=True, check=True)
+    for opt in ("--results", "--wandb", "--baseline", "--bootstrap", "--seed-sigma", "--form"):
+        assert opt in res.stdout
+    code = "import sys, analysis.__main__; assert not {'pandas', 'scipy', 'matplotlib'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_compute_column_choice(tmp_path: Path) -> None:
+    df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1))
+    df.to_csv(tmp_path / "r.csv", index=False)
+    rc = main(["fit", "--results", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o"), "--bootstrap", "50",
+               "--compute", "pflops_days_6nd", "--no-figures"])  # fmt: skip
+    assert rc == 0
+    doc = json.loads((tmp_path / "o" / "fit.json").read_text())
+    assert doc["compute"] == "pflops_days_6nd"
+    assert doc["variants"]["baseline"]["C_max"] == pytest.approx(pd.to_numeric(df["pflops_days_6nd"]).max() / 1.01, rel=0.02)
+    assert not list((tmp_path / "o").glob("*.png"))
+
+
+def test_different_exponents_report_a_curve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A variant whose exponent differs from the baseline's (0.12 vs 0.08): the check flags it and the outputs
+    report M(C) instead of a single multiplier."""
+    df = synthetic_ladder({"v": 1.0}, seeds=(0, 1), E=0.0, A=3.0, alpha=0.08, sigma=0.002, rng=5)
+    v = df["variant"] == "v"
+    df.loc[v, "val_loss"] = 2.9 * (df.loc[v, "pflops_days"] / 1e-5) ** -0.12
+    df.to_csv(tmp_path / "r.csv", index=False)
+    assert main(["fit", "--results", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o"), "--bootstrap", "200", "--no-figures"]) == 0
+    assert "exponents differ significantly: M(C) runs from" in capsys.readouterr().out
+    m = json.loads((tmp_path / "o" / "fit.json").read_text())["multipliers"]["v"]
+    assert m["exponents"]["significant"] and m["headline"] == "curve"
+    assert m["exponents"]["diff"] == pytest.approx(0.04, abs=0.01) and m["exponents"]["diff_ci95"][0] > 0
+    curve = m["paper_M_curve"]["M"]
+    assert curve[-1] > 1.5 * curve[0]  # the multiplier grows with compute
+    assert "not one number" in (tmp_path / "o" / "summary.md").read_text()
