@@ -118,6 +118,7 @@ class SourceBank:
         self.grads: torch.Tensor | None = None  # same shape, allocated at the first backward
         self.tokens: list[torch.Tensor] = []  # one autograd handle per source (see _BankEntry)
         self.shape: tuple[int, ...] = ()
+        self.out_dtype: torch.dtype | None = None  # reads return the promoted dtype of the sources
 
     def add(self, value: torch.Tensor) -> None:
         """Append a source [B, T, D]."""
@@ -128,6 +129,7 @@ class SourceBank:
             self.values = torch.empty(B * T, self.capacity, D, dtype=dtype, device=value.device)
         if self.size >= self.capacity:
             raise RuntimeError(f"SourceBank is full ({self.capacity} sources)")
+        self.out_dtype = value.dtype if self.out_dtype is None else torch.promote_types(self.out_dtype, value.dtype)
         with torch.no_grad():
             self.values[:, self.size].copy_(value.reshape(-1, value.shape[-1]))
         self.tokens.append(_BankEntry.apply(value, self, self.size))
@@ -177,6 +179,7 @@ class _BankMix(torch.autograd.Function):
             out = torch.bmm(w, bank.values[:, :n])  # [BT, Q, D]
         ctx.save_for_backward(weights)
         ctx.bank, ctx.n, ctx.token_dtype = bank, n, tokens[0].dtype if tokens else torch.float32
+        out = out.to(bank.out_dtype)
         return out.view(B, T, D) if single else out.view(B, T, -1, D)
 
     @staticmethod

@@ -15,11 +15,14 @@ Depth-weight bookkeeping (paper §2):
     v_0 .. v_l (l + 1 sources); the final read sees all L + 1.
   * Block AttnRes sources: b_0 = embedding, completed block sums b_1 .. b_{n-1} (sums of sublayer outputs, never
     cumulative states) and, after the first sublayer of a block, the partial sum of the current block (Eq. 6).
+
+The paper's ablations (Table 4) are options of Full / Block AttnRes (``ModelConfig.residual_options``); the
+peer schemes (DenseFormer, Hyper-Connections, mHC, LAuReL) live in ``attnres/peers.py`` and are registered in
+``RESIDUAL_SCHEMES`` at the bottom of this file.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +30,16 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
-from .depth import depth_attention, mix_sources, rms_normalize
+from .depth import SourceBank, key_logits, mix_sources, rms_normalize
 
 
 def _rms(x: torch.Tensor) -> float:
     return float(x.detach().float().pow(2).mean().sqrt())
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equality that keeps True apart from 1 (YAML booleans must stay booleans)."""
+    return type(a) is type(b) and a == b
 
 
 class ResidualScheme(nn.Module):
@@ -39,21 +47,51 @@ class ResidualScheme(nn.Module):
 
     # Options this scheme accepts in ModelConfig.residual_options, with their defaults.
     OPTIONS: dict[str, Any] = {}
+    # Allowed values of the enumerated options (other options are checked by ``check_options``).
+    CHOICES: dict[str, tuple] = {}
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        unknown = set(config.residual_options) - set(self.OPTIONS)
+        self.options = self.resolve_options(config)
+        self.record = False
+        self._weights: list[torch.Tensor | None] = []  # per read: alpha averaged over tokens, [n_sources]
+
+    # ---- options -------------------------------------------------------------------------------------------
+    @classmethod
+    def resolve_options(cls, config: ModelConfig) -> dict[str, Any]:
+        """Defaults merged with ``config.residual_options``; ValueError naming the option on bad input."""
+        unknown = set(config.residual_options) - set(cls.OPTIONS)
         if unknown:
-            allowed = ", ".join(sorted(self.OPTIONS)) or "none"
+            allowed = ", ".join(sorted(cls.OPTIONS)) or "none"
             raise ValueError(
                 f"ModelConfig.residual_options has {sorted(unknown)} which residual={config.residual!r} does not "
                 f"accept; allowed options: {allowed}"
             )
-        self.options = {**self.OPTIONS, **config.residual_options}
-        self.record = False
-        self._weights: list[torch.Tensor | None] = []  # per read: alpha averaged over tokens, [n_sources]
+        options = {**cls.OPTIONS, **config.residual_options}
+        for name, allowed_values in cls.CHOICES.items():
+            if not any(_same_value(options[name], a) for a in allowed_values):
+                raise ValueError(
+                    f"ModelConfig.residual_options[{name!r}]={options[name]!r} is not allowed for "
+                    f"residual={config.residual!r}; allowed values: {', '.join(map(repr, allowed_values))}"
+                )
+        cls.check_options(config, options)
+        return options
 
+    @classmethod
+    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
+        """Checks beyond CHOICES (integer ranges, combinations); raise ValueError naming the option."""
+
+    @staticmethod
+    def _check_int(config: ModelConfig, options: dict[str, Any], name: str, minimum: int) -> None:
+        value = options[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(
+                f"ModelConfig.residual_options[{name!r}]={value!r} must be an integer >= {minimum} "
+                f"(residual={config.residual!r})"
+            )
+
+    # ---- the interface -------------------------------------------------------------------------------------
     def begin(self, embedding: torch.Tensor) -> Any:
         raise NotImplementedError
 
@@ -68,16 +106,28 @@ class ResidualScheme(nn.Module):
 
     @classmethod
     def mixing_flops(cls, config: ModelConfig) -> float:
-        """Forward FLOPs per token spent by the scheme itself (the baseline's additions are free)."""
+        """Forward FLOPs per token spent by the scheme itself.
+
+        Convention (the same as the rest of ``attnres.flops``): 2 FLOPs per multiply-accumulate of every weighted
+        combination and projection the scheme computes (what a matmul FLOP counter sees); normalisations and
+        element-wise nonlinearities (RMSNorm/LayerNorm, softmax, sigmoid, tanh, Sinkhorn iterations) and the
+        plain residual additions are not counted, as the model's count leaves out its norms and activations.
+        The baseline's additions are therefore free."""
         return 0.0
 
     # ---- diagnostics ---------------------------------------------------------------------------------------
-    def _record(self, l: int, alpha: torch.Tensor) -> None:
-        """alpha: [S, B, T] weights of read l over its sources (in source order)."""
+    def _record(self, l: int, alpha: torch.Tensor, sources: list[int] | None = None) -> None:
+        """alpha: [S, B, T] weights of read l over its sources (in source order; broadcastable in B and T).
+        ``sources``: the source index of each row when the visible sources are not 0 .. S-1."""
         if self.record:
             if len(self._weights) <= l:
                 self._weights.extend([None] * (l + 1 - len(self._weights)))
-            self._weights[l] = alpha.detach().float().mean(dim=(1, 2)).cpu()
+            w = alpha.detach().float().mean(dim=(1, 2)).cpu()
+            if sources is not None:
+                placed = torch.full((max(sources) + 1,), float("nan"))
+                placed[sources] = w
+                w = placed
+            self._weights[l] = w
 
     def depth_weights(self) -> torch.Tensor | None:
         """[n_reads, n_sources] depth weights of the last recorded forward (NaN where a source is not visible),
@@ -120,73 +170,268 @@ class _DepthAttentionResidual(ResidualScheme):
     queries         [L + 1, D]  pseudo-query w_l of every read, zero-initialised (paper §5: "must be zero")
     key_norm_weight [L + 1, D]  gain of each read's own key RMSNorm, initialised to one; it is folded into the
                                 query (w_l * g_l) . x / RMS(x) = w_l . RMSNorm_l(x)
+
+    Options (the paper's Table 4 ablations; the defaults are the paper's AttnRes):
+
+    query="input_dependent"  q_l = w_l + W_l RMSNorm(x) with W_l [D, D] (``query_proj``, zero-init, so step 0 is
+                             unchanged) and x the current hidden state: the most recent source for Full (the
+                             previous sublayer's output, the embedding at read 0) and the running partial block
+                             for Block (the just-completed block at a block boundary) -- the tensor the paper's
+                             Fig. 2 code calls ``hidden_states``. [Assumption: the paper gives no formula.]
+    mixing="static"          no query, no key: alpha_l = normalizer(s_l) over the visible sources, with one learned
+                             scalar logit per (read, source slot) (``mixing_logits``, zero-init: a uniform average).
+    normalizer="sigmoid"     alpha_i = sigmoid(logit_i), no normalisation across sources (the paper attributes
+                             softmax's advantage to its "competitive normalization"); at zero init every weight is
+                             1/2, so the read is half the baseline stream and step 0 still equals the baseline.
+    key_norm=False           keys are the raw sources (no RMSNorm and therefore no ``key_norm_weight``).
+    heads=H                  D is split into H channel groups; group h scores sources with its slice of the query
+                             against the RMSNorm of the source's slice (one RMS per group) and has its own softmax.
     """
+
+    OPTIONS = {"query": "static", "mixing": "attention", "normalizer": "softmax", "key_norm": True, "heads": 1}
+    CHOICES = {
+        "query": ("static", "input_dependent"),
+        "mixing": ("attention", "static"),
+        "normalizer": ("softmax", "sigmoid"),
+        "key_norm": (True, False),
+    }
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.queries = nn.Parameter(torch.zeros(config.n_reads, config.d_model))
-        self.key_norm_weight = nn.Parameter(torch.ones(config.n_reads, config.d_model))
+        o = self.options
+        R, D = config.n_reads, config.d_model
         self.eps = config.norm_eps
+        self.heads = o["heads"]
+        self.static_mixing = o["mixing"] == "static"
+        self.input_dependent = o["query"] == "input_dependent"
+        if self.static_mixing:
+            self.mixing_logits = nn.Parameter(torch.zeros(R, self.n_source_slots(config)))
+        else:
+            self.queries = nn.Parameter(torch.zeros(R, D))
+            if o["key_norm"]:
+                self.key_norm_weight = nn.Parameter(torch.ones(R, D))
+            if self.input_dependent:
+                self.query_proj = nn.Parameter(torch.zeros(R, D, D))  # W_l: q_l = w_l + W_l x
+
+    @classmethod
+    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
+        cls._check_int(config, options, "heads", 1)
+        if config.d_model % options["heads"]:
+            raise ValueError(
+                f"ModelConfig.residual_options['heads']={options['heads']} must divide d_model={config.d_model}"
+            )
+        if options["mixing"] == "static":
+            clash = [name for name, default in (("query", "static"), ("key_norm", True), ("heads", 1))
+                     if not _same_value(options[name], default)]
+            if clash:
+                raise ValueError(
+                    f"ModelConfig.residual_options: mixing='static' has no query and no keys, so it cannot be "
+                    f"combined with {', '.join(f'{n}={options[n]!r}' for n in clash)}"
+                )
 
     def reset_parameters(self) -> None:
-        nn.init.zeros_(self.queries)
-        nn.init.ones_(self.key_norm_weight)
+        for name in ("queries", "query_proj", "mixing_logits"):
+            if hasattr(self, name):
+                nn.init.zeros_(getattr(self, name))
+        if hasattr(self, "key_norm_weight"):
+            nn.init.ones_(self.key_norm_weight)
 
+    # ---- geometry --------------------------------------------------------------------------------------------
     @classmethod
     def sources_per_read(cls, config: ModelConfig) -> list[int]:
         raise NotImplementedError
 
     @classmethod
-    def mixing_flops(cls, config: ModelConfig) -> float:
-        """2*D for the logit and 2*D for the weighted sum, per (read, visible source) pair."""
-        return 4.0 * config.d_model * sum(cls.sources_per_read(config))
+    def n_source_slots(cls, config: ModelConfig) -> int:
+        """Most sources any read sees (columns of ``mixing_logits``)."""
+        raise NotImplementedError
 
+    @classmethod
+    def mixing_flops(cls, config: ModelConfig) -> float:
+        """Per (read, visible source) pair: 2*D for the logit and 2*D for the weighted sum (static mixing: the sum
+        only); input-dependent queries add the D x D projection, 2*D^2 per read."""
+        options = cls.resolve_options(config)
+        D, pairs = config.d_model, sum(cls.sources_per_read(config))
+        if options["mixing"] == "static":
+            return 2.0 * D * pairs
+        flops = 4.0 * D * pairs
+        if options["query"] == "input_dependent":
+            flops += 2.0 * D * D * config.n_reads
+        return flops
+
+    # ---- scoring: the pieces every read is made of -----------------------------------------------------------
     def effective_queries(self) -> torch.Tensor:
         """[L + 1, D]: each read's query with its key-norm gain folded in."""
-        return self.queries * self.key_norm_weight
+        if hasattr(self, "key_norm_weight"):
+            return self.queries * self.key_norm_weight
+        return self.queries
+
+    def _keys(self, source: torch.Tensor) -> torch.Tensor:
+        """[..., D] -> keys [..., D] in fp32: RMSNorm per channel group (no gain), or the raw source."""
+        x = source.to(torch.promote_types(source.dtype, torch.float32))
+        if not self.options["key_norm"]:
+            return x
+        return rms_normalize(x.unflatten(-1, (self.heads, -1)), self.eps).flatten(-2)
+
+    def _input_query(self, l: int, current: torch.Tensor) -> torch.Tensor:
+        """Input-dependent query of read l: [B, T, D] fp32, gain folded in like the static one."""
+        x = rms_normalize(current, self.eps)  # [B, T, D] fp32
+        q = self.queries[l].to(x.dtype) + x @ self.query_proj[l].to(x.dtype).t()
+        if hasattr(self, "key_norm_weight"):
+            q = q * self.key_norm_weight[l].to(x.dtype)
+        return q
 
     def _key_logits(self, source: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """Logits of one source against several queries: source [B, T, D], q [R, D] -> [B, T, R] (fp32).
+        """Logits of one source against several static queries: source [B, T, D], q [R, D] -> [B, T, R, H] fp32.
 
         The source is normalised once here and scored against every read that will ever see it, so no source
         is re-normalised at later reads."""
+        if self.heads == 1 and self.options["key_norm"]:  # the paper's AttnRes: no normalised key materialised
+            return key_logits(source, q, self.eps).unsqueeze(-1)
         with torch.autocast(device_type=source.device.type, enabled=False):
-            keys = rms_normalize(source, self.eps)  # [B, T, D] fp32
-            return keys @ q.to(keys.dtype).t()
+            keys = self._keys(source).unflatten(-1, (self.heads, -1))  # [B, T, H, D/H]
+            q = q.to(keys.dtype).unflatten(-1, (self.heads, -1))  # [R, H, D/H]
+            return torch.einsum("bthe,rhe->btrh", keys, q)
+
+    def _logits(self, keys: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Stacked keys [S, B, T, D] against one read's query q ([D] static or [B, T, D]) -> [S, B, T, H]."""
+        keys = keys.unflatten(-1, (self.heads, -1))  # [S, B, T, H, D/H]
+        q = q.to(keys.dtype).unflatten(-1, (self.heads, -1))
+        if q.dim() == 2:
+            return torch.einsum("sbthe,he->sbth", keys, q)
+        return torch.einsum("sbthe,bthe->sbth", keys, q)
+
+    def _static_logits(self, l: int, slots: list[int] | int) -> torch.Tensor:
+        """Static mixing: read l's learned logits of the given source slots -> [S, 1, 1, 1] (broadcast over tokens)."""
+        s = self.mixing_logits[l, slots] if isinstance(slots, list) else self.mixing_logits[l, :slots]
+        return s.float().view(-1, 1, 1, 1)
+
+    def _attend(self, l: int, logits: torch.Tensor, values: list[torch.Tensor],
+                sources: list[int] | None = None) -> torch.Tensor:
+        """Weights from logits [S, B, T, H] (softmax over sources, or sigmoid), then the weighted sum of the raw
+        values: h [B, T, D] in the values' dtype, computed in fp32."""
+        with torch.autocast(device_type=values[0].device.type, enabled=False):
+            if self.options["normalizer"] == "softmax":
+                alpha = logits.softmax(dim=0)  # [S, B, T, H] sums to 1 over sources, per channel group
+            else:
+                alpha = torch.sigmoid(logits)  # [S, B, T, H] independent gates
+            if self.record:
+                self._record(l, alpha.mean(-1), sources)  # averaged over channel groups
+            S, (B, T, D) = len(values), values[0].shape
+            if self.heads == 1:
+                return mix_sources(alpha[..., 0].expand(S, B, T), values)
+            # One weighted sum per channel group. This stacks the sources (the fused mix_sources only takes one
+            # weight per source), so the multihead ablation keeps O(S*B*T*D) per read for backward.
+            stacked = torch.stack(values).unflatten(-1, (self.heads, -1)).to(alpha.dtype)  # [S, B, T, H, D/H]
+            return torch.einsum("sbth,sbthe->bthe", alpha, stacked).flatten(-2).to(values[0].dtype)
 
 
 class FullAttnRes(_DepthAttentionResidual):
-    """Full AttnRes (Eqs. 1-4): every read attends over the embedding and all earlier sublayer outputs."""
+    """Full AttnRes (Eqs. 1-4): every read attends over the embedding and all earlier sublayer outputs.
+
+    Extra option ``window=W`` (the paper's SWA ablation): read l sees only the embedding and the W most recent
+    sublayer outputs v_{l-W+1} .. v_l.
+
+    Fast path: each source is scored once, when it is written, against the static queries of every read that
+    will see it (all options with static queries); with input-dependent queries each source's normalised keys
+    are cached instead and scored at each read.
+    """
+
+    OPTIONS = {**_DepthAttentionResidual.OPTIONS, "window": None}
 
     @dataclass
     class State:
-        q: torch.Tensor  # [L + 1, D] effective queries
+        q: torch.Tensor | None  # [L + 1, D] effective static queries (None: static mixing / input-dependent)
+        bank: SourceBank | None  # the same sources in one buffer: reads are one batched matmul (fast path)
         values: list[torch.Tensor] = field(default_factory=list)  # v_0 .. v_i, each [B, T, D]
-        logits: list[torch.Tensor] = field(default_factory=list)  # logits[i]: [B, T, L + 1 - i], reads i .. L
+        # per source i: logits [B, T, n_i, H] against reads i .. i + n_i - 1 (static queries), its keys
+        # [B, T, D] (input-dependent queries), or None (static mixing)
+        cache: list[torch.Tensor | None] = field(default_factory=list)
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.window = self.options["window"]
+
+    @classmethod
+    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
+        super().check_options(config, options)
+        if options["window"] is not None:
+            cls._check_int(config, options, "window", 1)
+
+    @classmethod
+    def _visible(cls, l: int, window: int | None) -> list[int]:
+        """Source indices read l sees: all of 0 .. l, or the embedding and the `window` most recent outputs."""
+        if window is None:
+            return list(range(l + 1))
+        return [0] + list(range(max(1, l - window + 1), l + 1))
 
     @classmethod
     def sources_per_read(cls, config: ModelConfig) -> list[int]:
-        return [l + 1 for l in range(config.n_reads)]
+        window = cls.resolve_options(config)["window"]
+        return [len(cls._visible(l, window)) for l in range(config.n_reads)]
+
+    @classmethod
+    def n_source_slots(cls, config: ModelConfig) -> int:
+        return config.n_reads
+
+    def _reads_seeing(self, i: int) -> range:
+        """Reads that will see source i: from read i on, for `window` reads (the embedding: every read)."""
+        n_reads = self.config.n_reads
+        if self.window is None or i == 0:
+            return range(i, n_reads)
+        return range(i, min(i + self.window, n_reads))
 
     def begin(self, embedding: torch.Tensor) -> State:
-        state = self.State(q=self.effective_queries())
+        static_query = not (self.static_mixing or self.input_dependent)
+        # Reads over a prefix of the sources with one weight per source can use the bank (no window, one head).
+        bank = SourceBank(self.config.n_reads) if self.window is None and self.heads == 1 else None
+        state = self.State(q=self.effective_queries() if static_query else None, bank=bank)
         self._add_source(state, embedding)
         return state
 
     def _add_source(self, state: State, value: torch.Tensor) -> None:
         i = len(state.values)  # source i is first seen by read i
         state.values.append(value)
-        state.logits.append(self._key_logits(value, state.q[i:]))
+        if state.bank is not None:
+            state.bank.add(value)
+        if state.q is not None:
+            reads = self._reads_seeing(i)
+            state.cache.append(self._key_logits(value, state.q[reads.start: reads.stop]))
+        elif self.input_dependent:
+            state.cache.append(self._keys(value))
+        else:
+            state.cache.append(None)
 
     def read(self, state: State, l: int) -> torch.Tensor:
-        # Read l sees sources 0..l; source i's logit for read l sits at column l - i.
-        logits = torch.stack([lg[..., l - i] for i, lg in enumerate(state.logits[: l + 1])])  # [l+1, B, T]
-        alpha = logits.softmax(dim=0)  # fp32 softmax over depth
-        self._record(l, alpha)
-        return mix_sources(alpha, state.values[: l + 1])
+        visible = self._visible(l, self.window)
+        if state.bank is not None and state.q is not None:
+            # Fast path: gather read l's precomputed logits ([B, T, l+1]), one batched weighted sum.
+            logits = torch.stack([state.cache[i][:, :, l - i, 0] for i in visible], dim=-1)
+            return self._attend_bank(l, logits, state.bank)
+        if self.static_mixing:
+            logits = self._static_logits(l, visible)  # [S, 1, 1, 1]
+        elif state.q is not None:
+            # source i's logit for read l sits at column l - i of its cache
+            logits = torch.stack([state.cache[i][:, :, l - i] for i in visible])  # [S, B, T, H]
+        else:
+            with torch.autocast(device_type=state.values[0].device.type, enabled=False):
+                q = self._input_query(l, state.values[-1])  # current hidden state: the latest source
+                logits = self._logits(torch.stack([state.cache[i] for i in visible]), q)  # [S, B, T, H]
+        return self._attend(l, logits, [state.values[i] for i in visible],
+                            sources=visible if self.window is not None else None)
 
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         self._add_source(state, out)
+
+    def _attend_bank(self, l: int, logits: torch.Tensor, bank: SourceBank) -> torch.Tensor:
+        """Like _attend for one channel group with sources 0 .. n-1: logits [B, T, n] -> h [B, T, D]."""
+        if self.options["normalizer"] == "softmax":
+            alpha = logits.softmax(dim=-1)  # fp32, sums to 1 over sources
+        else:
+            alpha = torch.sigmoid(logits)
+        if self.record:
+            self._record(l, alpha.permute(2, 0, 1))
+        return bank.mix(alpha)
 
     def source_labels(self) -> list[str]:
         return ["emb"] + [f"{'attn' if i % 2 == 0 else 'mlp'}{i // 2}" for i in range(self.config.n_sublayers)]
@@ -200,24 +445,33 @@ class BlockAttnRes(_DepthAttentionResidual):
     their normalised outputs and log-sum-exp; each later read of the block (phase 2) only scores the running
     partial sum and merges it by online softmax. Option ``two_phase=False`` runs the plain per-read softmax over
     the stacked sources instead (the obviously-correct reference; tests prove the two equal).
+
+    The two-phase path needs static queries, one softmax over all channels (heads=1) and attention mixing; with
+    any other ablation option (query="input_dependent", mixing="static", normalizer="sigmoid", heads>1) the
+    scheme runs the plain path whatever ``two_phase`` says. key_norm=False keeps the two-phase path.
     """
 
-    OPTIONS = {"two_phase": True}
+    OPTIONS = {"two_phase": True, **_DepthAttentionResidual.OPTIONS}
+    CHOICES = {"two_phase": (True, False), **_DepthAttentionResidual.CHOICES}
 
     @dataclass
     class State:
-        q: torch.Tensor  # [L + 1, D]
+        q: torch.Tensor | None  # [L + 1, D] (None for static mixing)
         blocks: list[torch.Tensor] = field(default_factory=list)  # b_0 = embedding, b_1 .. completed block sums
+        bank: SourceBank | None = None  # the same blocks in one buffer (two-phase path)
         block_logits: list[torch.Tensor] = field(default_factory=list)  # [B, T, L + 1 - first_read_of_block_j]
         block_first_read: list[int] = field(default_factory=list)
         partial: torch.Tensor | None = None  # b_n^i: sum of the outputs of the current block so far
-        phase1_out: torch.Tensor | None = None  # [Q, B, T, D] phase-1 outputs of the current block's reads
+        phase1_out: tuple[torch.Tensor, ...] = ()  # Q x [B, T, D] phase-1 outputs of the current block's reads
         phase1_lse: torch.Tensor | None = None  # [B, T, Q] their log-sum-exp over completed blocks
-        phase1_alpha: torch.Tensor | None = None  # [n_blocks, B, T, Q] (kept for diagnostics only)
+        phase1_alpha: torch.Tensor | None = None  # [B, T, Q, n_blocks] (kept for diagnostics only)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.block_size = config.sublayers_per_block
+        o = self.options
+        self.two_phase = (o["two_phase"] and o["query"] == "static" and o["mixing"] == "attention"
+                          and o["normalizer"] == "softmax" and o["heads"] == 1)
 
     @classmethod
     def sources_per_read(cls, config: ModelConfig) -> list[int]:
@@ -225,20 +479,27 @@ class BlockAttnRes(_DepthAttentionResidual):
         S = config.sublayers_per_block
         return [1 + l // S + (1 if l % S else 0) for l in range(config.n_reads)]
 
+    @classmethod
+    def n_source_slots(cls, config: ModelConfig) -> int:
+        return config.effective_n_blocks + 1
+
     def begin(self, embedding: torch.Tensor) -> State:
-        state = self.State(q=self.effective_queries())
+        state = self.State(q=None if self.static_mixing else self.effective_queries(),
+                           bank=SourceBank(self.config.effective_n_blocks + 1) if self.two_phase else None)
         self._commit(state, embedding, first_read=0)
         return state
 
     def _commit(self, state: State, block: torch.Tensor, first_read: int) -> None:
         state.blocks.append(block)
-        state.block_first_read.append(first_read)
-        state.block_logits.append(self._key_logits(block, state.q[first_read:]))
+        if self.two_phase:
+            state.bank.add(block)
+            state.block_first_read.append(first_read)
+            state.block_logits.append(self._key_logits(block, state.q[first_read:])[..., 0])
 
     def _completed_logits(self, state: State, reads: range) -> torch.Tensor:
-        """[n_blocks, B, T, len(reads)] logits of the given reads against every completed block."""
+        """[B, T, len(reads), n_blocks] logits of the given reads against every completed block."""
         return torch.stack([lg[..., reads.start - f: reads.stop - f]
-                            for lg, f in zip(state.block_logits, state.block_first_read)])
+                            for lg, f in zip(state.block_logits, state.block_first_read)], dim=-1)
 
     def read(self, state: State, l: int) -> torch.Tensor:
         position = l % self.block_size  # 0 = first read of a block
@@ -246,40 +507,46 @@ class BlockAttnRes(_DepthAttentionResidual):
             # Block boundary: the finished partial sum becomes a completed block b_n (Eq. 5).
             self._commit(state, state.partial, first_read=l)
             state.partial = None
-        if not self.options["two_phase"]:
+        if not self.two_phase:
             return self._read_naive(state, l)
         if position == 0:
             self._phase1(state, range(l, min(l + self.block_size, self.config.n_reads)))
         h = state.phase1_out[position]  # [B, T, D]
         if state.partial is None:
             if self.record:
-                self._record(l, state.phase1_alpha[..., position])
+                self._record(l, state.phase1_alpha[:, :, position].permute(2, 0, 1))
             return h
         # Phase 2: merge the partial sum into the phase-1 result by online softmax (exact).
-        partial_logit = self._key_logits(state.partial, state.q[l: l + 1])[..., 0]  # [B, T]
+        partial_logit = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0]  # [B, T]
         w_partial = torch.sigmoid(partial_logit - state.phase1_lse[..., position])  # e^p / (e^lse + e^p)
         if self.record:
-            alpha = torch.cat([state.phase1_alpha[..., position] * (1 - w_partial), w_partial[None]])
+            alpha = torch.cat([state.phase1_alpha[:, :, position].permute(2, 0, 1) * (1 - w_partial), w_partial[None]])
             self._record(l, alpha)
-        w = w_partial.unsqueeze(-1)
-        return ((1 - w) * h.float() + w * state.partial.float()).to(h.dtype)
+        # h + w (partial - h) in one fused op, in the (fp32) dtype of the phase-1 result
+        return torch.lerp(h, state.partial.to(h.dtype), w_partial.unsqueeze(-1).to(h.dtype))
 
     def _phase1(self, state: State, reads: range) -> None:
         """Batch all reads of the new block against the completed blocks (they do not change inside a block)."""
-        logits = self._completed_logits(state, reads)  # [n, B, T, Q]
-        state.phase1_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
-        alpha = torch.exp(logits - state.phase1_lse)  # softmax over completed blocks
+        logits = self._completed_logits(state, reads)  # [B, T, Q, n]
+        state.phase1_lse = torch.logsumexp(logits, dim=-1)  # [B, T, Q]
+        alpha = torch.exp(logits - state.phase1_lse.unsqueeze(-1))  # softmax over completed blocks
         state.phase1_alpha = alpha
-        state.phase1_out = mix_sources(alpha, state.blocks)  # [Q, B, T, D]
+        # one batched matmul for all Q reads; unbind so each read's gradient is not a full [B, T, Q, D] scatter
+        state.phase1_out = state.bank.mix(alpha).unbind(2)  # Q x [B, T, D]
 
     def _read_naive(self, state: State, l: int) -> torch.Tensor:
-        """Reference: softmax over [b_0 .. b_{n-1}] (+ partial b_n^{i-1} after the block's first sublayer)."""
+        """Plain path: one read over [b_0 .. b_{n-1}] (+ partial b_n^{i-1} after the block's first sublayer)."""
         sources = state.blocks + ([state.partial] if state.partial is not None else [])
-        values = torch.stack(sources)  # [S, B, T, D]
-        if self.record:
-            keys = rms_normalize(values, self.eps)
-            self._record(l, (keys * state.q[l].float()).sum(-1).softmax(0))
-        return depth_attention(values, state.q[l], eps=self.eps)
+        if self.static_mixing:
+            return self._attend(l, self._static_logits(l, len(sources)), sources)
+        with torch.autocast(device_type=sources[0].device.type, enabled=False):
+            keys = torch.stack([self._keys(s) for s in sources])  # [S, B, T, D] fp32
+            if self.input_dependent:
+                q = self._input_query(l, sources[-1])  # the partial block, or the block just completed
+            else:
+                q = state.q[l]
+            logits = self._logits(keys, q)  # [S, B, T, H]
+        return self._attend(l, logits, sources)
 
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         state.partial = out if state.partial is None else state.partial + out
@@ -289,10 +556,17 @@ class BlockAttnRes(_DepthAttentionResidual):
         return ["emb"] + [f"block{j}" for j in range(1, n + 1)]
 
 
+# Peer schemes build on the classes above (imported here so that the registry below is the single list).
+from .peers import DenseFormer, HyperConnections, LAuReL, ManifoldHyperConnections  # noqa: E402
+
 RESIDUAL_SCHEMES: dict[str, type[ResidualScheme]] = {
     "baseline": PreNormResidual,
     "full": FullAttnRes,
     "block": BlockAttnRes,
+    "denseformer": DenseFormer,
+    "hyper": HyperConnections,
+    "mhc": ManifoldHyperConnections,
+    "laurel": LAuReL,
 }
 
 
