@@ -1,0 +1,207 @@
+"""Lightning's overhead as a number: optimizer steps of ``experiments.train`` against a plain PyTorch loop.
+
+Both sides train the same model (attnres.Transformer of the size, baseline residual) on the same data
+(TrainBatches of the same TokenDataModule) with the same work per step: forward, cross-entropy, backward,
+global-norm gradient clipping (trainer.gradient_clip_val), AdamW with the harness' parameter groups, the
+warm-up/cosine schedule, zero_grad, and reading the loss back to the host (the harness checks it is finite
+and records it every step).
+
+The harness side is the real ``experiments.train.train`` with its run recorder, checkpoint callback and the
+chosen logger; a StepTimer callback (added through ``+callbacks.bench_timer``) stamps the start of every
+training batch. A step's time is the gap between consecutive batch starts, so it includes fetching the
+next batch and every per-step callback, exactly as in the plain loop, whose stamps are taken at the same
+point. The first two steps of each run are warm-up. Validation runs only after the last step (eval_count=1)
+and is not inside any gap. Harness and plain runs alternate (the order flips every round); the ratio is taken
+per round between the medians of the two runs, and summarised by median and IQR over rounds.
+
+Lightning is imported here only, so ``python -m experiments.bench --harness off`` never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning.pytorch as pl
+import torch
+
+from .bench import REPO, BenchSize, CoreMonitor, summarize
+
+WARMUP_STEPS = 2
+
+
+class StepTimer(pl.Callback):
+    """Stamps the start of every training batch (after its fetch, like the plain loop) and writes the stamps
+    to ``path`` as JSON at the end of training."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.stamps: list[float] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if torch.cuda.is_available() and pl_module.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            self.path.write_text(json.dumps({"stamps": self.stamps}))
+
+
+def _overrides(size: BenchSize, args: argparse.Namespace, device: torch.device, runs_root: Path, seed: int,
+               timer_path: Path, steps: int) -> list[str]:
+    tokens = steps * size.batch_size * size.seq_len
+
+    def val(v: Any) -> str:
+        return "null" if v is None else str(v)
+
+    o = [
+        "model=baseline", f"model.n_blocks={size.n_blocks}", f"size.name={size.name}",
+        f"size.n_layers={size.n_layers}", f"size.d_model={size.d_model}", f"size.n_heads={size.n_heads}",
+        f"size.head_dim={val(size.head_dim)}", f"size.d_ff={val(size.d_ff)}", f"size.seq_len={size.seq_len}",
+        f"size.batch_size={size.batch_size}", f"size.tokens={tokens}", "size.lr=1e-3",
+        f"logger={args.harness_logger}", "study=bench", f"seed={seed}", "force=true",
+        f"paths.runs_root={runs_root}", f"paths.hydra_root={runs_root / 'outputs'}",
+        "train.eval_count=1", "train.val_sequences=2", "train.val_batch_size=2",
+        "trainer.enable_progress_bar=false",
+        "+callbacks.bench_timer._target_=experiments.bench_harness.StepTimer",
+        f"+callbacks.bench_timer.path={timer_path}",
+    ]
+    if device.type == "cuda":
+        o += ["trainer=gpu", f"trainer.precision={'bf16-mixed' if args.bf16 else '32-true'}"]
+    else:
+        o += ["trainer=cpu", f"threads={torch.get_num_threads()}",
+              f"trainer.precision={'bf16-mixed' if args.bf16 else '32-true'}"]
+    if args.compile:
+        o.append("compile=true")
+    if args.checkpointing:
+        o.append("activation_checkpointing=true")
+    if args.data_cache:
+        o.append(f"data.cache_dir={args.data_cache}")
+    if args.data_max_bytes:
+        o.append(f"data.max_bytes={args.data_max_bytes}")
+    return o
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from . import train as _train  # noqa: F401 - registers the attnres_pid resolver
+
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="train", overrides=overrides)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def harness_run(cfg) -> list[float]:
+    """Step times of one experiments.train run (all but the warm-up steps)."""
+    from .train import train
+
+    timer_path = Path(cfg.callbacks.bench_timer.path)
+    train(cfg)
+    stamps = json.loads(timer_path.read_text())["stamps"]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return gaps[WARMUP_STEPS:]
+
+
+def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
+    """The same steps as the harness, written as a plain loop (no Lightning in the loop)."""
+    from hydra.utils import instantiate
+    from omegaconf import open_dict
+
+    from attnres import Transformer
+
+    from .sizes import steps_for
+    from .train import build_model_config
+
+    datamodule = instantiate(
+        cfg.data, seq_len=int(cfg.train.seq_len), batch_size=int(cfg.train.batch_size), seed=int(cfg.seed),
+        val_sequences=int(cfg.train.val_sequences), val_batch_size=int(cfg.train.val_batch_size), _recursive_=False,
+    )
+    datamodule.load(progress=False)
+    with open_dict(cfg):
+        if cfg.data.vocab_size is None:
+            cfg.data.vocab_size = datamodule.dataset_vocab_size
+    total = steps_for(float(cfg.train.tokens), int(cfg.train.batch_size), int(cfg.train.seq_len))
+    torch.manual_seed(int(cfg.seed))
+    model = Transformer(build_model_config(cfg)).to(device)
+    if cfg.activation_checkpointing:
+        model.set_activation_checkpointing(True)
+    forward = torch.compile(model) if cfg.compile else model
+    optimizer = instantiate(cfg.optimizer)(model=model)
+    scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total)
+    clip = cfg.trainer.get("gradient_clip_val")
+    stamps: list[float] = []
+    model.train()
+    for step, (x, y) in enumerate(datamodule.train_dataloader()):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+        if step == total:
+            break
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            _, loss = forward(x, y)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss.detach()):
+            raise RuntimeError("plain loop: loss is not finite")
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return gaps[WARMUP_STEPS:]
+
+
+def compare_harness(size: BenchSize, args: argparse.Namespace, device: torch.device, steps: int,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+    log(f"\n== harness (experiments.train, Lightning) vs plain loop at {size.name}: {args.harness_rounds} rounds x "
+        f"{steps} steps each (first {WARMUP_STEPS} of every run untimed), logger={args.harness_logger}")
+    harness_med, plain_med, ratios, busy = [], [], [], []
+    harness_all: list[float] = []
+    plain_all: list[float] = []
+    monitor = CoreMonitor()
+    with tempfile.TemporaryDirectory(prefix="attnres_bench_") as tmp:
+        for rnd in range(args.harness_rounds):
+            timer_path = Path(tmp) / f"timer_{rnd}.json"
+            cfg = _compose(_overrides(size, args, device, Path(tmp) / f"round{rnd}", args.seed + rnd, timer_path, steps))
+            monitor.start()
+            sides = ("harness", "plain") if rnd % 2 == 0 else ("plain", "harness")
+            got: dict[str, list[float]] = {}
+            for side in sides:
+                got[side] = harness_run(cfg) if side == "harness" else plain_run(cfg, device, args.bf16)
+            load = monitor.stop()
+            h, p = statistics.median(got["harness"]), statistics.median(got["plain"])
+            harness_med.append(h)
+            plain_med.append(p)
+            ratios.append(h / p)
+            harness_all += got["harness"]
+            plain_all += got["plain"]
+            busy.append(load)
+            log(f"  round {rnd + 1}: harness {h:.4f} s/step, plain {p:.4f} s/step, ratio {h / p:.3f}"
+                + (f" (other cores busy {load:.2f})" if load is not None else ""))
+    busy_known = [b for b in busy if b is not None]
+    return {"size": size.to_dict(), "steps_per_run": steps, "warmup_steps": WARMUP_STEPS,
+            "rounds": args.harness_rounds, "logger": args.harness_logger, "device": str(device),
+            "threads": torch.get_num_threads(),
+            "harness_step_s": summarize(harness_all), "plain_step_s": summarize(plain_all),
+            "harness_run_median_s": harness_med, "plain_run_median_s": plain_med,
+            "ratio": summarize(ratios), "other_cores_busy": summarize(busy_known) if busy_known else None,
+            "check": {"name": "harness step <= 1.03x plain loop", "value": statistics.median(ratios),
+                      "limit": 1.03, "pass": statistics.median(ratios) <= 1.03}}
+
+
+def print_harness(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
+    r = res["ratio"]
+    c = res["check"]
+    log(f"-- harness vs plain at {res['size']['name']}: harness {res['harness_step_s']['median']:.4f} s/step, plain "
+        f"{res['plain_step_s']['median']:.4f} s/step; ratio {r['median']:.3f} [{r['q1']:.3f}, {r['q3']:.3f}]")
+    log(f"  [{'PASS' if c['pass'] else 'FAIL'}] {c['name']}: {c['value']:.3f}")

@@ -1,0 +1,262 @@
+"""Callbacks: the run recorder (the run's own files, the source of truth) and test-only fault injection.
+
+RunRecorder owns, in the run directory:
+  * ``metrics.csv`` — one row per logged step: step, tokens, flops, train_loss, val_loss, lr, grad_norm,
+    tokens_per_s (val_loss empty where there was no evaluation);
+  * ``diagnostics.json`` — the diagnostics of the latest evaluation (docs/results_schema.md §2), and
+    ``diagnostics.jsonl`` — one such object per evaluation;
+and mirrors the same numbers to the Lightning loggers (W&B, CSV) and the progress bar.
+
+Rows live in memory and the files are rewritten atomically at every evaluation and checkpoint (and every
+few log steps). On resume, rows after the restored step are dropped, so a resumed metrics.csv continues
+exactly where the checkpoint was taken: no duplicated steps, no gap.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from .records import atomic_write_text, utc_now
+
+METRIC_COLUMNS = ("step", "tokens", "flops", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """metrics.csv back as a list of dicts (numbers parsed; empty cells None)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for raw in csv.DictReader(f):
+            row: dict[str, Any] = {}
+            for k, v in raw.items():
+                if v in ("", None):
+                    row[k] = None
+                elif k == "step" or k == "tokens":
+                    row[k] = int(float(v))
+                else:
+                    row[k] = float(v)
+            rows.append(row)
+    return rows
+
+
+class RunRecorder(pl.Callback):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        tokens_per_step: int,
+        flops_per_token: float,
+        variant: str,
+        residual: str,
+        flush_every: int = 10,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.variant, self.residual = variant, residual
+        self.flush_every = flush_every
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.diagnostics: list[dict[str, Any]] = []
+        self.started_at = utc_now()
+        self.prior_wall_s = 0.0  # wall time of earlier launches, up to their last checkpoint
+        self.session_start = time.time()
+        self._tick: tuple[int, float] | None = None
+        self._records_since_flush = 0
+        self._ready = False  # set once existing files were read (on_fit_start); never overwrite them before
+
+    # ---- files ------------------------------------------------------------------------------------------------
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.csv"
+
+    def flush(self) -> None:
+        if not self._ready:
+            return
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(METRIC_COLUMNS)
+        for step in sorted(self.rows):
+            w.writerow([_fmt(self.rows[step].get(c)) for c in METRIC_COLUMNS])
+        atomic_write_text(self.metrics_path, buf.getvalue())
+        if self.diagnostics:
+            atomic_write_text(self.run_dir / "diagnostics.jsonl",
+                              "".join(json.dumps(d) + "\n" for d in self.diagnostics))
+            atomic_write_text(self.run_dir / "diagnostics.json", json.dumps(self.diagnostics[-1], indent=1) + "\n")
+        self._records_since_flush = 0
+
+    def _load_existing(self, upto_step: int) -> None:
+        """Keep what an earlier launch wrote up to the restored step (nothing when starting from scratch)."""
+        self.rows = {r["step"]: r for r in read_metrics(self.metrics_path) if r["step"] <= upto_step}
+        self.diagnostics = []
+        path = self.run_dir / "diagnostics.jsonl"
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    d = json.loads(line)
+                    if d["step"] <= upto_step:
+                        self.diagnostics.append(d)
+
+    def wall_time_s(self) -> float:
+        return self.prior_wall_s + (time.time() - self.session_start)
+
+    @property
+    def last_train_loss(self) -> float | None:
+        for step in sorted(self.rows, reverse=True):
+            if self.rows[step].get("train_loss") is not None:
+                return self.rows[step]["train_loss"]
+        return None
+
+    @property
+    def last_eval(self) -> dict[str, Any] | None:
+        return self.diagnostics[-1] if self.diagnostics else None
+
+    # ---- Lightning hooks ----------------------------------------------------------------------------------
+    def ensure_loaded(self, trainer: pl.Trainer) -> None:
+        """Read what earlier launches wrote, up to the restored step (once, after the checkpoint was restored)."""
+        if not self._ready and trainer.is_global_zero:
+            self._load_existing(trainer.global_step)
+            self._ready = True
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # on_train_start, not on_fit_start: the loops' state (global_step) is restored in between.
+        self.ensure_loaded(trainer)
+        self._tick = (trainer.global_step, time.time())
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.ensure_loaded(trainer)  # a validate() without fit (resumed at the last step)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss_f = float(loss.detach())
+        pl_module.log("loss", loss_f, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        if not pl_module.is_record_step(step):
+            return
+        now = time.time()
+        last_step, last_t = self._tick or (step - 1, now)
+        tok_s = (step - last_step) * self.tokens_per_step / max(now - last_t, 1e-9)
+        self._tick = (step, now)
+        stats = pl_module.step_stats
+        tokens = step * self.tokens_per_step
+        row = {
+            "step": step, "tokens": tokens, "flops": tokens * self.flops_per_token, "train_loss": loss_f,
+            "val_loss": None, "lr": stats.get("lr"), "grad_norm": stats.get("grad_norm"), "tokens_per_s": tok_s,
+        }
+        pl_module.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        if not trainer.is_global_zero:
+            return
+        self.rows[step] = row
+        metrics = {f"train/{k}": v for k, v in row.items() if k not in ("step", "val_loss") and v is not None}
+        for lg in trainer.loggers:
+            lg.log_metrics(metrics, step=step)
+        self._records_since_flush += 1
+        if self._records_since_flush >= self.flush_every:
+            self.flush()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        ev = pl_module.last_eval
+        if ev is None or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        step = ev["step"]
+        tokens = step * self.tokens_per_step
+        row = self.rows.setdefault(step, {"step": step, "tokens": tokens, "flops": tokens * self.flops_per_token})
+        row["val_loss"] = ev["val_loss"]
+        diag = {"step": step, "variant": self.variant, "residual": self.residual, "val_loss": ev["val_loss"]}
+        diag.update({k: v for k, v in ev.items() if k not in ("step", "val_loss")})
+        self.diagnostics = [d for d in self.diagnostics if d["step"] != step] + [diag]
+        metrics: dict[str, float] = {"val/loss": ev["val_loss"], "val/tokens": tokens,
+                                     "val/flops": tokens * self.flops_per_token}
+        for name in ("block_output_rms", "block_grad_norm"):
+            for i, v in enumerate(ev.get(name) or []):
+                metrics[f"diag/{name}/{i}"] = v
+        for lg in trainer.loggers:
+            lg.log_metrics(metrics, step=step)
+            if "depth_weights" in ev and hasattr(lg, "log_table"):  # W&B: the Fig. 8 matrix as a table
+                lg.log_table(key="diag/depth_weights", columns=["read"] + list(ev["source_labels"]),
+                             data=[[k] + row_ for k, row_ in zip(ev["read_kinds"], ev["depth_weights"])], step=step)
+        self.flush()
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if trainer.is_global_zero:
+            self.flush()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
+        if trainer.is_global_zero:
+            self.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "started_at": self.started_at,
+            "wall_time_s": self.wall_time_s(),
+            "rng": _rng_state(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.started_at = state_dict.get("started_at", self.started_at)
+        self.prior_wall_s = float(state_dict.get("wall_time_s", 0.0))
+        self.session_start = time.time()
+        if state_dict.get("rng"):
+            _set_rng_state(state_dict["rng"])
+
+
+def _rng_state() -> dict[str, Any]:
+    """torch / numpy / Python RNG states in types that `torch.load(weights_only=True)` accepts.
+
+    Nothing in training draws random numbers today (no dropout; batches are a function of (seed, step)); the
+    states are saved and restored so that anything added later resumes exactly too."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+            "python": list(random.getstate()[1]), "python_version": random.getstate()[0],
+            "python_gauss": random.getstate()[2]}
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    kind, keys, pos, has_gauss, gauss = rng["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate((rng["python_version"], tuple(rng["python"]), rng["python_gauss"]))
+
+
+# ---- test-only fault injection (conf: fault.kill_at_step / fault.nan_at_step; excluded from config_hash) ------
+class KillAtStep(pl.Callback):
+    """SIGKILL this process right after optimizer step `step` finished (checkpointing and evaluation included):
+    a real, unclean death - no exception handler, no finally, no record."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class NaNAtStep(pl.Callback):
+    """Poison the LM head with NaN just before optimizer step `step`, so that step's loss is NaN."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step + 1 == self.step:
+            with torch.no_grad():
+                pl_module.model.lm_head.weight.fill_(float("nan"))

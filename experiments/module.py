@@ -1,0 +1,157 @@
+"""LightningModule: next-token training of an attnres.Transformer, evaluation on the fixed held-out windows,
+and the paper's training-dynamics diagnostics (Fig. 5b/c, Fig. 8).
+
+What is measured where:
+  * ``on_before_optimizer_step`` (after backward, before clipping): the lr of this step, the global gradient
+    norm and each transformer block's gradient norm, on the steps that will be logged or evaluated;
+  * ``validation_step``: mean next-token loss over every held-out token, and (``record_diagnostics``) the RMS of
+    each block's output, each sublayer's output, and the depth weights alpha of every read, averaged over the
+    validation batches.
+Writing them (metrics.csv, diagnostics.json, loggers) is the job of experiments.callbacks.RunRecorder.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import lightning.pytorch as pl
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from attnres import ModelConfig, Transformer
+
+
+class DivergedError(RuntimeError):
+    """The training loss became NaN or infinite; the run is recorded with status `diverged`."""
+
+
+def enable_activation_checkpointing(model: Transformer) -> None:
+    """Recompute every attention and MLP sublayer in backward.
+
+    Sublayers, not TransformerBlocks: a block's forward mutates the residual scheme's running state (AttnRes
+    appends sources), so recomputing a whole block in backward would replay those mutations. A sublayer is a
+    pure function of its input. The forward is patched on the instance, so state-dict keys do not change.
+    """
+    for block in model.blocks:
+        for sub in (block.attn, block.mlp):
+            inner = sub.forward
+            sub.forward = lambda *args, _f=inner: checkpoint(_f, *args, use_reentrant=False)  # type: ignore[method-assign]
+
+
+class LMModule(pl.LightningModule):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., Any],
+        total_steps: int,
+        log_every: int,
+        eval_every: int,
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        self.model = Transformer(model_config)
+        self.model_config = model_config
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.total_steps, self.log_every, self.eval_every = total_steps, log_every, eval_every
+        self.compile, self.activation_checkpointing = compile, activation_checkpointing
+        if activation_checkpointing:
+            enable_activation_checkpointing(self.model)
+        # Set by the hooks below, read by RunRecorder.
+        self.step_stats: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] | None = None
+        self._val_sum = self._val_count = 0.0
+        self._diag_sums: dict[str, torch.Tensor] = {}
+        self._diag_batches = 0
+
+    # ---- setup ---------------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        # Compile the training forward only; kept out of the module tree so state-dict keys stay plain, and
+        # validation (which records diagnostics in Python lists) runs the eager model.
+        self.__dict__["_train_forward"] = torch.compile(self.model) if self.compile else self.model
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = self.optimizer_factory(model=self.model)
+        scheduler = self.scheduler_factory(optimizer, total_steps=self.total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    def is_record_step(self, step: int) -> bool:
+        """Steps (1-based count of optimizer steps done) that get a metrics row: log and eval steps, the last."""
+        return step % self.log_every == 0 or step % self.eval_every == 0 or step == self.total_steps
+
+    # ---- training ------------------------------------------------------------------------------------------
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        forward = self.__dict__.get("_train_forward", self.model)
+        _, loss = forward(x, y)
+        if not torch.isfinite(loss.detach()):
+            raise DivergedError(f"training loss is {loss.item()} at step {self.global_step + 1} (lr "
+                                f"{self.trainer.optimizers[0].param_groups[0]['lr']:.3g}); the run diverged")
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        step = self.global_step + 1  # the optimizer step about to happen
+        stats: dict[str, Any] = {"lr": optimizer.param_groups[0]["lr"]}
+        if self.is_record_step(step):
+            block_sq = []
+            for block in self.model.blocks:
+                sq = [p.grad.detach().float().pow(2).sum() for p in block.parameters() if p.grad is not None]
+                block_sq.append(torch.stack(sq).sum() if sq else torch.zeros((), device=self.device))
+            rest = [p.grad.detach().float().pow(2).sum() for n, p in self.model.named_parameters()
+                    if p.grad is not None and not n.startswith("blocks.")]
+            block_sq_t = torch.stack(block_sq)
+            total_sq = block_sq_t.sum() + (torch.stack(rest).sum() if rest else 0.0)
+            stats["grad_norm"] = float(total_sq.sqrt())  # before clipping
+            stats["block_grad_norm"] = block_sq_t.sqrt().cpu().tolist()
+        self.step_stats = stats
+
+    # ---- evaluation ----------------------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._val_sum, self._val_count = 0.0, 0.0
+        self._diag_sums, self._diag_batches = {}, 0
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        (windows,) = batch
+        x, y = windows[:, :-1], windows[:, 1:]
+        self.model.record_diagnostics = True
+        try:
+            _, loss = self.model(x, y)
+            diag = self.model.diagnostics
+        finally:
+            self.model.record_diagnostics = False
+        n = y.numel()
+        self._val_sum += float(loss) * n  # every window has seq_len targets: a token-weighted mean
+        self._val_count += n
+        for key, value in diag.items():
+            v = value.detach().float().cpu()
+            self._diag_sums[key] = self._diag_sums.get(key, torch.zeros_like(v)) + v  # NaN stays NaN (invisible)
+        self._diag_batches += 1
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_count == 0:
+            return
+        val_loss = self._val_sum / self._val_count
+        diag = {k: v / self._diag_batches for k, v in self._diag_sums.items()}
+        out: dict[str, Any] = {
+            "step": int(self.global_step),
+            "val_loss": val_loss,
+            "block_output_rms": diag["block_output_rms"].tolist(),
+            "block_grad_norm": self.step_stats.get("block_grad_norm"),
+            "sublayer_output_rms": diag["sublayer_output_rms"].tolist(),
+        }
+        if "depth_weights" in diag:
+            out["depth_weights"] = [[None if math.isnan(a) else a for a in row] for row in diag["depth_weights"].tolist()]
+            out["read_kinds"] = self.model.read_kinds()
+            out["source_labels"] = self.model.residual.source_labels()
+        self.last_eval = out
+        self.log("val/loss", val_loss, prog_bar=True, logger=False, sync_dist=True)  # same value on every rank
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------------
+    def num_params(self, non_embedding: bool = False) -> int:
+        return self.model.num_params(non_embedding=non_embedding)
+
+    def block_modules(self) -> nn.ModuleList:
+        return self.model.blocks

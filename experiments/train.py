@@ -1,0 +1,505 @@
+"""Train one model: ``python -m experiments.train [overrides]`` (console script ``attnres-train``).
+
+    python -m experiments.train experiment=cpu_ladder size=cpu_xs                 # the README's main command
+    python -m experiments.train experiment=smoke model=full_attnres               # seconds
+    python -m experiments.train -m experiment=cpu_ladder model=baseline,full_attnres,block_attnres seed=0,1
+
+A run is identified by ``config_hash`` = sha256 of the resolved config minus the keys in HASH_EXCLUDE (where
+files go, loggers, callbacks, device/launch settings, fault injection; the seed is included). Its directory
+is ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``, so relaunching the same config finds it:
+training resumes from ``checkpoints/last.ckpt``, and a run already ``completed`` in the study's results.csv
+is skipped (``force=true`` re-runs it, moving the old directory aside). Every run, failed ones included,
+writes ``results.json`` and appends one row to ``<paths.runs_root>/<study>/results.csv``.
+
+Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
+diagnostics.json(+l), checkpoints/last.ckpt, and the loggers' files (wandb/, csv_logs/).
+
+Lightning is imported only inside :func:`train`, so ``--help`` and config composition stay fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import shutil
+import sys
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from . import records
+
+# Before @hydra.main resolves hydra.run.dir: "_pid<pid>" keeps concurrent launches' Hydra dirs apart.
+if not OmegaConf.has_resolver("attnres_pid"):
+    OmegaConf.register_new_resolver("attnres_pid", lambda: os.getpid(), use_cache=True)
+
+# Keys that do not change a run's results: where files go, what mirrors them, how/where it runs. Everything
+# else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
+# is part of the run's identity.
+HASH_EXCLUDE = (
+    "paths", "logger", "callbacks", "hydra", "run_id", "study", "project", "tags", "threads", "force", "fault",
+    "activation_checkpointing", "train.log_every",
+    "data.num_workers", "data.cache_dir",
+    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.num_sanity_val_steps",
+    "trainer.use_distributed_sampler", "trainer.deterministic",
+)
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "single_device")
+MODEL_NON_FIELDS = ("_target_", "variant")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Configuration: checks, identity
+
+
+def _positive_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{key}={value!r} must be a positive integer")
+    return value
+
+
+def _number(value: Any, key: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise ValueError(f"{key}={value!r} must be a number in {lb}{lo}, {hi}{rb}")
+    return float(value)
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Fail before training with a message naming the key and what is allowed (the model's own fields are
+    checked by attnres.ModelConfig, the data by experiments.data)."""
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
+        raise ValueError(f"seed={cfg.seed!r} must be an integer >= 0")
+    if cfg.threads is not None:
+        _positive_int(cfg.threads, "threads")
+    for key in ("compile", "activation_checkpointing", "force"):
+        if not isinstance(cfg[key], bool):
+            raise ValueError(f"{key}={cfg[key]!r} must be true or false")
+    if not cfg.model.get("variant") or not isinstance(cfg.model.variant, str):
+        raise ValueError("model.variant must be a non-empty name (the model config's file name)")
+    # train
+    t = cfg.train
+    _number(t.tokens, "train.tokens (size.tokens)", 0, float("inf"), lo_open=True)
+    for key in ("batch_size", "seq_len", "log_every", "eval_count", "val_sequences", "val_batch_size"):
+        _positive_int(t[key], f"train.{key}")
+    # optimizer
+    o = cfg.optimizer
+    if "_target_" not in o:
+        raise ValueError("optimizer needs a _target_ (e.g. optimizer=adamw)")
+    if "lr" in o:
+        _number(o.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)
+    if "betas" in o:
+        if len(o.betas) != 2:
+            raise ValueError(f"optimizer.betas={list(o.betas)!r} must be two numbers in [0, 1)")
+        for i, b in enumerate(o.betas):
+            _number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
+    for key in ("weight_decay", "connection_weight_decay", "eps"):
+        if key in o:
+            _number(o[key], f"optimizer.{key}", 0, float("inf"))
+    # scheduler
+    s = cfg.scheduler
+    if "_target_" not in s:
+        raise ValueError("scheduler needs a _target_ (e.g. scheduler=cosine)")
+    if "warmup_fraction" in s:
+        _number(s.warmup_fraction, "scheduler.warmup_fraction", 0, 1, hi_open=True)
+    if s.get("warmup_steps") is not None:
+        if isinstance(s.warmup_steps, bool) or not isinstance(s.warmup_steps, int) or s.warmup_steps < 0:
+            raise ValueError(f"scheduler.warmup_steps={s.warmup_steps!r} must be an integer >= 0 or null")
+    if "min_lr_ratio" in s:
+        _number(s.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
+    # trainer
+    tr = cfg.trainer
+    if tr.get("accelerator") not in ACCELERATORS:
+        raise ValueError(f"trainer.accelerator={tr.get('accelerator')!r}; allowed values: {', '.join(ACCELERATORS)}")
+    if str(tr.get("precision")) not in PRECISIONS:
+        raise ValueError(f"trainer.precision={tr.get('precision')!r}; allowed values: {', '.join(PRECISIONS)}")
+    strategy = tr.get("strategy")
+    if not (isinstance(strategy, DictConfig) and "_target_" in strategy) and strategy not in STRATEGIES:
+        raise ValueError(f"trainer.strategy={strategy!r}; allowed values: {', '.join(STRATEGIES)} or a node with "
+                         "a _target_ (see trainer/fsdp.yaml)")
+    if tr.get("accelerator") in ("gpu", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.accelerator={tr.accelerator!r} but torch sees no CUDA device; use trainer=cpu "
+                             "(or install a CUDA build of torch on a GPU machine)")
+    _positive_int(tr.get("accumulate_grad_batches", 1), "trainer.accumulate_grad_batches")
+    if tr.get("gradient_clip_val") is not None:
+        _number(tr.gradient_clip_val, "trainer.gradient_clip_val", 0, float("inf"))
+    # data
+    d = cfg.data
+    from .data import TOKENIZERS
+
+    if not d.get("name"):
+        raise ValueError("data.name must be 'stdlib' or the directory of prepared token shards")
+    if d.get("tokenizer") not in TOKENIZERS:
+        raise ValueError(f"data.tokenizer={d.get('tokenizer')!r}; allowed values: {', '.join(TOKENIZERS)}")
+    if d.get("vocab_size") is not None:
+        _positive_int(d.vocab_size, "data.vocab_size")
+    if d.get("num_workers", 0) < 0:
+        raise ValueError(f"data.num_workers={d.num_workers!r} must be >= 0")
+
+
+def _drop(tree: dict[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        tree = tree.get(p)
+        if not isinstance(tree, dict):
+            return
+    tree.pop(leaf, None)
+
+
+def resolved_container(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain Python, every interpolation resolved (a clear error for missing mandatory keys)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    except MissingMandatoryValue as e:
+        key = getattr(e, "full_key", None) or str(e)
+        hint = " (data=shards needs data.name=<dir of prepared shards>)" if "data.name" in str(key) else ""
+        raise ValueError(f"config key {key} has no value (???); set it on the command line, e.g. {key}=...{hint}") from None
+    except OmegaConfBaseException as e:
+        raise ValueError(f"the config does not resolve: {e}") from None
+
+
+def identity_config(container: dict[str, Any]) -> dict[str, Any]:
+    """The part of the resolved config that defines the experiment (what config_hash covers)."""
+    ident = copy.deepcopy(container)
+    for key in HASH_EXCLUDE:
+        _drop(ident, key)
+    return ident
+
+
+def run_identity(cfg: DictConfig) -> tuple[str, str, Path, Path]:
+    """(config_hash, run_id, run_dir, results table) of a composed config."""
+    container = resolved_container(cfg)
+    chash = records.config_hash(identity_config(container))
+    run_id = f"{cfg.model.variant}_{cfg.size.name}_s{cfg.seed}_{chash[:8]}"
+    study_dir = Path(cfg.paths.runs_root).expanduser().resolve() / str(cfg.study)
+    return chash, run_id, study_dir / run_id, study_dir / records.RESULTS_TABLE
+
+
+def build_model_config(cfg: DictConfig):
+    """attnres.ModelConfig from cfg.model (its `variant` name is a label, not a field)."""
+    import dataclasses
+
+    from hydra.utils import get_class
+
+    node = OmegaConf.to_container(cfg.model, resolve=True)
+    target = get_class(node.get("_target_", "attnres.ModelConfig"))
+    kwargs = {k: v for k, v in node.items() if k not in MODEL_NON_FIELDS}
+    fields = [f.name for f in dataclasses.fields(target)]
+    unknown = sorted(set(kwargs) - set(fields))
+    if unknown:
+        raise ValueError(f"model.{unknown[0]} is not a model setting; allowed keys: {', '.join(fields)} (and variant)")
+    return target(**kwargs)
+
+
+def _is_rank_zero() -> bool:
+    # Set by Lightning's launchers / SLURM for the processes of one multi-device run (read before a Trainer exists).
+    return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The run
+
+
+class _Run:
+    """Everything a result record is made of, filled in as the run progresses (so a failure records what it had)."""
+
+    def __init__(self, cfg: DictConfig, chash: str, run_id: str, run_dir: Path, table: Path) -> None:
+        self.cfg, self.chash, self.run_id, self.run_dir, self.table = cfg, chash, run_id, run_dir, table
+        self.started_at = records.utc_now()
+        self.t0 = time.time()
+        self.model_config = None
+        self.module = None
+        self.trainer = None
+        self.recorder = None
+        self.steps_total: int | None = None
+        self.tokens_per_step = int(cfg.train.batch_size) * int(cfg.train.seq_len)
+
+    def record(self, status: str, error: str = "") -> dict[str, Any]:
+        from attnres import flops_per_token
+
+        cfg, mc = self.cfg, self.model_config
+        rec: dict[str, Any] = dict(
+            run_id=self.run_id, study=str(cfg.study), variant=str(cfg.model.variant), residual=str(cfg.model.residual),
+            size=str(cfg.size.name), seed=int(cfg.seed), status=status, seq_len=int(cfg.train.seq_len),
+            batch_size=int(cfg.train.batch_size), lr=float(cfg.optimizer.lr) if "lr" in cfg.optimizer else None,
+            git_commit=records.git_commit(), config_hash=self.chash, run_dir=str(self.run_dir), error=error,
+            started_at=self.started_at, finished_at=records.utc_now(), wall_time_s=round(time.time() - self.t0, 3),
+        )
+        if mc is not None:
+            import torch
+
+            from attnres import Transformer
+
+            if self.module is not None:
+                params, non_emb = self.module.num_params(), self.module.num_params(non_embedding=True)
+            else:
+                with torch.device("meta"):
+                    m = Transformer(mc)
+                params, non_emb = m.num_params(), m.num_params(non_embedding=True)
+            fpt = flops_per_token(mc, int(cfg.train.seq_len)).total
+            steps = int(self.trainer.global_step) if self.trainer is not None else 0
+            tokens = steps * self.tokens_per_step
+            rec.update(
+                n_layers=mc.n_layers, d_model=mc.d_model, n_heads=mc.n_heads, d_ff=mc.d_ff,
+                block_size=mc.sublayers_per_block if mc.residual == "block" else None,
+                n_blocks=mc.effective_n_blocks if mc.residual == "block" else None,
+                params=params, params_non_embedding=non_emb, tokens=tokens, flops_per_token=fpt,
+                flops=fpt * tokens, pflops_days=fpt * tokens / (1e15 * 86400), flops_6nd=6.0 * non_emb * tokens,
+                pflops_days_6nd=6.0 * non_emb * tokens / (1e15 * 86400), steps=steps,
+            )
+        if self.recorder is not None:
+            rec["started_at"] = self.recorder.started_at  # first launch of a resumed run
+            rec["wall_time_s"] = round(self.recorder.wall_time_s(), 3)
+            rec["train_loss"] = self.recorder.last_train_loss
+            ev = self.recorder.last_eval
+            if status == "completed" and ev is not None and ev["step"] == rec.get("steps"):
+                rec["val_loss"] = ev["val_loss"]
+        return records.make_record(**rec)
+
+    def write(self, record: dict[str, Any]) -> None:
+        records.write_json(self.run_dir / records.RESULTS_JSON, record)
+        records.append_row(self.table, record)
+
+
+def _instantiate_loggers(cfg: DictConfig, wandb_id: str) -> list[Any]:
+    from hydra.utils import instantiate
+
+    loggers = []
+    for name, node in (cfg.get("logger") or {}).items():
+        if isinstance(node, DictConfig) and "_target_" in node:
+            extra = {"id": wandb_id} if node._target_.endswith("wandb_logger") else {}
+            loggers.append(instantiate(node, **extra))
+    return loggers
+
+
+def _instantiate_callbacks(cfg: DictConfig) -> list[Any]:
+    from hydra.utils import instantiate
+
+    bar = cfg.trainer.get("enable_progress_bar", True)  # a progress-bar callback with the bar off is an error
+    return [instantiate(node) for node in (cfg.get("callbacks") or {}).values()
+            if isinstance(node, DictConfig) and "_target_" in node and (bar or "ProgressBar" not in node._target_)]
+
+
+def _wandb_id(run_dir: Path, resuming: bool) -> str:
+    """A W&B run id that a resumed launch reuses (its curves continue), and a fresh launch renews."""
+    path = run_dir / "wandb_id.txt"
+    if resuming and path.is_file():
+        return path.read_text().strip()
+    wid = uuid.uuid4().hex[:12]
+    records.atomic_write_text(path, wid + "\n")
+    return wid
+
+
+def _environment(datamodule) -> dict[str, Any]:
+    """What else a result depends on beyond config.yaml: the exact data and the software."""
+    import platform
+
+    import lightning
+    import torch
+
+    header = datamodule.load().header
+    return {
+        "dataset": {"path": str(datamodule.load().path), "tokenizer": header.tokenizer, "vocab_size": header.vocab_size,
+                    "n_tokens": header.n_tokens, "checksum": header.checksum, "source": header.source},
+        "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
+        "git_commit": records.git_commit(), "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None, "host": platform.node(),
+        "argv": sys.argv,
+    }
+
+
+def _quiet_lightning() -> None:
+    """One copy of each Lightning message (under Hydra the root logger already prints them) and no ads."""
+    import logging
+
+    if logging.getLogger().handlers:
+        lightning_logger = logging.getLogger("lightning")
+        for handler in list(lightning_logger.handlers):
+            lightning_logger.removeHandler(handler)
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(getattr(f, "attnres", False) for f in rank_zero.filters):
+        class _NoTips(logging.Filter):
+            attnres = True
+
+            def filter(self, record: logging.LogRecord) -> bool:
+                return "Tip:" not in record.getMessage()
+
+        rank_zero.addFilter(_NoTips())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+
+
+def _finish_wandb(exit_code: int) -> None:
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=exit_code)
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Run (or resume, or skip) one training run; returns its result record."""
+    if cfg.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(cfg.threads))
+    cfg = copy.deepcopy(cfg)
+    # Identity first: needs only a resolvable config, so even an invalid one is recorded under its own hash.
+    chash, run_id, run_dir, table = run_identity(cfg)
+    rank_zero = _is_rank_zero()
+    if not cfg.force:  # every rank checks, so all of a multi-device run skip together
+        done = records.find_completed(table, chash)
+        if done is not None:
+            print(f"[attnres] skipping {run_id}: results table {table} already holds a completed run with "
+                  f"config_hash {chash} (val_loss {done.get('val_loss')}); pass force=true to re-run it")
+            return dict(done)
+    if rank_zero and cfg.force and (run_dir / records.RESULTS_JSON).is_file() and records.find_completed(table, chash):
+        aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        shutil.move(str(run_dir), str(aside))
+        print(f"[attnres] force=true: moved the completed run's directory to {aside}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open_dict(cfg):
+        cfg.run_id = run_id
+        cfg.paths.run_dir = str(run_dir)
+    run = _Run(cfg, chash, run_id, run_dir, table)
+    try:
+        record = _fit(cfg, run, rank_zero)
+    except BaseException as e:  # noqa: BLE001 - record every way a run can end, then re-raise
+        from .module import DivergedError
+
+        status = "diverged" if isinstance(e, DivergedError) else "failed"
+        message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if rank_zero:
+            try:
+                run.write(run.record(status, error=message))
+            except Exception as write_error:  # noqa: BLE001 - never mask the original error
+                warnings.warn(f"could not write the {status} record of {run_id}: {write_error}")
+        _finish_wandb(exit_code=1)
+        raise
+    _finish_wandb(exit_code=0)
+    return record
+
+
+def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
+    import torch
+    from hydra.utils import instantiate
+
+    from attnres import flops_per_token
+
+    from .callbacks import KillAtStep, NaNAtStep, RunRecorder
+    from .module import LMModule
+    from .sizes import steps_for
+
+    check_config(cfg)
+    # Data first: bad data fails before a model is built.
+    datamodule = instantiate(
+        cfg.data, seq_len=int(cfg.train.seq_len), batch_size=int(cfg.train.batch_size), seed=int(cfg.seed),
+        val_sequences=int(cfg.train.val_sequences), val_batch_size=int(cfg.train.val_batch_size),
+        accumulate_grad_batches=int(cfg.trainer.get("accumulate_grad_batches", 1)), _recursive_=False,
+    )
+    datamodule.load()
+    with open_dict(cfg):
+        if cfg.data.vocab_size is None:
+            cfg.data.vocab_size = datamodule.dataset_vocab_size  # model.vocab_size interpolates it
+    run.model_config = model_config = build_model_config(cfg)
+    datamodule.check(model_config.vocab_size)
+
+    total = steps_for(float(cfg.train.tokens), int(cfg.train.batch_size), int(cfg.train.seq_len))
+    run.steps_total = total
+    eval_every = math.ceil(total / int(cfg.train.eval_count))
+    container = resolved_container(cfg)
+    if rank_zero:
+        records.atomic_write_text(run.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(container)))
+        records.write_json(run.run_dir / "environment.json", _environment(datamodule))
+
+    import lightning.pytorch as pl
+
+    _quiet_lightning()
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    module = LMModule(
+        model_config, optimizer=instantiate(cfg.optimizer), scheduler=instantiate(cfg.scheduler),
+        total_steps=total, log_every=int(cfg.train.log_every), eval_every=eval_every, compile=bool(cfg.compile),
+        activation_checkpointing=bool(cfg.activation_checkpointing),
+    )
+    run.module = module
+    fpt = flops_per_token(model_config, int(cfg.train.seq_len)).total
+    recorder = RunRecorder(run.run_dir, run.tokens_per_step, fpt, str(cfg.model.variant), model_config.residual)
+    recorder.session_start = run.t0  # this launch's wall time includes data and model setup
+    run.recorder = recorder
+    callbacks = [recorder, *_instantiate_callbacks(cfg)]
+    if cfg.fault.get("kill_at_step") is not None:
+        callbacks.append(KillAtStep(int(cfg.fault.kill_at_step)))
+    if cfg.fault.get("nan_at_step") is not None:
+        callbacks.append(NaNAtStep(int(cfg.fault.nan_at_step)))
+
+    ckpt = run.run_dir / "checkpoints" / "last.ckpt"
+    resuming = ckpt.is_file()
+    loggers = _instantiate_loggers(cfg, _wandb_id(run.run_dir, resuming) if rank_zero else "")
+    trainer = instantiate(
+        cfg.trainer, max_steps=total, val_check_interval=eval_every, check_val_every_n_epoch=None,
+        log_every_n_steps=int(cfg.train.log_every), callbacks=callbacks, logger=loggers or False,
+        default_root_dir=str(run.run_dir),
+    )
+    run.trainer = trainer
+    derived = {
+        "derived/params": module.num_params(), "derived/params_non_embedding": module.num_params(non_embedding=True),
+        "derived/flops_per_token": fpt, "derived/steps": total, "derived/tokens": total * run.tokens_per_step,
+        "derived/flops": fpt * total * run.tokens_per_step, "derived/config_hash": run.chash,
+        "derived/dataset": datamodule.describe()["path"],
+    }
+    for lg in loggers:
+        lg.log_hyperparams({**container, **derived})
+        if type(lg).__name__ == "WandbLogger" and rank_zero:
+            exp = lg.experiment
+            if hasattr(exp, "define_metric"):
+                exp.define_metric("train/*", step_metric="train/flops")
+                exp.define_metric("val/*", step_metric="val/flops")
+                exp.define_metric("diag/*", step_metric="val/flops")
+    if rank_zero:
+        state = "resuming from " + str(ckpt) if resuming else "starting"
+        print(f"[attnres] {run.run_id}: {state}; {total} steps x {run.tokens_per_step} tokens, "
+              f"N={derived['derived/params_non_embedding']:,}, C={derived['derived/flops']:.3g} FLOPs -> {run.run_dir}")
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if resuming else None)
+    recorder.ensure_loaded(trainer)  # fit returns at once when the checkpoint was already at the last step
+    if trainer.global_step < total:
+        raise RuntimeError(f"training stopped at step {trainer.global_step} of {total}")
+    last = recorder.last_eval
+    if last is None or last["step"] != total:  # the schedule's end is not an eval step: evaluate once more
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+    if trainer.is_global_zero:
+        recorder.flush()
+    record = run.record("completed")
+    if rank_zero:
+        run.write(record)
+        print(f"[attnres] {run.run_id}: completed, val_loss {record['val_loss']:.4f} after {record['steps']} steps "
+              f"({record['wall_time_s']:.0f} s) -> {run.table}")
+    return record
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    record = train(cfg)
+    val = record.get("val_loss")
+    try:
+        return float(val) if val not in (None, "") else None  # the optimized metric for Hydra sweepers
+    except (TypeError, ValueError):
+        return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Hydra callback that turns a multirun into a verdict: how many runs completed, were skipped, failed or diverged.
+
+Each job writes ``attnres_job.json`` into its own Hydra output directory (see experiments.train.main); this works
+for every launcher, since the files are read back in the launching process at the end of the sweep, whether the
+jobs ran in-process (basic), in worker processes (joblib) or on other machines (submitit/SLURM).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+JOB_FILE = "attnres_job.json"
+STATUSES = ("completed", "skipped", "failed", "diverged")
+
+
+def collect(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The job summaries under a multirun directory, ordered by job number."""
+    jobs = []
+    for path in sorted(Path(sweep_dir).glob(f"*/{JOB_FILE}")):
+        try:
+            jobs.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            jobs.append({"status": "failed", "run_id": path.parent.name, "error": f"unreadable {path}: {e}"})
+    return sorted(jobs, key=lambda j: j.get("job_num", 0))
+
+
+def summarize(jobs: list[dict[str, Any]]) -> tuple[str, bool]:
+    """(printable summary, whether every run ended well)."""
+    counts = Counter(j.get("status", "failed") for j in jobs)
+    lines = [f"[attnres] sweep finished: {len(jobs)} runs: "
+             + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)]
+    for j in jobs:
+        if j.get("status") in ("failed", "diverged"):
+            lines.append(f"  {j['status']:9s} {j.get('run_id', '?')}: {j.get('error', '')}")
+    ok = counts.get("failed", 0) == 0 and counts.get("diverged", 0) == 0
+    return "\n".join(lines), ok
+
+
+class SweepSummary(Callback):
+    """Print the sweep's outcome, write ``sweep_summary.json`` and fail the process when any run failed."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = collect(sweep_dir)
+        text, ok = summarize(jobs)
+        print(text, flush=True)
+        counts = Counter(j.get("status", "failed") for j in jobs)
+        (sweep_dir / "sweep_summary.json").write_text(json.dumps(
+            {"counts": {s: counts.get(s, 0) for s in STATUSES}, "jobs": jobs}, indent=2) + "\n")
+        if not ok:
+            raise SystemExit(1)

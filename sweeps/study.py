@@ -1,0 +1,114 @@
+"""The main job in one command: run a study's sweep, then the analysis, and print the headline.
+
+    python -m sweeps.study            # the CPU ladder: 3 variants x 5 sizes x 2 seeds on the embedded data (~30 min)
+    python -m sweeps.study quick      # first contact: 3 variants x 3 small sizes, 1 seed (~3 min)
+    python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
+
+Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,
+``summary.md``, figures) to ``<reports-root>/<study>/``. Re-running the command skips completed runs and resumes
+interrupted ones, so an interrupted study is finished by running the same command again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# study name -> (sweep config, default seeds, what it is)
+STUDIES = {
+    "cpu": ("cpu_ladder", "0,1", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_xl"),
+    "quick": ("quick", "0", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
+}
+
+
+def sweep_command(sweep: str, seeds: str, jobs: int, runs_root: str, extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "experiments.train", "-m", f"+sweep={sweep}", f"seed={seeds}",
+           f"paths.runs_root={runs_root}", "trainer.enable_progress_bar=false"]
+    if jobs > 1:
+        cmd += ["+launcher=parallel", f"hydra.launcher.n_jobs={jobs}"]
+    return cmd + extra
+
+
+def run_streaming(cmd: list[str], log_path: Path) -> int:
+    """Run a command, keep its full output in a log file and echo the lines a person wants to see."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("[attnres]") or line.startswith("  ") and ("failed" in line or "diverged" in line):
+                print(line.rstrip(), flush=True)
+            elif "Error" in line and not line.startswith(" "):
+                print("   " + line.rstrip(), flush=True)
+        return proc.wait()
+
+
+def headline(fit_path: Path) -> list[str]:
+    """One line per variant: the compute multiplier vs the baseline with its 95% interval."""
+    fit = json.loads(fit_path.read_text())
+    lines = []
+    for name, m in (fit.get("multipliers") or {}).items():
+        if m.get("m") is None:
+            continue
+        lo, hi = m.get("m_ci95") or (float("nan"), float("nan"))
+        p = m.get("p_m_le_1")
+        lines.append(f"  {name}: compute multiplier m = {m['m']:.3f}x (95% CI {lo:.3f}-{hi:.3f}), "
+                     f"P(m <= 1) = {p:.3f}" + (f", paper-form M at largest C = {m['paper_M']:.3f}x"
+                                               if m.get("paper_M") is not None else ""))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sweeps.study", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("study", nargs="?", default="cpu", choices=sorted(STUDIES), help="which study (default: cpu)")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the study's)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="parallel single-thread jobs (default: 2, or 1 on a 1-core machine)")
+    ap.add_argument("--runs-root", default="runs", help="where run directories and results.csv go (default: runs)")
+    ap.add_argument("--reports-root", default="reports", help="where the report goes (default: reports)")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
+    args = ap.parse_args(argv)
+
+    sweep, default_seeds, what = STUDIES[args.study]
+    seeds = args.seeds or default_seeds
+    cmd = sweep_command(sweep, seeds, args.jobs, args.runs_root, args.overrides)
+    study_name = _study_name(sweep)
+    results = Path(args.runs_root) / study_name / "results.csv"
+    report = Path(args.reports_root) / study_name
+    t0 = time.time()
+    print(f"[attnres] {what}; seeds {seeds}; {args.jobs} parallel job(s)\n[attnres] $ {' '.join(cmd[1:])}", flush=True)
+    sweep_rc = run_streaming(cmd, report / "sweep.log")
+    print(f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {report / 'sweep.log'}",
+          flush=True)
+    if not results.is_file():
+        print(f"[attnres] no results table at {results}: nothing to analyse", file=sys.stderr)
+        return sweep_rc or 1
+    fit_cmd = [sys.executable, "-m", "analysis", "fit", "--results", str(results), "--out", str(report)]
+    print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)
+    fit_rc = subprocess.call(fit_cmd)
+    if fit_rc == 0 and (report / "fit.json").is_file():
+        print(f"[attnres] report: {report}/ (summary.md, fit.json, figures); total {time.time() - t0:.0f} s")
+        for line in headline(report / "fit.json"):
+            print(line)
+    return sweep_rc or fit_rc
+
+
+def _study_name(sweep: str) -> str:
+    """The `study` a sweep config writes its runs under (read from the config file, no Hydra needed)."""
+    path = Path(__file__).resolve().parent.parent / "conf" / "sweep" / f"{sweep}.yaml"
+    for line in path.read_text().splitlines():
+        if line.startswith("study:"):
+            return line.split(":", 1)[1].split("#")[0].strip()
+    raise ValueError(f"{path} sets no study")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Shared fixtures: Hydra composition of conf/ (no Hydra app, no output dirs) and a tiny cached corpus.
+
+Tests never touch the network or the user's W&B: WANDB_MODE=disabled unless a test sets offline itself.
+Torch uses one thread (OMP_NUM_THREADS=1, set before anything imports torch; two test processes side by side on
+2 cores would otherwise thrash). Nothing here imports torch itself (the analysis tests check they never need it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+if str(REPO) not in sys.path:  # `pytest` from a fresh clone without `pip install -e .`
+    sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Slice of the stdlib corpus the training tests use (prepared once per session into a temp cache).
+TEST_MAX_BYTES = 1_500_000
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train"):
+    """Compose conf/<config_name>.yaml with overrides, the way `python -m experiments.train` would."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import experiments.train  # noqa: F401 - registers the attnres_pid resolver
+
+    global _HYDRA
+    if _HYDRA is None or not GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+        _HYDRA = initialize_config_dir(config_dir=str(CONF), version_base="1.3")  # kept for the session
+    return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+_HYDRA = None
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """A temp dataset cache holding the TEST_MAX_BYTES stdlib slice (prepared once per session)."""
+    from experiments.data import prepare_stdlib
+
+    cache = tmp_path_factory.mktemp("data_cache")
+    prepare_stdlib(cache, max_bytes=TEST_MAX_BYTES, progress=False)
+    return cache
+
+
+@pytest.fixture
+def train_cfg(tmp_path, data_cache):
+    """Factory: a cheap, fully offline training config (smoke preset) writing under tmp_path."""
+
+    def make(*overrides: str, runs_root: Path | None = None):
+        base = [
+            "experiment=smoke",
+            f"paths.runs_root={runs_root or tmp_path / 'runs'}",
+            f"paths.hydra_root={tmp_path / 'outputs'}",
+            f"data.cache_dir={data_cache}",
+            f"data.max_bytes={TEST_MAX_BYTES}",
+            "threads=1",
+            "trainer.enable_progress_bar=false",
+        ]
+        return compose(base + list(overrides))
+
+    return make
+
+
+def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 300):
+    """`python -m experiments.train <args>` in a subprocess from the repo root (returns CompletedProcess)."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,234 @@
+"""conf/ composes, follows its stated rules, and bad configs fail with messages that name the key.
+
+No Lightning import here (fast): composition, meta-device model builds, config checks, hashing, optimizer groups.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from conftest import CONF, compose
+from experiments import train as T
+from experiments.optim import param_groups, warmup_cosine
+from experiments.sizes import baseline_non_embedding, solve_d_ff, steps_for
+
+torch.set_num_threads(1)
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+VARIANTS = ("baseline", "full_attnres", "block_attnres")
+PAPER_SIZES = ("paper_194m", "paper_241m", "paper_296m", "paper_436m", "paper_528m")
+CPU_SIZES = ("cpu_xs", "cpu_s", "cpu_m", "cpu_l", "cpu_xl")
+# Table 2 (paper.md §3.2): activated params (non-embedding), tokens, L_b, d_model, lr, batch.
+TABLE2 = {
+    "paper_194m": (194e6, 38.7e9, 12, 896, 2.99e-3, 192),
+    "paper_241m": (241e6, 45.4e9, 13, 960, 2.80e-3, 256),
+    "paper_296m": (296e6, 62.1e9, 14, 1024, 2.50e-3, 320),
+    "paper_436m": (436e6, 87.9e9, 16, 1168, 2.20e-3, 384),
+    "paper_528m": (528e6, 119.0e9, 17, 1264, 2.02e-3, 432),
+}
+
+
+def test_groups_present():
+    for group in ("model", "size", "data", "optimizer", "scheduler", "trainer", "logger", "experiment"):
+        assert (CONF / group).is_dir(), group
+    assert {"baseline", "full_attnres", "block_attnres"} <= {p.stem for p in (CONF / "model").glob("*.yaml")}
+    assert {"cpu", "gpu", "ddp", "fsdp"} <= {p.stem for p in (CONF / "trainer").glob("*.yaml")}
+    assert {"wandb", "csv", "none"} <= {p.stem for p in (CONF / "logger").glob("*.yaml")}
+    assert {"paper_scaling", "cpu_ladder", "smoke"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_resolves(experiment):
+    cfg = compose([f"experiment={experiment}", "data.name=/some/prepared/shards"])
+    container = T.resolved_container(cfg)  # every interpolation resolves
+    assert container["model"]["variant"] in VARIANTS and container["study"] == experiment
+    if cfg.trainer.accelerator == "cpu":  # GPU presets fail the CUDA check here, by design
+        T.check_config(cfg)
+    T.build_model_config(OmegaConf.merge(cfg, {"data": {"vocab_size": 256}}))
+
+
+def test_variant_and_size_names_are_their_file_names():
+    # `variant` / `size.name` go into result records; a copied yaml that forgot to rename would mislabel runs.
+    for path in (CONF / "model").glob("*.yaml"):
+        assert OmegaConf.load(path).variant == path.stem, path
+    for path in (CONF / "size").glob("*.yaml"):
+        assert OmegaConf.load(path).name == path.stem, path
+
+
+@pytest.mark.parametrize("size", PAPER_SIZES)
+def test_paper_sizes_match_table2_on_meta(size):
+    """Every (variant x paper size) builds on the meta device with non-embedding params within 2% of Table 2,
+    context 8192, heads = L_b with head_dim 128, and the row's lr / batch / tokens."""
+    target, tokens, n_layers, d_model, lr, batch = TABLE2[size]
+    from attnres import Transformer
+
+    for variant in VARIANTS:
+        cfg = compose([f"experiment=paper_scaling", f"size={size}", f"model={variant}", "data.name=/x",
+                       "data.vocab_size=163840"])
+        mc = T.build_model_config(cfg)
+        assert (mc.n_layers, mc.d_model, mc.n_heads, mc.head_dim) == (n_layers, d_model, n_layers, 128)
+        assert mc.max_seq_len == 8192 and cfg.train.seq_len == 8192 and cfg.size.seq_len == 8192
+        assert cfg.optimizer.lr == pytest.approx(lr) and cfg.train.batch_size == batch
+        assert cfg.train.tokens == pytest.approx(tokens)
+        with torch.device("meta"):
+            n = Transformer(mc).num_params(non_embedding=True)
+        assert abs(n / target - 1) < 0.02, (variant, size, n, target)
+        if variant == "block_attnres":
+            # "≈ 8 blocks": S = ceil(2 L_b / 8) gives 8 blocks for L_b = 12, 14, 16 and 7 for L_b = 13, 17
+            assert mc.n_blocks == 8 and mc.effective_n_blocks in (7, 8)
+
+
+@pytest.mark.parametrize("size", PAPER_SIZES + CPU_SIZES)
+def test_size_rules(size):
+    """d_ff is the solution of the stated parameter equation; CPU token budgets are 20 x the target."""
+    s = OmegaConf.load(CONF / "size" / f"{size}.yaml")
+    attn = s.n_heads * s.head_dim
+    multiple = 16 if size.startswith("paper") else 8
+    assert s.d_ff == solve_d_ff(s.n_layers, s.d_model, attn, s.target_params, multiple)
+    n = baseline_non_embedding(s.n_layers, s.d_model, attn, s.d_ff)
+    assert abs(n / s.target_params - 1) < 0.02
+    if size.startswith("cpu"):
+        assert s.tokens == 20 * s.target_params and s.seq_len == 128 and s.head_dim == 16
+        assert s.batch_size * s.seq_len == 4096
+
+
+def test_cpu_ladder_is_a_geometric_depth_ladder_with_four_blocks():
+    targets, depths = [], []
+    for size in CPU_SIZES:
+        cfg = compose(["experiment=cpu_ladder", f"size={size}", "model=block_attnres", "data.vocab_size=256"])
+        mc = T.build_model_config(cfg)
+        assert mc.effective_n_blocks == 4, size  # n_blocks 4 in the preset: S = 2..4 sublayers per block
+        targets.append(cfg.size.target_params)
+        depths.append(mc.n_layers)
+        assert cfg.data.name == "stdlib" and cfg.study == "cpu_ladder"
+    assert depths == [4, 5, 6, 7, 8]
+    ratios = [b / a for a, b in zip(targets, targets[1:])]
+    assert all(r == pytest.approx(1.3, rel=1e-3) for r in ratios)
+
+
+def test_readme_command_composes_to_the_smallest_cpu_size_on_the_default_corpus():
+    cfg = compose(["experiment=cpu_ladder", "size=cpu_xs"])
+    assert cfg.size.name == "cpu_xs" and cfg.data.name == "stdlib" and cfg.data.max_bytes is None
+    assert cfg.model.variant == "baseline" and cfg.trainer.accelerator == "cpu"
+    assert steps_for(cfg.train.tokens, cfg.train.batch_size, cfg.train.seq_len) == 234
+
+
+def test_variants_share_every_hyperparameter_of_a_size():
+    def identity(variant):
+        ident = T.identity_config(T.resolved_container(compose(["experiment=cpu_ladder", "size=cpu_m",
+                                                                  f"model={variant}"])))
+        for key in ("variant", "residual", "n_blocks", "block_size", "residual_options"):
+            ident["model"].pop(key)
+        return ident
+
+    assert identity("baseline") == identity("full_attnres") == identity("block_attnres")
+
+
+def test_hydra_output_dirs_cannot_collide():
+    text = (CONF / "hydra" / "default.yaml").read_text()
+    raw = OmegaConf.to_container(OmegaConf.load(CONF / "hydra" / "default.yaml"), resolve=False)
+    for key in ("run", "sweep"):
+        d = raw[key]["dir"]
+        assert "%f" in d and "attnres_pid" in d, d
+    assert "hydra.job.num" in text
+
+
+def test_config_hash_covers_results_not_paths():
+    def chash(*o):
+        return T.run_identity(compose(["experiment=cpu_ladder", *o]))[0]
+
+    base = chash()
+    assert base == chash("paths.runs_root=/elsewhere", "logger=csv", "threads=1", "trainer.devices=1",
+                         "callbacks.model_checkpoint.every_n_train_steps=7", "train.log_every=3",
+                         "activation_checkpointing=true", "study=other", "fault.kill_at_step=3")
+    for change in ("seed=1", "size.lr=1.0e-3", "model=full_attnres", "trainer.precision=bf16-mixed",
+                   "optimizer.weight_decay=0.0", "size=cpu_s", "data.name=/other", "compile=true"):
+        assert chash(change) != base, change
+    chash_, run_id, run_dir, table = T.run_identity(compose(["experiment=cpu_ladder", "seed=3",
+                                                             "paths.runs_root=/r"]))
+    assert run_id == f"baseline_cpu_xs_s3_{chash_[:8]}" and len(chash_) == 16
+    assert run_dir == Path("/r/cpu_ladder") / run_id and table == Path("/r/cpu_ladder/results.csv")
+
+
+# ---- bad configs: a ValueError naming the key and the allowed values, before training ------------------
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("trainer.accelerator=tpu9", r"trainer\.accelerator='tpu9'.*allowed values: cpu, gpu"),
+        ("trainer.precision=8-bit", r"trainer\.precision='8-bit'.*allowed values: 32-true"),
+        ("trainer.strategy=magic", r"trainer\.strategy='magic'.*allowed values: auto, ddp"),
+        ("size.lr=-1.0", r"optimizer\.lr.*must be a number in \(0"),
+        ("optimizer.betas=[0.9,1.5]", r"optimizer\.betas\[1\]=1\.5"),
+        ("scheduler.min_lr_ratio=2.0", r"scheduler\.min_lr_ratio=2\.0 must be a number in \[0, 1\]"),
+        ("scheduler.warmup_fraction=1.0", r"scheduler\.warmup_fraction"),
+        ("data.tokenizer=sentencepiece", r"data\.tokenizer='sentencepiece'; allowed values: bytes, bpe"),
+        ("size.batch_size=0", r"train\.batch_size=0 must be a positive integer"),
+        ("seed=-1", r"seed=-1 must be an integer >= 0"),
+        ("trainer.accumulate_grad_batches=0", r"trainer\.accumulate_grad_batches=0"),
+    ],
+)
+def test_bad_config_is_named(override, pattern):
+    cfg = compose(["experiment=cpu_ladder", override])
+    with pytest.raises(ValueError, match=pattern):
+        T.check_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        (["model.residual=dense"], r"residual='dense' is unknown; allowed values: baseline, full, block"),
+        (["model=block_attnres", "model.n_blocks=99"], r"n_blocks=99 must be an integer in \[1, 8\]"),
+        (["size.d_model=33", "size.head_dim=null"], r"d_model=33 is not divisible by n_heads=2"),
+        (["+model.n_block=4"], r"model\.n_block is not a model setting; allowed keys: .*n_blocks"),
+        (["model=block_attnres", "+model.residual_options.foo=1"], r"does not accept; allowed options: .*two_phase"),
+    ],
+)
+def test_bad_model_config_is_named(overrides, pattern):
+    from attnres import Transformer
+
+    cfg = compose(["experiment=cpu_ladder", "data.vocab_size=256", *overrides])
+    with pytest.raises(ValueError, match=pattern), torch.device("meta"):
+        Transformer(T.build_model_config(cfg))  # residual options are checked by the scheme itself
+
+
+def test_missing_mandatory_value_is_named():
+    with pytest.raises(ValueError, match=r"data\.name has no value.*data\.name=<dir of prepared shards>"):
+        T.run_identity(compose(["experiment=paper_scaling"]))
+
+
+# ---- optimizer groups and schedule ----------------------------------------------------------------------
+def test_weight_decay_groups():
+    from attnres import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=2, residual="block", n_blocks=2))
+    groups = {g["name"]: g for g in param_groups(model, weight_decay=0.1, connection_weight_decay=0.0)}
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay = {names[id(p)] for p in groups["decay"]["params"]}
+    no_decay = {names[id(p)] for p in groups["no_decay"]["params"]}
+    connection = {names[id(p)] for p in groups["connection"]["params"]}
+    assert connection == {"residual.queries", "residual.key_norm_weight"}  # 2-D, but never decayed by default
+    assert "tok_emb.weight" in no_decay and all(n.endswith("norm.weight") or n == "tok_emb.weight" for n in no_decay)
+    assert "lm_head.weight" in decay and all(p.dim() == 2 for p in groups["decay"]["params"])
+    assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
+    assert groups["connection"]["weight_decay"] == 0.0
+    assert len(decay | no_decay | connection) == len(list(model.parameters()))
+
+
+def test_warmup_cosine_schedule():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = warmup_cosine(opt, total_steps=100, warmup_fraction=0.1, min_lr_ratio=0.1)
+    lrs = []
+    for _ in range(100):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warm-up over 10 steps
+    assert lrs[-1] == pytest.approx(0.1)  # cosine to 10% of peak at the last step
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lrs[54] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 44 / 89)))

@@ -1,0 +1,250 @@
+"""End-to-end training on CPU: smoke runs of every variant, learning below the unigram entropy, kill-and-resume
+equals an uninterrupted run, W&B offline files, result records, skip/force, divergence, bad data and configs.
+
+Runs are in-process (one Lightning import) except the two that need a real process: the SIGKILL resume test
+and the CLI exit-code test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TEST_MAX_BYTES, run_cli
+from experiments import records
+from experiments.callbacks import METRIC_COLUMNS, read_metrics
+from experiments.train import train
+
+torch.set_num_threads(1)
+
+
+def _run_dir(record) -> Path:
+    return Path(record["run_dir"])
+
+
+def _assert_valid_record(rec: dict, status: str = "completed") -> None:
+    assert list(rec) == list(records.COLUMNS)
+    assert rec["status"] == status
+    for key in ("run_id", "study", "variant", "residual", "size", "config_hash", "run_dir", "started_at", "finished_at"):
+        assert rec[key], key
+    if status == "completed":
+        assert rec["error"] == "" and math.isfinite(rec["val_loss"]) and math.isfinite(rec["train_loss"])
+        assert rec["tokens"] == rec["steps"] * rec["batch_size"] * rec["seq_len"] > 0
+        assert rec["flops"] == pytest.approx(rec["flops_per_token"] * rec["tokens"])
+        assert rec["pflops_days"] == pytest.approx(rec["flops"] / 8.64e19)
+        assert rec["flops_6nd"] == pytest.approx(6 * rec["params_non_embedding"] * rec["tokens"])
+        assert rec["params"] > rec["params_non_embedding"] > 0 and rec["wall_time_s"] > 0
+
+
+@pytest.mark.parametrize("variant", ["baseline", "full_attnres", "block_attnres"])
+def test_smoke_run_each_variant(train_cfg, variant):
+    rec = train(train_cfg(f"model={variant}"))
+    _assert_valid_record(rec)
+    run_dir = _run_dir(rec)
+    assert rec["variant"] == variant and rec["steps"] == 12 and rec["run_id"] == run_dir.name
+    # the record, twice: results.json and one row of the study's table
+    assert json.loads((run_dir / "results.json").read_text())["config_hash"] == rec["config_hash"]
+    rows = records.read_rows(run_dir.parent / "results.csv")
+    assert len(rows) == 1 and rows[0]["run_id"] == rec["run_id"] and list(rows[0]) == list(records.COLUMNS)
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+    # metrics.csv: the schema's columns, one row per logged step, val loss at evaluations (incl. the last step)
+    metrics = read_metrics(run_dir / "metrics.csv")
+    assert (run_dir / "metrics.csv").read_text().splitlines()[0] == ",".join(METRIC_COLUMNS)
+    assert [m["step"] for m in metrics] == [2, 4, 6, 8, 10, 12]
+    assert [m["step"] for m in metrics if m["val_loss"] is not None] == [6, 12]
+    assert metrics[-1]["val_loss"] == pytest.approx(rec["val_loss"])
+    assert all(m["grad_norm"] > 0 and m["tokens_per_s"] > 0 and m["lr"] > 0 for m in metrics)
+    assert metrics[-1]["flops"] == pytest.approx(rec["flops"])
+    # diagnostics.json (Fig. 5b/c, Fig. 8)
+    diag = json.loads((run_dir / "diagnostics.json").read_text())
+    assert diag["step"] == 12 and diag["variant"] == variant
+    n_layers = rec["n_layers"]
+    assert len(diag["block_output_rms"]) == len(diag["block_grad_norm"]) == n_layers
+    assert len(diag["sublayer_output_rms"]) == 2 * n_layers
+    assert all(v > 0 for v in diag["block_output_rms"] + diag["block_grad_norm"])
+    if variant == "baseline":
+        assert "depth_weights" not in diag
+    else:
+        w = diag["depth_weights"]
+        assert len(w) == len(diag["read_kinds"]) == 2 * n_layers + 1 and diag["read_kinds"][-1] == "final"
+        assert len(w[0]) == len(diag["source_labels"])
+        assert w[0][0] == pytest.approx(1.0) and all(v is None for v in w[0][1:])  # read 0 sees only the embedding
+        for row in w:
+            assert sum(v for v in row if v is not None) == pytest.approx(1.0, abs=1e-4)
+    if variant == "block_attnres":
+        assert (rec["n_blocks"], rec["block_size"]) == (4, 2)  # smoke, like cpu_ladder: n_blocks 4
+
+
+def test_short_run_learns_below_unigram_entropy(train_cfg, data_cache):
+    from experiments.data import load_dataset
+
+    entropy = load_dataset("stdlib", cache_dir=data_cache, max_bytes=TEST_MAX_BYTES, progress=False).unigram_entropy("val")
+    rec = train(train_cfg("size.tokens=327680", "size.lr=1.0e-2", "train.eval_count=1", "train.val_sequences=32"))
+    assert rec["steps"] == 80
+    # unigram entropy = the best context-free model (~3.0 nats/byte here); 80 steps reach ~2.5
+    assert rec["val_loss"] < entropy - 0.4, (rec["val_loss"], entropy)
+
+
+def test_kill_and_resume_matches_uninterrupted(tmp_path, data_cache):
+    """A real SIGKILL after a checkpoint, a relaunch of the same command, and the per-step train losses of
+    the resumed run equal those of an uninterrupted run."""
+    common = ["experiment=smoke", f"data.cache_dir={data_cache}", f"data.max_bytes={TEST_MAX_BYTES}", "threads=1",
+              "trainer.enable_progress_bar=false", "train.log_every=1", "callbacks.model_checkpoint.every_n_train_steps=5",
+              f"paths.hydra_root={tmp_path / 'outputs'}"]
+    killed = run_cli(common + [f"paths.runs_root={tmp_path / 'a'}", "fault.kill_at_step=8"])
+    assert killed.returncode == -9, killed.stderr[-2000:]  # SIGKILL at step 8 (last checkpoint: step 5)
+    (run_dir,) = (tmp_path / "a" / "smoke").glob("baseline_*")
+    assert not (run_dir / "results.json").exists()
+    assert {r["step"] for r in read_metrics(run_dir / "metrics.csv")} <= set(range(1, 9))
+
+    # Relaunch (in-process; the kill injection is not part of the run's identity, so the same run resumes).
+    from conftest import compose
+
+    resumed = train(compose(common + [f"paths.runs_root={tmp_path / 'a'}"]))
+    assert resumed["status"] == "completed" and resumed["run_dir"] == str(run_dir)
+    reference = train(compose(common + [f"paths.runs_root={tmp_path / 'b'}"]))
+    assert reference["config_hash"] == resumed["config_hash"]
+
+    got = read_metrics(run_dir / "metrics.csv")
+    want = read_metrics(Path(reference["run_dir"]) / "metrics.csv")
+    assert [r["step"] for r in got] == list(range(1, 13))  # continued, no duplicated or missing step
+    for g, w in zip(got, want):
+        assert g["train_loss"] == pytest.approx(w["train_loss"], rel=1e-6, abs=1e-6), g["step"]
+        assert g["lr"] == pytest.approx(w["lr"], rel=1e-9)
+        if w["val_loss"] is not None:
+            assert g["val_loss"] == pytest.approx(w["val_loss"], rel=1e-6)
+    assert resumed["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-6)
+    assert len(records.read_rows(tmp_path / "a" / "smoke" / "results.csv")) == 1
+
+
+def test_wandb_offline_run_dir_and_record(train_cfg, monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc: nothing to authenticate with
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir_env_unused"))
+    rec = train(train_cfg("logger=wandb", "model=block_attnres", "size.tokens=16384", "train.eval_count=1"))
+    _assert_valid_record(rec)
+    offline = list((_run_dir(rec) / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and list(offline[0].glob("run-*.wandb")), list((_run_dir(rec) / "wandb").iterdir())
+
+
+def test_skip_completed_and_force(train_cfg, capsys):
+    first = train(train_cfg("size.tokens=8192", "train.eval_count=1"))
+    second = train(train_cfg("size.tokens=8192", "train.eval_count=1"))
+    assert "skipping" in capsys.readouterr().out
+    assert second["config_hash"] == first["config_hash"] and second["status"] == "completed"
+    table = _run_dir(first).parent / "results.csv"
+    assert len(records.read_rows(table)) == 1
+    third = train(train_cfg("size.tokens=8192", "train.eval_count=1", "force=true"))
+    assert third["status"] == "completed" and len(records.read_rows(table)) == 2
+    assert list(_run_dir(first).parent.glob(f"{first['run_id']}.replaced-*"))  # the old run kept, moved aside
+
+
+def test_nan_loss_is_recorded_as_diverged(train_cfg):
+    from experiments.module import DivergedError
+
+    cfg = train_cfg("fault.nan_at_step=3")
+    with pytest.raises(DivergedError, match="at step 3"):
+        train(cfg)
+    (rec,) = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
+    assert rec["status"] == "diverged" and "DivergedError" in rec["error"] and rec["val_loss"] == ""
+    assert rec["steps"] == "2"
+
+
+# ---- bad data: a clear error before training, and a `failed` record -----------------------------------------
+def _failed_record(cfg) -> dict:
+    (rec,) = records.read_rows(Path(cfg.paths.runs_root) / str(cfg.study) / "results.csv")
+    assert rec["status"] == "failed" and rec["steps"] in ("", "0")
+    return rec
+
+
+def test_missing_dataset(train_cfg, tmp_path):
+    cfg = train_cfg(f"data.name={tmp_path / 'nope'}")
+    with pytest.raises(FileNotFoundError, match="neither a built-in name.*prepare_data"):
+        train(cfg)
+    assert "FileNotFoundError" in _failed_record(cfg)["error"]
+
+
+def test_vocab_larger_than_model(train_cfg):
+    cfg = train_cfg("data.vocab_size=100")
+    with pytest.raises(ValueError, match=r"uses 256 token ids.*model's vocab_size is 100.*model.vocab_size=256"):
+        train(cfg)
+    _failed_record(cfg)
+
+
+def test_corrupt_shards(train_cfg, data_cache, tmp_path):
+    import shutil
+
+    from experiments.data import stdlib_dataset_name
+
+    bad = tmp_path / "bad_shards"
+    shutil.copytree(data_cache / stdlib_dataset_name(max_bytes=TEST_MAX_BYTES), bad)
+    with open(bad / "train.bin", "ab") as f:
+        f.write(b"\0" * 7)  # size no longer matches the header
+    cfg = train_cfg(f"data.name={bad}")
+    with pytest.raises(ValueError, match=r"train.bin holds .* bytes but header.json says"):
+        train(cfg)
+    _failed_record(cfg)
+
+
+def test_fewer_tokens_than_one_batch(train_cfg, tmp_path):
+    from experiments.data import prepare_text_files
+
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("def f(x):\n    return x\n" * 40)  # ~1 KB: less than one 32 x 128 batch
+    shards = prepare_text_files([tiny], tmp_path / "tiny_shards", progress=False)
+    cfg = train_cfg(f"data.name={shards}")
+    with pytest.raises(ValueError, match=r"fewer than one batch"):
+        train(cfg)
+    _failed_record(cfg)
+
+
+def test_bad_config_fails_before_training_with_a_failed_record(train_cfg):
+    cfg = train_cfg("trainer.accelerator=quantum")
+    with pytest.raises(ValueError, match=r"trainer\.accelerator='quantum'; allowed values"):
+        train(cfg)
+    rec = _failed_record(cfg)
+    assert "trainer.accelerator" in rec["error"] and not (Path(rec["run_dir"]) / "metrics.csv").exists()
+
+
+def test_cli_bad_config_exits_nonzero_with_the_message(tmp_path, data_cache):
+    proc = run_cli(["experiment=smoke", "model.residual=dense", f"paths.runs_root={tmp_path / 'runs'}",
+                    f"paths.hydra_root={tmp_path / 'outputs'}", f"data.cache_dir={data_cache}",
+                    f"data.max_bytes={TEST_MAX_BYTES}"])
+    assert proc.returncode != 0
+    assert "residual='dense' is unknown; allowed values: baseline, full, block" in proc.stderr + proc.stdout
+    assert (tmp_path / "runs" / "smoke" / "results.csv").is_file()
+
+
+# ---- speed switches --------------------------------------------------------------------------------------
+def test_activation_checkpointing_recomputes_the_same_numbers(train_cfg, tmp_path):
+    common = ("model=block_attnres", "size.tokens=16384", "train.eval_count=1", "train.log_every=1")
+    plain = train(train_cfg(*common, runs_root=tmp_path / "plain"))
+    ckpt = train(train_cfg(*common, "activation_checkpointing=true", runs_root=tmp_path / "ckpt"))
+    assert plain["config_hash"] == ckpt["config_hash"]  # a memory switch, not part of the experiment
+    a, b = (read_metrics(Path(r["run_dir"]) / "metrics.csv") for r in (plain, ckpt))
+    assert [r["train_loss"] for r in a] == pytest.approx([r["train_loss"] for r in b], rel=1e-6)
+    assert [r["grad_norm"] for r in a] == pytest.approx([r["grad_norm"] for r in b], rel=1e-5)
+
+
+def test_bf16_mixed_precision_runs_on_cpu(train_cfg):
+    rec = train(train_cfg("trainer.precision=bf16-mixed", "model=full_attnres", "size.tokens=16384",
+                          "train.eval_count=1"))
+    _assert_valid_record(rec)
+
+
+def test_fsdp_strategy_wraps_each_transformer_block():
+    from hydra.utils import instantiate
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from attnres.model import TransformerBlock
+    from conftest import compose
+
+    strategy = instantiate(compose(["trainer=fsdp"]).trainer.strategy)
+    assert isinstance(strategy, FSDPStrategy)
+    policy = strategy.kwargs["auto_wrap_policy"]
+    assert TransformerBlock in getattr(policy, "_module_classes", ())
