@@ -20,6 +20,7 @@ Lightning is imported only inside :func:`train`, so ``--help`` and config compos
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import shutil
@@ -366,7 +367,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if done is not None:
             print(f"[attnres] skipping {run_id}: results table {table} already holds a completed run with "
                   f"config_hash {chash} (val_loss {done.get('val_loss')}); pass force=true to re-run it")
-            return dict(done)
+            return {**done, "skipped": True}
     if rank_zero and cfg.force and (run_dir / records.RESULTS_JSON).is_file() and records.find_completed(table, chash):
         aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
         shutil.move(str(run_dir), str(aside))
@@ -395,7 +396,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
-    import torch
     from hydra.utils import instantiate
 
     from attnres import flops_per_token
@@ -491,9 +491,45 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
     return record
 
 
+def _write_job_summary(cfg: DictConfig, summary: dict[str, Any]) -> None:
+    """attnres_job.json in this job's Hydra output dir: the sweep summary (sweeps.callbacks) reads it back."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or not _is_rank_zero():
+        return
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    import torch
+
+    summary = {"job_num": hc.job.get("num", 0), "pid": os.getpid(), "threads": torch.get_num_threads(), **summary}
+    records.atomic_write_text(out / "attnres_job.json", json.dumps(summary, default=str) + "\n")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    record = train(cfg)
+    """One run. In a multirun a failed run is recorded and reported, not raised, so the sweep goes on and
+    ends with a summary (sweeps.callbacks.SweepSummary) whose exit status says whether every run was fine."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        record = train(cfg)
+    except Exception as e:  # noqa: BLE001 - train() already wrote the failed/diverged record
+        if not multirun:
+            raise
+        from .module import DivergedError
+
+        status = "diverged" if isinstance(e, DivergedError) else "failed"
+        try:
+            run_id = run_identity(cfg)[1]
+        except Exception:  # noqa: BLE001 - a config that does not even resolve
+            run_id = f"{cfg.model.get('variant', '?')}_{cfg.size.get('name', '?')}_s{cfg.get('seed')}"
+        print(f"[attnres] {run_id}: {status}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        _write_job_summary(cfg, {"status": status, "run_id": run_id, "error": f"{type(e).__name__}: {e}"})
+        return None
+    status = "skipped" if record.get("skipped") else str(record.get("status", "completed"))
+    _write_job_summary(cfg, {"status": status, "run_id": record.get("run_id"), "val_loss": record.get("val_loss")})
     val = record.get("val_loss")
     try:
         return float(val) if val not in (None, "") else None  # the optimized metric for Hydra sweepers

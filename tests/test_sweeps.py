@@ -1,0 +1,116 @@
+"""Multirun sweeps end to end: records, skip on re-run, failures recorded without stopping the others,
+the joblib launcher, and the SLURM launcher config."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_train(tmp_path: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "experiments.train", "-m", "experiment=smoke", "logger=none", "threads=1",
+           f"paths.runs_root={tmp_path / 'runs'}", f"paths.hydra_root={tmp_path / 'outputs'}",
+           "trainer.enable_progress_bar=false", *overrides]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def rows(tmp_path: Path, study: str = "smoke") -> list[dict[str, str]]:
+    with open(tmp_path / "runs" / study / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def summary_line(out: str) -> str:
+    lines = [line for line in out.splitlines() if "sweep finished" in line]
+    assert lines, out[-3000:]
+    return lines[-1]
+
+
+@pytest.mark.slow
+def test_basic_multirun_records_then_skips_then_survives_a_failure(tmp_path):
+    sweep = ("model=baseline,block_attnres", "seed=0,1")
+    first = run_train(tmp_path, *sweep)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "4 runs: 4 completed, 0 skipped, 0 failed, 0 diverged" in summary_line(first.stdout)
+    table = rows(tmp_path)
+    assert len(table) == 4 and {r["status"] for r in table} == {"completed"}
+    assert {(r["variant"], r["seed"]) for r in table} == {(v, s) for v in ("baseline", "block_attnres") for s in "01"}
+    assert all(float(r["val_loss"]) > 0 for r in table)
+
+    again = run_train(tmp_path, *sweep)  # same configs: every run is found completed by config hash
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "4 runs: 0 completed, 4 skipped, 0 failed, 0 diverged" in summary_line(again.stdout)
+    assert len(rows(tmp_path)) == 4  # nothing appended, nothing trained
+
+    # One run fails (Block with more blocks than sublayers), one diverges (NaN injected), one completes:
+    mixed = run_train(tmp_path, "model=baseline,block_attnres,full_attnres", "seed=5", "model.n_blocks=99",
+                      "fault.nan_at_step=3")
+    assert mixed.returncode != 0  # the sweep's exit status reports the failure ...
+    line = summary_line(mixed.stdout)  # ... after every run was attempted
+    assert "3 runs:" in line and "1 failed" in line and "2 diverged" in line, line
+    new = [r for r in rows(tmp_path) if r["seed"] == "5"]
+    assert {r["variant"]: r["status"] for r in new} == {
+        "baseline": "diverged", "block_attnres": "failed", "full_attnres": "diverged"}
+    failed = next(r for r in new if r["status"] == "failed")
+    assert "n_blocks" in failed["error"] and failed["val_loss"] == ""
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_two_jobs_in_parallel(tmp_path):
+    result = run_train(tmp_path, "+launcher=parallel", "hydra.launcher.n_jobs=2", "model=baseline,full_attnres")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 runs: 2 completed" in summary_line(result.stdout)
+    table = rows(tmp_path)
+    assert sorted(r["variant"] for r in table) == ["baseline", "full_attnres"]
+    # each job ran in its own worker process with one torch thread
+    jobs = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("attnres_job.json")]
+    assert len(jobs) == 2 and len({j["pid"] for j in jobs}) == 2 and all(j["threads"] == 1 for j in jobs)
+
+
+def test_slurm_launcher_config_composes():
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "experiments.train", "+sweep=paper_ladder", "+launcher=slurm",
+           "hydra.launcher.partition=gpu", "trainer.devices=8", "trainer.num_nodes=2", "--cfg", "hydra"]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "SlurmLauncher" in text and "partition: gpu" in text
+    assert "tasks_per_node: ${trainer.devices}" in text and "nodes: ${trainer.num_nodes}" in text
+    job = subprocess.run(cmd[:-2] + ["--cfg", "job", "--resolve"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "strategy: ddp" in job.stdout and "seq_len: 8192" in job.stdout and "auto_requeue: false" in job.stdout
+
+
+def test_every_sweep_config_composes():
+    from hydra import compose, initialize_config_dir
+
+    for path in sorted((REPO / "conf" / "sweep").glob("*.yaml")):
+        with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+            cfg = compose("train", overrides=[f"+sweep={path.stem}"], return_hydra_config=True)
+        params = cfg.hydra.sweeper.params
+        assert params and cfg.study, path.name
+        for model in str(params.get("model", cfg.model.variant)).split(","):
+            assert (REPO / "conf" / "model" / f"{model}.yaml").is_file(), (path.name, model)
+        for size in str(params.get("size", cfg.size.name)).split(","):
+            assert (REPO / "conf" / "size" / f"{size}.yaml").is_file(), (path.name, size)
+
+
+def test_sweep_summary_counts_and_exit_status(tmp_path):
+    from sweeps.callbacks import JOB_FILE, collect, summarize
+
+    for i, status in enumerate(["completed", "skipped", "failed", "completed"]):
+        d = tmp_path / str(i)
+        d.mkdir()
+        (d / JOB_FILE).write_text(json.dumps({"job_num": i, "status": status, "run_id": f"r{i}", "error": "boom"}))
+    jobs = collect(tmp_path)
+    text, ok = summarize(jobs)
+    assert not ok and "4 runs: 2 completed, 1 skipped, 1 failed, 0 diverged" in text and "r2: boom" in text
