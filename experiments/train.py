@@ -40,6 +40,9 @@ from . import records
 # Before @hydra.main resolves hydra.run.dir: "_pid<pid>" keeps concurrent launches' Hydra dirs apart.
 if not OmegaConf.has_resolver("attnres_pid"):
     OmegaConf.register_new_resolver("attnres_pid", lambda: os.getpid(), use_cache=True)
+# ${attnres_scale:${size.tokens},0.25} -> int: budgets scaled by a factor (the quick sweep's short runs).
+if not OmegaConf.has_resolver("attnres_scale"):
+    OmegaConf.register_new_resolver("attnres_scale", lambda value, factor: int(round(float(value) * float(factor))))
 
 # Keys that do not change a run's results: where files go, what mirrors them, how/where it runs. Everything
 # else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
@@ -50,7 +53,7 @@ HASH_EXCLUDE = (
     "data.num_workers", "data.cache_dir",
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.num_sanity_val_steps",
-    "trainer.use_distributed_sampler", "trainer.deterministic",
+    "trainer.use_distributed_sampler", "trainer.deterministic", "trainer.plugins",
 )
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")

@@ -6,12 +6,11 @@ No Lightning import here (fast): composition, meta-device model builds, config c
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from conftest import CONF, compose
 from experiments import train as T
@@ -232,3 +231,17 @@ def test_warmup_cosine_schedule():
     assert lrs[-1] == pytest.approx(0.1)  # cosine to 10% of peak at the last step
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
     assert lrs[54] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 44 / 89)))
+
+
+def test_model_node_spells_out_every_model_setting():
+    """Every ModelConfig field is in conf (so config.yaml and config_hash record it), and the settings that no
+    size or variant overrides equal the library's defaults."""
+    import dataclasses
+
+    from attnres import ModelConfig
+
+    cfg = compose(["experiment=cpu_ladder"])
+    fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    assert set(fields) <= set(cfg.model) and set(cfg.model) - set(fields) == {"_target_", "variant"}
+    for name in ("tie_embeddings", "rope_theta", "norm_eps", "init_std"):
+        assert cfg.model[name] == fields[name].default, name
