@@ -144,6 +144,14 @@ class SourceBank:
             raise ValueError(f"SourceBank.mix: {n} weights but only {self.size} sources")
         return _BankMix.apply(weights, self, *self.tokens[:n])
 
+    def seal(self) -> None:
+        """Drop the per-source autograd handles once the last read is built.
+
+        The handles' graph nodes point back at this bank (their ctx), so keeping them here would make a
+        bank -> token -> node -> bank cycle that Python's GC cannot see through autograd, leaking every forward's
+        graph. The reads already hold the graph edges they need; nothing else uses the handles."""
+        self.tokens = []
+
     def _grad_buffer(self) -> torch.Tensor:
         if self.grads is None:
             self.grads = torch.zeros_like(self.values)

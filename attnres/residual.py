@@ -229,6 +229,13 @@ class _DepthAttentionResidual(ResidualScheme):
                     f"combined with {', '.join(f'{n}={options[n]!r}' for n in clash)}"
                 )
 
+    def final(self, state: Any) -> torch.Tensor:
+        h = super().final(state)
+        for bank in (getattr(state, "bank", None),):
+            if bank is not None:
+                bank.seal()  # the last read is built: break the bank <-> autograd reference cycle
+        return h
+
     def reset_parameters(self) -> None:
         for name in ("queries", "query_proj", "mixing_logits"):
             if hasattr(self, name):

@@ -18,26 +18,12 @@ from typing import Any, Callable
 import lightning.pytorch as pl
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 from attnres import ModelConfig, Transformer
 
 
 class DivergedError(RuntimeError):
     """The training loss became NaN or infinite; the run is recorded with status `diverged`."""
-
-
-def enable_activation_checkpointing(model: Transformer) -> None:
-    """Recompute every attention and MLP sublayer in backward.
-
-    Sublayers, not TransformerBlocks: a block's forward mutates the residual scheme's running state (AttnRes
-    appends sources), so recomputing a whole block in backward would replay those mutations. A sublayer is a
-    pure function of its input. The forward is patched on the instance, so state-dict keys do not change.
-    """
-    for block in model.blocks:
-        for sub in (block.attn, block.mlp):
-            inner = sub.forward
-            sub.forward = lambda *args, _f=inner: checkpoint(_f, *args, use_reentrant=False)  # type: ignore[method-assign]
 
 
 class LMModule(pl.LightningModule):
@@ -58,8 +44,9 @@ class LMModule(pl.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.total_steps, self.log_every, self.eval_every = total_steps, log_every, eval_every
         self.compile, self.activation_checkpointing = compile, activation_checkpointing
-        if activation_checkpointing:
-            enable_activation_checkpointing(self.model)
+        # Recompute each attention/MLP sublayer in backward (attnres: sublayers, not blocks, because a block
+        # mutates the residual scheme's running state; memory only, the numbers are the same).
+        self.model.set_activation_checkpointing(bool(activation_checkpointing))
         # Set by the hooks below, read by RunRecorder.
         self.step_stats: dict[str, Any] = {}
         self.last_eval: dict[str, Any] | None = None

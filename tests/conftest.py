@@ -45,6 +45,19 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "tra
 _HYDRA = None
 
 
+@pytest.fixture(autouse=True)
+def _release_hydra():
+    """compose() keeps Hydra initialised within a test (fast repeated composes); release it afterwards so that
+    tests which initialise Hydra themselves start from a clean GlobalHydra."""
+    yield
+    global _HYDRA
+    if _HYDRA is not None and "hydra" in sys.modules:
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()
+        _HYDRA = None
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """A temp dataset cache holding the TEST_MAX_BYTES stdlib slice (prepared once per session)."""

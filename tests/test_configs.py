@@ -115,7 +115,8 @@ def test_readme_command_composes_to_the_smallest_cpu_size_on_the_default_corpus(
     cfg = compose(["experiment=cpu_ladder", "size=cpu_xs"])
     assert cfg.size.name == "cpu_xs" and cfg.data.name == "stdlib" and cfg.data.max_bytes is None
     assert cfg.model.variant == "baseline" and cfg.trainer.accelerator == "cpu"
-    assert steps_for(cfg.train.tokens, cfg.train.batch_size, cfg.train.seq_len) == 234
+    steps = steps_for(cfg.train.tokens, cfg.train.batch_size, cfg.train.seq_len)
+    assert steps == round(cfg.size.tokens / 4096) >= 100  # a real training run, not a smoke test
 
 
 def test_variants_share_every_hyperparameter_of_a_size():

@@ -55,3 +55,30 @@ def test_key_logits_equal_normalised_keys_and_gradcheck():
     q = torch.randn(4, 6, dtype=torch.double, requires_grad=True)
     assert torch.allclose(key_logits(x, q, 1e-5), rms_normalize(x, 1e-5) @ q.t())
     assert torch.autograd.gradcheck(lambda x, q: key_logits(x, q, 1e-5), (x, q))
+
+
+def test_banks_are_freed_after_backward(monkeypatch):
+    """Regression: the bank's autograd handles once formed a cycle through autograd that leaked every step's graph
+    (tens of MB per step). After forward + backward no SourceBank may stay alive."""
+    import gc
+    import weakref
+
+    from attnres import ModelConfig, Transformer
+    from attnres import depth
+
+    alive: weakref.WeakSet = weakref.WeakSet()
+    original = depth.SourceBank.__init__
+
+    def tracking_init(self, capacity):
+        original(self, capacity)
+        alive.add(self)
+
+    monkeypatch.setattr(depth.SourceBank, "__init__", tracking_init)
+    for residual in ("full", "block"):
+        model = Transformer(ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8,
+                                        residual=residual, block_size=2))
+        idx = torch.randint(0, 32, (2, 8))
+        for _ in range(2):
+            model(idx, idx)[1].backward()
+        gc.collect()
+        assert len(alive) == 0, residual
