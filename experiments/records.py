@@ -179,6 +179,9 @@ def read_rows(table: str | Path, lock: bool = True) -> list[dict[str, str]]:
 
 
 def find_completed(table: str | Path, config_hash_: str) -> dict[str, str] | None:
-    """The last `completed` row with this config_hash, or None."""
-    hits = [r for r in read_rows(table) if r.get("config_hash") == config_hash_ and r.get("status") == "completed"]
-    return hits[-1] if hits else None
+    """The last row with this config_hash if it is `completed`, else None.
+
+    The last record decides, as in the analysis (a run re-run with force=true that then failed is not
+    "completed" any more, and is retried)."""
+    hits = [r for r in read_rows(table) if r.get("config_hash") == config_hash_]
+    return hits[-1] if hits and hits[-1].get("status") == "completed" else None

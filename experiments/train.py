@@ -231,6 +231,7 @@ class _Run:
         self.trainer = None
         self.recorder = None
         self.steps_total: int | None = None
+        self.completed = False  # set once the completed record is written; nothing may overwrite it after
         self.tokens_per_step = int(cfg.train.batch_size) * int(cfg.train.seq_len)
 
     def record(self, status: str, error: str = "") -> dict[str, Any]:
@@ -387,6 +388,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
         status = "diverged" if isinstance(e, DivergedError) else "failed"
         message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if run.completed:  # e.g. a closed stdout after the completed record was written: keep that record
+            _finish_wandb(exit_code=0)
+            raise
         if rank_zero:
             try:
                 run.write(run.record(status, error=message))
@@ -489,6 +493,8 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
     record = run.record("completed")
     if rank_zero:
         run.write(record)
+    run.completed = True
+    if rank_zero:
         print(f"[attnres] {run.run_id}: completed, val_loss {record['val_loss']:.4f} after {record['steps']} steps "
               f"({record['wall_time_s']:.0f} s) -> {run.table}")
     return record

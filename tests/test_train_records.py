@@ -78,3 +78,17 @@ def test_git_commit_tolerates_no_repository(tmp_path):
     assert records.git_commit(tmp_path) == ""  # no commit yet
     commit = records.git_commit(Path(__file__).resolve().parents[1])
     assert commit == "" or len(commit.split("+")[0]) == 40
+
+
+def test_find_completed_uses_the_last_record_of_a_run(tmp_path):
+    """The trainer's skip rule and the analysis agree: the last record of a config decides."""
+    from experiments import records
+
+    table = tmp_path / "results.csv"
+    base = {"run_id": "r", "config_hash": "h1"}
+    records.append_row(table, records.make_record(**base, status="failed", error="killed"))
+    assert records.find_completed(table, "h1") is None
+    records.append_row(table, records.make_record(**base, status="completed", val_loss=1.5))
+    assert records.find_completed(table, "h1")["status"] == "completed"
+    records.append_row(table, records.make_record(**base, status="failed", error="re-run with force, failed"))
+    assert records.find_completed(table, "h1") is None
