@@ -34,52 +34,115 @@ def depth_attention(values: torch.Tensor, query: torch.Tensor, eps: float = 1e-5
 class _MixSources(torch.autograd.Function):
     """out = sum_s weights[s] * values[s] without keeping a stacked copy of the values for backward.
 
-    weights is [S, B, T] (one read) or [S, B, T, Q] (Q reads at once, Block AttnRes phase 1); values are S
-    tensors [B, T, D]; out is [B, T, D] or [Q, B, T, D].
+    weights is [S, B, T] (one read) or [S, B, T, Q] (Q reads at once); values are S tensors [B, T, D]; out is
+    [B, T, D] or [Q, B, T, D].
 
-    A plain ``einsum(weights, torch.stack(values))`` saves the [S, B, T, D] stack for backward at every read,
-    which makes Full AttnRes activation memory O(L^2 * B*T*D). Here only the (already alive) source tensors and
-    the small weights are saved, so memory stays O(L * B*T*D); the stack is a temporary in both passes. The
-    arithmetic runs in fp32, as in Kimi's production code, and autocast is kept out of it.
+    Only the (already alive) source tensors and the small weights are saved, so activation memory stays
+    O(L * B*T*D) (an einsum over ``torch.stack(values)`` saves an [S, B, T, D] stack at every read, O(L^2)).
+    Both passes go source by source, one fused multiply-add over [B, T, D] each: stacking copies every source
+    at every read, and a contraction with per-token weights lowers to a batched matmul of tiny matrices
+    ([1, S] x [S, D] per token), which CPU kernels run one token at a time. Measured at 16 layers x d 256 on
+    CPU this loop is several times faster (docs/perf_proposals.md). The arithmetic runs in fp32, as in Kimi's
+    production code, and autocast is kept out of it.
     """
 
     @staticmethod
     def forward(ctx, weights: torch.Tensor, *values: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(weights, *values)
+        ctx.sinks = [getattr(v, "_attnres_sink", None) for v in values]
         out_dtype = values[0].dtype
         for v in values[1:]:
             out_dtype = torch.promote_types(out_dtype, v.dtype)
         ctx.compute_dtype = acc = torch.promote_types(out_dtype, torch.float32)  # fp32 at least
         with torch.autocast(device_type=weights.device.type, enabled=False):
-            stacked = torch.stack([v.to(acc) for v in values])  # [S, B, T, D] temporary
-            if weights.dim() == 3:
-                out = torch.einsum("sbt,sbtd->btd", weights.to(acc), stacked)
-            else:
-                out = torch.einsum("sbtq,sbtd->qbtd", weights.to(acc), stacked)
+            w = _per_source(weights.to(acc))  # [S, B, T, 1] or [S, Q, B, T, 1]
+            out = values[0].to(acc) * w[0]  # [B, T, D] or [Q, B, T, D]
+            for s in range(1, len(values)):
+                out.addcmul_(values[s].to(acc), w[s])
         return out.to(out_dtype)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         weights, *values = ctx.saved_tensors
-        single = weights.dim() == 3
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = ctx.compute_dtype
-            grad_out = grad_out.to(acc)
-            w = weights.to(acc)
+            g = grad_out.to(acc)  # [B, T, D] or [Q, B, T, D]
+            w = _per_source(weights.to(acc))
             grad_weights = None
             if ctx.needs_input_grad[0]:
-                stacked = torch.stack([v.to(acc) for v in values])  # [S, B, T, D] temporary
-                eq = "btd,sbtd->sbt" if single else "qbtd,sbtd->sbtq"
-                grad_weights = torch.einsum(eq, grad_out, stacked).to(weights.dtype)
+                # d out / d weights[s] = values[s]: one dot product over D per token (and read), computed
+                # through one reused scratch buffer instead of a fresh [B, T, D] product per source
+                scratch = torch.empty_like(g)
+                dots = torch.stack([torch.mul(g, v.to(acc), out=scratch).sum(-1) for v in values])
+                grad_weights = (dots if weights.dim() == 3 else dots.movedim(1, -1)).to(weights.dtype)
             grads = []
             for s, v in enumerate(values):
                 if not ctx.needs_input_grad[1 + s]:
                     grads.append(None)
-                elif single:
-                    grads.append((w[s].unsqueeze(-1) * grad_out).to(v.dtype))
-                else:
-                    grads.append(torch.einsum("btq,qbtd->btd", w[s], grad_out).to(v.dtype))
+                elif weights.dim() == 3 and ctx.sinks[s] is not None:  # accumulate in place (track_source)
+                    sink = ctx.sinks[s]
+                    if sink.grad is None:
+                        sink.grad = w[s] * g
+                    else:
+                        sink.grad.addcmul_(w[s], g)
+                    grads.append(None)
+                elif weights.dim() == 3:
+                    grads.append((w[s] * g).to(v.dtype))
+                else:  # summed over the Q reads that mixed this source
+                    gv = w[s, 0] * g[0]
+                    for q in range(1, g.shape[0]):
+                        gv.addcmul_(w[s, q], g[q])
+                    grads.append(gv.to(v.dtype))
         return (grad_weights, *grads)
+
+
+def _per_source(weights: torch.Tensor) -> torch.Tensor:
+    """[S, B, T] -> [S, B, T, 1]; [S, B, T, Q] -> [S, Q, B, T, 1]: broadcastable against [B, T, D] values."""
+    if weights.dim() == 3:
+        return weights.unsqueeze(-1)
+    return weights.movedim(-1, 1).unsqueeze(-1)
+
+
+class _GradSink:
+    """Gradient accumulator of one tracked source (see track_source)."""
+
+    def __init__(self) -> None:
+        self.grad: torch.Tensor | None = None
+
+
+class _TrackSource(torch.autograd.Function):
+    """Identity whose backward adds the gradient that depth-mixing reads accumulated in place in its sink."""
+
+    @staticmethod
+    def forward(ctx, value: torch.Tensor, sink: _GradSink) -> torch.Tensor:
+        ctx.sink = sink
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        acc, ctx.sink.grad = ctx.sink.grad, None  # consumed (a retained graph starts from zero again)
+        if acc is None:
+            return grad, None
+        return acc.add_(grad.to(acc.dtype)).to(grad.dtype), None
+
+
+def track_source(value: torch.Tensor) -> torch.Tensor:
+    """Mark a tensor that several depth-mixing reads will use as a source.
+
+    Autograd sums the gradient a source receives from every read that mixed it: each read's backward allocates
+    weight * grad ([B, T, D]) and the engine adds it to the running sum, two passes over memory per (read,
+    source) pair. For a tracked source, mix_sources' backward instead accumulates in place into the source's
+    sink (one fused multiply-add), and the sink hands the sum over once, when autograd reaches the source
+    (after every read that used it: the reads consume the tracked tensor). The sink holds no reference back
+    into the graph, so nothing outlives the backward pass. Without autograd, and under torch.compile (which
+    cannot trace the in-place side effect, and fuses the plain path itself), this is the identity.
+    """
+    if not (torch.is_grad_enabled() and value.requires_grad) or torch.compiler.is_compiling():
+        return value  # under torch.compile the plain path traces into one graph and the compiler fuses it
+    sink = _GradSink()
+    out = _TrackSource.apply(value, sink)
+    out._attnres_sink = sink  # read by _MixSources.forward
+    return out
 
 
 def mix_sources(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
@@ -99,111 +162,3 @@ def key_logits(source: torch.Tensor, queries: torch.Tensor, eps: float) -> torch
         v = source.to(torch.promote_types(source.dtype, torch.float32))
         rstd = torch.rsqrt(torch.linalg.vecdot(v, v) / v.shape[-1] + eps)  # [B, T]
         return (v @ queries.to(v.dtype).t()) * rstd.unsqueeze(-1)
-
-
-class SourceBank:
-    """The sources of depth-wise reads, kept in one [B*T, capacity, D] buffer written once per source.
-
-    A read over the first n sources is then one batched matmul over a prefix of the buffer, instead of stacking
-    n tensors at every read (O(L^2) copies for Full AttnRes). In backward, every read adds its gradient for the
-    values into one shared buffer with a single fused op; each source collects its total gradient once, when
-    autograd reaches the point where it was added, instead of autograd summing one gradient per (read, source)
-    pair. The buffer holds values in fp32 (at least), as Kimi's code computes depth mixing in fp32.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.size = 0
-        self.values: torch.Tensor | None = None  # [B*T, capacity, D], outside autograd
-        self.grads: torch.Tensor | None = None  # same shape, allocated at the first backward
-        self.tokens: list[torch.Tensor] = []  # one autograd handle per source (see _BankEntry)
-        self.shape: tuple[int, ...] = ()
-        self.out_dtype: torch.dtype | None = None  # reads return the promoted dtype of the sources
-
-    def add(self, value: torch.Tensor) -> None:
-        """Append a source [B, T, D]."""
-        if self.values is None:
-            B, T, D = value.shape
-            self.shape = (B, T, D)
-            dtype = torch.promote_types(value.dtype, torch.float32)
-            self.values = torch.empty(B * T, self.capacity, D, dtype=dtype, device=value.device)
-        if self.size >= self.capacity:
-            raise RuntimeError(f"SourceBank is full ({self.capacity} sources)")
-        self.out_dtype = value.dtype if self.out_dtype is None else torch.promote_types(self.out_dtype, value.dtype)
-        with torch.no_grad():
-            self.values[:, self.size].copy_(value.reshape(-1, value.shape[-1]))
-        self.tokens.append(_BankEntry.apply(value, self, self.size))
-        self.size += 1
-
-    def mix(self, weights: torch.Tensor) -> torch.Tensor:
-        """sum_s weights[..., s] * source_s over the first n = weights.shape[-1] sources.
-
-        weights [B, T, n] -> [B, T, D]; or [B, T, Q, n] (Q reads at once) -> [B, T, Q, D]."""
-        n = weights.shape[-1]
-        if n > self.size:
-            raise ValueError(f"SourceBank.mix: {n} weights but only {self.size} sources")
-        return _BankMix.apply(weights, self, *self.tokens[:n])
-
-    def seal(self) -> None:
-        """Drop the per-source autograd handles once the last read is built.
-
-        The handles' graph nodes point back at this bank (their ctx), so keeping them here would make a
-        bank -> token -> node -> bank cycle that Python's GC cannot see through autograd, leaking every forward's
-        graph. The reads already hold the graph edges they need; nothing else uses the handles."""
-        self.tokens = []
-
-    def _grad_buffer(self) -> torch.Tensor:
-        if self.grads is None:
-            self.grads = torch.zeros_like(self.values)
-        return self.grads
-
-
-class _BankEntry(torch.autograd.Function):
-    """Autograd handle of one source: a scalar token that every read of the source depends on. Its backward runs
-    after all those reads' backwards (autograd's topological order) and hands the source its summed gradient."""
-
-    @staticmethod
-    def forward(ctx, value: torch.Tensor, bank: SourceBank, index: int) -> torch.Tensor:
-        ctx.bank, ctx.index, ctx.value_dtype = bank, index, value.dtype
-        return value.new_zeros((), dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx, _grad_token: torch.Tensor):
-        bank = ctx.bank
-        grad = bank._grad_buffer()[:, ctx.index]  # [B*T, D]
-        out = grad.reshape(bank.shape).to(ctx.value_dtype, copy=True)  # copy: the slice is zeroed next
-        grad.zero_()  # consumed: a second backward through a retained graph starts from zero again
-        return out, None, None
-
-
-class _BankMix(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, weights: torch.Tensor, bank: SourceBank, *tokens: torch.Tensor) -> torch.Tensor:
-        n = len(tokens)
-        B, T, D = bank.shape
-        single = weights.dim() == 3
-        with torch.autocast(device_type=weights.device.type, enabled=False):
-            w = weights.reshape(B * T, -1, n).to(bank.values.dtype)  # [BT, Q, n]
-            out = torch.bmm(w, bank.values[:, :n])  # [BT, Q, D]
-        ctx.save_for_backward(weights)
-        ctx.bank, ctx.n, ctx.token_dtype = bank, n, tokens[0].dtype if tokens else torch.float32
-        out = out.to(bank.out_dtype)
-        return out.view(B, T, D) if single else out.view(B, T, -1, D)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        (weights,) = ctx.saved_tensors
-        bank, n = ctx.bank, ctx.n
-        B, T, D = bank.shape
-        values = bank.values[:, :n]  # [BT, n, D]
-        with torch.autocast(device_type=grad_out.device.type, enabled=False):
-            g = grad_out.reshape(B * T, -1, D).to(values.dtype)  # [BT, Q, D]
-            w = weights.reshape(B * T, -1, n).to(values.dtype)  # [BT, Q, n]
-            grad_w = torch.bmm(g, values.transpose(1, 2)).view(weights.shape).to(weights.dtype)
-            grads = bank._grad_buffer()[:, :n]  # [BT, n, D] += sum_q w[q, s] * g[q]
-            if w.shape[1] == 1:  # one read: a broadcast multiply-add in place, no temporary
-                grads.addcmul_(w.transpose(1, 2), g)
-            else:  # (baddbmm_ on a strided slice falls back to a per-batch loop on CPU)
-                grads += torch.bmm(w.transpose(1, 2), g)
-        zeros = [torch.zeros((), dtype=ctx.token_dtype, device=grad_out.device) for _ in range(n)]
-        return (grad_w, None, *zeros)

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
-from .depth import SourceBank, key_logits, mix_sources, rms_normalize
+from .depth import key_logits, mix_sources, rms_normalize, track_source
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -229,13 +229,6 @@ class _DepthAttentionResidual(ResidualScheme):
                     f"combined with {', '.join(f'{n}={options[n]!r}' for n in clash)}"
                 )
 
-    def final(self, state: Any) -> torch.Tensor:
-        h = super().final(state)
-        for bank in (getattr(state, "bank", None),):
-            if bank is not None:
-                bank.seal()  # the last read is built: break the bank <-> autograd reference cycle
-        return h
-
     def reset_parameters(self) -> None:
         for name in ("queries", "query_proj", "mixing_logits"):
             if hasattr(self, name):
@@ -349,7 +342,6 @@ class FullAttnRes(_DepthAttentionResidual):
     @dataclass
     class State:
         q: torch.Tensor | None  # [L + 1, D] effective static queries (None: static mixing / input-dependent)
-        bank: SourceBank | None  # the same sources in one buffer: reads are one batched matmul (fast path)
         values: list[torch.Tensor] = field(default_factory=list)  # v_0 .. v_i, each [B, T, D]
         # per source i: logits [B, T, n_i, H] against reads i .. i + n_i - 1 (static queries), its keys
         # [B, T, D] (input-dependent queries), or None (static mixing)
@@ -390,17 +382,14 @@ class FullAttnRes(_DepthAttentionResidual):
 
     def begin(self, embedding: torch.Tensor) -> State:
         static_query = not (self.static_mixing or self.input_dependent)
-        # Reads over a prefix of the sources with one weight per source can use the bank (no window, one head).
-        bank = SourceBank(self.config.n_reads) if self.window is None and self.heads == 1 else None
-        state = self.State(q=self.effective_queries() if static_query else None, bank=bank)
+        state = self.State(q=self.effective_queries() if static_query else None)
         self._add_source(state, embedding)
         return state
 
     def _add_source(self, state: State, value: torch.Tensor) -> None:
         i = len(state.values)  # source i is first seen by read i
+        value = track_source(value)  # many reads mix it: their gradients accumulate in place
         state.values.append(value)
-        if state.bank is not None:
-            state.bank.add(value)
         if state.q is not None:
             reads = self._reads_seeing(i)
             state.cache.append(self._key_logits(value, state.q[reads.start: reads.stop]))
@@ -411,10 +400,6 @@ class FullAttnRes(_DepthAttentionResidual):
 
     def read(self, state: State, l: int) -> torch.Tensor:
         visible = self._visible(l, self.window)
-        if state.bank is not None and state.q is not None:
-            # Fast path: gather read l's precomputed logits ([B, T, l+1]), one batched weighted sum.
-            logits = torch.stack([state.cache[i][:, :, l - i, 0] for i in visible], dim=-1)
-            return self._attend_bank(l, logits, state.bank)
         if self.static_mixing:
             logits = self._static_logits(l, visible)  # [S, 1, 1, 1]
         elif state.q is not None:
@@ -430,16 +415,6 @@ class FullAttnRes(_DepthAttentionResidual):
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         self._add_source(state, out)
 
-    def _attend_bank(self, l: int, logits: torch.Tensor, bank: SourceBank) -> torch.Tensor:
-        """Like _attend for one channel group with sources 0 .. n-1: logits [B, T, n] -> h [B, T, D]."""
-        if self.options["normalizer"] == "softmax":
-            alpha = logits.softmax(dim=-1)  # fp32, sums to 1 over sources
-        else:
-            alpha = torch.sigmoid(logits)
-        if self.record:
-            self._record(l, alpha.permute(2, 0, 1))
-        return bank.mix(alpha)
-
     def source_labels(self) -> list[str]:
         return ["emb"] + [f"{'attn' if i % 2 == 0 else 'mlp'}{i // 2}" for i in range(self.config.n_sublayers)]
 
@@ -449,8 +424,9 @@ class BlockAttnRes(_DepthAttentionResidual):
 
     Sublayers are grouped into blocks of S = config.sublayers_per_block (the last block may be shorter). At the
     first read of a block, phase 1 scores *all* reads of that block against the completed blocks at once and keeps
-    their normalised outputs and log-sum-exp; each later read of the block (phase 2) only scores the running
-    partial sum and merges it by online softmax. Option ``two_phase=False`` runs the plain per-read softmax over
+    their softmax weights and log-sum-exp; each later read of the block (phase 2) only scores the running
+    partial sum and merges it by online softmax. The merge acts on the weights, and every read then mixes its
+    sources once (mix_sources), so no [B, T, D] phase-1 output per read is kept for backward. Option ``two_phase=False`` runs the plain per-read softmax over
     the stacked sources instead (the obviously-correct reference; tests prove the two equal).
 
     The two-phase path needs static queries, one softmax over all channels (heads=1) and attention mixing; with
@@ -465,13 +441,11 @@ class BlockAttnRes(_DepthAttentionResidual):
     class State:
         q: torch.Tensor | None  # [L + 1, D] (None for static mixing)
         blocks: list[torch.Tensor] = field(default_factory=list)  # b_0 = embedding, b_1 .. completed block sums
-        bank: SourceBank | None = None  # the same blocks in one buffer (two-phase path)
         block_logits: list[torch.Tensor] = field(default_factory=list)  # [B, T, L + 1 - first_read_of_block_j]
         block_first_read: list[int] = field(default_factory=list)
         partial: torch.Tensor | None = None  # b_n^i: sum of the outputs of the current block so far
-        phase1_out: tuple[torch.Tensor, ...] = ()  # Q x [B, T, D] phase-1 outputs of the current block's reads
         phase1_lse: torch.Tensor | None = None  # [B, T, Q] their log-sum-exp over completed blocks
-        phase1_alpha: torch.Tensor | None = None  # [B, T, Q, n_blocks] (kept for diagnostics only)
+        phase1_alpha: torch.Tensor | None = None  # [n_blocks, B, T, Q] softmax over the completed blocks
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -491,22 +465,21 @@ class BlockAttnRes(_DepthAttentionResidual):
         return config.effective_n_blocks + 1
 
     def begin(self, embedding: torch.Tensor) -> State:
-        state = self.State(q=None if self.static_mixing else self.effective_queries(),
-                           bank=SourceBank(self.config.effective_n_blocks + 1) if self.two_phase else None)
+        state = self.State(q=None if self.static_mixing else self.effective_queries())
         self._commit(state, embedding, first_read=0)
         return state
 
     def _commit(self, state: State, block: torch.Tensor, first_read: int) -> None:
+        block = track_source(block)  # every later read mixes it: gradients accumulate in place
         state.blocks.append(block)
         if self.two_phase:
-            state.bank.add(block)
             state.block_first_read.append(first_read)
             state.block_logits.append(self._key_logits(block, state.q[first_read:])[..., 0])
 
     def _completed_logits(self, state: State, reads: range) -> torch.Tensor:
-        """[B, T, len(reads), n_blocks] logits of the given reads against every completed block."""
+        """[n_blocks, B, T, len(reads)] logits of the given reads against every completed block."""
         return torch.stack([lg[..., reads.start - f: reads.stop - f]
-                            for lg, f in zip(state.block_logits, state.block_first_read)], dim=-1)
+                            for lg, f in zip(state.block_logits, state.block_first_read)])
 
     def read(self, state: State, l: int) -> torch.Tensor:
         position = l % self.block_size  # 0 = first read of a block
@@ -518,28 +491,26 @@ class BlockAttnRes(_DepthAttentionResidual):
             return self._read_naive(state, l)
         if position == 0:
             self._phase1(state, range(l, min(l + self.block_size, self.config.n_reads)))
-        h = state.phase1_out[position]  # [B, T, D]
+        alpha = state.phase1_alpha[..., position]  # [n, B, T] softmax over the completed blocks
         if state.partial is None:
             if self.record:
-                self._record(l, state.phase1_alpha[:, :, position].permute(2, 0, 1))
-            return h
-        # Phase 2: merge the partial sum into the phase-1 result by online softmax (exact).
+                self._record(l, alpha)
+            return mix_sources(alpha, state.blocks)
+        # Phase 2: merge the partial sum by online softmax (exact). The merge is applied to the weights and the
+        # values are mixed once, so no phase-1 output [B, T, D] per read has to stay alive for backward.
         partial_logit = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0]  # [B, T]
         w_partial = torch.sigmoid(partial_logit - state.phase1_lse[..., position])  # e^p / (e^lse + e^p)
+        alpha = torch.cat([alpha * (1 - w_partial), w_partial[None]])  # [n + 1, B, T]
         if self.record:
-            alpha = torch.cat([state.phase1_alpha[:, :, position].permute(2, 0, 1) * (1 - w_partial), w_partial[None]])
             self._record(l, alpha)
-        # h + w (partial - h) in one fused op, in the (fp32) dtype of the phase-1 result
-        return torch.lerp(h, state.partial.to(h.dtype), w_partial.unsqueeze(-1).to(h.dtype))
+        return mix_sources(alpha, state.blocks + [state.partial])
 
     def _phase1(self, state: State, reads: range) -> None:
-        """Batch all reads of the new block against the completed blocks (they do not change inside a block)."""
-        logits = self._completed_logits(state, reads)  # [B, T, Q, n]
-        state.phase1_lse = torch.logsumexp(logits, dim=-1)  # [B, T, Q]
-        alpha = torch.exp(logits - state.phase1_lse.unsqueeze(-1))  # softmax over completed blocks
-        state.phase1_alpha = alpha
-        # one batched matmul for all Q reads; unbind so each read's gradient is not a full [B, T, Q, D] scatter
-        state.phase1_out = state.bank.mix(alpha).unbind(2)  # Q x [B, T, D]
+        """Batch all reads of the new block against the completed blocks (they do not change inside a block):
+        log-sum-exp [B, T, Q] and softmax weights [n, B, T, Q] over the completed blocks."""
+        logits = self._completed_logits(state, reads)  # [n, B, T, Q]
+        state.phase1_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
+        state.phase1_alpha = torch.exp(logits - state.phase1_lse)  # [n, B, T, Q]
 
     def _read_naive(self, state: State, l: int) -> torch.Tensor:
         """Plain path: one read over [b_0 .. b_{n-1}] (+ partial b_n^{i-1} after the block's first sublayer)."""

@@ -169,6 +169,19 @@ class CoreMonitor:
         other = (self._busy_seconds() - busy0) - (self._own_seconds() - own0)
         return max(0.0, other / wall) if wall > 0 else None
 
+    def wait_quiet(self, max_wait_s: float, threshold: float = 0.25, probe_s: float = 1.0) -> float | None:
+        """Sleep until other processes use less than `threshold` cores over a `probe_s` window, or until
+        `max_wait_s` passed; returns the last probe (None without /proc/stat or when max_wait_s <= 0)."""
+        if not self.available or max_wait_s <= 0:
+            return None
+        deadline = time.perf_counter() + max_wait_s
+        while True:
+            self.start()
+            time.sleep(probe_s)
+            load = self.stop()
+            if load is None or load < threshold or time.perf_counter() >= deadline:
+                return load
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Running one scheme
@@ -249,9 +262,11 @@ def _sync(device: Any) -> None:
 
 
 def time_round_robin(runners: Sequence[Runner], warmup: int, repeats: int, device: Any,
-                     prefill: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+                     prefill: bool = True, log: Callable[[str], None] = print,
+                     quiet_wait_s: float = 0.0) -> dict[str, Any]:
     """Round r runs one training step of every runner (order rotated by r), then one prefill of every runner.
-    The first `warmup` rounds are not recorded. Returns per-runner samples and per-round machine load."""
+    The first `warmup` rounds are not recorded. With `quiet_wait_s` > 0 each round first waits (up to that
+    long) for the other processes on the machine to go quiet. Returns per-runner samples and per-round load."""
     monitor = CoreMonitor()
     wall: dict[str, list[float]] = {r.name: [] for r in runners}
     cpu: dict[str, list[float]] = {r.name: [] for r in runners}
@@ -260,6 +275,7 @@ def time_round_robin(runners: Sequence[Runner], warmup: int, repeats: int, devic
     for rnd in range(warmup + repeats):
         k = rnd % len(runners)
         order = list(runners[k:]) + list(runners[:k])
+        monitor.wait_quiet(quiet_wait_s)
         monitor.start()
         step_wall: dict[str, float] = {}
         for r in order:
@@ -393,13 +409,21 @@ def cpu_peak_memory(size: BenchSize, scheme: str, threads: int, seed: int, bf16:
                     steps: int = 1) -> dict[str, Any]:
     spec = {"size": size.to_dict(), "scheme": scheme, "threads": threads, "seed": seed, "bf16": bf16,
             "checkpointing": checkpointing, "steps": steps}
+    # The child imports the same attnres as this process (e.g. a patched copy put first on PYTHONPATH).
+    root = str(_attnres_root())
     env = {**os.environ, "OMP_NUM_THREADS": str(threads),
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": os.pathsep.join([root, str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "experiments.bench", "--memory-child", json.dumps(spec)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"memory subprocess for {scheme} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _attnres_root() -> Path:
+    import attnres
+
+    return Path(attnres.__file__).resolve().parents[1]
 
 
 def block_memory_bound(size: BenchSize, baseline_bytes: float, element_bytes: int) -> dict[str, float]:
@@ -428,7 +452,8 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
         f"{', compiled' if args.compile else ''}{', checkpointing' if args.checkpointing else ''}")
     runners = [build_runner(size, s, device, args.seed, args.bf16, args.compile, args.checkpointing, args.sdpa)
                for s in schemes]
-    timing = time_round_robin(runners, args.warmup, args.repeats, device, prefill=not args.no_prefill, log=log)
+    timing = time_round_robin(runners, args.warmup, args.repeats, device, prefill=not args.no_prefill, log=log,
+                              quiet_wait_s=args.quiet_wait)
     tokens = size.batch_size * size.seq_len
     peak = args.peak_flops
     if peak is None and device.type == "cuda" and args.bf16:
@@ -551,7 +576,8 @@ def bench_options(size: BenchSize, schemes: Sequence[str], variants: Sequence[st
         t0 = time.perf_counter()
         r.train_step()
         compile_s[r.name] = time.perf_counter() - t0
-    timing = time_round_robin(runners, args.warmup, args.repeats, device, prefill=False, log=log)
+    timing = time_round_robin(runners, args.warmup, args.repeats, device, prefill=False, log=log,
+                              quiet_wait_s=args.quiet_wait)
     saved = {r.name: saved_activation_bytes(r) for r in runners if "compile" not in r.name}
     results: dict[str, Any] = {}
     for s in schemes:
@@ -642,6 +668,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default: 7; --quick: 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default: 1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
+                   help="before each timed round, wait up to this long for other processes to use < 0.25 cores "
+                        "(shared machines; default 0: do not wait). The load of every round is recorded either way")
     p.add_argument("--bf16", action="store_true", help="torch.autocast to bfloat16 (the GPU default)")
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every sublayer")
@@ -698,8 +727,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("repeats", "harness_rounds", "threads"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    if args.harness_steps is not None and args.harness_steps < 3:
-        raise SystemExit("--harness-steps must be >= 3 (the first two steps are warm-up)")
+    if args.harness_steps is not None and args.harness_steps < 4:
+        raise SystemExit("--harness-steps must be >= 4 (K steps give K - 1 timed gaps, the first two warm-up)")
     if args.device not in ("cpu", "cuda"):
         raise SystemExit(f"--device={args.device!r}; allowed values: cpu, cuda")
     return args
@@ -715,6 +744,7 @@ def environment(args: argparse.Namespace, device: Any) -> dict[str, Any]:
            "cpu_count": os.cpu_count(), "git_commit": records.git_commit(), "quick": bool(args.quick),
            "bf16": bool(args.bf16), "compile": bool(args.compile), "checkpointing": bool(args.checkpointing),
            "sdpa": args.sdpa, "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
+           "quiet_wait_s": args.quiet_wait, "attnres_path": str(_attnres_root() / "attnres"),
            "host": platform.node(), "processor": platform.processor() or platform.machine()}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)

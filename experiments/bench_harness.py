@@ -10,8 +10,8 @@ The harness side is the real ``experiments.train.train`` with its run recorder, 
 chosen logger; a StepTimer callback (added through ``+callbacks.bench_timer``) stamps the start of every
 training batch. A step's time is the gap between consecutive batch starts, so it includes fetching the
 next batch and every per-step callback, exactly as in the plain loop, whose stamps are taken at the same
-point. The first two steps of each run are warm-up. Validation runs only after the last step (eval_count=1)
-and is not inside any gap. Harness and plain runs alternate (the order flips every round); the ratio is taken
+point. A run of K steps gives K - 1 gaps; the first two are warm-up, so K - 3 steps are timed. Validation runs
+only after the last step (eval_count=1) and is not inside any gap. Harness and plain runs alternate (the order flips every round); the ratio is taken
 per round between the medians of the two runs, and summarised by median and IQR over rounds.
 
 Lightning is imported here only, so ``python -m experiments.bench --harness off`` never imports it.
@@ -101,7 +101,7 @@ def _compose(overrides: list[str]):
 
 
 def harness_run(cfg) -> list[float]:
-    """Step times of one experiments.train run (all but the warm-up steps)."""
+    """Step times of one experiments.train run (gaps between batch starts, warm-up dropped)."""
     from .train import train
 
     timer_path = Path(cfg.callbacks.bench_timer.path)
@@ -141,11 +141,11 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
     stamps: list[float] = []
     model.train()
     for step, (x, y) in enumerate(datamodule.train_dataloader()):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
         if step == total:
             break
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())  # as StepTimer: after the fetch of this step's batch
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             _, loss = forward(x, y)
@@ -164,7 +164,7 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
 def compare_harness(size: BenchSize, args: argparse.Namespace, device: torch.device, steps: int,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
     log(f"\n== harness (experiments.train, Lightning) vs plain loop at {size.name}: {args.harness_rounds} rounds x "
-        f"{steps} steps each (first {WARMUP_STEPS} of every run untimed), logger={args.harness_logger}")
+        f"{steps} steps each ({steps - 1 - WARMUP_STEPS} timed per run), logger={args.harness_logger}")
     harness_med, plain_med, ratios, busy = [], [], [], []
     harness_all: list[float] = []
     plain_all: list[float] = []

@@ -5,9 +5,8 @@ Why the two must agree: TrainBatches gives rank r the slice [r*b, (r+1)*b) of th
 DDP all-reduces (averages) the gradients of the two equal halves, which is the gradient of the global-batch mean
 loss, and the model is initialised from the same seed on every rank. So the parameters after every step, and
 with them the validation loss (computed on the same fixed held-out windows on every rank), match a single
-process up to floating-point summation order. The train loss in metrics.csv is rank 0's half of the batch, so
-it is compared through its mean with rank 1's half only implicitly (via the parameters); the evaluated
-trajectory is the check.
+process up to floating-point summation order (measured: within 3e-7). The train loss in metrics.csv is rank 0's
+loss on its half of the batch, not the global mean, so the evaluated trajectory is the check.
 
 One process per core, one thread each (the machine has 2 cores). About 30-40 s.
 """
@@ -44,6 +43,8 @@ def test_two_process_ddp_matches_single_process(tmp_path, data_cache):
     ddp = run_cli(common + [f"paths.runs_root={tmp_path / 'ddp'}", "trainer=ddp", "trainer.accelerator=cpu",
                             "trainer.devices=2"], timeout=240)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
+    log = ddp.stdout + ddp.stderr
+    assert "MEMBER: 2/2" in log and "gloo" in log, log[-3000:]  # really two processes, over gloo
 
     ref, ref_record = _val_trajectory(tmp_path / "single")
     got, got_record = _val_trajectory(tmp_path / "ddp")
@@ -52,6 +53,6 @@ def test_two_process_ddp_matches_single_process(tmp_path, data_cache):
     assert ref_record["config_hash"] == got_record["config_hash"]  # devices and strategy do not change results
     assert [s for s, _ in got] == [s for s, _ in ref] == [4, 8, 12, 16]
     for (step, a), (_, b) in zip(ref, got):
-        assert b == pytest.approx(a, abs=2e-4), f"val_loss at step {step}: single {a} vs DDP {b}"
+        assert b == pytest.approx(a, abs=1e-4), f"val_loss at step {step}: single {a} vs DDP {b}"
     # the run really trained (the trajectory is not flat), so agreement is not trivial
     assert ref[-1][1] < ref[0][1] - 0.05

@@ -1,44 +1,73 @@
-"""The depth-mixing kernels (SourceBank, key_logits, mix_sources) against plain autograd, in float64."""
+"""The depth-mixing kernels (mix_sources with tracked sources, key_logits) against plain autograd, in float64."""
+
+import gc
+import weakref
 
 import torch
 
-from attnres.depth import SourceBank, key_logits, mix_sources, rms_normalize
+from attnres.depth import key_logits, mix_sources, rms_normalize, track_source
 
 torch.set_num_threads(1)
 
 
-def test_source_bank_gradients_match_finite_differences():
+def _reads(vs, w1, w2, track: bool):
+    """Sources mixed by several reads, one source depending on an earlier read (as in Full AttnRes)."""
+    t = track_source if track else (lambda v: v)
+    a, b = t(vs[0]), t(vs[1] * 2)
+    o1 = mix_sources(w1, [a, b])
+    c, d = t(vs[2] + o1), t(vs[3])
+    o2 = mix_sources(w2, [a, b, c, d])
+    o3 = mix_sources(w1, [d, a])
+    return o1.sum() * 0.3 + (o2 * o2).sum() + o1.pow(2).sum() + (o3 * o2).sum()
+
+
+def test_tracked_sources_gradients_match_plain_autograd_and_finite_differences():
     torch.manual_seed(0)
     B, T, D = 2, 3, 5
     values = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(4)]
-    w1 = torch.rand(B, T, 2, dtype=torch.double, requires_grad=True)
-    w2 = torch.rand(B, T, 2, 4, dtype=torch.double, requires_grad=True)
-
-    def f(w1, w2, *vs):
-        bank = SourceBank(6)
-        bank.add(vs[0])
-        bank.add(vs[1] * 2)
-        o1 = bank.mix(w1)  # one read over 2 sources
-        bank.add(vs[2] + o1)  # a source that depends on an earlier read
-        bank.add(vs[3])
-        o2 = bank.mix(w2)  # two reads at once over 4 sources
-        return o1.sum() * 0.3 + (o2 * o2).sum() + o1.pow(2).sum()
-
-    assert torch.autograd.gradcheck(f, (w1, w2, *values))
-    out = f(w1, w2, *values)  # a retained graph gives the same gradients twice (the bank's buffer is consumed)
-    g1 = torch.autograd.grad(out, values, retain_graph=True)
-    g2 = torch.autograd.grad(out, values)
-    assert all(torch.allclose(a, b) for a, b in zip(g1, g2))
+    w1 = torch.rand(2, B, T, dtype=torch.double, requires_grad=True)
+    w2 = torch.rand(4, B, T, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda w1, w2, *vs: _reads(vs, w1, w2, True), (w1, w2, *values))
+    plain = torch.autograd.grad(_reads(values, w1, w2, False), [w1, w2, *values])
+    out = _reads(values, w1, w2, True)
+    g1 = torch.autograd.grad(out, [w1, w2, *values], retain_graph=True)
+    g2 = torch.autograd.grad(out, [w1, w2, *values])  # a retained graph: the sinks start from zero again
+    for p, a, b in zip(plain, g1, g2):
+        assert torch.allclose(p, a) and torch.allclose(a, b)
 
 
-def test_source_bank_equals_mix_sources():
-    torch.manual_seed(1)
-    values = [torch.randn(2, 4, 8) for _ in range(3)]
-    w = torch.rand(2, 4, 3)
-    bank = SourceBank(3)
-    for v in values:
-        bank.add(v)
-    assert torch.allclose(bank.mix(w), mix_sources(w.permute(2, 0, 1), values), atol=1e-6)
+def test_sinks_do_not_outlive_backward():
+    """Regression guard (the SourceBank it replaces once leaked every step through an autograd cycle)."""
+    from attnres import ModelConfig, Transformer
+    from attnres import depth
+
+    alive: weakref.WeakSet = weakref.WeakSet()
+    original = depth._GradSink.__init__
+
+    def tracking_init(self):
+        original(self)
+        alive.add(self)
+
+    depth._GradSink.__init__ = tracking_init
+    try:
+        for residual in ("full", "block"):
+            model = Transformer(ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8,
+                                            residual=residual, block_size=2))
+            idx = torch.randint(0, 32, (2, 8))
+            for _ in range(2):
+                model(idx, idx)[1].backward()
+            gc.collect()
+            assert len(alive) == 0, residual
+    finally:
+        depth._GradSink.__init__ = original
+
+
+def test_track_source_is_the_identity_without_autograd():
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    with torch.no_grad():
+        assert track_source(x) is x
+    y = torch.randn(2, 3, 4)
+    assert track_source(y) is y
 
 
 def test_mix_sources_gradcheck():
@@ -55,30 +84,3 @@ def test_key_logits_equal_normalised_keys_and_gradcheck():
     q = torch.randn(4, 6, dtype=torch.double, requires_grad=True)
     assert torch.allclose(key_logits(x, q, 1e-5), rms_normalize(x, 1e-5) @ q.t())
     assert torch.autograd.gradcheck(lambda x, q: key_logits(x, q, 1e-5), (x, q))
-
-
-def test_banks_are_freed_after_backward(monkeypatch):
-    """Regression: the bank's autograd handles once formed a cycle through autograd that leaked every step's graph
-    (tens of MB per step). After forward + backward no SourceBank may stay alive."""
-    import gc
-    import weakref
-
-    from attnres import ModelConfig, Transformer
-    from attnres import depth
-
-    alive: weakref.WeakSet = weakref.WeakSet()
-    original = depth.SourceBank.__init__
-
-    def tracking_init(self, capacity):
-        original(self, capacity)
-        alive.add(self)
-
-    monkeypatch.setattr(depth.SourceBank, "__init__", tracking_init)
-    for residual in ("full", "block"):
-        model = Transformer(ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8,
-                                        residual=residual, block_size=2))
-        idx = torch.randint(0, 32, (2, 8))
-        for _ in range(2):
-            model(idx, idx)[1].backward()
-        gc.collect()
-        assert len(alive) == 0, residual

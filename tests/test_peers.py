@@ -372,6 +372,11 @@ def test_mixing_flops_equal_counted_forward_flops(residual, options):
     counted = forward_flops(model, idx) - forward_flops(base, idx)
     if residual == "laurel" and options["form"] != "lr":
         counted += 4 * TINY["d_model"] * model.config.n_sublayers
+    if residual == "denseformer":  # DWA's weighted sums are element-wise multiply-adds (mix_sources): 2*D per pair
+        o = model.residual.options
+        pairs = sum(len(model.residual.dwa_sources(i, o["dilation"]))
+                    for i in model.residual.dwa_blocks(model.config.n_layers, o["period"]))
+        counted += 2 * TINY["d_model"] * pairs
     assert counted == pytest.approx(type(model.residual).mixing_flops(model.config), rel=1e-9)
 
 

@@ -1,0 +1,134 @@
+"""The benchmark's plumbing: it runs end to end and writes the documented JSON (speed is never asserted here;
+docs/performance.md holds the measured numbers). About 35 s: `--quick` (~15 s) and the GPU script's
+`--dry-run` on the CPU (~15 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TEST_MAX_BYTES
+
+from experiments import bench
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
+def _check_ratio(r: dict) -> None:
+    assert set(r) >= {"median", "q1", "q3", "min", "max", "n", "samples"}
+    assert r["q1"] <= r["median"] <= r["q3"] and r["n"] == len(r["samples"]) > 0
+
+
+def _check_size(res: dict, schemes: list[str], repeats: int) -> None:
+    assert set(res) >= {"size", "device", "threads", "tokens_per_step", "schemes", "ratios", "checks",
+                        "other_cores_busy"}
+    assert list(res["schemes"]) == schemes
+    tokens = res["size"]["batch_size"] * res["size"]["seq_len"]
+    assert res["tokens_per_step"] == tokens
+    for name, e in res["schemes"].items():
+        assert e["train_step_s"]["n"] == repeats and len(e["train_step_s"]["samples"]) == repeats
+        assert e["prefill_s"]["n"] == repeats
+        assert e["tokens_per_s"] == pytest.approx(tokens / e["train_step_s"]["median"])
+        assert e["flop_per_s"] == pytest.approx(e["flops_per_token"] * e["tokens_per_s"])
+        assert e["mfu"] is None  # no peak is known for a CPU
+        assert e["saved_activation_bytes"] > 0 and e["peak_step_bytes"] is not None
+        assert e["peak_bytes"] >= e["rss_before_bytes"] > 0
+        r = res["ratios"][name]
+        for key in ("train_step", "train_step_cpu", "prefill"):
+            _check_ratio(r[key])
+        if name == "baseline":  # ratios of the baseline to itself, round by round
+            assert r["train_step"]["samples"] == [1.0] * repeats and r["saved_activation_bytes"] == 1.0
+    assert res["schemes"]["block"]["n_blocks"] == res["size"]["n_blocks"]
+    names = [c["name"] for c in res["checks"]]
+    assert any("saved activations" in n for n in names) and any("peak step memory" in n for n in names)
+    for c in res["checks"]:
+        assert set(c) >= {"name", "value", "limit", "pass"} and c["pass"] == (c["value"] <= c["limit"])
+
+
+def test_quick_benchmark_writes_the_documented_json(tmp_path, data_cache):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.bench", "--quick", "--threads", "1", "--out", str(out),
+         "--data-cache", str(data_cache), "--data-max-bytes", str(TEST_MAX_BYTES)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratios to baseline" in proc.stdout and "harness vs plain" in proc.stdout
+    res = json.loads(out.read_text())
+    assert res["schema_version"] == bench.SCHEMA_VERSION
+    assert res["meta"]["quick"] is True and res["meta"]["threads"] == 1 and res["meta"]["device"] == "cpu"
+    assert res["meta"]["torch"] and res["meta"]["wall_time_s"] > 0
+    (size,) = res["sizes"]
+    assert size["size"]["name"] == "tiny"
+    _check_size(size, ["baseline", "full", "block"], repeats=3)
+    (h,) = res["harness"]
+    assert h["size"]["name"] == "tiny" and h["rounds"] == 1 and h["steps_per_run"] == 5
+    assert h["harness_step_s"]["n"] == h["plain_step_s"]["n"] == 5 - 1 - h["warmup_steps"]
+    _check_ratio(h["ratio"])
+    assert h["check"]["limit"] == 1.03 and h["check"]["value"] == h["ratio"]["median"]
+    assert res["options"] is None
+
+
+def test_gpu_script_dry_run_on_cpu(tmp_path):
+    """scripts/gpu_bench.sh with --dry-run: the GPU flags (bf16 autocast, flash SDPA, no harness) on the CPU."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_bench.sh"), "--dry-run", "--no-memory"],
+                          cwd=REPO, env={**_env(), "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu_bench.json").read_text())
+    assert res["meta"]["bf16"] is True and res["meta"]["sdpa"] == "flash" and res["harness"] is None
+    (size,) = res["sizes"]
+    assert size["size"]["seq_len"] == 64 and size["size"]["batch_size"] == 2
+    assert list(size["schemes"]) == ["baseline", "full", "block"]
+
+
+def test_statistics_and_memory_bound():
+    s = bench.summarize([3.0, 1.0, 2.0, 4.0])
+    assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 4.0, 4) and s["samples"] == [3.0, 1.0, 2.0, 4.0]
+    assert s["q1"] == 1.75 and s["q3"] == 3.25
+    r = bench.paired_ratios({"baseline": [2.0, 4.0], "block": [2.2, 4.0]}, "baseline")
+    assert r["block"]["samples"] == pytest.approx([1.1, 1.0]) and r["baseline"]["median"] == 1.0
+    # (N + 1) * B * T * d * bytes + 5% of the baseline: TARGET has N = 8 blocks of S = 4 sublayers
+    b = bench.block_memory_bound(bench.TARGET, baseline_bytes=1000.0, element_bytes=4)
+    assert b["n_blocks"] == 8 and b["block_sums_bytes"] == 9 * 8 * 256 * 256 * 4
+    assert b["limit_extra_bytes"] == b["block_sums_bytes"] + 50.0
+
+
+def test_saved_activation_bytes_is_deterministic_and_excludes_parameters():
+    import torch
+
+    torch.set_num_threads(1)
+    size = bench.TINY
+    runner = bench.build_runner(size, "baseline", torch.device("cpu"), 0, False, False, False, "auto")
+    a, b = bench.saved_activation_bytes(runner), bench.saved_activation_bytes(runner)
+    assert a == b > 0
+    params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    btd = size.batch_size * size.seq_len * size.d_model * 4
+    assert btd < a < params + 100 * size.n_layers * btd  # activations, not weights, dominate at this size
+    ckpt = bench.build_runner(size, "baseline", torch.device("cpu"), 0, False, False, True, "auto")
+    assert bench.saved_activation_bytes(ckpt) < a  # checkpointed sublayers keep only their inputs
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--schemes", "baseline,nope"], "unknown"),
+    (["--option-variants", "eager,turbo"], "unknown"),
+    (["--device", "tpu"], "allowed values: cpu, cuda"),
+    (["--harness-steps", "3"], ">= 4"),
+])
+def test_bad_arguments_say_what_is_allowed(argv, match):
+    with pytest.raises(SystemExit, match=match):
+        bench.parse_args(argv)
+
+
+def test_unknown_size_lists_the_sizes():
+    with pytest.raises(ValueError, match="attnres16x256.*cpu_xl"):
+        bench.resolve_size("huge")
+    xl = bench.resolve_size("cpu_xl")
+    assert (xl.n_layers, xl.d_model, xl.n_blocks, xl.batch_size) == (8, 32, 4, 32)
+    paper = bench.resolve_size("paper_194m", seq_len=8192)
+    assert (paper.n_layers, paper.d_model, paper.head_dim, paper.n_blocks) == (12, 896, 128, 8)
