@@ -348,11 +348,13 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
-def _finish_wandb(exit_code: int) -> None:
+def _finish_wandb(exit_code: int, record: dict[str, Any] | None = None) -> None:
     if "wandb" in sys.modules:
         import wandb
 
         if wandb.run is not None:
+            if record is not None:  # the result record mirrored into the run summary (analysis --wandb reads it)
+                wandb.run.summary.update({f"results/{k}": v for k, v in record.items() if v is not None})
             wandb.finish(exit_code=exit_code)
 
 
@@ -398,7 +400,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 warnings.warn(f"could not write the {status} record of {run_id}: {write_error}")
         _finish_wandb(exit_code=1)
         raise
-    _finish_wandb(exit_code=0)
+    _finish_wandb(exit_code=0, record=record)
     return record
 
 
