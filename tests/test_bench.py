@@ -132,3 +132,11 @@ def test_unknown_size_lists_the_sizes():
     assert (xl.n_layers, xl.d_model, xl.n_blocks, xl.batch_size) == (8, 32, 4, 32)
     paper = bench.resolve_size("paper_194m", seq_len=8192)
     assert (paper.n_layers, paper.d_model, paper.head_dim, paper.n_blocks) == (12, 896, 128, 8)
+
+
+def test_gpu_suite_script_parses():
+    """scripts/gpu_suite.sh runs only where a GPU is lent; here its syntax is checked (its --dry-run takes ~2 min)."""
+    import subprocess
+
+    proc = subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_suite.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
