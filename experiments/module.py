@@ -12,6 +12,7 @@ Writing them (metrics.csv, diagnostics.json, loggers) is the job of experiments.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable
 
@@ -61,7 +62,13 @@ class LMModule(pl.LightningModule):
         self.__dict__["_train_forward"] = torch.compile(self.model) if self.compile else self.model
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = self.optimizer_factory(model=self.model)
+        trainer = self._trainer  # None outside a Trainer (plain loops, tests)
+        amp = trainer is not None and str(trainer.precision).endswith("-mixed")
+        clipping = trainer is not None and bool(trainer.gradient_clip_val)
+        kwargs = {}
+        if "amp_clipping" in inspect.signature(self.optimizer_factory).parameters:  # experiments.optim.adamw
+            kwargs["amp_clipping"] = amp and clipping
+        optimizer = self.optimizer_factory(model=self.model, **kwargs)
         scheduler = self.scheduler_factory(optimizer, total_steps=self.total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 

@@ -237,6 +237,28 @@ def test_bf16_mixed_precision_runs_on_cpu(train_cfg):
     _assert_valid_record(rec)
 
 
+def test_fused_adamw_with_mixed_precision_clipping(train_cfg):
+    """Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients (found on an H200: every
+    trainer=gpu run crashed at step 1). Auto (fused=null) picks foreach there; fused=true says why it cannot."""
+    from experiments.optim import adamw
+
+    model = torch.nn.Linear(4, 4)
+    assert adamw(model, lr=1e-3, fused=None, amp_clipping=True).defaults["fused"] is None
+    with pytest.raises(ValueError, match=r"optimizer\.fused=true.*trainer\.precision.*gradient_clip_val"):
+        adamw(model, lr=1e-3, fused=True, amp_clipping=True)
+    # the CPU has a fused AdamW too, so the GPU case runs here through the real trainer: our message, not
+    # Lightning's RuntimeError at the first clipping, and the run is recorded as failed
+    cfg = train_cfg("trainer.precision=bf16-mixed", "optimizer.fused=true", "size.tokens=8192", "train.eval_count=1")
+    with pytest.raises(ValueError, match=r"optimizer\.fused=true"):
+        train(cfg)
+    rows = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
+    assert rows[-1]["status"] == "failed" and "optimizer.fused=true" in rows[-1]["error"]
+    # and Lightning itself would refuse: its plugin sees a fused optimizer as one that unscales by itself
+    from lightning.pytorch.plugins.precision.amp import _optimizer_handles_unscaling
+
+    assert _optimizer_handles_unscaling(torch.optim.AdamW(model.parameters(), fused=True))
+
+
 def test_fsdp_strategy_wraps_each_transformer_block():
     from hydra.utils import instantiate
     from lightning.pytorch.strategies import FSDPStrategy
