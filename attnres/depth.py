@@ -56,9 +56,11 @@ class _MixSources(torch.autograd.Function):
         ctx.compute_dtype = acc = torch.promote_types(out_dtype, torch.float32)  # fp32 at least
         with torch.autocast(device_type=weights.device.type, enabled=False):
             w = _per_source(weights.to(acc))  # [S, B, T, 1] or [S, Q, B, T, 1]
-            out = values[0].to(acc) * w[0]  # [B, T, D] or [Q, B, T, D]
+            # Mixed-dtype multiply-adds: a bf16 source is read as bf16 and widened inside the kernel (no fp32
+            # copy of it), and the sum accumulates in fp32. On a GPU these passes are memory-bound.
+            out = torch.mul(values[0], w[0])  # [B, T, D] or [Q, B, T, D], fp32
             for s in range(1, len(values)):
-                out.addcmul_(values[s].to(acc), w[s])
+                out.addcmul_(values[s], w[s])
         return out.to(out_dtype)
 
     @staticmethod
@@ -66,32 +68,48 @@ class _MixSources(torch.autograd.Function):
         weights, *values = ctx.saved_tensors
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = ctx.compute_dtype
-            g = grad_out.to(acc)  # [B, T, D] or [Q, B, T, D]
             w = _per_source(weights.to(acc))
+            # Low-precision sources (bf16 sublayer outputs under autocast) are multiplied with a copy of the
+            # gradient in their own dtype, made once per read: the products read 2 + 2 bytes per element instead
+            # of widening every source. Sums still accumulate in fp32. In fp32 nothing is copied.
+            g_by_dtype = {grad_out.dtype: grad_out}
+
+            def grad_in(dtype: torch.dtype) -> torch.Tensor:
+                if dtype not in g_by_dtype:
+                    g_by_dtype[dtype] = grad_out.to(dtype)
+                return g_by_dtype[dtype]
+
             grad_weights = None
             if ctx.needs_input_grad[0]:
-                # d out / d weights[s] = values[s]: one dot product over D per token (and read), computed
-                # through one reused scratch buffer instead of a fresh [B, T, D] product per source
-                scratch = torch.empty_like(g)
-                dots = torch.stack([torch.mul(g, v.to(acc), out=scratch).sum(-1) for v in values])
+                # d out / d weights[s] = values[s]: one dot product over D per token (and read), the product
+                # written into one reused scratch buffer per dtype instead of a fresh [B, T, D] per source
+                scratch: dict[torch.dtype, torch.Tensor] = {}
+                dots = []
+                for v in values:
+                    g = grad_in(v.dtype)
+                    buf = scratch.setdefault(v.dtype, torch.empty_like(g))
+                    dots.append(torch.mul(g, v, out=buf).sum(-1, dtype=acc))
+                dots = torch.stack(dots)
                 grad_weights = (dots if weights.dim() == 3 else dots.movedim(1, -1)).to(weights.dtype)
             grads = []
             for s, v in enumerate(values):
                 if not ctx.needs_input_grad[1 + s]:
                     grads.append(None)
-                elif weights.dim() == 3 and ctx.sinks[s] is not None:  # accumulate in place (track_source)
+                    continue
+                g = grad_in(v.dtype)
+                if weights.dim() == 3 and ctx.sinks[s] is not None:  # accumulate in place (track_source)
                     sink = ctx.sinks[s]
                     if sink.grad is None:
-                        sink.grad = w[s] * g
+                        sink.grad = torch.mul(g, w[s])  # fp32
                     else:
-                        sink.grad.addcmul_(w[s], g)
+                        sink.grad.addcmul_(g, w[s])
                     grads.append(None)
                 elif weights.dim() == 3:
-                    grads.append((w[s] * g).to(v.dtype))
+                    grads.append(torch.mul(g, w[s]).to(v.dtype))
                 else:  # summed over the Q reads that mixed this source
-                    gv = w[s, 0] * g[0]
+                    gv = torch.mul(g[0], w[s, 0])
                     for q in range(1, g.shape[0]):
-                        gv.addcmul_(w[s, q], g[q])
+                        gv.addcmul_(g[q], w[s, q])
                     grads.append(gv.to(v.dtype))
         return (grad_weights, *grads)
 
@@ -156,9 +174,11 @@ def key_logits(source: torch.Tensor, queries: torch.Tensor, eps: float) -> torch
     """Logits of one source against R queries: q_r . RMSNorm(v) = (v . q_r) / RMS(v).
 
     source [B, T, D], queries [R, D] (gains folded in) -> [B, T, R] in fp32 (autocast kept out). Written as a
-    matmul scaled by 1/RMS so the normalised key is never materialised (one pass over the source for the dot
-    products, one for its norm)."""
+    matmul scaled by 1/RMS so the normalised key is never materialised (one pass over the source for its norm,
+    one fp32 copy for the dot products: a bf16 logit would be off by up to 0.4%, too coarse for the softmax)."""
     with torch.autocast(device_type=source.device.type, enabled=False):
-        v = source.to(torch.promote_types(source.dtype, torch.float32))
-        rstd = torch.rsqrt(torch.linalg.vecdot(v, v) / v.shape[-1] + eps)  # [B, T]
-        return (v @ queries.to(v.dtype).t()) * rstd.unsqueeze(-1)
+        acc = torch.promote_types(source.dtype, torch.float32)
+        # sum of squares straight from the (possibly bf16) source, accumulated in fp32 inside the kernel
+        sq = torch.linalg.vector_norm(source, dim=-1, dtype=acc).square()  # [B, T]
+        rstd = torch.rsqrt(sq / source.shape[-1] + eps)
+        return (source.to(acc) @ queries.to(acc).t()) * rstd.unsqueeze(-1)

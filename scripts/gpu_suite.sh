@@ -13,6 +13,7 @@
 #
 #   bash scripts/gpu_suite.sh              # on the GPU machine
 #   bash scripts/gpu_suite.sh --dry-run    # the same commands on the CPU at the tiny size (tests/test_bench.py)
+#   STEPS="tests harness" bash scripts/gpu_suite.sh     # only some steps; COMPILE_LIMIT=300 for a slow compile
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,9 +32,11 @@ else
   FLASH=(--sdpa flash); HSTEPS=14
 fi
 
+STEPS="${STEPS:-tests bench_bf16 bench_fp32 bench_528m harness bench_compiled}"
 failed=()
 step() {  # step <name> <seconds> <command...>
   local name=$1 limit=$2; shift 2
+  [[ " $STEPS " == *" $name "* ]] || return 0
   local t0=$SECONDS
   echo "=== [$name] $* (limit ${limit}s)" | tee -a "$LOG"
   timeout --signal=INT --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
@@ -58,7 +61,7 @@ step bench_528m 70 "${bench[@]}" --sizes "$S528" --batch-size "$B528" --bf16 "${
 step harness 90 "$PYTHON" -m experiments.bench "${DEV[@]}" --seq-len "$SEQ" --sizes "$S194" --batch-size "$B194" \
   --bf16 "${FLASH[@]}" --schemes baseline --repeats 1 --no-memory --no-prefill --harness on \
   --harness-steps "$HSTEPS" --harness-rounds 2 --harness-logger none --out "$OUT/gpu_harness.json"
-step bench_compiled 120 "${bench[@]}" --sizes "$S194" --batch-size "$B194" --bf16 "${FLASH[@]}" --compile \
+step bench_compiled "${COMPILE_LIMIT:-200}" "${bench[@]}" --sizes "$S194" --batch-size "$B194" --bf16 "${FLASH[@]}" --compile \
   --repeats 3 --no-memory --out "$OUT/gpu_bench_compiled.json"
 
 echo "gpu_suite: ${#failed[@]} step(s) failed: ${failed[*]:-none}; results in $OUT" | tee -a "$LOG"

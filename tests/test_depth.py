@@ -78,6 +78,30 @@ def test_mix_sources_gradcheck():
         assert torch.autograd.gradcheck(lambda w, *v: mix_sources(w, list(v)), (w, *vs))
 
 
+def test_mix_sources_with_bf16_sources_accumulates_in_fp32():
+    """Under autocast the embedding is fp32 and sublayer outputs are bf16: the read is fp32, accumulated in fp32
+    without widening copies; gradients match float64 on the same (bf16-rounded) inputs."""
+    torch.manual_seed(4)
+    S, B, T, D = 6, 2, 5, 64
+    ref_vals = [torch.randn(B, T, D, dtype=torch.double) for _ in range(S)]
+    vals = [ref_vals[0].float()] + [v.bfloat16() for v in ref_vals[1:]]  # source 0 fp32, the rest bf16
+    ref_vals = [v.double().requires_grad_() for v in vals]
+    vals = [v.clone().requires_grad_() for v in vals]
+    for shape in [(S, B, T), (S, B, T, 3)]:
+        w_ref = torch.rand(*shape, dtype=torch.double).softmax(0).requires_grad_()
+        w = w_ref.detach().float().requires_grad_()
+        out, ref = mix_sources(w, vals), mix_sources(w_ref, ref_vals)
+        assert out.dtype == torch.float32
+        assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-6)
+        g = torch.randn_like(ref)
+        grads = torch.autograd.grad(out, [w, *vals], g.float())
+        grads_ref = torch.autograd.grad(ref, [w_ref, *ref_vals], g)
+        for s, (a, b) in enumerate(zip(grads, grads_ref)):
+            assert a.dtype == ([w] + vals)[s].dtype
+            # the gradient is rounded to bf16 once for bf16 sources (products with bf16 values, as autocast does)
+            assert torch.allclose(a.double(), b, rtol=2e-2, atol=2e-2 * b.abs().max().item()), s
+
+
 def test_key_logits_equal_normalised_keys_and_gradcheck():
     torch.manual_seed(3)
     x = torch.randn(2, 3, 6, dtype=torch.double, requires_grad=True)
