@@ -27,6 +27,21 @@ class DivergedError(RuntimeError):
     """The training loss became NaN or infinite; the run is recorded with status `diverged`."""
 
 
+class DeadGradientError(RuntimeError):
+    """A parameter received no gradient at the first optimizer step (a broken graph: nothing would train it)."""
+
+
+def dead_gradients(model: nn.Module) -> list[str]:
+    """Trainable parameters outside the residual scheme whose gradient is missing or exactly zero.
+
+    At the first step of a randomly initialised model every sublayer weight, norm gain, the embedding and the LM
+    head get a gradient; the residual scheme's own parameters may legitimately not (a zero-initialised query
+    makes its key-norm gain's gradient zero), so they are not checked. Found necessary on an H200 (torch 2.11):
+    torch.compile of Full AttnRes returned an all-zero embedding gradient while the loss was right."""
+    return [name for name, p in model.named_parameters()
+            if p.requires_grad and not name.startswith("residual.") and (p.grad is None or not bool(p.grad.any()))]
+
+
 class LMModule(pl.LightningModule):
     def __init__(
         self,
@@ -88,6 +103,13 @@ class LMModule(pl.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         step = self.global_step + 1  # the optimizer step about to happen
+        if step == 1 and "FSDP" not in type(self.trainer.strategy).__name__:  # FSDP grads are flat shards
+            dead = dead_gradients(self.model)
+            if dead:
+                raise DeadGradientError(
+                    f"no gradient reached {', '.join(dead[:5])}{' ...' if len(dead) > 5 else ''} at step 1 "
+                    f"({len(dead)} parameter tensors{'; compile=true: try compile=false' if self.compile else ''})"
+                )
         stats: dict[str, Any] = {"lr": optimizer.param_groups[0]["lr"]}
         if self.is_record_step(step):
             block_sq = []

@@ -259,6 +259,35 @@ def test_fused_adamw_with_mixed_precision_clipping(train_cfg):
     assert _optimizer_handles_unscaling(torch.optim.AdamW(model.parameters(), fused=True))
 
 
+def test_dead_gradient_at_first_step_fails_the_run(train_cfg, monkeypatch):
+    """A parameter that gets no gradient at step 1 (as torch.compile of Full AttnRes did to the embedding on an
+    H200) stops the run with the parameter's name, instead of training a model whose embedding never moves."""
+    from experiments.module import DeadGradientError, LMModule, dead_gradients
+
+    setup = LMModule.setup
+
+    def broken_setup(self, stage):
+        setup(self, stage)
+        self.model.tok_emb.weight.register_hook(torch.zeros_like)  # what the compiled graph returned
+
+    monkeypatch.setattr(LMModule, "setup", broken_setup)
+    cfg = train_cfg("model=full_attnres", "size.tokens=8192", "train.eval_count=1")
+    with pytest.raises(DeadGradientError, match=r"tok_emb\.weight at step 1"):
+        train(cfg)
+    rows = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
+    assert rows[-1]["status"] == "failed" and "tok_emb.weight" in rows[-1]["error"]
+    # the check itself: the residual scheme's zero-initialised parameters are not flagged
+    from attnres import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig(vocab_size=61, n_layers=2, d_model=32, n_heads=4, max_seq_len=16,
+                                    residual="full"))
+    idx = torch.randint(0, 61, (2, 16))
+    model(idx, idx)[1].backward()
+    assert not model.residual.key_norm_weight.grad.any() and dead_gradients(model) == []
+    model.lm_head.weight.grad.zero_()
+    assert dead_gradients(model) == ["lm_head.weight"]
+
+
 def test_fsdp_strategy_wraps_each_transformer_block():
     from hydra.utils import instantiate
     from lightning.pytorch.strategies import FSDPStrategy
