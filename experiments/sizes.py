@@ -19,6 +19,7 @@ Fixed-compute budgets: :func:`steps_for_budget` turns a FLOP budget C into whole
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -109,6 +110,7 @@ def _continuous_depth(target: float, r: float, h: float, head_dim: int, f: float
     return math.sqrt(lo * hi)
 
 
+@functools.lru_cache(maxsize=4096)
 def derive_arch_shape(target_params: float, d_over_lb: float, heads_over_lb: float, head_dim: int, ff_ratio: float,
                       d_multiple: int = 16, ff_multiple: int = 16) -> ArchShape:
     """The integer shape closest to the targets (paper Fig. 7's grid cells, our dense SwiGLU proxy).
@@ -118,15 +120,15 @@ def derive_arch_shape(target_params: float, d_over_lb: float, heads_over_lb: flo
 
         N = L_b (4 a d + 3 d d_ff + 2 d) + d.
 
-    The continuous solution L_b* (d = r L_b, H = h L_b, d_ff = f d) is rounded by searching the integer shapes
-    around it: L_b within 2 of L_b*, H = floor or ceil of h L_b (at least 1), d (a multiple of ``d_multiple``)
-    within 2 multiples of the root of N = target at that (L_b, H), d_ff (a multiple of ``ff_multiple``) within 3
-    multiples of f d. The shape kept minimises
+    The shape returned minimises the sum of squared relative errors, with N weighted 3x since N is what the grid
+    holds fixed (primes: achieved; ties go to the smaller shape):
 
-        (3 ln(N / N*))^2 + ln(r' / r)^2 + ln(h' / h)^2 + ln(f' / f)^2
+        (3 ln(N' / N))^2 + ln(r' / r)^2 + ln(h' / h)^2 + ln(f' / f)^2
 
-    (primes: achieved), i.e. the sum of squared relative errors with N weighted 3x, since N is what the grid
-    holds fixed; ties go to the smaller shape. The achieved values are reported on the returned ArchShape.
+    over integer L_b within 2 of the continuous solution L_b* (d = r L_b, H = h L_b, d_ff = f d); H = floor or
+    ceil of h L_b (at least 1); d a multiple of ``d_multiple`` between r L_b and the d that gives N at d_ff = f d
+    (one multiple beyond each); d_ff a multiple of ``ff_multiple`` between f d and the d_ff that gives N exactly
+    (the minimiser over d_ff lies between those two, each term being monotone on either side of it).
     """
     for key, value in (("target_params", target_params), ("d_over_lb", d_over_lb), ("heads_over_lb", heads_over_lb),
                        ("ff_ratio", ff_ratio)):
@@ -135,30 +137,29 @@ def derive_arch_shape(target_params: float, d_over_lb: float, heads_over_lb: flo
     for key, value in (("head_dim", head_dim), ("d_multiple", d_multiple), ("ff_multiple", ff_multiple)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"size.{key}={value!r} must be a positive integer")
-    r, h, f = float(d_over_lb), float(heads_over_lb), float(ff_ratio)
-    lb_star = _continuous_depth(float(target_params), r, h, head_dim, f)
+    target, r, h, f = float(target_params), float(d_over_lb), float(heads_over_lb), float(ff_ratio)
+    lb_star = _continuous_depth(target, r, h, head_dim, f)
     best: tuple[tuple[float, int, int, int, int], ArchShape] | None = None
     for lb in range(max(1, math.floor(lb_star) - 2), math.ceil(lb_star) + 3):
         for heads in sorted({max(1, math.floor(h * lb)), max(1, math.ceil(h * lb))}):
             a = heads * head_dim
             # N = 3 f L_b d^2 + (4 a L_b + 2 L_b + 1) d at d_ff = f d: the positive root
             qa, qb = 3 * f * lb, 4 * a * lb + 2 * lb + 1
-            d_star = (-qb + math.sqrt(qb * qb + 4 * qa * target_params)) / (2 * qa)
-            for dk in range(-2, 3):
-                d = d_multiple * (round(d_star / d_multiple) + dk)
-                if d < d_multiple:
-                    continue
-                for fk in range(-3, 4):
-                    d_ff = ff_multiple * (round(f * d / ff_multiple) + fk)
-                    if d_ff < ff_multiple:
-                        continue
+            d_n = (-qb + math.sqrt(qb * qb + 4 * qa * target)) / (2 * qa)
+            lo, hi = sorted((d_n, r * lb))
+            for d in range(d_multiple * max(1, math.floor(lo / d_multiple) - 1),
+                           d_multiple * (math.ceil(hi / d_multiple) + 1) + 1, d_multiple):
+                ff_n = (target - d - lb * (4 * a * d + 2 * d)) / (3 * d * lb)  # N exact
+                ff_lo, ff_hi = sorted((f * d, ff_n))
+                for d_ff in range(ff_multiple * max(1, math.floor(ff_lo / ff_multiple)),
+                                  ff_multiple * max(1, math.ceil(ff_hi / ff_multiple)) + 1, ff_multiple):
                     n = baseline_non_embedding(lb, d, a, d_ff)
-                    cost = ((_PARAMS_WEIGHT * math.log(n / target_params)) ** 2 + math.log(d / lb / r) ** 2
+                    cost = ((_PARAMS_WEIGHT * math.log(n / target)) ** 2 + math.log(d / lb / r) ** 2
                             + math.log(heads / lb / h) ** 2 + math.log(d_ff / d / f) ** 2)
                     key = (cost, lb, d, heads, d_ff)
                     if best is None or key < best[0]:
-                        best = (key, ArchShape(lb, d, heads, head_dim, d_ff, n, float(target_params), r, h, f))
-    assert best is not None  # lb = ceil(lb_star) always yields a candidate
+                        best = (key, ArchShape(lb, d, heads, head_dim, d_ff, n, target, r, h, f))
+    assert best is not None  # every (L_b, H) yields at least one (d, d_ff)
     return best[1]
 
 
