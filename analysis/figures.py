@@ -435,31 +435,58 @@ def block_size_figure(sweep: dict[str, Any], stem: Path, title: str | None = Non
     return save(fig, stem)
 
 
-def architecture_grid_figure(fig7: dict[str, Any], stem: Path) -> list[Path]:
-    """Fig. 7: loss over (d_model/L_b, H/L_b) at fixed compute, Baseline and AttnRes, optimum outlined."""
-    xs, ys = fig7["d_over_Lb"], fig7["H_over_Lb"]
-    grids = [("Baseline", np.array(fig7["baseline"], float)), ("AttnRes", np.array(fig7["attnres"], float))]
-    vmin = min(g.min() for _, g in grids)
-    vmax = max(g.max() for _, g in grids)
-    fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.9))
+def _grid_heatmaps(xs: list[Any], ys: list[Any], panels: list[tuple[str, np.ndarray]], stem: Path,
+                   suptitle: str | None = None) -> list[Path]:
+    """Side-by-side heat maps of loss over (d_model/L_b columns, H/L_b rows) on one colour scale; each panel's
+    best cell outlined in red; missing cells (NaN) left blank."""
+    finite = np.concatenate([g[np.isfinite(g)] for _, g in panels])
+    vmin, vmax = float(finite.min()), float(finite.max())
+    span = vmax - vmin if vmax > vmin else 1.0
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.7 * len(panels), 3.9), squeeze=False)
+    axes = list(axes[0])
     im = None
-    for ax, (name, g) in zip(axes, grids):
-        im = ax.imshow(g, cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
+    for ax, (name, g) in zip(axes, panels):
+        im = ax.imshow(np.ma.masked_invalid(g), cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
         ax.grid(False)
-        i, j = np.unravel_index(np.argmin(g), g.shape)
+        title = name
+        if np.isfinite(g).any():
+            i, j = np.unravel_index(np.nanargmin(g), g.shape)
+            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
+            title = f"{name} (best {g[i, j]:.3f} at $d/L_b$={xs[j]:g}, $H/L_b$={ys[i]:g})"
+        else:
+            i = j = -1
         for r in range(g.shape[0]):
             for c in range(g.shape[1]):
-                shade = (g[r, c] - vmin) / (vmax - vmin)
+                if not np.isfinite(g[r, c]):
+                    ax.text(c, r, "–", ha="center", va="center", fontsize=8, color="0.5")
+                    continue
+                shade = (g[r, c] - vmin) / span
                 ax.text(c, r, f"{g[r, c]:.3f}", ha="center", va="center", fontsize=8,
                         color="black" if shade < 0.55 else "white", fontweight="bold" if (r, c) == (i, j) else None)  # fmt: skip
-        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
         ax.set_xticks(range(len(xs)))
-        ax.set_xticklabels(xs)
+        ax.set_xticklabels([f"{x:g}" for x in xs])
         ax.set_yticks(range(len(ys)))
-        ax.set_yticklabels(ys)
+        ax.set_yticklabels([f"{y:g}" for y in ys])
         ax.set_xlabel("$d_{model}/L_b$")
         ax.set_ylabel("$H/L_b$")
-        ax.set_title(f"{name} (best {g.min():.3f} at $d/L_b$={xs[j]}, $H/L_b$={ys[i]})")
+        ax.set_title(title)
+    if suptitle:
+        fig.suptitle(suptitle)
     fig.tight_layout()
-    fig.colorbar(im, ax=list(axes), shrink=0.9, pad=0.02, label="Validation loss")
+    fig.colorbar(im, ax=axes, shrink=0.9, pad=0.02, label="Validation loss")
     return save(fig, stem)
+
+
+def architecture_grid_figure(fig7: dict[str, Any], stem: Path) -> list[Path]:
+    """Fig. 7 (the paper's numbers): loss over (d_model/L_b, H/L_b) at fixed compute, Baseline and AttnRes."""
+    panels = [("Baseline", np.array(fig7["baseline"], float)), ("AttnRes", np.array(fig7["attnres"], float))]
+    return _grid_heatmaps(list(fig7["d_over_Lb"]), list(fig7["H_over_Lb"]), panels, stem)
+
+
+def arch_grid_figure(table: dict[str, Any], stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
+    """Fig. 7 from our runs (report.arch_grid_table): one heat map per variant on a shared colour scale."""
+    panels = [(label_of(v, labels), np.array([[np.nan if c is None else c for c in r] for r in table["val_loss"][v]], float))
+              for v in table["variants"]]  # fmt: skip
+    budget = table.get("flops_budget")
+    title = f"Architecture grid at fixed compute" + (f" C = {budget:.3g} FLOPs" if budget else "")
+    return _grid_heatmaps(list(table["d_over_lb"]), list(table["heads_over_lb"]), panels, stem, suptitle=title)

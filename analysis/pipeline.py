@@ -11,7 +11,8 @@ import pandas as pd
 from . import figures
 from .bootstrap import DEFAULT_B
 from .records import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
-from .report import ablation_markdown, ablation_table, analyse_scaling, block_size_sweep, summary_markdown, write_json
+from .report import (ablation_markdown, ablation_table, analyse_scaling, arch_grid_markdown, arch_grid_table, block_size_sweep,
+                     summary_markdown, write_json)
 
 
 def run_fit(
@@ -37,7 +38,7 @@ def run_fit(
     completed, excluded = select_completed(df, compute)
     ladder = scaling_runs(completed, study)
     if ladder.empty:
-        warnings.warn("no scaling-ladder runs: only block-size / ablation outputs are written", AnalysisWarning, stacklevel=2)
+        warnings.warn("no scaling-ladder runs: only block-size / ablation / arch-grid outputs are written", AnalysisWarning, stacklevel=2)
         doc: dict[str, Any] = {"schema_version": 1, "source": df.attrs.get("source"), "baseline": baseline, "compute": compute,
                                "excluded_runs": excluded, "variants": {}, "multipliers": {}, "losses": [], "sizes": []}  # fmt: skip
     else:
@@ -48,12 +49,17 @@ def run_fit(
         )  # fmt: skip
     sweep = block_size_sweep(completed, baseline)
     ablations = ablation_table(completed, baseline)
+    arch = arch_grid_table(completed, baseline)
     doc["block_size_sweep"] = sweep
     doc["ablations"] = ablations
+    doc["arch_grid"] = arch
     written: list[Path] = []
     if ablations:
         (out / "table4_ablations.md").write_text("\n".join(["# Ablations (Table 4 style)", ""] + ablation_markdown(ablations)) + "\n")
         written.append(out / "table4_ablations.md")
+    if arch:
+        (out / "fig7_arch_grid.md").write_text("\n".join(["# Architecture grid (Fig. 7 style)", ""] + arch_grid_markdown(arch)) + "\n")
+        written.append(out / "fig7_arch_grid.md")
     if make_figures:
         fitted = ladder[ladder["variant"].isin(list(doc["variants"]))] if not ladder.empty else ladder
         if doc["variants"]:
@@ -64,6 +70,8 @@ def run_fit(
             written += figures.depth_weights_figure(fitted, out / "fig8_depth_weights", base_dir=base_dir, compute=compute)
         if sweep:
             written += figures.block_size_figure(sweep, out / "fig6_block_size")
+        if arch:
+            written += figures.arch_grid_figure(arch, out / "fig7_arch_grid")
     doc["files"] = sorted(str(p.relative_to(out)) for p in written) + ["fit.json", "summary.md"]
     write_json(doc, out / "fit.json")
     (out / "summary.md").write_text(summary_markdown(doc))

@@ -21,10 +21,11 @@ SCHEMA_COLUMNS = (
     "block_size", "n_blocks", "seq_len", "batch_size", "params", "params_non_embedding", "tokens",
     "flops_per_token", "flops", "pflops_days", "flops_6nd", "pflops_days_6nd", "val_loss", "train_loss", "steps",
     "lr", "wall_time_s", "git_commit", "config_hash", "run_dir", "error", "started_at", "finished_at",
+    "flops_budget", "d_over_lb", "heads_over_lb",
 )  # fmt: skip
 _STR_COLUMNS = ("run_id", "study", "variant", "residual", "size", "status", "git_commit", "config_hash", "run_dir", "error")
 # Studies that are not compute ladders: they are summarised as a sweep / table, never fitted as a scaling law.
-NON_SCALING_STUDIES = ("block_size", "ablations")
+NON_SCALING_STUDIES = ("block_size", "ablations", "arch_grid")
 
 
 class AnalysisWarning(UserWarning):
@@ -36,7 +37,8 @@ def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
     for col in _STR_COLUMNS:
         if col in df.columns:
             df[col] = df[col].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
-    for col in ("pflops_days", "val_loss", "flops", "tokens", "pflops_days_6nd", "block_size", "n_blocks", "params"):
+    for col in ("pflops_days", "val_loss", "flops", "tokens", "pflops_days_6nd", "block_size", "n_blocks", "params",
+                "flops_budget", "d_over_lb", "heads_over_lb", "n_layers", "d_model", "n_heads"):
         if col in df.columns:
             df[col] = pd.to_numeric(df[col], errors="coerce")
     df.attrs["source"] = source
@@ -131,6 +133,7 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
 _CONFIG_PATHS = {
     "variant": ("model.variant",), "residual": ("model.residual",), "size": ("size.name",), "study": ("study",),
     "seed": ("seed",), "config_hash": ("derived.config_hash",), "flops_per_token": ("derived.flops_per_token",),
+    "flops_budget": ("train.flops_budget",), "d_over_lb": ("size.d_over_lb",), "heads_over_lb": ("size.heads_over_lb",),
 }  # fmt: skip
 
 

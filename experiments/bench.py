@@ -100,6 +100,8 @@ def conf_size(name: str, batch_size: int | None = None, seq_len: int | None = No
     the paper sizes N = 8. Paper sizes default to 2 sequences per step (16k tokens at context 8192)."""
     from omegaconf import OmegaConf
 
+    from . import train  # noqa: F401 - registers the attnres_arch resolver of derived sizes (paper_arch, cpu_arch)
+
     path = CONF_SIZES / f"{name}.yaml"
     if not path.is_file():
         allowed = sorted([*BUILTIN, *(p.stem for p in CONF_SIZES.glob("*.yaml"))])

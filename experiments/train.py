@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from . import records
+from .sizes import ARCH_SHAPE_FIELDS, derive_arch_shape, steps_for, steps_for_budget
 
 # Before @hydra.main resolves hydra.run.dir: "_pid<pid>" keeps concurrent launches' Hydra dirs apart.
 if not OmegaConf.has_resolver("attnres_pid"):
@@ -43,6 +44,20 @@ if not OmegaConf.has_resolver("attnres_pid"):
 # ${attnres_scale:${size.tokens},0.25} -> int: budgets scaled by a factor (the quick sweep's short runs).
 if not OmegaConf.has_resolver("attnres_scale"):
     OmegaConf.register_new_resolver("attnres_scale", lambda value, factor: int(round(float(value) * float(factor))))
+
+
+def _arch_field(field: str, target_params: float, d_over_lb: float, heads_over_lb: float, head_dim: int,
+                ff_ratio: float, d_multiple: int, ff_multiple: int) -> int:
+    if field not in ARCH_SHAPE_FIELDS:
+        raise ValueError(f"attnres_arch: unknown field {field!r}; allowed values: {', '.join(ARCH_SHAPE_FIELDS)}")
+    shape = derive_arch_shape(target_params, d_over_lb, heads_over_lb, head_dim, ff_ratio, d_multiple, ff_multiple)
+    return int(getattr(shape, field))
+
+
+# ${attnres_arch:n_layers,<N>,<d/L_b>,<H/L_b>,<head_dim>,<d_ff/d>,<d multiple>,<d_ff multiple>} -> int: one field
+# of the shape derived from those targets (experiments.sizes.derive_arch_shape; conf/size/paper_arch.yaml).
+if not OmegaConf.has_resolver("attnres_arch"):
+    OmegaConf.register_new_resolver("attnres_arch", _arch_field)
 
 # Keys that do not change a run's results: where files go, what mirrors them, how/where it runs. Everything
 # else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
@@ -55,6 +70,9 @@ HASH_EXCLUDE = (
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.num_sanity_val_steps",
     "trainer.use_distributed_sampler", "trainer.deterministic", "trainer.plugins",
 )
+# Settings added after runs were recorded: left out of the hash while unset (null), so that every run recorded
+# before they existed keeps its config_hash (and is still found completed on relaunch).
+HASH_DROP_IF_NULL = ("train.flops_budget",)
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "single_device")
@@ -95,7 +113,14 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError("model.variant must be a non-empty name (the model config's file name)")
     # train
     t = cfg.train
-    _number(t.tokens, "train.tokens (size.tokens)", 0, float("inf"), lo_open=True)
+    budget = t.get("flops_budget")
+    if budget is not None:
+        _number(budget, "train.flops_budget (size.flops_budget)", 0, float("inf"), lo_open=True)
+    if t.tokens is not None:
+        _number(t.tokens, "train.tokens (size.tokens)", 0, float("inf"), lo_open=True)
+    elif budget is None:
+        raise ValueError("train.tokens (size.tokens) and train.flops_budget are both null: set a token count "
+                         "(train.tokens=...) or a compute budget in FLOPs (train.flops_budget=...)")
     for key in ("batch_size", "seq_len", "log_every", "eval_count", "val_sequences", "val_batch_size"):
         _positive_int(t[key], f"train.{key}")
     # optimizer
@@ -156,6 +181,30 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError(f"data.num_workers={d.num_workers!r} must be >= 0")
 
 
+def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:
+    """Optimizer steps of a run: from train.tokens, or from train.flops_budget C as D = C / flops_per_token
+    (attnres.flops_per_token(model, seq_len).total), each rounded to whole batches of batch_size x seq_len.
+
+    Both may be set only when they agree on the step count; otherwise this names both keys and what each gives.
+    """
+    batch, seq = int(train_cfg.batch_size), int(train_cfg.seq_len)
+    tokens, budget = train_cfg.tokens, train_cfg.get("flops_budget")
+    by_tokens = steps_for(float(tokens), batch, seq) if tokens is not None else None
+    if budget is None:
+        if by_tokens is None:
+            raise ValueError("train.tokens and train.flops_budget are both null: set one of them")
+        return by_tokens
+    by_budget = steps_for_budget(float(budget), flops_per_token, batch, seq)
+    if by_tokens is not None and by_tokens != by_budget:
+        raise ValueError(
+            f"train.tokens (size.tokens)={tokens!r} gives {by_tokens} steps but train.flops_budget={budget!r} gives "
+            f"{by_budget} steps ({by_budget * batch * seq:,} tokens at {flops_per_token:.4g} FLOPs/token): they "
+            "conflict. Set one of them to null (train.tokens=null to train for the budget, or "
+            "train.flops_budget=null to train for the token count)"
+        )
+    return by_budget
+
+
 def _drop(tree: dict[str, Any], dotted: str) -> None:
     *parents, leaf = dotted.split(".")
     for p in parents:
@@ -182,6 +231,11 @@ def identity_config(container: dict[str, Any]) -> dict[str, Any]:
     ident = copy.deepcopy(container)
     for key in HASH_EXCLUDE:
         _drop(ident, key)
+    for key in HASH_DROP_IF_NULL:
+        parent, _, leaf = key.rpartition(".")
+        node = ident.get(parent) if parent else ident
+        if isinstance(node, dict) and leaf in node and node[leaf] is None:
+            del node[leaf]
     return ident
 
 
@@ -244,6 +298,8 @@ class _Run:
             batch_size=int(cfg.train.batch_size), lr=float(cfg.optimizer.lr) if "lr" in cfg.optimizer else None,
             git_commit=records.git_commit(), config_hash=self.chash, run_dir=str(self.run_dir), error=error,
             started_at=self.started_at, finished_at=records.utc_now(), wall_time_s=round(time.time() - self.t0, 3),
+            flops_budget=_float_or_none(cfg.train.get("flops_budget")),
+            d_over_lb=_float_or_none(cfg.size.get("d_over_lb")), heads_over_lb=_float_or_none(cfg.size.get("heads_over_lb")),
         )
         if mc is not None:
             import torch
@@ -279,6 +335,13 @@ class _Run:
     def write(self, record: dict[str, Any]) -> None:
         records.write_json(self.run_dir / records.RESULTS_JSON, record)
         records.append_row(self.table, record)
+
+
+def _float_or_none(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):  # an invalid setting is recorded as missing; check_config names it
+        return None
 
 
 def _instantiate_loggers(cfg: DictConfig, wandb_id: str) -> list[Any]:
@@ -411,7 +474,6 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
 
     from .callbacks import KillAtStep, NaNAtStep, RunRecorder
     from .module import LMModule
-    from .sizes import steps_for
 
     check_config(cfg)
     # Data first: bad data fails before a model is built.
@@ -427,7 +489,8 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
     run.model_config = model_config = build_model_config(cfg)
     datamodule.check(model_config.vocab_size)
 
-    total = steps_for(float(cfg.train.tokens), int(cfg.train.batch_size), int(cfg.train.seq_len))
+    fpt = flops_per_token(model_config, int(cfg.train.seq_len)).total
+    total = planned_steps(cfg.train, fpt)  # a token count, or a FLOP budget's tokens; conflicts fail here
     run.steps_total = total
     eval_every = math.ceil(total / int(cfg.train.eval_count))
     container = resolved_container(cfg)
@@ -445,7 +508,6 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
         activation_checkpointing=bool(cfg.activation_checkpointing),
     )
     run.module = module
-    fpt = flops_per_token(model_config, int(cfg.train.seq_len)).total
     recorder = RunRecorder(run.run_dir, run.tokens_per_step, fpt, str(cfg.model.variant), model_config.residual)
     recorder.session_start = run.t0  # this launch's wall time includes data and model setup
     run.recorder = recorder
@@ -467,7 +529,8 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
     derived = {
         "derived/params": module.num_params(), "derived/params_non_embedding": module.num_params(non_embedding=True),
         "derived/flops_per_token": fpt, "derived/steps": total, "derived/tokens": total * run.tokens_per_step,
-        "derived/flops": fpt * total * run.tokens_per_step, "derived/config_hash": run.chash,
+        "derived/flops": fpt * total * run.tokens_per_step, "derived/flops_budget": cfg.train.get("flops_budget"),
+        "derived/config_hash": run.chash,
         "derived/dataset": datamodule.describe()["path"],
     }
     for lg in loggers:

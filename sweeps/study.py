@@ -2,6 +2,7 @@
 
     python -m sweeps.study            # the CPU ladder: 3 variants x 5 sizes x 2 seeds on the embedded data (~30 min)
     python -m sweeps.study quick      # first contact: 3 variants x 3 small sizes, 1 seed (~3 min)
+    python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block x a 3 x 3 shape grid at fixed compute (~4 min)
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
 
 Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,
@@ -23,6 +24,7 @@ from pathlib import Path
 STUDIES = {
     "cpu": ("cpu_ladder", "0,1", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_xl"),
     "quick": ("quick", "0", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
+    "arch": ("cpu_arch_grid", "0", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"),
 }
 
 
@@ -54,6 +56,10 @@ def headline(fit_path: Path) -> list[str]:
     """One line per variant: the compute multiplier vs the baseline with its 95% interval."""
     fit = json.loads(fit_path.read_text())
     lines = []
+    grid = fit.get("arch_grid") or {}
+    for name, b in (grid.get("best") or {}).items():
+        lines.append(f"  {name}: best val loss {b['val_loss']:.4f} at d/L_b = {b['d_over_lb']:g}, H/L_b = {b['heads_over_lb']:g}"
+                     f" (the grid: fig7_arch_grid.md)")
     for name, m in (fit.get("multipliers") or {}).items():
         if m.get("m") is None:
             continue

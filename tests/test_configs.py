@@ -57,7 +57,11 @@ def test_variant_and_size_names_are_their_file_names():
     for path in (CONF / "model").glob("*.yaml"):
         assert OmegaConf.load(path).variant == path.stem, path
     for path in (CONF / "size").glob("*.yaml"):
-        assert OmegaConf.load(path).name == path.stem, path
+        s = OmegaConf.load(path)
+        if "d_over_lb" in s:  # a derived size names its grid cell: <file name>_d<d/L_b>_h<H/L_b>
+            assert s.name == f"{path.stem}_d{s.d_over_lb}_h{s.heads_over_lb}", path
+        else:
+            assert s.name == path.stem, path
 
 
 @pytest.mark.parametrize("size", PAPER_SIZES)

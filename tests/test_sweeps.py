@@ -100,7 +100,7 @@ def test_every_sweep_config_composes():
         assert params and cfg.study, path.name
         for model in str(params.get("model", cfg.model.variant)).split(","):
             assert (REPO / "conf" / "model" / f"{model}.yaml").is_file(), (path.name, model)
-        for size in str(params.get("size", cfg.size.name)).split(","):
+        for size in str(params.get("size", cfg.hydra.runtime.choices.size)).split(","):
             assert (REPO / "conf" / "size" / f"{size}.yaml").is_file(), (path.name, size)
 
 
