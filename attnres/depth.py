@@ -170,15 +170,43 @@ def mix_sources(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tens
     return _MixSources.apply(weights, *values)
 
 
+class _KeyLogits(torch.autograd.Function):
+    """logits[b, t, r] = rstd[b, t] * (x[b, t] . q[r]), rstd = (mean_D x^2 + eps)^-1/2, computed in fp32.
+
+    Saves the source as it is (bf16 under autocast: a tensor the depth mixing keeps alive anyway) and the tiny
+    rstd, not an fp32 copy of the source, which autograd's matmul would keep for every source (2x the bf16
+    source's bytes, ~48 x B*T*d of bf16 at 24 sublayers). Backward widens the source again, transiently:
+        dq = (G * rstd)^T x,    dx = (G * rstd) q - (rstd^2 / D) (sum_r G_r logits_r) x
+    """
+
+    @staticmethod
+    def forward(ctx, source: torch.Tensor, queries: torch.Tensor, eps: float) -> torch.Tensor:
+        acc = torch.promote_types(torch.promote_types(source.dtype, queries.dtype), torch.float32)
+        # sum of squares straight from the (possibly bf16) source, accumulated in fp32 inside the kernel
+        rstd = torch.rsqrt(torch.linalg.vector_norm(source, dim=-1, dtype=acc).square() / source.shape[-1] + eps)
+        logits = (source.to(acc) @ queries.to(acc).t()) * rstd.unsqueeze(-1)  # [B, T, R]
+        ctx.save_for_backward(source, queries, rstd, logits)
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        source, queries, rstd, logits = ctx.saved_tensors
+        x = source.to(logits.dtype)  # [B, T, D] fp32, transient
+        g_scaled = grad * rstd.unsqueeze(-1)  # [B, T, R]
+        grad_source = grad_queries = None
+        if ctx.needs_input_grad[0]:
+            coef = (grad * logits).sum(-1, keepdim=True) * rstd.unsqueeze(-1).square() / x.shape[-1]  # [B, T, 1]
+            grad_source = (g_scaled @ queries.to(x.dtype) - coef * x).to(source.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_queries = (g_scaled.flatten(0, -2).t() @ x.flatten(0, -2)).to(queries.dtype)  # [R, D]
+        return grad_source, grad_queries, None
+
+
 def key_logits(source: torch.Tensor, queries: torch.Tensor, eps: float) -> torch.Tensor:
     """Logits of one source against R queries: q_r . RMSNorm(v) = (v . q_r) / RMS(v).
 
-    source [B, T, D], queries [R, D] (gains folded in) -> [B, T, R] in fp32 (autocast kept out). Written as a
-    matmul scaled by 1/RMS so the normalised key is never materialised (one pass over the source for its norm,
-    one fp32 copy for the dot products: a bf16 logit would be off by up to 0.4%, too coarse for the softmax)."""
+    source [B, T, D], queries [R, D] (gains folded in) -> [B, T, R] in fp32 (autocast kept out). A matmul scaled
+    by 1/RMS, so the normalised key is never materialised; the products run in fp32 (a bf16 logit would be off by
+    up to 0.4%, too coarse for the softmax), and backward keeps no fp32 copy of the source (_KeyLogits)."""
     with torch.autocast(device_type=source.device.type, enabled=False):
-        acc = torch.promote_types(source.dtype, torch.float32)
-        # sum of squares straight from the (possibly bf16) source, accumulated in fp32 inside the kernel
-        sq = torch.linalg.vector_norm(source, dim=-1, dtype=acc).square()  # [B, T]
-        rstd = torch.rsqrt(sq / source.shape[-1] + eps)
-        return (source.to(acc) @ queries.to(acc).t()) * rstd.unsqueeze(-1)
+        return _KeyLogits.apply(source, queries, eps)

@@ -41,7 +41,7 @@ def test_two_process_ddp_matches_single_process(tmp_path, data_cache):
     single = run_cli(common + [f"paths.runs_root={tmp_path / 'single'}"], timeout=240)
     assert single.returncode == 0, single.stderr[-3000:]
     ddp = run_cli(common + [f"paths.runs_root={tmp_path / 'ddp'}", "trainer=ddp", "trainer.accelerator=cpu",
-                            "trainer.devices=2"], timeout=240)
+                            "trainer.devices=2", "trainer.precision=32-true"], timeout=240)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     log = ddp.stdout + ddp.stderr
     assert "MEMBER: 2/2" in log and "gloo" in log, log[-3000:]  # really two processes, over gloo

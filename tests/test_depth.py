@@ -108,3 +108,31 @@ def test_key_logits_equal_normalised_keys_and_gradcheck():
     q = torch.randn(4, 6, dtype=torch.double, requires_grad=True)
     assert torch.allclose(key_logits(x, q, 1e-5), rms_normalize(x, 1e-5) @ q.t())
     assert torch.autograd.gradcheck(lambda x, q: key_logits(x, q, 1e-5), (x, q))
+
+
+def test_key_logits_keep_no_fp32_copy_of_a_bf16_source():
+    """Backward keeps the bf16 source itself (alive anyway) and the small rstd/logits, not a widened copy."""
+    torch.manual_seed(5)
+    B, T, D, R = 2, 8, 64, 3
+    src = torch.randn(B, T, D).bfloat16().requires_grad_()
+    q = torch.randn(R, D, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = key_logits(src, q, 1e-5)
+    big_fp32 = [t for t in saved if t.dtype == torch.float32 and t.numel() >= B * T * D]
+    assert not big_fp32 and any(t.data_ptr() == src.data_ptr() for t in saved)
+    # and the gradients are those of the fp32 formula on the same bf16 values
+    ref_src = src.detach().double().requires_grad_()
+    ref_q = q.detach().double().requires_grad_()
+    ref = rms_normalize(ref_src, 1e-5) @ ref_q.t()
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(ref)
+    gs, gq = torch.autograd.grad(out, [src, q], g.float())
+    rs, rq = torch.autograd.grad(ref, [ref_src, ref_q], g)
+    assert torch.allclose(gq.double(), rq, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(gs.double(), rs, rtol=2e-2, atol=2e-2 * rs.abs().max().item())  # rounded to bf16 once
