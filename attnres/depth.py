@@ -164,10 +164,30 @@ def track_source(value: torch.Tensor) -> torch.Tensor:
 
 
 def mix_sources(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
-    """sum_s weights[s] * values[s]: weights [S, B, T] -> [B, T, D], or [S, B, T, Q] -> [Q, B, T, D]."""
+    """sum_s weights[s] * values[s]: weights [S, B, T] -> [B, T, D], or [S, B, T, Q] -> [Q, B, T, D].
+
+    Eager: the hand-written kernels above. Under torch.compile: plain differentiable ops, which the compiler fuses
+    into one pass itself (and torch 2.11's compiler returned zero gradients through _MixSources: every parameter
+    upstream of the depth mixing got none, found on an H200 and reproduced on the CPU)."""
     if weights.shape[0] != len(values):
         raise ValueError(f"mix_sources: {weights.shape[0]} weights for {len(values)} sources")
+    if torch.compiler.is_compiling():
+        return _mix_sources_traced(weights, values)
     return _MixSources.apply(weights, *values)
+
+
+def _mix_sources_traced(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+    """The same sum as _MixSources with ordinary autograd (fp32 accumulation, output in the values' dtype)."""
+    out_dtype = values[0].dtype
+    for v in values[1:]:
+        out_dtype = torch.promote_types(out_dtype, v.dtype)
+    acc = torch.promote_types(out_dtype, torch.float32)
+    with torch.autocast(device_type=weights.device.type, enabled=False):
+        w = _per_source(weights.to(acc))
+        out = values[0].to(acc) * w[0]
+        for s in range(1, len(values)):
+            out = out + values[s].to(acc) * w[s]
+    return out.to(out_dtype)
 
 
 class _KeyLogits(torch.autograd.Function):
@@ -209,4 +229,8 @@ def key_logits(source: torch.Tensor, queries: torch.Tensor, eps: float) -> torch
     by 1/RMS, so the normalised key is never materialised; the products run in fp32 (a bf16 logit would be off by
     up to 0.4%, too coarse for the softmax), and backward keeps no fp32 copy of the source (_KeyLogits)."""
     with torch.autocast(device_type=source.device.type, enabled=False):
+        if torch.compiler.is_compiling():  # plain ops: the compiler fuses them and decides what to keep
+            acc = torch.promote_types(torch.promote_types(source.dtype, queries.dtype), torch.float32)
+            rstd = torch.rsqrt(torch.linalg.vector_norm(source, dim=-1, dtype=acc).square() / source.shape[-1] + eps)
+            return (source.to(acc) @ queries.to(acc).t()) * rstd.unsqueeze(-1)
         return _KeyLogits.apply(source, queries, eps)

@@ -42,7 +42,7 @@ import uuid
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -641,6 +641,18 @@ def _make_tmp(final: Path) -> Path:
     return tmp
 
 
+def _build_and_publish(final: Path, docs: Iterable[tuple[str, bytes, str]], replace_existing: Callable[[], bool],
+                       **build: Any) -> None:
+    """_build_shards into a fresh tmp dir beside `final`, then _publish it; the tmp dir never outlives the call.
+    `replace_existing` is asked only once the build is done (another process may have published meanwhile)."""
+    tmp = _make_tmp(final)
+    try:
+        _build_shards(tmp, docs, **build)
+        _publish(tmp, final, replace_existing=replace_existing())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
+
+
 def _publish(tmp: Path, final: Path, replace_existing: bool) -> None:
     """Move a finished tmp dir to `final` atomically; readers never see a half-written dataset."""
     try:
@@ -794,25 +806,19 @@ def prepare_stdlib(
             for (rel, path), split in zip(tqdm(selected, unit="file", desc="stdlib", disable=not progress), splits):
                 yield rel, path.read_bytes(), split
 
-        tmp = _make_tmp(final)
-        try:
-            _build_shards(
-                tmp,
-                docs(),
-                tokenizer=tokenizer,
-                bpe_vocab_size=bpe_vocab_size,
-                val_fraction=STDLIB_VAL_FRACTION,
-                source={**want, "python": f"{platform.python_implementation()} {platform.python_version()}",
-                        "split": "file-hash", "n_files_listed": len(files)},
-                record_files=True,
-                manifest_extra={"kind": "stdlib", "python": f"{platform.python_implementation()} "
-                                f"{platform.python_version()}", "split_rule": _SPLIT_RULE},
-                progress=progress,
-            )
-            # Without flock (Windows) a racing process may have published meanwhile: keep a valid copy.
-            _publish(tmp, final, replace_existing=force or not _cached(final, tokenizer, want))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
+        # Without flock (Windows) a racing process may have published meanwhile: keep a valid copy.
+        _build_and_publish(
+            final, docs(), lambda: force or not _cached(final, tokenizer, want),
+            tokenizer=tokenizer,
+            bpe_vocab_size=bpe_vocab_size,
+            val_fraction=STDLIB_VAL_FRACTION,
+            source={**want, "python": f"{platform.python_implementation()} {platform.python_version()}",
+                    "split": "file-hash", "n_files_listed": len(files)},
+            record_files=True,
+            manifest_extra={"kind": "stdlib", "python": f"{platform.python_implementation()} "
+                            f"{platform.python_version()}", "split_rule": _SPLIT_RULE},
+            progress=progress,
+        )
     return final
 
 
@@ -883,22 +889,16 @@ def prepare_text_files(
         for (key, path), s in zip(tqdm(files, unit="file", desc="files", disable=not progress), splits):
             yield key, path.read_bytes(), s
 
-    tmp = _make_tmp(out_dir)
-    try:
-        _build_shards(
-            tmp,
-            docs(),
-            tokenizer=tokenizer,
-            bpe_vocab_size=bpe_vocab_size,
-            val_fraction=val_fraction,
-            source={"kind": "files", "split": "file-hash" if split == "file" else "tail"},
-            record_files=True,
-            manifest_extra={"kind": "files", "split_rule": _SPLIT_RULE if split == "file" else "tail of each file"},
-            progress=progress,
-        )
-        _publish(tmp, out_dir, replace_existing=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _build_and_publish(
+        out_dir, docs(), lambda: True,
+        tokenizer=tokenizer,
+        bpe_vocab_size=bpe_vocab_size,
+        val_fraction=val_fraction,
+        source={"kind": "files", "split": "file-hash" if split == "file" else "tail"},
+        record_files=True,
+        manifest_extra={"kind": "files", "split_rule": _SPLIT_RULE if split == "file" else "tail of each file"},
+        progress=progress,
+    )
     return out_dir
 
 
@@ -955,22 +955,16 @@ def prepare_hf_dataset(
             key = f"{split}/{i}"
             yield key, str(record[text_field]).encode("utf-8"), "val" if _split_hash(key) < val_fraction else "train"
 
-    tmp = _make_tmp(out_dir)
-    try:
-        _build_shards(
-            tmp,
-            docs(),
-            tokenizer=tokenizer,
-            bpe_vocab_size=bpe_vocab_size,
-            val_fraction=val_fraction,
-            source={"kind": "hf", "name": name, "config": config, "hf_split": split,
-                    "text_field": text_field, "max_docs": max_docs, "split": "doc-index-hash"},
-            record_files=False,  # per-document manifests of web-scale data would dwarf the shards
-            progress=progress,
-        )
-        _publish(tmp, out_dir, replace_existing=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _build_and_publish(
+        out_dir, docs(), lambda: True,
+        tokenizer=tokenizer,
+        bpe_vocab_size=bpe_vocab_size,
+        val_fraction=val_fraction,
+        source={"kind": "hf", "name": name, "config": config, "hf_split": split,
+                "text_field": text_field, "max_docs": max_docs, "split": "doc-index-hash"},
+        record_files=False,  # per-document manifests of web-scale data would dwarf the shards
+        progress=progress,
+    )
     return out_dir
 
 

@@ -406,3 +406,25 @@ def test_activation_checkpointing_gives_identical_gradients(residual):
     b(idx, idx)[1].backward()
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
+
+
+@pytest.mark.parametrize("residual,kw", [("full", {}), ("block", {"block_size": 2})])
+def test_compiled_model_matches_eager_including_every_gradient(residual, kw):
+    """torch.compile traces the plain-op versions of the depth kernels; loss and *every* gradient must match eager
+    (torch 2.11 returned all-zero gradients upstream of _MixSources when it was traced: see attnres.depth)."""
+    import torch._dynamo
+
+    model = make(residual, **kw)
+    randomize_queries(model)
+    idx = tokens()
+    _, loss = model(idx, idx)
+    loss.backward()
+    eager = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    _, loss_c = torch.compile(model)(idx, idx)
+    loss_c.backward()
+    assert torch.allclose(loss_c, loss, rtol=1e-5)
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.allclose(p.grad, eager[name], rtol=1e-4, atol=1e-6), name
+    torch._dynamo.reset()
