@@ -27,7 +27,10 @@ class ModelConfig:
     block_size: int | None = None  # Block AttnRes: sublayers per block S; when set it wins over n_blocks
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
-    norm_eps: float = 1e-5  # every RMSNorm, including AttnRes key norms (Kimi configs use 1e-5)
+    # every RMSNorm, including AttnRes key norms. Not Kimi's 1e-5: an AttnRes read at init is the mean of its
+    # sources (embedding std 0.02: mean square ~4e-4 / J^2), comparable to 1e-5, which breaks zero-init == baseline
+    # in training and measurably hurt Full AttnRes (docs/results/norm_eps.md)
+    norm_eps: float = 1e-8
     init_std: float = 0.02
     # Options of the residual scheme (ablations, peers): validated by the scheme itself.
     residual_options: dict[str, Any] = field(default_factory=dict)

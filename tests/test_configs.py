@@ -257,3 +257,24 @@ def test_gpu_trainer_presets_default_to_bf16_mixed(preset):
     """The GPU presets train in bf16-mixed (measured faster on an H200, docs/performance.md); CPU stays fp32."""
     assert compose([f"trainer={preset}"]).trainer.precision == "bf16-mixed"
     assert compose(["trainer=cpu"]).trainer.precision == "32-true"
+
+
+def test_default_training_config_keeps_zero_init_equal_to_baseline():
+    """paper.md §9 in the configuration that actually trains (not only in unit tests with eps 1e-12): at step 0
+    Full and Block AttnRes give the baseline's loss. With norm_eps 1e-5 they did not (an AttnRes read at init has
+    a mean square comparable to 1e-5): 5.546 / 5.549 vs 5.551 at cpu_l."""
+    import torch
+
+    from attnres import Transformer
+    from experiments.train import build_model_config
+
+    idx = torch.randint(0, 256, (4, 129), generator=torch.Generator().manual_seed(0))
+    losses = {}
+    for variant in ("baseline", "full_attnres", "block_attnres"):
+        cfg = build_model_config(compose(["experiment=cpu_ladder", "size=cpu_l", f"model={variant}", "data.vocab_size=256"]))
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+        with torch.no_grad():
+            losses[variant] = float(model(idx[:, :-1], idx[:, 1:])[1])
+    assert losses["full_attnres"] == pytest.approx(losses["baseline"], abs=2e-4)
+    assert losses["block_attnres"] == pytest.approx(losses["baseline"], abs=2e-4)
