@@ -425,6 +425,7 @@ def test_compiled_model_matches_eager_including_every_gradient(residual, kw):
     _, loss_c = torch.compile(model)(idx, idx)
     loss_c.backward()
     assert torch.allclose(loss_c, loss, rtol=1e-5)
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.allclose(p.grad, eager[name], rtol=1e-4, atol=1e-6), name
+    for name, p in model.named_parameters():  # fp32 reassociation: ~2e-6 relative; a dropped path: 1
+        assert p.grad is not None, name
+        assert (p.grad - eager[name]).norm() <= 1e-4 * eager[name].norm(), name
     torch._dynamo.reset()
