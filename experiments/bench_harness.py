@@ -118,8 +118,9 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
 
     from attnres import Transformer
 
-    from .sizes import steps_for
-    from .train import build_model_config
+    from attnres import flops_per_token
+
+    from .train import build_model_config, planned_steps
 
     datamodule = instantiate(
         cfg.data, seq_len=int(cfg.train.seq_len), batch_size=int(cfg.train.batch_size), seed=int(cfg.seed),
@@ -129,13 +130,17 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
     with open_dict(cfg):
         if cfg.data.vocab_size is None:
             cfg.data.vocab_size = datamodule.dataset_vocab_size
-    total = steps_for(float(cfg.train.tokens), int(cfg.train.batch_size), int(cfg.train.seq_len))
+    model_config = build_model_config(cfg)
+    total = planned_steps(cfg.train, flops_per_token(model_config, int(cfg.train.seq_len)).total)
     torch.manual_seed(int(cfg.seed))
-    model = Transformer(build_model_config(cfg)).to(device)
+    model = Transformer(model_config).to(device)
     if cfg.activation_checkpointing:
         model.set_activation_checkpointing(True)
     forward = torch.compile(model) if cfg.compile else model
-    optimizer = instantiate(cfg.optimizer)(model=model)
+    # the harness' optimizer choice (foreach instead of fused under mixed precision with clipping), so both
+    # sides run the same optimizer kernel
+    amp_clipping = str(cfg.trainer.precision).endswith("-mixed") and bool(cfg.trainer.get("gradient_clip_val"))
+    optimizer = instantiate(cfg.optimizer)(model=model, amp_clipping=amp_clipping)
     scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total)
     clip = cfg.trainer.get("gradient_clip_val")
     stamps: list[float] = []
