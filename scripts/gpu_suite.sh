@@ -13,7 +13,7 @@
 # Results go to $OUT (default reports/gpu); logs to $OUT/gpu_suite.log.
 #
 #   bash scripts/gpu_suite.sh              # on the GPU machine
-#   bash scripts/gpu_suite.sh --dry-run    # the same commands on the CPU at the tiny size (tests/test_bench.py)
+#   bash scripts/gpu_suite.sh --dry-run    # the same commands on the CPU at the tiny size (~2 min)
 #   STEPS="tests harness" bash scripts/gpu_suite.sh     # only some steps
 # Measured on an H200 (torch 2.11): tests ~55 s, bench_bf16 ~35 s, bench_fp32 ~40 s, bench_528m ~45 s, harness
 # ~70 s; compiling the three paper_194m models did not finish in 250 s (COMPILE_LIMIT, default 300 s).
