@@ -1,6 +1,6 @@
 """The main job in one command: run a study's sweep, then the analysis, and print the headline.
 
-    python -m sweeps.study            # the CPU ladder: 3 variants x 5 sizes x 2 seeds on the embedded data (~30 min)
+    python -m sweeps.study            # the CPU ladder: 3 variants x 5 sizes x 3 seeds on the embedded data (~17 min)
     python -m sweeps.study quick      # first contact: 3 variants x 3 small sizes, 1 seed (~3 min)
     python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block x a 3 x 3 shape grid at fixed compute (~4 min)
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
@@ -20,17 +20,20 @@ import sys
 import time
 from pathlib import Path
 
-# study name -> (sweep config, default seeds, what it is)
+# study name -> (sweep config, what it is); the seeds and everything else come from conf/sweep/<sweep>.yaml
 STUDIES = {
-    "cpu": ("cpu_ladder", "0,1", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_xl"),
-    "quick": ("quick", "0", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
-    "arch": ("cpu_arch_grid", "0", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"),
+    "cpu": ("cpu_ladder", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_xl"),
+    "quick": ("quick", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
+    "arch": ("cpu_arch_grid", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"),
 }
 
 
-def sweep_command(sweep: str, seeds: str, jobs: int, runs_root: str, extra: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "experiments.train", "-m", f"+sweep={sweep}", f"seed={seeds}",
+def sweep_command(sweep: str, seeds: str | None, jobs: int, runs_root: str, extra: list[str]) -> list[str]:
+    """The multirun command; seeds=None keeps the sweep config's own seed list."""
+    cmd = [sys.executable, "-m", "experiments.train", "-m", f"+sweep={sweep}",
            f"paths.runs_root={runs_root}", "trainer.enable_progress_bar=false"]
+    if seeds is not None:
+        cmd.insert(5, f"seed={seeds}")
     if jobs > 1:
         cmd += ["+launcher=parallel", f"hydra.launcher.n_jobs={jobs}"]
     return cmd + extra
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sweeps.study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("study", nargs="?", default="cpu", choices=sorted(STUDIES), help="which study (default: cpu)")
-    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the study's)")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the sweep config's)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="parallel single-thread jobs (default: 2, or 1 on a 1-core machine)")
     ap.add_argument("--runs-root", default="runs", help="where run directories and results.csv go (default: runs)")
@@ -83,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
     args = ap.parse_args(argv)
 
-    sweep, default_seeds, what = STUDIES[args.study]
-    seeds = args.seeds or default_seeds
-    cmd = sweep_command(sweep, seeds, args.jobs, args.runs_root, args.overrides)
-    study_name = _study_name(sweep)
+    sweep, what = STUDIES[args.study]
+    cmd = sweep_command(sweep, args.seeds, args.jobs, args.runs_root, args.overrides)
+    study_name = _sweep_key(sweep, "study")
+    seeds = args.seeds or _sweep_key(sweep, "seed")
     results = Path(args.runs_root) / study_name / "results.csv"
     report = Path(args.reports_root) / study_name
     t0 = time.time()
@@ -107,13 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     return sweep_rc or fit_rc
 
 
-def _study_name(sweep: str) -> str:
-    """The `study` a sweep config writes its runs under (read from the config file, no Hydra needed)."""
+def _sweep_key(sweep: str, key: str) -> str:
+    """`study` (top level) or a swept parameter such as `seed` of conf/sweep/<sweep>.yaml, read without Hydra."""
+    import yaml
+
     path = Path(__file__).resolve().parent.parent / "conf" / "sweep" / f"{sweep}.yaml"
-    for line in path.read_text().splitlines():
-        if line.startswith("study:"):
-            return line.split(":", 1)[1].split("#")[0].strip()
-    raise ValueError(f"{path} sets no study")
+    conf = yaml.safe_load(path.read_text()) or {}
+    if key in conf:
+        return str(conf[key])
+    params = (((conf.get("hydra") or {}).get("sweeper") or {}).get("params") or {})
+    if key in params:
+        return str(params[key])
+    raise ValueError(f"{path} sets no {key}")
 
 
 if __name__ == "__main__":

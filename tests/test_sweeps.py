@@ -114,3 +114,16 @@ def test_sweep_summary_counts_and_exit_status(tmp_path):
     jobs = collect(tmp_path)
     text, ok = summarize(jobs)
     assert not ok and "4 runs: 2 completed, 1 skipped, 1 failed, 0 diverged" in text and "r2: boom" in text
+
+
+def test_study_command_takes_seeds_from_the_sweep_config():
+    """`python -m sweeps.study` has no seed list of its own: conf/sweep/<sweep>.yaml is the one source."""
+    from sweeps import study
+
+    assert study._sweep_key("cpu_ladder", "seed") == "0,1,2" and study._sweep_key("cpu_ladder", "study") == "cpu_ladder"
+    assert study._sweep_key("cpu_arch_grid", "study") == "arch_grid"
+    cmd = study.sweep_command("cpu_ladder", None, 2, "runs", ["logger=csv"])
+    assert not any(a.startswith("seed=") for a in cmd) and cmd[-1] == "logger=csv" and "+launcher=parallel" in cmd
+    assert "seed=3,4" in study.sweep_command("cpu_ladder", "3,4", 1, "runs", [])
+    with pytest.raises(ValueError, match="sets no nonexistent"):
+        study._sweep_key("quick", "nonexistent")
