@@ -71,6 +71,12 @@ def headline(fit_path: Path) -> list[str]:
         lines.append(f"  {name}: compute multiplier m = {m['m']:.3f}x (95% CI {lo:.3f}-{hi:.3f}), "
                      f"P(m <= 1) = {p:.3f}" + (f", paper-form M at largest C = {m['paper_M']:.3f}x"
                                                if m.get("paper_M") is not None else ""))
+    boot = fit.get("bootstrap") or {}
+    if lines and boot.get("mode") == "parametric":
+        seeds = sorted(set((boot.get("seeds_per_size") or {}).values()))
+        lines.append(f"  note: {'/'.join(map(str, seeds)) or '1'} seed(s) per size, so the intervals come from a parametric "
+                     f"bootstrap with sigma = {boot.get('sigma') or float('nan'):.3g} ({boot.get('sigma_source')}): "
+                     "a first look, not a claim; run >= 2 seeds (--seeds 0,1) for seed-resampled intervals")
     return lines
 
 

@@ -127,3 +127,20 @@ def test_study_command_takes_seeds_from_the_sweep_config():
     assert "seed=3,4" in study.sweep_command("cpu_ladder", "3,4", 1, "runs", [])
     with pytest.raises(ValueError, match="sets no nonexistent"):
         study._sweep_key("quick", "nonexistent")
+
+
+def test_study_headline_flags_single_seed_intervals(tmp_path):
+    import json
+
+    from sweeps.study import headline
+
+    fit = {"multipliers": {"block_attnres": {"m": 2.0, "m_ci95": [0.001, 1659.6], "p_m_le_1": 0.14, "paper_M": 21.5}},
+           "bootstrap": {"mode": "parametric", "sigma": 0.05, "sigma_source": "residual standard deviation",
+                         "seeds_per_size": {"cpu_xs": 1, "cpu_s": 1}}}
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit))
+    lines = headline(path)
+    assert "m = 2.000x" in lines[0] and "1 seed(s) per size" in lines[-1] and "not a claim" in lines[-1]
+    fit["bootstrap"] = {"mode": "paired_cluster", "seeds_per_size": {"cpu_xs": 3}}
+    path.write_text(json.dumps(fit))
+    assert len(headline(path)) == 1
