@@ -16,6 +16,8 @@ import pandas as pd
 
 # The columns a scaling fit cannot do without; the schema has many more (tolerated, some used by figures).
 FIT_COLUMNS = ("run_id", "variant", "size", "seed", "status", "pflops_days", "val_loss")
+# The writer's list is experiments.records.COLUMNS; analysis does not import the training package (it must run
+# without it), so the schema is restated here and tests/test_analysis_records.py keeps the two identical.
 SCHEMA_COLUMNS = (
     "run_id", "study", "variant", "residual", "size", "seed", "status", "n_layers", "d_model", "n_heads", "d_ff",
     "block_size", "n_blocks", "seq_len", "batch_size", "params", "params_non_embedding", "tokens",

@@ -50,10 +50,8 @@ class _MixSources(torch.autograd.Function):
     def forward(ctx, weights: torch.Tensor, *values: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(weights, *values)
         ctx.sinks = [getattr(v, "_attnres_sink", None) for v in values]
-        out_dtype = values[0].dtype
-        for v in values[1:]:
-            out_dtype = torch.promote_types(out_dtype, v.dtype)
-        ctx.compute_dtype = acc = torch.promote_types(out_dtype, torch.float32)  # fp32 at least
+        out_dtype, acc = _mix_dtypes(values)
+        ctx.compute_dtype = acc
         with torch.autocast(device_type=weights.device.type, enabled=False):
             w = _per_source(weights.to(acc))  # [S, B, T, 1] or [S, Q, B, T, 1]
             # Mixed-dtype multiply-adds: a bf16 source is read as bf16 and widened inside the kernel (no fp32
@@ -112,6 +110,14 @@ class _MixSources(torch.autograd.Function):
                         gv.addcmul_(g[q], w[s, q])
                     grads.append(gv.to(v.dtype))
         return (grad_weights, *grads)
+
+
+def _mix_dtypes(values: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tuple[torch.dtype, torch.dtype]:
+    """(output dtype: the sources' promoted dtype, accumulation dtype: that or fp32, whichever is wider)."""
+    out_dtype = values[0].dtype
+    for v in values[1:]:
+        out_dtype = torch.promote_types(out_dtype, v.dtype)
+    return out_dtype, torch.promote_types(out_dtype, torch.float32)
 
 
 def _per_source(weights: torch.Tensor) -> torch.Tensor:
@@ -178,16 +184,21 @@ def mix_sources(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tens
 
 def _mix_sources_traced(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
     """The same sum as _MixSources with ordinary autograd (fp32 accumulation, output in the values' dtype)."""
-    out_dtype = values[0].dtype
-    for v in values[1:]:
-        out_dtype = torch.promote_types(out_dtype, v.dtype)
-    acc = torch.promote_types(out_dtype, torch.float32)
+    out_dtype, acc = _mix_dtypes(values)
     with torch.autocast(device_type=weights.device.type, enabled=False):
         w = _per_source(weights.to(acc))
         out = values[0].to(acc) * w[0]
         for s in range(1, len(values)):
             out = out + values[s].to(acc) * w[s]
     return out.to(out_dtype)
+
+
+def _key_logits_and_rstd(source: torch.Tensor, queries: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, T, R] and rstd [B, T], both in fp32 (or wider), with plain differentiable ops."""
+    acc = torch.promote_types(torch.promote_types(source.dtype, queries.dtype), torch.float32)
+    # sum of squares straight from the (possibly bf16) source, accumulated in fp32 inside the kernel
+    rstd = torch.rsqrt(torch.linalg.vector_norm(source, dim=-1, dtype=acc).square() / source.shape[-1] + eps)
+    return (source.to(acc) @ queries.to(acc).t()) * rstd.unsqueeze(-1), rstd
 
 
 class _KeyLogits(torch.autograd.Function):
@@ -201,10 +212,7 @@ class _KeyLogits(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, source: torch.Tensor, queries: torch.Tensor, eps: float) -> torch.Tensor:
-        acc = torch.promote_types(torch.promote_types(source.dtype, queries.dtype), torch.float32)
-        # sum of squares straight from the (possibly bf16) source, accumulated in fp32 inside the kernel
-        rstd = torch.rsqrt(torch.linalg.vector_norm(source, dim=-1, dtype=acc).square() / source.shape[-1] + eps)
-        logits = (source.to(acc) @ queries.to(acc).t()) * rstd.unsqueeze(-1)  # [B, T, R]
+        logits, rstd = _key_logits_and_rstd(source, queries, eps)
         ctx.save_for_backward(source, queries, rstd, logits)
         return logits
 
@@ -230,7 +238,5 @@ def key_logits(source: torch.Tensor, queries: torch.Tensor, eps: float) -> torch
     up to 0.4%, too coarse for the softmax), and backward keeps no fp32 copy of the source (_KeyLogits)."""
     with torch.autocast(device_type=source.device.type, enabled=False):
         if torch.compiler.is_compiling():  # plain ops: the compiler fuses them and decides what to keep
-            acc = torch.promote_types(torch.promote_types(source.dtype, queries.dtype), torch.float32)
-            rstd = torch.rsqrt(torch.linalg.vector_norm(source, dim=-1, dtype=acc).square() / source.shape[-1] + eps)
-            return (source.to(acc) @ queries.to(acc).t()) * rstd.unsqueeze(-1)
+            return _key_logits_and_rstd(source, queries, eps)[0]
         return _KeyLogits.apply(source, queries, eps)

@@ -116,10 +116,9 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
     from hydra.utils import instantiate
     from omegaconf import open_dict
 
-    from attnres import Transformer
+    from attnres import Transformer, flops_per_token
 
-    from attnres import flops_per_token
-
+    from .optim import amp_clipping
     from .train import build_model_config, planned_steps
 
     datamodule = instantiate(
@@ -139,8 +138,8 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
     forward = torch.compile(model) if cfg.compile else model
     # the harness' optimizer choice (foreach instead of fused under mixed precision with clipping), so both
     # sides run the same optimizer kernel
-    amp_clipping = str(cfg.trainer.precision).endswith("-mixed") and bool(cfg.trainer.get("gradient_clip_val"))
-    optimizer = instantiate(cfg.optimizer)(model=model, amp_clipping=amp_clipping)
+    optimizer = instantiate(cfg.optimizer)(
+        model=model, amp_clipping=amp_clipping(cfg.trainer.precision, cfg.trainer.get("gradient_clip_val")))
     scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total)
     clip = cfg.trainer.get("gradient_clip_val")
     stamps: list[float] = []

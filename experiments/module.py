@@ -22,6 +22,8 @@ import torch.nn as nn
 
 from attnres import ModelConfig, Transformer
 
+from .optim import amp_clipping
+
 
 class DivergedError(RuntimeError):
     """The training loss became NaN or infinite; the run is recorded with status `diverged`."""
@@ -78,11 +80,9 @@ class LMModule(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         trainer = self._trainer  # None outside a Trainer (plain loops, tests)
-        amp = trainer is not None and str(trainer.precision).endswith("-mixed")
-        clipping = trainer is not None and bool(trainer.gradient_clip_val)
         kwargs = {}
-        if "amp_clipping" in inspect.signature(self.optimizer_factory).parameters:  # experiments.optim.adamw
-            kwargs["amp_clipping"] = amp and clipping
+        if trainer is not None and "amp_clipping" in inspect.signature(self.optimizer_factory).parameters:
+            kwargs["amp_clipping"] = amp_clipping(trainer.precision, trainer.gradient_clip_val)  # optim.adamw
         optimizer = self.optimizer_factory(model=self.model, **kwargs)
         scheduler = self.scheduler_factory(optimizer, total_steps=self.total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -40,6 +40,12 @@ def param_groups(model: nn.Module, weight_decay: float, connection_weight_decay:
     return [{"params": ps, "weight_decay": wd[g], "name": g} for g, ps in groups.items() if ps]
 
 
+def amp_clipping(precision: Any, gradient_clip_val: Any) -> bool:
+    """True when Lightning's mixed-precision plugin (precision '*-mixed') will clip gradients: then a fused
+    optimizer is refused (see :func:`adamw`)."""
+    return str(precision).endswith("-mixed") and bool(gradient_clip_val)
+
+
 def adamw(
     model: nn.Module,
     lr: float,

@@ -127,3 +127,11 @@ def test_analysis_never_imports_the_training_stack() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_schema_columns_match_the_writer():
+    """analysis restates the record schema (it does not import the training package); both lists must agree."""
+    from analysis.records import SCHEMA_COLUMNS
+    from experiments.records import COLUMNS
+
+    assert SCHEMA_COLUMNS == COLUMNS
