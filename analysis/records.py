@@ -190,6 +190,9 @@ def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd
         names = "; ".join(f"{e['run_id']} ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in excluded)
         warnings.warn(f"excluded {len(excluded)} run(s) from the analysis: {names}", AnalysisWarning, stacklevel=2)
     df["seed"] = df["seed"].map(_int)
+    # One canonical row order: bootstrap draws depend on it, and a table's order is only the order runs finished
+    # (the same runs appended in another order must give the same intervals).
+    df = df.sort_values(["variant", "size", "seed", "run_id"], kind="stable")
     return df.reset_index(drop=True), excluded
 
 

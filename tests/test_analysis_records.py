@@ -135,3 +135,18 @@ def test_schema_columns_match_the_writer():
     from experiments.records import COLUMNS
 
     assert SCHEMA_COLUMNS == COLUMNS
+
+
+def test_select_completed_order_does_not_depend_on_the_table_order():
+    """Bootstrap draws follow row order; the order runs finished in must not change the intervals."""
+    import pandas as pd
+
+    from analysis.records import select_completed
+
+    rows = [dict(run_id=f"{v}_{s}_s{k}", variant=v, size=s, seed=k, status="completed", pflops_days=1e-9 * (i + 1),
+                 val_loss=3.0 - 0.01 * i) for i, (v, s, k) in enumerate(
+                [(v, s, k) for v in ("baseline", "block_attnres") for s in ("cpu_xs", "cpu_s") for k in (0, 1)])]
+    df = pd.DataFrame(rows)
+    a, _ = select_completed(df)
+    b, _ = select_completed(df.sample(frac=1.0, random_state=3))
+    pd.testing.assert_frame_equal(a, b)
