@@ -17,6 +17,13 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def rmsnorm_unit(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with unit gain, returned in x's dtype: the normalisation of every sublayer's PreNorm (the gain is
+    applied by the model's RMSNorm module). Computed in fp32 for stability under bf16 autocast."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def depth_attention(values: torch.Tensor, query: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """Reference depth attention over stacked sources.
 
@@ -44,14 +51,22 @@ class _MixSources(torch.autograd.Function):
     ([1, S] x [S, D] per token), which CPU kernels run one token at a time. Measured at 16 layers x d 256 on
     CPU this loop is several times faster (docs/perf_proposals.md). The arithmetic runs in fp32, as in Kimi's
     production code, and autocast is kept out of it.
+
+    With ``normalize_eps`` (one read only) the output is the read followed by the consuming sublayer's PreNorm
+    normalisation, rmsnorm_unit(h) = h * rstd: the read h itself is then never stored. Backward needs only the
+    normalised output (which the PreNorm gain's multiply keeps anyway) and rstd [B, T]:
+        dh = rstd * (g - out * mean_D(g * out))
+    An unfused read would hand h to the PreNorm, which keeps it for its own backward: one more [B, T, D] per read
+    on top of the sources (for Block AttnRes, where every partial sum is a source, that doubles the per-sublayer
+    residual memory the baseline has).
     """
 
     @staticmethod
-    def forward(ctx, weights: torch.Tensor, *values: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(weights, *values)
+    def forward(ctx, weights: torch.Tensor, normalize_eps: float | None, *values: torch.Tensor) -> torch.Tensor:
         ctx.sinks = [getattr(v, "_attnres_sink", None) for v in values]
         out_dtype, acc = _mix_dtypes(values)
         ctx.compute_dtype = acc
+        ctx.normalized = normalize_eps is not None
         with torch.autocast(device_type=weights.device.type, enabled=False):
             w = _per_source(weights.to(acc))  # [S, B, T, 1] or [S, Q, B, T, 1]
             # Mixed-dtype multiply-adds: a bf16 source is read as bf16 and widened inside the kernel (no fp32
@@ -59,14 +74,26 @@ class _MixSources(torch.autograd.Function):
             out = torch.mul(values[0], w[0])  # [B, T, D] or [Q, B, T, D], fp32
             for s in range(1, len(values)):
                 out.addcmul_(values[s], w[s])
-        return out.to(out_dtype)
+            if not ctx.normalized:
+                ctx.save_for_backward(weights, *values)
+                return out.to(out_dtype)
+            rstd = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + normalize_eps)  # [B, T, 1], as rmsnorm_unit
+            out = (out * rstd).to(out_dtype)
+            ctx.save_for_backward(weights, out, rstd, *values)
+            return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        weights, *values = ctx.saved_tensors
+        if ctx.normalized:
+            weights, normed, rstd, *values = ctx.saved_tensors
+        else:
+            weights, *values = ctx.saved_tensors
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = ctx.compute_dtype
             w = _per_source(weights.to(acc))
+            if ctx.normalized:  # back through the normalisation: the gradient of the read h, in fp32
+                g, y = grad_out.to(acc), normed.to(acc)
+                grad_out = rstd * (g - y * (g * y).mean(-1, keepdim=True))
             # Low-precision sources (bf16 sublayer outputs under autocast) are multiplied with a copy of the
             # gradient in their own dtype, made once per read: the products read 2 + 2 bytes per element instead
             # of widening every source. Sums still accumulate in fp32. In fp32 nothing is copied.
@@ -91,7 +118,7 @@ class _MixSources(torch.autograd.Function):
                 grad_weights = (dots if weights.dim() == 3 else dots.movedim(1, -1)).to(weights.dtype)
             grads = []
             for s, v in enumerate(values):
-                if not ctx.needs_input_grad[1 + s]:
+                if not ctx.needs_input_grad[2 + s]:
                     grads.append(None)
                     continue
                 g = grad_in(v.dtype)
@@ -109,7 +136,7 @@ class _MixSources(torch.autograd.Function):
                     for q in range(1, g.shape[0]):
                         gv.addcmul_(g[q], w[s, q])
                     grads.append(gv.to(v.dtype))
-        return (grad_weights, *grads)
+        return (grad_weights, None, *grads)
 
 
 def _mix_dtypes(values: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tuple[torch.dtype, torch.dtype]:
@@ -169,20 +196,27 @@ def track_source(value: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def mix_sources(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+def mix_sources(weights: torch.Tensor, values: list[torch.Tensor],
+                normalize_eps: float | None = None) -> torch.Tensor:
     """sum_s weights[s] * values[s]: weights [S, B, T] -> [B, T, D], or [S, B, T, Q] -> [Q, B, T, D].
+
+    ``normalize_eps``: return rmsnorm_unit(sum, eps) instead (one read only), the read fused with the PreNorm
+    normalisation of the sublayer that consumes it, so the un-normalised read is never stored for backward.
 
     Eager: the hand-written kernels above. Under torch.compile: plain differentiable ops, which the compiler fuses
     into one pass itself (and torch 2.11's compiler returned zero gradients through _MixSources: every parameter
     upstream of the depth mixing got none, found on an H200 and reproduced on the CPU)."""
     if weights.shape[0] != len(values):
         raise ValueError(f"mix_sources: {weights.shape[0]} weights for {len(values)} sources")
+    if normalize_eps is not None and weights.dim() != 3:
+        raise ValueError("mix_sources: normalize_eps needs the weights of one read, [S, B, T]")
     if torch.compiler.is_compiling():
-        return _mix_sources_traced(weights, values)
-    return _MixSources.apply(weights, *values)
+        return _mix_sources_traced(weights, values, normalize_eps)
+    return _MixSources.apply(weights, normalize_eps, *values)
 
 
-def _mix_sources_traced(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+def _mix_sources_traced(weights: torch.Tensor, values: list[torch.Tensor],
+                        normalize_eps: float | None = None) -> torch.Tensor:
     """The same sum as _MixSources with ordinary autograd (fp32 accumulation, output in the values' dtype)."""
     out_dtype, acc = _mix_dtypes(values)
     with torch.autocast(device_type=weights.device.type, enabled=False):
@@ -190,6 +224,8 @@ def _mix_sources_traced(weights: torch.Tensor, values: list[torch.Tensor]) -> to
         out = values[0].to(acc) * w[0]
         for s in range(1, len(values)):
             out = out + values[s].to(acc) * w[s]
+        if normalize_eps is not None:
+            out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + normalize_eps)
     return out.to(out_dtype)
 
 

@@ -16,19 +16,25 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
+from .depth import rmsnorm_unit
 from .residual import ResidualScheme, build_residual
 
 
 class RMSNorm(nn.Module):
+    """weight * x / RMS(x). The normalisation (rmsnorm_unit, fp32 inside) and the gain are separate steps so that
+    a residual scheme can fuse the first into its read (ResidualScheme.read_normalized)."""
+
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalise in fp32 for stability under bf16 autocast, then return the input dtype
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return self.scale(rmsnorm_unit(x, self.eps))
+
+    def scale(self, normalized: torch.Tensor) -> torch.Tensor:
+        """The gain alone, applied to an already normalised input."""
+        return normalized * self.weight
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,8 +62,12 @@ class CausalSelfAttention(nn.Module):
         self.out = nn.Linear(config.attn_dim, config.d_model, bias=False)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, _ = h.shape
-        q, k, v = self.qkv(self.norm(h)).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return self.from_normalized(rmsnorm_unit(h, self.norm.eps), cos, sin)
+
+    def from_normalized(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The sublayer after its PreNorm's normalisation: x = rmsnorm_unit(h) [B, T, D]."""
+        B, T, _ = x.shape
+        q, k, v = self.qkv(self.norm.scale(x)).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])  # [B, H, T, hd]
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, hd]
         return self.out(y.transpose(1, 2).reshape(B, T, -1))
@@ -73,7 +83,11 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(self.norm(h)).chunk(2, dim=-1)
+        return self.from_normalized(rmsnorm_unit(h, self.norm.eps))
+
+    def from_normalized(self, x: torch.Tensor) -> torch.Tensor:
+        """The sublayer after its PreNorm's normalisation: x = rmsnorm_unit(h) [B, T, D]."""
+        gate, up = self.gate_up(self.norm.scale(x)).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
 
 
@@ -96,18 +110,21 @@ class TransformerBlock(nn.Module):
 
     def forward(self, state, residual: ResidualScheme, cos: torch.Tensor, sin: torch.Tensor, probe=None):
         """Run sublayers 2i (attention) and 2i+1 (MLP); the residual scheme forms their inputs."""
-        l = 2 * self.index
-        h = residual.read(state, l)
-        out = self._run(self.attn, h, cos, sin)
-        if probe is not None:
+        self._sublayer(2 * self.index, self.attn, state, residual, probe, cos, sin)
+        self._sublayer(2 * self.index + 1, self.mlp, state, residual, probe)
+        return state
+
+    def _sublayer(self, l: int, sublayer: nn.Module, state, residual: ResidualScheme, probe, *args) -> None:
+        if probe is None:
+            # The read and the sublayer's PreNorm normalisation in one step: a depth-mixing scheme then keeps its
+            # sources for backward, not the read h as well (attnres.depth.mix_sources).
+            x = residual.read_normalized(state, l, sublayer.norm.eps)
+            out = self._run(sublayer.from_normalized, x, *args)
+        else:  # diagnostics need the read h itself
+            h = residual.read(state, l)
+            out = self._run(sublayer, h, *args)
             probe(l, h, out)
         residual.write(state, l, out)
-        h = residual.read(state, l + 1)
-        out = self._run(self.mlp, h)
-        if probe is not None:
-            probe(l + 1, h, out)
-        residual.write(state, l + 1, out)
-        return state
 
 
 class Transformer(nn.Module):
@@ -159,12 +176,15 @@ class Transformer(nn.Module):
         state = self.residual.begin(x)
         for block in self.blocks:
             state = block(state, self.residual, self.rope_cos, self.rope_sin, probe)
-        h = self.residual.final(state)  # [B, T, D] final depth-wise read
-        logits = self.lm_head(self.norm(h))  # [B, T, V]
-
         if recording:
+            h = self.residual.final(state)  # [B, T, D] final depth-wise read
             self._read_rms.append(h.detach().float().pow(2).mean().sqrt())
             self._collect_diagnostics()
+            x = rmsnorm_unit(h, self.norm.eps)
+        else:
+            x = self.residual.final_normalized(state, self.norm.eps)  # [B, T, D] the final read, normalised
+        logits = self.lm_head(self.norm.scale(x))  # [B, T, V]
+
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

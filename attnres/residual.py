@@ -8,7 +8,10 @@ Every scheme implements the same four calls, which the model makes in this order
         scheme.write(state, l, f_l(h))         # f_l(h): the sublayer's output (a delta)
     h = scheme.final(state)                    # read number L, before the final RMSNorm and LM head
 
-so a scheme is a small swappable component; the transformer never branches on which one it has.
+so a scheme is a small swappable component; the transformer never branches on which one it has. In training the
+model calls ``read_normalized(state, l, eps)`` = rmsnorm_unit(read(state, l)) instead of ``read`` (and
+``final_normalized`` instead of ``final``): the read together with the normalisation step of the PreNorm that
+consumes it, which Full and Block AttnRes fuse so that the read itself is not kept for backward.
 
 Depth-weight bookkeeping (paper §2):
   * Full AttnRes sources: v_0 = embedding, v_i = f_{i-1}(h_{i-1}) for the sublayers already run. Read l sees
@@ -30,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
-from .depth import key_logits, mix_sources, rms_normalize, track_source
+from .depth import key_logits, mix_sources, rms_normalize, rmsnorm_unit, track_source
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -103,6 +106,16 @@ class ResidualScheme(nn.Module):
 
     def final(self, state: Any) -> torch.Tensor:
         return self.read(state, self.config.n_sublayers)
+
+    def read_normalized(self, state: Any, l: int, eps: float) -> torch.Tensor:
+        """rmsnorm_unit(read(state, l)): the read followed by the normalisation of the consuming sublayer's
+        PreNorm (its gain comes after). What the model calls; schemes that mix sources fuse the two so that the
+        read itself is not stored for backward."""
+        return rmsnorm_unit(self.read(state, l), eps)
+
+    def final_normalized(self, state: Any, eps: float) -> torch.Tensor:
+        """rmsnorm_unit(final(state)): the final read and the normalisation of the final RMSNorm."""
+        return rmsnorm_unit(self.final(state), eps)
 
     @classmethod
     def mixing_flops(cls, config: ModelConfig) -> float:
@@ -306,10 +319,24 @@ class _DepthAttentionResidual(ResidualScheme):
         s = self.mixing_logits[l, slots] if isinstance(slots, list) else self.mixing_logits[l, :slots]
         return s.float().view(-1, 1, 1, 1)
 
+    # ---- reads: read(l) = _read(l, None); read_normalized(l, eps) = _read(l, eps), fused ------------------
+    def _read(self, state: Any, l: int, normalize_eps: float | None) -> torch.Tensor:
+        """Read l; with ``normalize_eps``, rmsnorm_unit of it (see ResidualScheme.read_normalized)."""
+        raise NotImplementedError
+
+    def read(self, state: Any, l: int) -> torch.Tensor:
+        return self._read(state, l, None)
+
+    def read_normalized(self, state: Any, l: int, eps: float) -> torch.Tensor:
+        return self._read(state, l, eps)
+
+    def final_normalized(self, state: Any, eps: float) -> torch.Tensor:
+        return self._read(state, self.config.n_sublayers, eps)
+
     def _attend(self, l: int, logits: torch.Tensor, values: list[torch.Tensor],
-                sources: list[int] | None = None) -> torch.Tensor:
+                sources: list[int] | None = None, normalize_eps: float | None = None) -> torch.Tensor:
         """Weights from logits [S, B, T, H] (softmax over sources, or sigmoid), then the weighted sum of the raw
-        values: h [B, T, D] in the values' dtype, computed in fp32."""
+        values: h [B, T, D] in the values' dtype, computed in fp32 (rmsnorm_unit(h) with ``normalize_eps``)."""
         with torch.autocast(device_type=values[0].device.type, enabled=False):
             if self.options["normalizer"] == "softmax":
                 alpha = logits.softmax(dim=0)  # [S, B, T, H] sums to 1 over sources, per channel group
@@ -319,11 +346,12 @@ class _DepthAttentionResidual(ResidualScheme):
                 self._record(l, alpha.mean(-1), sources)  # averaged over channel groups
             S, (B, T, D) = len(values), values[0].shape
             if self.heads == 1:
-                return mix_sources(alpha[..., 0].expand(S, B, T), values)
+                return mix_sources(alpha[..., 0].expand(S, B, T), values, normalize_eps)
             # One weighted sum per channel group. This stacks the sources (the fused mix_sources only takes one
             # weight per source), so the multihead ablation keeps O(S*B*T*D) per read for backward.
             stacked = torch.stack(values).unflatten(-1, (self.heads, -1)).to(alpha.dtype)  # [S, B, T, H, D/H]
-            return torch.einsum("sbth,sbthe->bthe", alpha, stacked).flatten(-2).to(values[0].dtype)
+            h = torch.einsum("sbth,sbthe->bthe", alpha, stacked).flatten(-2).to(values[0].dtype)
+        return h if normalize_eps is None else rmsnorm_unit(h, normalize_eps)
 
 
 class FullAttnRes(_DepthAttentionResidual):
@@ -398,7 +426,7 @@ class FullAttnRes(_DepthAttentionResidual):
         else:
             state.cache.append(None)
 
-    def read(self, state: State, l: int) -> torch.Tensor:
+    def _read(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
         visible = self._visible(l, self.window)
         if self.static_mixing:
             logits = self._static_logits(l, visible)  # [S, 1, 1, 1]
@@ -410,7 +438,7 @@ class FullAttnRes(_DepthAttentionResidual):
                 q = self._input_query(l, state.values[-1])  # current hidden state: the latest source
                 logits = self._logits(torch.stack([state.cache[i] for i in visible]), q)  # [S, B, T, H]
         return self._attend(l, logits, [state.values[i] for i in visible],
-                            sources=visible if self.window is not None else None)
+                            sources=visible if self.window is not None else None, normalize_eps=normalize_eps)
 
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         self._add_source(state, out)
@@ -481,21 +509,21 @@ class BlockAttnRes(_DepthAttentionResidual):
         return torch.stack([lg[..., reads.start - f: reads.stop - f]
                             for lg, f in zip(state.block_logits, state.block_first_read)])
 
-    def read(self, state: State, l: int) -> torch.Tensor:
+    def _read(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
         position = l % self.block_size  # 0 = first read of a block
         if position == 0 and state.partial is not None:
             # Block boundary: the finished partial sum becomes a completed block b_n (Eq. 5).
             self._commit(state, state.partial, first_read=l)
             state.partial = None
         if not self.two_phase:
-            return self._read_naive(state, l)
+            return self._read_naive(state, l, normalize_eps)
         if position == 0:
             self._phase1(state, range(l, min(l + self.block_size, self.config.n_reads)))
         alpha = state.phase1_alpha[..., position]  # [n, B, T] softmax over the completed blocks
         if state.partial is None:
             if self.record:
                 self._record(l, alpha)
-            return mix_sources(alpha, state.blocks)
+            return mix_sources(alpha, state.blocks, normalize_eps)
         # Phase 2: merge the partial sum by online softmax (exact). The merge is applied to the weights and the
         # values are mixed once, so no phase-1 output [B, T, D] per read has to stay alive for backward.
         partial_logit = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0]  # [B, T]
@@ -503,7 +531,7 @@ class BlockAttnRes(_DepthAttentionResidual):
         alpha = torch.cat([alpha * (1 - w_partial), w_partial[None]])  # [n + 1, B, T]
         if self.record:
             self._record(l, alpha)
-        return mix_sources(alpha, state.blocks + [state.partial])
+        return mix_sources(alpha, state.blocks + [state.partial], normalize_eps)
 
     def _phase1(self, state: State, reads: range) -> None:
         """Batch all reads of the new block against the completed blocks (they do not change inside a block):
@@ -512,11 +540,11 @@ class BlockAttnRes(_DepthAttentionResidual):
         state.phase1_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
         state.phase1_alpha = torch.exp(logits - state.phase1_lse)  # [n, B, T, Q]
 
-    def _read_naive(self, state: State, l: int) -> torch.Tensor:
+    def _read_naive(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
         """Plain path: one read over [b_0 .. b_{n-1}] (+ partial b_n^{i-1} after the block's first sublayer)."""
         sources = state.blocks + ([state.partial] if state.partial is not None else [])
         if self.static_mixing:
-            return self._attend(l, self._static_logits(l, len(sources)), sources)
+            return self._attend(l, self._static_logits(l, len(sources)), sources, normalize_eps=normalize_eps)
         with torch.autocast(device_type=sources[0].device.type, enabled=False):
             keys = torch.stack([self._keys(s) for s in sources])  # [S, B, T, D] fp32
             if self.input_dependent:
@@ -524,7 +552,7 @@ class BlockAttnRes(_DepthAttentionResidual):
             else:
                 q = state.q[l]
             logits = self._logits(keys, q)  # [S, B, T, H]
-        return self._attend(l, logits, sources)
+        return self._attend(l, logits, sources, normalize_eps=normalize_eps)
 
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         state.partial = out if state.partial is None else state.partial + out

@@ -114,6 +114,21 @@ def test_saved_activation_bytes_is_deterministic_and_excludes_parameters():
     assert bench.saved_activation_bytes(ckpt) < a  # checkpointed sublayers keep only their inputs
 
 
+def test_block_attnres_saved_activations_fit_the_issue_allowance():
+    """Deterministic memory bound (bytes autograd keeps, not a timing): Block AttnRes keeps at most the N + 1 block
+    sums' worth of [B, T, d] more than the baseline, plus 5% of the baseline. Before the read was fused with the
+    PreNorm normalisation, every read's output was kept as well (+L [B, T, d])."""
+    import torch
+
+    torch.set_num_threads(1)
+    size = bench.resolve_size("attnres16x256", batch_size=1, seq_len=32)  # 32 sublayers, N = 8 blocks of 4
+    saved = {s: bench.saved_activation_bytes(bench.build_runner(size, s, torch.device("cpu"), 0, False, False,
+                                                                False, "auto")) for s in ("baseline", "block")}
+    bound = bench.block_memory_bound(size, saved["baseline"], element_bytes=4)
+    assert bound["n_blocks"] == 8
+    assert saved["block"] - saved["baseline"] <= bound["limit_extra_bytes"]
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--schemes", "baseline,nope"], "unknown"),
     (["--option-variants", "eager,turbo"], "unknown"),

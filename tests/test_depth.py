@@ -5,7 +5,7 @@ import weakref
 
 import torch
 
-from attnres.depth import key_logits, mix_sources, rms_normalize, track_source
+from attnres.depth import _mix_sources_traced, key_logits, mix_sources, rms_normalize, rmsnorm_unit, track_source
 
 torch.set_num_threads(1)
 
@@ -76,6 +76,31 @@ def test_mix_sources_gradcheck():
     for shape in [(3, 2, 3), (3, 2, 3, 5)]:
         w = torch.rand(*shape, dtype=torch.double, requires_grad=True)
         assert torch.autograd.gradcheck(lambda w, *v: mix_sources(w, list(v)), (w, *vs))
+
+
+def test_mix_sources_fused_with_the_prenorm_normalisation_equals_the_two_steps():
+    """normalize_eps returns rmsnorm_unit of the read; values and every gradient (tracked sources included) are
+    those of the unfused two steps, and of the compile path's plain ops."""
+    torch.manual_seed(6)
+    B, T, D, eps = 2, 3, 8, 1e-6
+    vs = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(3)]
+    w = torch.rand(3, B, T, dtype=torch.double).softmax(0).requires_grad_()
+    assert torch.autograd.gradcheck(lambda w, *v: mix_sources(w, list(v), eps), (w, *vs))
+    for track in (False, True):
+        t = track_source if track else (lambda v: v)
+        fused = mix_sources(w, [t(v) for v in vs], eps)
+        unfused = rmsnorm_unit(mix_sources(w, list(vs)), eps)
+        traced = _mix_sources_traced(w, list(vs), eps)
+        assert torch.allclose(fused, unfused) and torch.allclose(fused, traced)
+        g = torch.randn_like(fused)
+        for a, b in zip(torch.autograd.grad(fused, [w, *vs], g), torch.autograd.grad(unfused, [w, *vs], g)):
+            assert torch.allclose(a, b)
+    # the read h = sum w v is not kept for backward: only the normalised output, rstd, weights and the sources
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        out = mix_sources(w, vs, eps)
+    big = {x.data_ptr() for x in saved if x.numel() >= B * T * D}
+    assert big == {v.data_ptr() for v in vs} | {out.data_ptr()}
 
 
 def test_mix_sources_with_bf16_sources_accumulates_in_fp32():

@@ -408,6 +408,31 @@ def test_activation_checkpointing_gives_identical_gradients(residual):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
 
 
+@pytest.mark.parametrize("residual,kw", [
+    ("full", {}), ("block", {"block_size": 2}), ("block", {"block_size": 4, "residual_options": {"two_phase": False}}),
+    ("full", {"residual_options": {"heads": 2}}),
+])
+def test_fused_read_and_prenorm_equal_the_unfused_model(residual, kw, monkeypatch):
+    """The model reads through read_normalized (the read fused with the PreNorm normalisation); the plain
+    read-then-RMSNorm composition (the base class' read_normalized) gives the same loss and gradients."""
+    from attnres.residual import ResidualScheme
+
+    fused = make(residual, **kw)
+    randomize_queries(fused) if "heads" not in kw.get("residual_options", {}) else None
+    plain = copy.deepcopy(fused)
+    idx = tokens()
+    _, loss = fused(idx, idx)
+    loss.backward()
+    with monkeypatch.context() as m:
+        m.setattr(type(plain.residual), "read_normalized", ResidualScheme.read_normalized)
+        m.setattr(type(plain.residual), "final_normalized", ResidualScheme.final_normalized)
+        _, loss_plain = plain(idx, idx)
+        loss_plain.backward()
+    assert torch.allclose(loss, loss_plain, rtol=1e-6)
+    for (name, p), (_, q) in zip(fused.named_parameters(), plain.named_parameters()):  # fp32 rounding: ~1e-6
+        assert (p.grad - q.grad).norm() <= 1e-5 * q.grad.norm(), name
+
+
 @pytest.mark.parametrize("residual,kw", [("full", {}), ("block", {"block_size": 2})])
 def test_compiled_model_matches_eager_including_every_gradient(residual, kw):
     """torch.compile traces the plain-op versions of the depth kernels; loss and *every* gradient must match eager
