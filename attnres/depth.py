@@ -77,8 +77,10 @@ class _MixSources(torch.autograd.Function):
             if not ctx.normalized:
                 ctx.save_for_backward(weights, *values)
                 return out.to(out_dtype)
-            rstd = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + normalize_eps)  # [B, T, 1], as rmsnorm_unit
-            out = (out * rstd).to(out_dtype)
+            # [B, T, 1]; in place on the fresh accumulator (a new [B, T, D] per step costs page faults on CPU)
+            rstd = torch.rsqrt(torch.linalg.vector_norm(out, dim=-1, keepdim=True).square_() / out.shape[-1]
+                               + normalize_eps)
+            out = out.mul_(rstd).to(out_dtype)
             ctx.save_for_backward(weights, out, rstd, *values)
             return out
 
@@ -91,9 +93,12 @@ class _MixSources(torch.autograd.Function):
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = ctx.compute_dtype
             w = _per_source(weights.to(acc))
+            scratch: dict[torch.dtype, torch.Tensor] = {}  # one reused [B, T, D] product buffer per dtype
             if ctx.normalized:  # back through the normalisation: the gradient of the read h, in fp32
                 g, y = grad_out.to(acc), normed.to(acc)
-                grad_out = rstd * (g - y * (g * y).mean(-1, keepdim=True))
+                buf = scratch.setdefault(acc, torch.empty_like(g))
+                mean_gy = torch.mul(g, y, out=buf).mean(-1, keepdim=True)  # [B, T, 1]
+                grad_out = torch.addcmul(g, y, mean_gy, value=-1).mul_(rstd)  # rstd * (g - y * mean_gy)
             # Low-precision sources (bf16 sublayer outputs under autocast) are multiplied with a copy of the
             # gradient in their own dtype, made once per read: the products read 2 + 2 bytes per element instead
             # of widening every source. Sums still accumulate in fp32. In fp32 nothing is copied.
@@ -108,7 +113,6 @@ class _MixSources(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 # d out / d weights[s] = values[s]: one dot product over D per token (and read), the product
                 # written into one reused scratch buffer per dtype instead of a fresh [B, T, D] per source
-                scratch: dict[torch.dtype, torch.Tensor] = {}
                 dots = []
                 for v in values:
                     g = grad_in(v.dtype)
@@ -260,7 +264,14 @@ class _KeyLogits(torch.autograd.Function):
         grad_source = grad_queries = None
         if ctx.needs_input_grad[0]:
             coef = (grad * logits).sum(-1, keepdim=True) * rstd.unsqueeze(-1).square() / x.shape[-1]  # [B, T, 1]
-            grad_source = (g_scaled @ queries.to(x.dtype) - coef * x).to(source.dtype)
+            # one fresh [B, T, D] (-coef * x), the query term added in place: on CPU every new [B, T, D] costs
+            # page faults, more than the arithmetic; one query (Block's partial sum) is an element-wise outer product
+            grad_source = x * coef.neg()
+            if queries.shape[0] == 1:
+                grad_source.addcmul_(g_scaled, queries[0].to(x.dtype))
+            else:
+                grad_source.view(-1, x.shape[-1]).addmm_(g_scaled.reshape(-1, queries.shape[0]), queries.to(x.dtype))
+            grad_source = grad_source.to(source.dtype)
         if ctx.needs_input_grad[1]:
             grad_queries = (g_scaled.flatten(0, -2).t() @ x.flatten(0, -2)).to(queries.dtype)  # [R, D]
         return grad_source, grad_queries, None

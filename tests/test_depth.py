@@ -125,6 +125,14 @@ def test_mix_sources_with_bf16_sources_accumulates_in_fp32():
             assert a.dtype == ([w] + vals)[s].dtype
             # the gradient is rounded to bf16 once for bf16 sources (products with bf16 values, as autocast does)
             assert torch.allclose(a.double(), b, rtol=2e-2, atol=2e-2 * b.abs().max().item()), s
+    # fused with the PreNorm normalisation: the same within bf16 rounding of the gradient
+    w_ref = torch.rand(S, B, T, dtype=torch.double).softmax(0).requires_grad_()
+    w = w_ref.detach().float().requires_grad_()
+    out, ref = mix_sources(w, vals, 1e-6), mix_sources(w_ref, ref_vals, 1e-6)
+    assert out.dtype == torch.float32 and torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, [w, *vals], g.float()), torch.autograd.grad(ref, [w_ref, *ref_vals], g)):
+        assert torch.allclose(a.double(), b, rtol=2e-2, atol=2e-2 * b.abs().max().item())
 
 
 def test_key_logits_equal_normalised_keys_and_gradcheck():
