@@ -127,11 +127,8 @@ class _MixSources(torch.autograd.Function):
                     continue
                 g = grad_in(v.dtype)
                 if weights.dim() == 3 and ctx.sinks[s] is not None:  # accumulate in place (track_source)
-                    sink = ctx.sinks[s]
-                    if sink.grad is None:
-                        sink.grad = torch.mul(g, w[s])  # fp32
-                    else:
-                        sink.grad.addcmul_(g, w[s])
+                    # g may be deferred only if this backward made it (autograd's grad_out could be changed later)
+                    ctx.sinks[s].add(g, w[s], deferrable=g is not grad_out or ctx.normalized)
                     grads.append(None)
                 elif weights.dim() == 3:
                     grads.append(torch.mul(g, w[s]).to(v.dtype))
@@ -159,10 +156,34 @@ def _per_source(weights: torch.Tensor) -> torch.Tensor:
 
 
 class _GradSink:
-    """Gradient accumulator of one tracked source (see track_source)."""
+    """Gradient accumulator of one tracked source (see track_source): grad = sum over reads of weight * g.
+
+    Terms are applied in groups of up to DEFER: the sink [B, T, D] is then read and written once per group (the
+    group's multiply-adds run back to back while it is in cache) instead of once per read. Full AttnRes' source
+    sinks are the largest memory stream of its backward on CPU (one cold [B, T, D] read-modify-write per (read,
+    source) pair). The pending gradients are the reads' own (every sink of a read shares them), so at most
+    DEFER - 1 [B, T, D] read gradients stay alive a little longer."""
+
+    DEFER = 4
 
     def __init__(self) -> None:
         self.grad: torch.Tensor | None = None
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def add(self, g: torch.Tensor, weight: torch.Tensor, deferrable: bool = True) -> None:
+        """Add weight * g ([B, T, 1] * [B, T, D]); ``g`` must not be modified afterwards if deferred."""
+        self.pending.append((g, weight))
+        if not deferrable or len(self.pending) >= self.DEFER:
+            self.flush()
+
+    def flush(self) -> torch.Tensor | None:
+        for g, weight in self.pending:
+            if self.grad is None:
+                self.grad = torch.mul(g, weight)  # fp32 (the weights are)
+            else:
+                self.grad.addcmul_(g, weight)
+        self.pending.clear()
+        return self.grad
 
 
 class _TrackSource(torch.autograd.Function):
@@ -175,7 +196,7 @@ class _TrackSource(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        acc, ctx.sink.grad = ctx.sink.grad, None  # consumed (a retained graph starts from zero again)
+        acc, ctx.sink.grad = ctx.sink.flush(), None  # consumed (a retained graph starts from zero again)
         if acc is None:
             return grad, None
         return acc.add_(grad.to(acc.dtype)).to(grad.dtype), None
