@@ -3,6 +3,7 @@
 import gc
 import weakref
 
+import pytest
 import torch
 
 from attnres.depth import _mix_sources_traced, key_logits, mix_sources, rms_normalize, rmsnorm_unit, track_source
@@ -10,26 +11,31 @@ from attnres.depth import _mix_sources_traced, key_logits, mix_sources, rms_norm
 torch.set_num_threads(1)
 
 
-def _reads(vs, w1, w2, track: bool):
-    """Sources mixed by several reads, one source depending on an earlier read (as in Full AttnRes)."""
+def _reads(vs, w1, w2, track: bool, eps: float | None = None):
+    """Sources mixed by several reads, one source depending on an earlier read (as in Full AttnRes). With eps the
+    reads are fused with the PreNorm normalisation (the model's path, where sinks defer their terms)."""
     t = track_source if track else (lambda v: v)
     a, b = t(vs[0]), t(vs[1] * 2)
-    o1 = mix_sources(w1, [a, b])
+    o1 = mix_sources(w1, [a, b], eps)
     c, d = t(vs[2] + o1), t(vs[3])
-    o2 = mix_sources(w2, [a, b, c, d])
-    o3 = mix_sources(w1, [d, a])
-    return o1.sum() * 0.3 + (o2 * o2).sum() + o1.pow(2).sum() + (o3 * o2).sum()
+    o2 = mix_sources(w2, [a, b, c, d], eps)
+    o3 = mix_sources(w1, [d, a], eps)
+    o4 = mix_sources(w2, [d, c, b, a], eps)  # more reads of a than a sink's group: a flush before the hand-over
+    o5 = mix_sources(w1, [a, d], eps)
+    o6 = mix_sources(w1, [b, a], eps)
+    return o1.sum() * 0.3 + (o2 * o2).sum() + o1.pow(2).sum() + (o3 * o2).sum() + (o4 * o5).sum() + o6.sum()
 
 
-def test_tracked_sources_gradients_match_plain_autograd_and_finite_differences():
+@pytest.mark.parametrize("eps", [None, 1e-6])
+def test_tracked_sources_gradients_match_plain_autograd_and_finite_differences(eps):
     torch.manual_seed(0)
     B, T, D = 2, 3, 5
     values = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(4)]
     w1 = torch.rand(2, B, T, dtype=torch.double, requires_grad=True)
     w2 = torch.rand(4, B, T, dtype=torch.double, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda w1, w2, *vs: _reads(vs, w1, w2, True), (w1, w2, *values))
-    plain = torch.autograd.grad(_reads(values, w1, w2, False), [w1, w2, *values])
-    out = _reads(values, w1, w2, True)
+    assert torch.autograd.gradcheck(lambda w1, w2, *vs: _reads(vs, w1, w2, True, eps), (w1, w2, *values))
+    plain = torch.autograd.grad(_reads(values, w1, w2, False, eps), [w1, w2, *values])
+    out = _reads(values, w1, w2, True, eps)
     g1 = torch.autograd.grad(out, [w1, w2, *values], retain_graph=True)
     g2 = torch.autograd.grad(out, [w1, w2, *values])  # a retained graph: the sinks start from zero again
     for p, a, b in zip(plain, g1, g2):
