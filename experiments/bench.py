@@ -11,9 +11,10 @@ Per size, for each residual scheme (baseline, full, block by default):
   * inference (prefill) time: one forward of the whole context under torch.inference_mode, logits only;
   * memory: (a) bytes saved for backward, counted with torch.autograd.graph.saved_tensors_hooks as the unique
     storages that are not parameters - deterministic, and directly comparable with the (N+1)*B*T*d*bytes of
-    Block AttnRes' block sums; (b) peak memory of a training step: on CPU the peak RSS of a fresh subprocess
-    per scheme (ru_maxrss) minus its RSS before the first step, on CUDA torch.cuda.max_memory_allocated
-    minus the memory allocated before the step.
+    Block AttnRes' block sums; (b) peak memory of a training step: on CPU the peak of the bytes of live tensors
+    allocated in the step (the profiler's allocation events; deterministic) and the peak RSS of a fresh
+    subprocess per scheme minus its RSS before the step (what the OS sees; moves with the C allocator), on CUDA
+    torch.cuda.max_memory_allocated minus the memory allocated before the step.
 Timing is interleaved: every round runs one step of every scheme (the order rotates by one each round), so
 all schemes see the same machine; each scheme's ratio is computed per round against that round's baseline
 step and summarised by the median and the interquartile range over rounds. On CPU every round also records
@@ -343,6 +344,28 @@ def saved_activation_bytes(runner: Runner) -> int:
     return int(sum(seen.values()))
 
 
+def peak_tensor_step_bytes(runner: Runner) -> int | None:
+    """Peak, during one training step, of the bytes held by the tensors allocated in that step: the profiler's
+    allocation and free events (``profile_memory``) summed in time order. Deterministic, unlike peak RSS, which
+    depends on when the C allocator returns freed memory to the OS and takes it back (it moved by +-10 x B*T*d
+    between identical runs at 16 x 256). CPU tensors only; None if this PyTorch's profiler exposes no events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.train_step()  # optimizer state and caches exist before the measured step
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        runner.train_step()
+    try:
+        events = [e for e in prof.profiler.kineto_results.events()
+                  if e.name() == "[memory]" and "CPU" in str(e.device_type())]
+    except AttributeError:
+        return None
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()  # negative for a free
+        peak = max(peak, live)
+    return peak if events else None
+
+
 def cuda_peak_step_bytes(runner: Runner) -> dict[str, int]:
     import torch
 
@@ -493,6 +516,8 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
             per_scheme[r.name]["saved_activation_bytes"] = saved_activation_bytes(r)
             if device.type == "cuda":
                 per_scheme[r.name].update(cuda_peak_step_bytes(r))
+            elif not args.compile:  # (compiled graphs allocate through their own path)
+                per_scheme[r.name]["peak_tensor_step_bytes"] = peak_tensor_step_bytes(r)
         if device.type == "cpu":
             for r in runners:
                 m = cpu_peak_memory(size, r.name, torch.get_num_threads(), args.seed, args.bf16, args.checkpointing)
@@ -509,7 +534,7 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
         for n, e in per_scheme.items():
             rr: dict[str, Any] = {"train_step": train_r.get(n), "train_step_cpu": cpu_r.get(n),
                                   "prefill": pre_r.get(n)}
-            for key in ("saved_activation_bytes", "peak_bytes", "peak_step_bytes"):
+            for key in ("saved_activation_bytes", "peak_tensor_step_bytes", "peak_bytes", "peak_step_bytes"):
                 if key in e and per_scheme[base].get(key):
                     rr[key] = e[key] / per_scheme[base][key]
             ratios[n] = rr
@@ -534,7 +559,8 @@ def _checks(size: BenchSize, per_scheme: dict[str, Any], ratios: dict[str, Any],
                 out.append({"name": f"{scheme} train step <= {limit}x baseline", "value": r["median"],
                             "limit": limit, "pass": r["median"] <= limit})
     if "block" in per_scheme:
-        for key, what in (("saved_activation_bytes", "saved activations"), ("peak_step_bytes", "peak step memory")):
+        for key, what in (("saved_activation_bytes", "saved activations"),
+                          ("peak_tensor_step_bytes", "peak step tensor memory"), ("peak_step_bytes", "peak step RSS")):
             b, k = per_scheme["baseline"].get(key), per_scheme["block"].get(key)
             if b is None or k is None:
                 continue
@@ -614,19 +640,22 @@ def print_size(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
     name = res["size"]["name"]
     log(f"\n-- {name}: ratios to baseline (median [q1, q3] over rounds)")
     log(f"  {'scheme':10s} {'step s':>8s} {'tok/s':>9s} {'GFLOP/s':>8s} {'MFU':>6s}  {'train step':>24s}  "
-        f"{'train CPU time':>24s}  {'prefill':>24s}  {'saved act.':>10s}  {'peak step':>9s}")
+        f"{'train CPU time':>24s}  {'prefill':>24s}  {'saved act.':>10s}  {'peak tensors':>12s}  {'peak step':>9s}")
     for n, e in res["schemes"].items():
         r = res["ratios"].get(n, {})
         mfu = f"{100 * e['mfu']:5.1f}%" if e.get("mfu") is not None else "   -  "
         gf = f"{e['flop_per_s'] / 1e9:8.1f}" if e.get("flop_per_s") else "       -"
         sab = f"{r['saved_activation_bytes']:10.3f}" if r.get("saved_activation_bytes") else "         -"
         psb = f"{r['peak_step_bytes']:9.3f}" if r.get("peak_step_bytes") else "        -"
+        ptb = f"{r['peak_tensor_step_bytes']:12.3f}" if r.get("peak_tensor_step_bytes") else "           -"
         log(f"  {n:10s} {e['train_step_s']['median']:8.3f} {e['tokens_per_s']:9.0f} {gf} {mfu}  "
             f"{_fmt_ratio(r.get('train_step')):>24s}  {_fmt_ratio(r.get('train_step_cpu')):>24s}  "
-            f"{_fmt_ratio(r.get('prefill')):>24s}  {sab}  {psb}")
+            f"{_fmt_ratio(r.get('prefill')):>24s}  {sab}  {ptb}  {psb}")
     for n, e in res["schemes"].items():
         if "saved_activation_bytes" in e:
             extra = ""
+            if e.get("peak_tensor_step_bytes"):
+                extra += f", peak tensors in a step {e['peak_tensor_step_bytes'] / 2**20:.1f} MiB"
             if "peak_step_bytes" in e:
                 extra = f", peak step {e['peak_step_bytes'] / 2**20:.1f} MiB (peak {e['peak_bytes'] / 2**20:.1f} MiB)"
             log(f"  {n:10s} saved for backward {e['saved_activation_bytes'] / 2**20:.1f} MiB{extra}")
