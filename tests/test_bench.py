@@ -48,7 +48,7 @@ def _check_size(res: dict, schemes: list[str], repeats: int) -> None:
             assert r["train_step"]["samples"] == [1.0] * repeats and r["saved_activation_bytes"] == 1.0
     assert res["schemes"]["block"]["n_blocks"] == res["size"]["n_blocks"]
     names = [c["name"] for c in res["checks"]]
-    assert {"saved activations", "peak step tensor memory", "peak step RSS"} <= {n.split(" - ")[0][6:] for n in names}
+    assert {"saved activations", "peak step tensor memory"} <= {n.split(" - ")[0][6:] for n in names}
     for c in res["checks"]:
         assert set(c) >= {"name", "value", "limit", "pass"} and c["pass"] == (c["value"] <= c["limit"])
 
