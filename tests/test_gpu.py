@@ -6,7 +6,8 @@ Skipped where torch sees no CUDA device (CI, this project's CPU machines). On a 
 
 What they pin down (each a way a GPU port has gone wrong elsewhere): CUDA fp32 == CPU fp32 for every residual
 scheme; Block's two-phase path == its plain path under bf16 autocast; zero-init AttnRes == baseline on CUDA;
-flash SDPA == math SDPA; the depth softmax stays fp32 under autocast; torch.compile == eager; and
+flash SDPA == math SDPA; the depth softmax stays fp32 under autocast; the read fused with the PreNorm == the
+unfused read under bf16 (and keeps one fp32 [B, T, d] less per read); torch.compile == eager; and
 `trainer=gpu` (bf16-mixed) trains to a completed record.
 """
 
@@ -94,6 +95,41 @@ def test_cuda_block_two_phase_matches_plain_under_bf16():
     assert abs(float(l_fast - l_plain)) < 2e-3 * float(l_plain)
     for name in g_plain:
         assert cosine(g_fast[name], g_plain[name]) > 0.995, name
+
+
+@pytest.mark.parametrize("residual,kw", [("full", {}), ("block", {"block_size": 2})])
+def test_cuda_fused_read_matches_unfused_under_bf16_and_saves_less(residual, kw, monkeypatch):
+    """The read fused with the PreNorm normalisation (mix_sources normalize_eps) against read-then-RMSNorm, in
+    bf16 autocast on the GPU; and its point: fewer bytes kept for backward."""
+    from attnres.residual import ResidualScheme
+
+    idx = batch().to(CUDA)
+    fused = build(residual, **kw).to(CUDA)
+    plain = build(residual, **kw).to(CUDA)
+
+    def saved_bytes(model):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = loss_and_grads(model, idx, amp=True)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        return out, sum(v for k, v in seen.items() if k not in params)
+
+    (l_fused, g_fused), bytes_fused = saved_bytes(fused)
+    with monkeypatch.context() as m:
+        m.setattr(type(plain.residual), "read_normalized", ResidualScheme.read_normalized)
+        m.setattr(type(plain.residual), "final_normalized", ResidualScheme.final_normalized)
+        (l_plain, g_plain), bytes_plain = saved_bytes(plain)
+    assert abs(float(l_fused - l_plain)) < 1e-3 * float(l_plain)
+    for name in g_plain:
+        assert cosine(g_fused[name], g_plain[name]) > 0.995, name
+    B, T = idx.shape
+    reads = 2 * SMALL["n_layers"] + 1
+    assert bytes_plain - bytes_fused >= 0.9 * reads * B * T * SMALL["d_model"] * 4  # one fp32 read per read
 
 
 @pytest.mark.parametrize("residual,kw", [("full", {}), ("block", {"block_size": 2}), ("block", {"n_blocks": 1})])
