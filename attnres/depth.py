@@ -20,8 +20,7 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
 def rmsnorm_unit(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm with unit gain, returned in x's dtype: the normalisation of every sublayer's PreNorm (the gain is
     applied by the model's RMSNorm module). Computed in fp32 for stability under bf16 autocast."""
-    xf = x.to(torch.promote_types(x.dtype, torch.float32))
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return rms_normalize(x, eps).to(x.dtype)
 
 
 def depth_attention(values: torch.Tensor, query: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -77,9 +76,8 @@ class _MixSources(torch.autograd.Function):
             if not ctx.normalized:
                 ctx.save_for_backward(weights, *values)
                 return out.to(out_dtype)
-            # [B, T, 1]; in place on the fresh accumulator (a new [B, T, D] per step costs page faults on CPU)
-            rstd = torch.rsqrt(torch.linalg.vector_norm(out, dim=-1, keepdim=True).square_() / out.shape[-1]
-                               + normalize_eps)
+            # in place on the fresh accumulator (a new [B, T, D] per step costs page faults on CPU)
+            rstd = _rstd(out, normalize_eps, keepdim=True)  # [B, T, 1]
             out = out.mul_(rstd).to(out_dtype)
             ctx.save_for_backward(weights, out, rstd, *values)
             return out
@@ -90,6 +88,7 @@ class _MixSources(torch.autograd.Function):
             weights, normed, rstd, *values = ctx.saved_tensors
         else:
             weights, *values = ctx.saved_tensors
+        incoming = grad_out  # autograd's tensor: may be changed after this backward, so never deferred
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = ctx.compute_dtype
             w = _per_source(weights.to(acc))
@@ -127,8 +126,7 @@ class _MixSources(torch.autograd.Function):
                     continue
                 g = grad_in(v.dtype)
                 if weights.dim() == 3 and ctx.sinks[s] is not None:  # accumulate in place (track_source)
-                    # g may be deferred only if this backward made it (autograd's grad_out could be changed later)
-                    ctx.sinks[s].add(g, w[s], deferrable=g is not grad_out or ctx.normalized)
+                    ctx.sinks[s].add(g, w[s], deferrable=g is not incoming)
                     grads.append(None)
                 elif weights.dim() == 3:
                     grads.append(torch.mul(g, w[s]).to(v.dtype))
@@ -138,6 +136,11 @@ class _MixSources(torch.autograd.Function):
                         gv.addcmul_(g[q], w[s, q])
                     grads.append(gv.to(v.dtype))
         return (grad_weights, None, *grads)
+
+
+def _rstd(x: torch.Tensor, eps: float, dtype: torch.dtype | None = None, keepdim: bool = False) -> torch.Tensor:
+    """(mean_D x^2 + eps)^-1/2, the sum of squares accumulated in ``dtype`` inside the kernel (no widened copy)."""
+    return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=keepdim, dtype=dtype).square() / x.shape[-1] + eps)
 
 
 def _mix_dtypes(values: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tuple[torch.dtype, torch.dtype]:
@@ -250,15 +253,14 @@ def _mix_sources_traced(weights: torch.Tensor, values: list[torch.Tensor],
         for s in range(1, len(values)):
             out = out + values[s].to(acc) * w[s]
         if normalize_eps is not None:
-            out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + normalize_eps)
+            out = rms_normalize(out, normalize_eps)
     return out.to(out_dtype)
 
 
 def _key_logits_and_rstd(source: torch.Tensor, queries: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, T, R] and rstd [B, T], both in fp32 (or wider), with plain differentiable ops."""
     acc = torch.promote_types(torch.promote_types(source.dtype, queries.dtype), torch.float32)
-    # sum of squares straight from the (possibly bf16) source, accumulated in fp32 inside the kernel
-    rstd = torch.rsqrt(torch.linalg.vector_norm(source, dim=-1, dtype=acc).square() / source.shape[-1] + eps)
+    rstd = _rstd(source, eps, dtype=acc)  # straight from the (possibly bf16) source
     return (source.to(acc) @ queries.to(acc).t()) * rstd.unsqueeze(-1), rstd
 
 

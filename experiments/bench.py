@@ -348,10 +348,10 @@ def peak_tensor_step_bytes(runner: Runner) -> int | None:
     """Peak, during one training step, of the bytes held by the tensors allocated in that step: the profiler's
     allocation and free events (``profile_memory``) summed in time order. Deterministic, unlike peak RSS, which
     depends on when the C allocator returns freed memory to the OS and takes it back (it moved by +-10 x B*T*d
-    between identical runs at 16 x 256). CPU tensors only; None if this PyTorch's profiler exposes no events."""
+    between identical runs at 16 x 256). CPU tensors only; None if this PyTorch's profiler exposes no events.
+    Like cuda_peak_step_bytes, it measures the next step of a warmed-up runner (optimizer state already made)."""
     from torch.profiler import ProfilerActivity, profile
 
-    runner.train_step()  # optimizer state and caches exist before the measured step
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         runner.train_step()
     try:
@@ -660,7 +660,7 @@ def print_size(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
             if e.get("peak_tensor_step_bytes"):
                 extra += f", peak tensors in a step {e['peak_tensor_step_bytes'] / 2**20:.1f} MiB"
             if "peak_step_bytes" in e:
-                extra = f", peak step {e['peak_step_bytes'] / 2**20:.1f} MiB (peak {e['peak_bytes'] / 2**20:.1f} MiB)"
+                extra += f", peak step {e['peak_step_bytes'] / 2**20:.1f} MiB (peak {e['peak_bytes'] / 2**20:.1f} MiB)"
             log(f"  {n:10s} saved for backward {e['saved_activation_bytes'] / 2**20:.1f} MiB{extra}")
     if res.get("other_cores_busy"):
         b = res["other_cores_busy"]
