@@ -40,8 +40,8 @@ def depth_attention(values: torch.Tensor, query: torch.Tensor, eps: float = 1e-5
 class _MixSources(torch.autograd.Function):
     """out = sum_s weights[s] * values[s] without keeping a stacked copy of the values for backward.
 
-    weights is [S, B, T] (one read) or [S, B, T, Q] (Q reads at once); values are S tensors [B, T, D]; out is
-    [B, T, D] or [Q, B, T, D].
+    weights is [S, B, T] (the weights of one read); values are S tensors [B, T, D]; out is [B, T, D]. (Several
+    reads of the same sources at once: _MixSourcesBatched.)
 
     Only the (already alive) source tensors and the small weights are saved, so activation memory stays
     O(L * B*T*D) (an einsum over ``torch.stack(values)`` saves an [S, B, T, D] stack at every read, O(L^2)).
@@ -51,7 +51,7 @@ class _MixSources(torch.autograd.Function):
     CPU this loop is several times faster (docs/perf_proposals.md). The arithmetic runs in fp32, as in Kimi's
     production code, and autocast is kept out of it.
 
-    With ``normalize_eps`` (one read only) the output is the read followed by the consuming sublayer's PreNorm
+    With ``normalize_eps`` the output is the read followed by the consuming sublayer's PreNorm
     normalisation, rmsnorm_unit(h) = h * rstd: the read h itself is then never stored. Backward needs only the
     normalised output (which the PreNorm gain's multiply keeps anyway) and rstd [B, T]:
         dh = rstd * (g - out * mean_D(g * out))
@@ -67,10 +67,10 @@ class _MixSources(torch.autograd.Function):
         ctx.compute_dtype = acc
         ctx.normalized = normalize_eps is not None
         with torch.autocast(device_type=weights.device.type, enabled=False):
-            w = _per_source(weights.to(acc))  # [S, B, T, 1] or [S, Q, B, T, 1]
+            w = weights.to(acc).unsqueeze(-1)  # [S, B, T, 1]
             # Mixed-dtype multiply-adds: a bf16 source is read as bf16 and widened inside the kernel (no fp32
             # copy of it), and the sum accumulates in fp32. On a GPU these passes are memory-bound.
-            out = torch.mul(values[0], w[0])  # [B, T, D] or [Q, B, T, D], fp32
+            out = torch.mul(values[0], w[0])  # [B, T, D], fp32
             for s in range(1, len(values)):
                 out.addcmul_(values[s], w[s])
             if not ctx.normalized:
@@ -91,7 +91,7 @@ class _MixSources(torch.autograd.Function):
         incoming = grad_out  # autograd's tensor: may be changed after this backward, so never deferred
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = ctx.compute_dtype
-            w = _per_source(weights.to(acc))
+            w = weights.to(acc).unsqueeze(-1)  # [S, B, T, 1]
             scratch: dict[torch.dtype, torch.Tensor] = {}  # one reused [B, T, D] product buffer per dtype
             if ctx.normalized:  # back through the normalisation: the gradient of the read h, in fp32
                 g, y = grad_out.to(acc), normed.to(acc)
@@ -117,24 +117,18 @@ class _MixSources(torch.autograd.Function):
                     g = grad_in(v.dtype)
                     buf = scratch.setdefault(v.dtype, torch.empty_like(g))
                     dots.append(torch.mul(g, v, out=buf).sum(-1, dtype=acc))
-                dots = torch.stack(dots)
-                grad_weights = (dots if weights.dim() == 3 else dots.movedim(1, -1)).to(weights.dtype)
+                grad_weights = torch.stack(dots).to(weights.dtype)
             grads = []
             for s, v in enumerate(values):
                 if not ctx.needs_input_grad[2 + s]:
                     grads.append(None)
                     continue
                 g = grad_in(v.dtype)
-                if weights.dim() == 3 and ctx.sinks[s] is not None:  # accumulate in place (track_source)
+                if ctx.sinks[s] is not None:  # accumulate in place (track_source)
                     ctx.sinks[s].add(g, w[s], deferrable=g is not incoming)
                     grads.append(None)
-                elif weights.dim() == 3:
+                else:
                     grads.append(torch.mul(g, w[s]).to(v.dtype))
-                else:  # summed over the Q reads that mixed this source
-                    gv = torch.mul(g[0], w[s, 0])
-                    for q in range(1, g.shape[0]):
-                        gv.addcmul_(g[q], w[s, q])
-                    grads.append(gv.to(v.dtype))
         return (grad_weights, None, *grads)
 
 
@@ -149,13 +143,6 @@ def _mix_dtypes(values: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tuple[
     for v in values[1:]:
         out_dtype = torch.promote_types(out_dtype, v.dtype)
     return out_dtype, torch.promote_types(out_dtype, torch.float32)
-
-
-def _per_source(weights: torch.Tensor) -> torch.Tensor:
-    """[S, B, T] -> [S, B, T, 1]; [S, B, T, Q] -> [S, Q, B, T, 1]: broadcastable against [B, T, D] values."""
-    if weights.dim() == 3:
-        return weights.unsqueeze(-1)
-    return weights.movedim(-1, 1).unsqueeze(-1)
 
 
 class _GradSink:
@@ -226,18 +213,18 @@ def track_source(value: torch.Tensor) -> torch.Tensor:
 
 def mix_sources(weights: torch.Tensor, values: list[torch.Tensor],
                 normalize_eps: float | None = None) -> torch.Tensor:
-    """sum_s weights[s] * values[s]: weights [S, B, T] -> [B, T, D], or [S, B, T, Q] -> [Q, B, T, D].
+    """One read: sum_s weights[s] * values[s], weights [S, B, T] and values S x [B, T, D] -> [B, T, D] in the
+    values' dtype (accumulated in fp32).
 
-    ``normalize_eps``: return rmsnorm_unit(sum, eps) instead (one read only), the read fused with the PreNorm
-    normalisation of the sublayer that consumes it, so the un-normalised read is never stored for backward.
+    ``normalize_eps``: return rmsnorm_unit(sum, eps) instead, the read fused with the PreNorm normalisation of
+    the sublayer that consumes it, so the un-normalised read is never stored for backward.
 
     Eager: the hand-written kernels above. Under torch.compile: plain differentiable ops, which the compiler fuses
     into one pass itself (and torch 2.11's compiler returned zero gradients through _MixSources: every parameter
     upstream of the depth mixing got none, found on an H200 and reproduced on the CPU)."""
-    if weights.shape[0] != len(values):
-        raise ValueError(f"mix_sources: {weights.shape[0]} weights for {len(values)} sources")
-    if normalize_eps is not None and weights.dim() != 3:
-        raise ValueError("mix_sources: normalize_eps needs the weights of one read, [S, B, T]")
+    if weights.dim() != 3 or weights.shape[0] != len(values):
+        raise ValueError(f"mix_sources: weights must be [S, B, T] with S = {len(values)} sources; "
+                         f"got {tuple(weights.shape)}")
     if torch.compiler.is_compiling():
         return _mix_sources_traced(weights, values, normalize_eps)
     return _MixSources.apply(weights, normalize_eps, *values)
@@ -248,13 +235,204 @@ def _mix_sources_traced(weights: torch.Tensor, values: list[torch.Tensor],
     """The same sum as _MixSources with ordinary autograd (fp32 accumulation, output in the values' dtype)."""
     out_dtype, acc = _mix_dtypes(values)
     with torch.autocast(device_type=weights.device.type, enabled=False):
-        w = _per_source(weights.to(acc))
+        w = weights.to(acc).unsqueeze(-1)  # [S, B, T, 1]
         out = values[0].to(acc) * w[0]
         for s in range(1, len(values)):
             out = out + values[s].to(acc) * w[s]
         if normalize_eps is not None:
             out = rms_normalize(out, normalize_eps)
     return out.to(out_dtype)
+
+
+class _MixSourcesBatched(torch.autograd.Function):
+    """Q reads of the same S sources: out_q = sum_s weights[s, :, :, q] * values[s] for q < Q, each [B, T, D] in
+    the accumulation dtype (fp32, like _MixSources' accumulator; these are intermediates, see merge_read).
+
+    Every source is loaded once for all Q reads, in both passes: forward updates the Q accumulators while the
+    source is in cache; backward takes the Q dot products with it and applies its Q gradient terms in one
+    read-modify-write of its sink. Block AttnRes' phase 1 (paper Algorithm 1) uses this for the completed
+    blocks, which every read of a block sees: one memory pass per (block, source) instead of one per (read,
+    source), which is the cost of the depth mixing on hardware where it is memory-bound (the CPU, and GPUs).
+
+    Saves only the weights and the sources (alive anyway), none of the outputs.
+    """
+
+    @staticmethod
+    def forward(ctx, weights: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.set_materialize_grads(False)  # an unused read hands back None, not a zero [B, T, D]
+        ctx.sinks = [getattr(v, "_attnres_sink", None) for v in values]
+        _, acc = _mix_dtypes(values)
+        with torch.autocast(device_type=weights.device.type, enabled=False):
+            w = weights.to(acc).unsqueeze(-1)  # [S, B, T, Q, 1]
+            outs = [torch.mul(values[0], w[0, :, :, q]) for q in range(weights.shape[-1])]  # Q x [B, T, D]
+            for s in range(1, len(values)):
+                for q, out in enumerate(outs):
+                    out.addcmul_(values[s], w[s, :, :, q])
+        ctx.save_for_backward(weights, *values)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None):
+        weights, *values = ctx.saved_tensors
+        used = [q for q, g in enumerate(grads) if g is not None]
+        grad_weights, grad_values = None, [None] * len(values)
+        if not used:
+            return (grad_weights, *grad_values)
+        with torch.autocast(device_type=weights.device.type, enabled=False):
+            acc = grads[used[0]].dtype
+            w = weights.to(acc).unsqueeze(-1)  # [S, B, T, Q, 1]
+            buf = torch.empty_like(grads[used[0]])  # one reused product buffer for the dot products
+            dots = torch.zeros(weights.shape, dtype=acc, device=weights.device) if ctx.needs_input_grad[0] else None
+            for s, v in enumerate(values):  # source-major: v is loaded once for its Q dots
+                if dots is not None:
+                    for q in used:
+                        dots[s, :, :, q] = torch.mul(grads[q], v, out=buf).sum(-1)
+                if not ctx.needs_input_grad[1 + s]:
+                    continue
+                if ctx.sinks[s] is not None:  # accumulate in place (track_source), all Q terms in one pass
+                    for q in used:
+                        ctx.sinks[s].add(grads[q], w[s, :, :, q])
+                    ctx.sinks[s].flush()  # autograd's incoming gradients are not kept past this backward
+                else:
+                    gv = torch.mul(grads[used[0]], w[s, :, :, used[0]])
+                    for q in used[1:]:
+                        gv.addcmul_(grads[q], w[s, :, :, q])
+                    grad_values[s] = gv.to(v.dtype)
+            if dots is not None:
+                grad_weights = dots.to(weights.dtype)
+        return (grad_weights, *grad_values)
+
+
+def mix_sources_batched(weights: torch.Tensor, values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Q reads at once: weights [S, B, T, Q], values S x [B, T, D] -> Q tensors [B, T, D] in fp32 (or wider),
+    out_q = sum_s weights[s, :, :, q] * values[s]. Each source is loaded once for all Q (see _MixSourcesBatched)."""
+    if weights.dim() != 4 or weights.shape[0] != len(values):
+        raise ValueError(f"mix_sources_batched: weights must be [S, B, T, Q] with S = {len(values)} sources; "
+                         f"got {tuple(weights.shape)}")
+    if torch.compiler.is_compiling():
+        _, acc = _mix_dtypes(values)
+        with torch.autocast(device_type=weights.device.type, enabled=False):
+            w = weights.to(acc).unsqueeze(-1)  # [S, B, T, Q, 1]
+            return [sum(v.to(acc) * w[s, :, :, q] for s, v in enumerate(values)) for q in range(weights.shape[-1])]
+    return list(_MixSourcesBatched.apply(weights, *values))
+
+
+class _MergeRead(torch.autograd.Function):
+    """Online-softmax merge of K more sources into a read (paper Algorithm 1, phase 2), fused with the PreNorm
+    normalisation like _MixSources:
+
+        h = a_0 * base + sum_k a_k * extras[k],   a = softmax([0, z_1, .., z_K])   -> h, or rmsnorm_unit(h)
+
+    base is the softmax-weighted mix of the other sources (log-sum-exp of their logits: lse) and extra k has
+    logit l_k, z_k = l_k - lse: a is the softmax over all the read's sources with base's group collapsed into one
+    entry, so h is the full read. K = 0: h = base.
+
+    Backward never needs base itself (it is not saved, so a phase-1 output lives only until its read): with
+    g = dL/dh, softmax's backward dL/dz_k = a_k (g.extra_k - g.h) only takes h's own dot product g.h (base's
+    entry needs none: its logit is the constant 0). With the normalisation fused, g.h comes free from the norm's
+    backward: g = rstd (g_y - y m) with m = mean_D(g_y y) and y = h rstd, so g.h = m (D - sum y^2) = m D eps rstd^2.
+    Tracked extras (track_source) receive a_k g in their sinks, as in _MixSources.
+    """
+
+    @staticmethod
+    def forward(ctx, base: torch.Tensor, z: torch.Tensor | None, normalize_eps: float | None,
+                out_dtype: torch.dtype, *extras: torch.Tensor) -> torch.Tensor:
+        ctx.normalize_eps, ctx.base_dtype = normalize_eps, base.dtype
+        ctx.sinks = [getattr(e, "_attnres_sink", None) for e in extras]
+        with torch.autocast(device_type=base.device.type, enabled=False):
+            # The fused read is written into base (consumed, ctx.mark_dirty) when it has the output's dtype: a
+            # phase-1 output is read exactly once, and a fresh [B, T, D] costs page faults on the CPU.
+            in_place = normalize_eps is not None and out_dtype == base.dtype
+            a = None
+            if not extras:
+                h = base
+            else:
+                zeros = torch.zeros_like(z[:1], dtype=base.dtype)
+                a = torch.cat([zeros, z.to(base.dtype)]).softmax(0).unsqueeze(-1)  # [K + 1, B, T, 1]
+                h = base.mul_(a[0]) if in_place else torch.mul(base, a[0])
+                for k, e in enumerate(extras):
+                    h.addcmul_(e, a[k + 1])  # a bf16 extra is read as bf16 and widened in the kernel
+            if normalize_eps is None:
+                out = h.to(out_dtype, copy=h is base)
+                ctx.save_for_backward(a, h if extras else None, *extras)
+                return out
+            rstd = _rstd(h, normalize_eps, keepdim=True)  # [B, T, 1]
+            if in_place:
+                ctx.mark_dirty(base)
+                out = h.mul_(rstd)
+            else:
+                out = (torch.mul(h, rstd) if h is base else h.mul_(rstd)).to(out_dtype)
+            ctx.save_for_backward(a, out, rstd, *extras)
+            return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        if ctx.normalize_eps is None:
+            a, h, *extras = ctx.saved_tensors
+        else:
+            a, y, rstd, *extras = ctx.saved_tensors
+        no_extra_grads = (None,) * len(extras)
+        with torch.autocast(device_type=grad_out.device.type, enabled=False):
+            acc = ctx.base_dtype
+            buf = torch.empty_like(grad_out, dtype=acc)  # one reused product buffer (a fresh [B, T, D] costs page faults)
+            if ctx.normalize_eps is None:
+                if not extras:
+                    return grad_out.to(acc), None, None, None
+                u, scale = grad_out.to(acc), None  # dL/dh = u
+                gh = torch.mul(u, h, out=buf).sum(-1, keepdim=True)  # [B, T, 1]
+            else:
+                g_y, y = grad_out.to(acc), y.to(acc)
+                m = torch.mul(g_y, y, out=buf).mean(-1, keepdim=True)  # [B, T, 1]
+                u = torch.addcmul(g_y, y, m, value=-1)  # dL/dh = rstd * u (rstd is folded into the uses below)
+                if not extras:
+                    return u.mul_(rstd), None, None, None
+                scale = rstd
+                gh = m * (y.shape[-1] * ctx.normalize_eps) * rstd  # g.h / rstd (class docstring): all in units of u
+            # dL/dz_k = a_k (g.e_k - g.h), with g = scale * u
+            dots = torch.stack([torch.mul(u, e, out=buf).sum(-1, keepdim=True) for e in extras])  # [K, B, T, 1]
+            grad_z = a[1:] * (dots - gh)
+            if scale is not None:
+                grad_z = grad_z * scale
+                a = a * scale  # the weights of the gradient terms, rstd folded in
+            grad_z = grad_z.squeeze(-1)
+            own = u is not grad_out  # a fresh tensor may become base's gradient in place
+            grad_extras, deferred = [], False
+            for k, e in enumerate(extras):
+                if not ctx.needs_input_grad[4 + k]:
+                    grad_extras.append(None)
+                elif ctx.sinks[k] is not None:  # tracked source: accumulate in place, maybe later (u stays as is)
+                    ctx.sinks[k].add(u, a[k + 1], deferrable=own)
+                    deferred = deferred or own
+                    grad_extras.append(None)
+                else:
+                    grad_extras.append(torch.mul(u, a[k + 1]).to(e.dtype))
+            grad_base = u.mul_(a[0]) if own and not deferred else torch.mul(u, a[0])
+        return grad_base, grad_z, None, None, *grad_extras
+
+
+def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor],
+               normalize_eps: float | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """a_0 * base + sum_k a_k * extras[k] with a = softmax([0, z_1, .., z_K]) (just base when there are no extras),
+    then rmsnorm_unit with ``normalize_eps``, returned in ``out_dtype``.
+
+    base [B, T, D] (fp32, a phase-1 output of mix_sources_batched), extras K x [B, T, D], z [K, B, T]: each extra's
+    logit minus the log-sum-exp of base's sources. See _MergeRead. With ``normalize_eps`` and
+    out_dtype == base.dtype, base is consumed: the result is written into it."""
+    if (z is None and extras) or (z is not None and z.shape[0] != len(extras)):
+        raise ValueError(f"merge_read: z must be [K, B, T] for K = {len(extras)} extra sources; "
+                         f"got {None if z is None else tuple(z.shape)}")
+    if torch.compiler.is_compiling():
+        with torch.autocast(device_type=base.device.type, enabled=False):
+            h = base
+            if extras:
+                a = torch.cat([torch.zeros_like(z[:1], dtype=base.dtype), z.to(base.dtype)]).softmax(0).unsqueeze(-1)
+                h = base * a[0]
+                for k, e in enumerate(extras):
+                    h = h + e.to(base.dtype) * a[k + 1]
+            if normalize_eps is not None:
+                h = rms_normalize(h, normalize_eps)
+            return h.to(out_dtype)
+    return _MergeRead.apply(base, z if extras else None, normalize_eps, out_dtype, *extras)
 
 
 def _key_logits_and_rstd(source: torch.Tensor, queries: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

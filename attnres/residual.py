@@ -26,6 +26,7 @@ peer schemes (DenseFormer, Hyper-Connections, mHC, LAuReL) live in ``attnres/pee
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
-from .depth import key_logits, mix_sources, rms_normalize, rmsnorm_unit, track_source
+from .depth import key_logits, merge_read, mix_sources, mix_sources_batched, rms_normalize, rmsnorm_unit, track_source
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -451,11 +452,13 @@ class BlockAttnRes(_DepthAttentionResidual):
     """Block AttnRes (Eqs. 5-6) with the paper's two-phase computation (Algorithm 1).
 
     Sublayers are grouped into blocks of S = config.sublayers_per_block (the last block may be shorter). At the
-    first read of a block, phase 1 scores *all* reads of that block against the completed blocks at once and keeps
-    their softmax weights and log-sum-exp; each later read of the block (phase 2) only scores the running
-    partial sum and merges it by online softmax. The merge acts on the weights, and every read then mixes its
-    sources once (mix_sources), so no [B, T, D] phase-1 output per read is kept for backward. Option ``two_phase=False`` runs the plain per-read softmax over
-    the stacked sources instead (the obviously-correct reference; tests prove the two equal).
+    first read of a block, phase 1 computes *all* reads of that block against the completed blocks at once: their
+    softmax weights, log-sum-exp and weighted sums (mix_sources_batched: each completed block is loaded once for
+    the whole block, forward and backward, instead of once per read). Each read of the block (phase 2) then only
+    scores the running partial sum and merges it into its phase-1 output by online softmax (merge_read). The
+    phase-1 outputs are not kept for backward: each lives until its read. Option ``two_phase=False`` runs the
+    plain per-read softmax over the stacked sources instead (the obviously-correct reference; tests prove the two
+    equal).
 
     The two-phase path needs static queries, one softmax over all channels (heads=1) and attention mixing; with
     any other ablation option (query="input_dependent", mixing="static", normalizer="sigmoid", heads>1) the
@@ -472,8 +475,10 @@ class BlockAttnRes(_DepthAttentionResidual):
         block_logits: list[torch.Tensor] = field(default_factory=list)  # [B, T, L + 1 - first_read_of_block_j]
         block_first_read: list[int] = field(default_factory=list)
         partial: torch.Tensor | None = None  # b_n^i: sum of the outputs of the current block so far
-        phase1_lse: torch.Tensor | None = None  # [B, T, Q] their log-sum-exp over completed blocks
-        phase1_alpha: torch.Tensor | None = None  # [n_blocks, B, T, Q] softmax over the completed blocks
+        # phase 1 of the current block's Q reads, over the completed blocks:
+        phase1_lse: torch.Tensor | None = None  # [B, T, Q] log-sum-exp of their logits
+        phase1_alpha: torch.Tensor | None = None  # [n_blocks, B, T, Q] softmax weights (diagnostics only)
+        phase1_out: list[torch.Tensor | None] = field(default_factory=list)  # Q x [B, T, D] fp32, until read
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -519,26 +524,28 @@ class BlockAttnRes(_DepthAttentionResidual):
             return self._read_naive(state, l, normalize_eps)
         if position == 0:
             self._phase1(state, range(l, min(l + self.block_size, self.config.n_reads)))
-        alpha = state.phase1_alpha[..., position]  # [n, B, T] softmax over the completed blocks
+        base, state.phase1_out[position] = state.phase1_out[position], None  # freed once read
+        sources = state.blocks if state.partial is None else state.blocks + [state.partial]
+        out_dtype = functools.reduce(torch.promote_types, [v.dtype for v in sources])  # as mix_sources
         if state.partial is None:
             if self.record:
-                self._record(l, alpha)
-            return mix_sources(alpha, state.blocks, normalize_eps)
-        # Phase 2: merge the partial sum by online softmax (exact). The merge is applied to the weights and the
-        # values are mixed once, so no phase-1 output [B, T, D] per read has to stay alive for backward.
+                self._record(l, state.phase1_alpha[..., position])
+            return merge_read(base, None, [], normalize_eps, out_dtype)
+        # Phase 2: merge the partial sum by online softmax (exact): z = its logit - log-sum-exp of phase 1.
         partial_logit = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0]  # [B, T]
-        w_partial = torch.sigmoid(partial_logit - state.phase1_lse[..., position])  # e^p / (e^lse + e^p)
-        alpha = torch.cat([alpha * (1 - w_partial), w_partial[None]])  # [n + 1, B, T]
+        z = partial_logit - state.phase1_lse[..., position]
         if self.record:
-            self._record(l, alpha)
-        return mix_sources(alpha, state.blocks + [state.partial], normalize_eps)
+            w_partial = torch.sigmoid(z)  # e^p / (e^lse + e^p)
+            self._record(l, torch.cat([state.phase1_alpha[..., position] * (1 - w_partial), w_partial[None]]))
+        return merge_read(base, z[None], [state.partial], normalize_eps, out_dtype)
 
     def _phase1(self, state: State, reads: range) -> None:
         """Batch all reads of the new block against the completed blocks (they do not change inside a block):
-        log-sum-exp [B, T, Q] and softmax weights [n, B, T, Q] over the completed blocks."""
+        log-sum-exp [B, T, Q], softmax weights [n, B, T, Q] and the weighted sums (Q x [B, T, D], fp32)."""
         logits = self._completed_logits(state, reads)  # [n, B, T, Q]
         state.phase1_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
         state.phase1_alpha = torch.exp(logits - state.phase1_lse)  # [n, B, T, Q]
+        state.phase1_out = mix_sources_batched(state.phase1_alpha, state.blocks)
 
     def _read_naive(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
         """Plain path: one read over [b_0 .. b_{n-1}] (+ partial b_n^{i-1} after the block's first sublayer)."""

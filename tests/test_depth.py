@@ -6,7 +6,8 @@ import weakref
 import pytest
 import torch
 
-from attnres.depth import _mix_sources_traced, key_logits, mix_sources, rms_normalize, rmsnorm_unit, track_source
+from attnres.depth import (_mix_sources_traced, key_logits, merge_read, mix_sources, mix_sources_batched, rms_normalize,
+                           rmsnorm_unit, track_source)
 
 torch.set_num_threads(1)
 
@@ -79,9 +80,93 @@ def test_track_source_is_the_identity_without_autograd():
 def test_mix_sources_gradcheck():
     torch.manual_seed(2)
     vs = [torch.randn(2, 3, 4, dtype=torch.double, requires_grad=True) for _ in range(3)]
-    for shape in [(3, 2, 3), (3, 2, 3, 5)]:
-        w = torch.rand(*shape, dtype=torch.double, requires_grad=True)
-        assert torch.autograd.gradcheck(lambda w, *v: mix_sources(w, list(v)), (w, *vs))
+    w = torch.rand(3, 2, 3, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda w, *v: mix_sources(w, list(v)), (w, *vs))
+    with pytest.raises(ValueError, match=r"\[S, B, T\]"):
+        mix_sources(torch.rand(3, 2, 3, 5), vs)
+
+
+@pytest.mark.parametrize("track", [False, True])
+def test_mix_sources_batched_equals_one_read_at_a_time(track):
+    """Q reads of the same sources in one pass == Q separate reads, in value and every gradient (an unused read
+    included), for plain and tracked sources; and finite differences."""
+    torch.manual_seed(3)
+    S, B, T, D, Q = 3, 2, 3, 4, 4
+    vs = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(S)]
+    w = torch.rand(S, B, T, Q, dtype=torch.double, requires_grad=True)
+    t = track_source if track else (lambda v: v)
+
+    def loss(batched: bool, used=range(Q - 1)):  # the last read unused
+        sources = [t(v * 1.0) for v in vs]
+        outs = mix_sources_batched(w, sources) if batched else [mix_sources(w[..., q], sources) for q in range(Q)]
+        return sum((outs[q] * (q + 1)).pow(2).sum() for q in used), outs
+
+    fast, outs = loss(True)
+    assert all(o.dtype == torch.double and o.shape == (B, T, D) for o in outs) and len(outs) == Q
+    slow, _ = loss(False)
+    assert torch.allclose(fast, slow)
+    for a, b in zip(torch.autograd.grad(fast, [w, *vs]), torch.autograd.grad(slow, [w, *vs])):
+        assert torch.allclose(a, b)
+    assert torch.autograd.gradcheck(lambda w, *v: mix_sources_batched(w, [t(x) for x in v]), (w, *vs))
+    with pytest.raises(ValueError, match=r"\[S, B, T, Q\]"):
+        mix_sources_batched(w[..., 0], vs)
+
+
+def _merge_reference(base, z, extras, eps):
+    """The read as one softmax over [base's group (logit 0 relative to its lse), extra_1 .. extra_K]: written
+    from the definition with plain ops."""
+    h = base
+    if extras:
+        a = torch.cat([torch.zeros_like(z[:1]), z]).softmax(0)
+        h = a[0, ..., None] * base + sum(a[k + 1, ..., None] * e for k, e in enumerate(extras))
+    return h if eps is None else rms_normalize(h, eps)
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+@pytest.mark.parametrize("n_extras,track", [(0, False), (1, False), (3, False), (3, True)])
+def test_merge_read_matches_its_definition_and_finite_differences(eps, n_extras, track):
+    """The merge never keeps base; its backward derives everything from g.h (from the norm's backward when
+    fused). eps is large here so that the g.h = m D eps rstd^2 term is not negligible."""
+    torch.manual_seed(5)
+    B, T, D = 2, 3, 6
+    base = torch.randn(B, T, D, dtype=torch.double, requires_grad=True)
+    extras = [(torch.randn(B, T, D, dtype=torch.double) * 0.3).requires_grad_() for _ in range(n_extras)]
+    z = (torch.randn(n_extras, B, T, dtype=torch.double) * 3).requires_grad_() if n_extras else None
+    inputs = [base] + ([z] if n_extras else []) + extras
+    t = track_source if track else (lambda v: v)
+
+    def merged(b, zz, *es, out_dtype=torch.double):  # extras used twice: by this read and directly
+        es = [t(e * 1.0) for e in es]
+        return merge_read(b * 1.0, zz, es, eps, out_dtype), es  # fused: base is consumed, so pass a copy
+
+    out, used = merged(base, z, *extras)
+    ref = _merge_reference(base, z, extras, eps)
+    assert torch.allclose(out, ref)
+    g = torch.randn_like(out)
+    loss = (out * g).sum() + sum(e.pow(2).sum() for e in used)
+    loss_ref = (ref * g).sum() + sum(e.pow(2).sum() for e in extras)
+    for a, b in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(loss_ref, inputs)):
+        assert torch.allclose(a, b)
+    assert torch.autograd.gradcheck(lambda *x: merged(x[0], x[1] if n_extras else None, *x[2:] if n_extras else [])[0],
+                                    tuple(inputs))
+    # fused: the result is written into base (no new [B, T, D]); unfused, or in another dtype, base is left alone
+    for out_dtype in (torch.double, torch.float):
+        before, consumed = base.detach().clone(), base * 1.0
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+            out = merge_read(consumed, z, extras, eps, out_dtype)
+        assert out.dtype == out_dtype and torch.allclose(out.double(), ref, atol=1e-6)
+        in_place = eps is not None and out_dtype == torch.double
+        assert (out.data_ptr() == consumed.data_ptr()) == in_place
+        assert in_place or torch.equal(consumed, before)
+        # saved: the output (fused) or the read (unfused), the extras and the weights; never base
+        big = {x.data_ptr() for x in saved if x.numel() == base.numel()}
+        if eps is not None:
+            assert big <= {out.data_ptr()} | {e.data_ptr() for e in extras}
+        else:
+            assert consumed.data_ptr() not in big
+    with pytest.raises(ValueError, match=r"z must be \[K, B, T\]"):
+        merge_read(base * 1.0, torch.zeros(n_extras + 1, B, T, dtype=torch.double), extras, eps, torch.double)
 
 
 def test_mix_sources_fused_with_the_prenorm_normalisation_equals_the_two_steps():
@@ -121,7 +206,10 @@ def test_mix_sources_with_bf16_sources_accumulates_in_fp32():
     for shape in [(S, B, T), (S, B, T, 3)]:
         w_ref = torch.rand(*shape, dtype=torch.double).softmax(0).requires_grad_()
         w = w_ref.detach().float().requires_grad_()
-        out, ref = mix_sources(w, vals), mix_sources(w_ref, ref_vals)
+        if len(shape) == 3:
+            out, ref = mix_sources(w, vals), mix_sources(w_ref, ref_vals)
+        else:  # the batched reads, stacked for the comparison
+            out, ref = torch.stack(mix_sources_batched(w, vals)), torch.stack(mix_sources_batched(w_ref, ref_vals))
         assert out.dtype == torch.float32
         assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-6)
         g = torch.randn_like(ref)
