@@ -361,12 +361,19 @@ class FullAttnRes(_DepthAttentionResidual):
     Extra option ``window=W`` (the paper's SWA ablation): read l sees only the embedding and the W most recent
     sublayer outputs v_{l-W+1} .. v_l.
 
-    Fast path: each source is scored once, when it is written, against the static queries of every read that
+    Fast paths: each source is scored once, when it is written, against the static queries of every read that
     will see it (all options with static queries); with input-dependent queries each source's normalised keys
     are cached instead and scored at each read.
+
+    Option ``read_group=G`` (default 4; a speed setting, the result is the same): the reads are taken G at a
+    time, the way Block AttnRes' two-phase computation takes a block. At the group's first read l0, the sources
+    every read of the group sees (v_0 .. v_l0) are mixed for all G reads in one pass (mix_sources_batched: each
+    loaded once per group instead of once per read); each read then merges the group's newer sources by online
+    softmax (merge_read). G = 1 mixes every read's sources itself (mix_sources). Used with the paper's attention
+    (static queries, softmax, one head, no window); other ablations always take G = 1.
     """
 
-    OPTIONS = {**_DepthAttentionResidual.OPTIONS, "window": None}
+    OPTIONS = {**_DepthAttentionResidual.OPTIONS, "window": None, "read_group": 4}
 
     @dataclass
     class State:
@@ -375,16 +382,25 @@ class FullAttnRes(_DepthAttentionResidual):
         # per source i: logits [B, T, n_i, H] against reads i .. i + n_i - 1 (static queries), its keys
         # [B, T, D] (input-dependent queries), or None (static mixing)
         cache: list[torch.Tensor | None] = field(default_factory=list)
+        # the current read group (read_group > 1), over the sources all its reads see:
+        group_lse: torch.Tensor | None = None  # [B, T, Q] log-sum-exp of their logits
+        group_alpha: torch.Tensor | None = None  # [S, B, T, Q] softmax weights (diagnostics only)
+        group_out: list[torch.Tensor | None] = field(default_factory=list)  # Q x [B, T, D] fp32, until read
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.window = self.options["window"]
+        o = self.options
+        self.window = o["window"]
+        grouped = (o["query"] == "static" and o["mixing"] == "attention" and o["normalizer"] == "softmax"
+                   and o["heads"] == 1 and o["window"] is None)
+        self.read_group = o["read_group"] if grouped else 1
 
     @classmethod
     def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
         super().check_options(config, options)
         if options["window"] is not None:
             cls._check_int(config, options, "window", 1)
+        cls._check_int(config, options, "read_group", 1)
 
     @classmethod
     def _visible(cls, l: int, window: int | None) -> list[int]:
@@ -428,6 +444,8 @@ class FullAttnRes(_DepthAttentionResidual):
             state.cache.append(None)
 
     def _read(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
+        if self.read_group > 1:
+            return self._read_grouped(state, l, normalize_eps)
         visible = self._visible(l, self.window)
         if self.static_mixing:
             logits = self._static_logits(l, visible)  # [S, 1, 1, 1]
@@ -440,6 +458,33 @@ class FullAttnRes(_DepthAttentionResidual):
                 logits = self._logits(torch.stack([state.cache[i] for i in visible]), q)  # [S, B, T, H]
         return self._attend(l, logits, [state.values[i] for i in visible],
                             sources=visible if self.window is not None else None, normalize_eps=normalize_eps)
+
+    def _read_grouped(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
+        """Read l as part of its read group (see ``read_group``): the group's phase-1 output merged with the
+        sources written since the group's first read l0 (v_{l0+1} .. v_l) by online softmax."""
+        position = l % self.read_group
+        first = l - position  # the group's first read: it and every later read of the group see v_0 .. v_first
+        if position == 0:
+            reads = range(first, min(first + self.read_group, self.config.n_reads))
+            # source i's logit for read r sits at column r - i of its cache
+            logits = torch.stack([state.cache[i][:, :, reads.start - i: reads.stop - i, 0]
+                                  for i in range(first + 1)])  # [first + 1, B, T, Q]
+            state.group_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
+            state.group_alpha = torch.exp(logits - state.group_lse)  # [first + 1, B, T, Q]
+            state.group_out = mix_sources_batched(state.group_alpha, state.values[: first + 1])
+        base, state.group_out[position] = state.group_out[position], None  # freed once read
+        newer = range(first + 1, l + 1)
+        z = None
+        if newer:  # their logits relative to the log-sum-exp of the group's common sources: [K, B, T]
+            z = torch.stack([state.cache[i][:, :, l - i, 0] for i in newer]) - state.group_lse[..., position]
+        if self.record:
+            alpha = state.group_alpha[..., position]
+            if z is not None:
+                a = torch.cat([torch.zeros_like(z[:1]), z]).softmax(0)
+                alpha = torch.cat([alpha * a[0], a[1:]])
+            self._record(l, alpha)
+        out_dtype = functools.reduce(torch.promote_types, [v.dtype for v in state.values[: l + 1]])
+        return merge_read(base, z, [state.values[i] for i in newer], normalize_eps, out_dtype)
 
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         self._add_source(state, out)

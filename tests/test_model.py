@@ -184,7 +184,8 @@ def test_block_with_one_sublayer_per_block_equals_full():
 
 
 @pytest.mark.parametrize("residual,kw", [
-    ("full", {}), ("block", {"block_size": 2}), ("block", {"block_size": 4}), ("block", {"n_blocks": 1}),
+    ("full", {}), ("full", {"residual_options": {"read_group": 1}}), ("full", {"residual_options": {"read_group": 3}}),
+    ("block", {"block_size": 2}), ("block", {"block_size": 4}), ("block", {"n_blocks": 1}),
     ("block", {"block_size": 5}), ("block", {"block_size": 3}),
 ])
 def test_matches_naive_rollout_forward_and_gradients(residual, kw):
@@ -215,6 +216,28 @@ def test_two_phase_equals_naive_block(kw):
     loss_s.backward()
     for (name, p), (_, r) in zip(fast.named_parameters(), slow.named_parameters()):
         assert torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
+
+
+@pytest.mark.parametrize("read_group", [2, 3, 4, 7, 100])
+def test_full_read_groups_equal_one_read_at_a_time(read_group):
+    """read_group only changes how Full AttnRes computes (G reads share one pass over their common sources)."""
+    fast = make("full", residual_options={"read_group": read_group})
+    slow = make("full", residual_options={"read_group": 1})
+    randomize_queries(fast, scale=3.0)  # large queries: sharp softmax, exercises the online-softmax merge
+    slow.load_state_dict(fast.state_dict())
+    idx = tokens()
+    lf, loss_f = fast(idx, idx)
+    ls, loss_s = slow(idx, idx)
+    assert torch.allclose(lf, ls, atol=1e-5)
+    loss_f.backward()
+    loss_s.backward()
+    for (name, p), (_, r) in zip(fast.named_parameters(), slow.named_parameters()):
+        assert torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
+    fast.record_diagnostics = slow.record_diagnostics = True  # the recorded depth weights too (unfused reads)
+    with torch.no_grad():
+        fast(idx), slow(idx)
+    assert torch.allclose(fast.diagnostics["depth_weights"], slow.diagnostics["depth_weights"], atol=1e-6,
+                          equal_nan=True)
 
 
 def expected_groups(L: int, S: int, l: int) -> list[list[int]]:
@@ -257,9 +280,11 @@ def test_block_source_sets_follow_eq6(L, S, two_phase):
     assert BlockAttnRes.sources_per_read(cfg) == [len(expected_groups(L, S, l)) for l in range(L + 1)]
 
 
-def test_full_source_sets_are_embedding_plus_every_earlier_output():
+@pytest.mark.parametrize("read_group", [1, 4])
+def test_full_source_sets_are_embedding_plus_every_earlier_output(read_group):
     L = 6
-    cfg = ModelConfig(vocab_size=8, n_layers=L // 2, d_model=L + 1, n_heads=1, head_dim=2, residual="full")
+    cfg = ModelConfig(vocab_size=8, n_layers=L // 2, d_model=L + 1, n_heads=1, head_dim=2, residual="full",
+                      residual_options={"read_group": read_group})
     scheme = FullAttnRes(cfg)
     with torch.no_grad():
         scheme.queries.normal_(generator=torch.Generator().manual_seed(0))
