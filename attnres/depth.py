@@ -325,21 +325,30 @@ class _MergeRead(torch.autograd.Function):
 
     base is the softmax-weighted mix of the other sources (log-sum-exp of their logits: lse) and extra k has
     logit l_k, z_k = l_k - lse: a is the softmax over all the read's sources with base's group collapsed into one
-    entry, so h is the full read. K = 0: h = base.
+    entry, so h is the full read. K = 0: h = base. With ``queries`` the extras' logits are computed here, as in
+    key_logits (l_k = q_k . extra_k / RMS(extra_k)), and the given z is the offset -lse: Block AttnRes' partial sum
+    is scored by exactly one read, so its key logit's gradient joins the merge's gradient of the same tensor
+    instead of being a separate [B, T, D] that autograd adds.
 
     Backward never needs base itself (it is not saved, so a phase-1 output lives only until its read): with
     g = dL/dh, softmax's backward dL/dz_k = a_k (g.extra_k - g.h) only takes h's own dot product g.h (base's
     entry needs none: its logit is the constant 0). With the normalisation fused, g.h comes free from the norm's
     backward: g = rstd (g_y - y m) with m = mean_D(g_y y) and y = h rstd, so g.h = m (D - sum y^2) = m D eps rstd^2.
-    Tracked extras (track_source) receive a_k g in their sinks, as in _MixSources.
+    Tracked extras (track_source) receive their gradient in their sinks, as in _MixSources.
     """
 
     @staticmethod
-    def forward(ctx, base: torch.Tensor, z: torch.Tensor | None, normalize_eps: float | None,
-                out_dtype: torch.dtype, *extras: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, base: torch.Tensor, z: torch.Tensor | None, queries: torch.Tensor | None, key_eps: float,
+                normalize_eps: float | None, out_dtype: torch.dtype, *extras: torch.Tensor) -> torch.Tensor:
         ctx.normalize_eps, ctx.base_dtype = normalize_eps, base.dtype
         ctx.sinks = [getattr(e, "_attnres_sink", None) for e in extras]
         with torch.autocast(device_type=base.device.type, enabled=False):
+            logits = key_rstd = None
+            if queries is not None:  # [K, B, T] each, fp32
+                pairs = [_key_logits_and_rstd(e, queries[k: k + 1], key_eps) for k, e in enumerate(extras)]
+                logits = torch.stack([lg[..., 0] for lg, _ in pairs])
+                key_rstd = torch.stack([r for _, r in pairs])
+                z = z + logits
             # The fused read is written into base (consumed, ctx.mark_dirty) when it has the output's dtype: a
             # phase-1 output is read exactly once, and a fresh [B, T, D] costs page faults on the CPU.
             in_place = normalize_eps is not None and out_dtype == base.dtype
@@ -349,82 +358,104 @@ class _MergeRead(torch.autograd.Function):
             else:
                 zeros = torch.zeros_like(z[:1], dtype=base.dtype)
                 a = torch.cat([zeros, z.to(base.dtype)]).softmax(0).unsqueeze(-1)  # [K + 1, B, T, 1]
-                h = base.mul_(a[0]) if in_place else torch.mul(base, a[0])
-                for k, e in enumerate(extras):
-                    h.addcmul_(e, a[k + 1])  # a bf16 extra is read as bf16 and widened in the kernel
+                if len(extras) == 1 and in_place and extras[0].dtype == base.dtype:
+                    h = base.lerp_(extras[0], a[1])  # one pass: a_0 = 1 - a_1
+                else:
+                    h = base.mul_(a[0]) if in_place else torch.mul(base, a[0])
+                    for k, e in enumerate(extras):
+                        h.addcmul_(e, a[k + 1])  # a bf16 extra is read as bf16 and widened in the kernel
             if normalize_eps is None:
-                out = h.to(out_dtype, copy=h is base)
-                ctx.save_for_backward(a, h if extras else None, *extras)
-                return out
-            rstd = _rstd(h, normalize_eps, keepdim=True)  # [B, T, 1]
-            if in_place:
-                ctx.mark_dirty(base)
-                out = h.mul_(rstd)
+                out, rstd = h.to(out_dtype, copy=h is base), None
+                saved = h if extras else None
             else:
-                out = (torch.mul(h, rstd) if h is base else h.mul_(rstd)).to(out_dtype)
-            ctx.save_for_backward(a, out, rstd, *extras)
+                rstd = _rstd(h, normalize_eps, keepdim=True)  # [B, T, 1]
+                if in_place:
+                    ctx.mark_dirty(base)
+                    out = h.mul_(rstd)
+                else:
+                    out = (torch.mul(h, rstd) if h is base else h.mul_(rstd)).to(out_dtype)
+                saved = out
+            ctx.save_for_backward(a, saved, rstd, queries, logits, key_rstd, *extras)
             return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        if ctx.normalize_eps is None:
-            a, h, *extras = ctx.saved_tensors
-        else:
-            a, y, rstd, *extras = ctx.saved_tensors
-        no_extra_grads = (None,) * len(extras)
+        a, saved, rstd, queries, logits, key_rstd, *extras = ctx.saved_tensors
         with torch.autocast(device_type=grad_out.device.type, enabled=False):
             acc = ctx.base_dtype
-            buf = torch.empty_like(grad_out, dtype=acc)  # one reused product buffer (a fresh [B, T, D] costs page faults)
-            if ctx.normalize_eps is None:
+            buf = torch.empty_like(grad_out, dtype=acc)  # reused product buffer (a fresh [B, T, D]: page faults)
+            if ctx.normalize_eps is None:  # saved = h
                 if not extras:
-                    return grad_out.to(acc), None, None, None
+                    return grad_out.to(acc), None, None, None, None, None
                 u, scale = grad_out.to(acc), None  # dL/dh = u
-                gh = torch.mul(u, h, out=buf).sum(-1, keepdim=True)  # [B, T, 1]
-            else:
-                g_y, y = grad_out.to(acc), y.to(acc)
+                gh = torch.mul(u, saved, out=buf).sum(-1, keepdim=True)  # [B, T, 1]
+            else:  # saved = y = rmsnorm_unit(h)
+                g_y, y = grad_out.to(acc), saved.to(acc)
                 m = torch.mul(g_y, y, out=buf).mean(-1, keepdim=True)  # [B, T, 1]
                 u = torch.addcmul(g_y, y, m, value=-1)  # dL/dh = rstd * u (rstd is folded into the uses below)
                 if not extras:
-                    return u.mul_(rstd), None, None, None
+                    return u.mul_(rstd), None, None, None, None, None
                 scale = rstd
-                gh = m * (y.shape[-1] * ctx.normalize_eps) * rstd  # g.h / rstd (class docstring): all in units of u
+                gh = m * (y.shape[-1] * ctx.normalize_eps) * rstd  # g.h / rstd (class docstring): in units of u
             # dL/dz_k = a_k (g.e_k - g.h), with g = scale * u
             dots = torch.stack([torch.mul(u, e, out=buf).sum(-1, keepdim=True) for e in extras])  # [K, B, T, 1]
             grad_z = a[1:] * (dots - gh)
             if scale is not None:
                 grad_z = grad_z * scale
                 a = a * scale  # the weights of the gradient terms, rstd folded in
-            grad_z = grad_z.squeeze(-1)
+            grad_z = grad_z.squeeze(-1)  # [K, B, T]
             own = u is not grad_out  # a fresh tensor may become base's gradient in place
+            grad_queries = None
+            if queries is not None:  # l_k = rstd_k (e_k . q_k): dl/de = rstd_k q_k - (l_k rstd_k^2 / D) e_k
+                key_scaled = grad_z * key_rstd  # [K, B, T]
+                key_coef = -(grad_z * logits * key_rstd.square() / extras[0].shape[-1])
+                if ctx.needs_input_grad[2]:
+                    grad_queries = torch.stack([(key_scaled[k].reshape(1, -1) @ e.to(acc).reshape(-1, e.shape[-1]))[0]
+                                                for k, e in enumerate(extras)]).to(queries.dtype)  # [K, D]
             grad_extras, deferred = [], False
             for k, e in enumerate(extras):
-                if not ctx.needs_input_grad[4 + k]:
+                if not ctx.needs_input_grad[6 + k]:
                     grad_extras.append(None)
-                elif ctx.sinks[k] is not None:  # tracked source: accumulate in place, maybe later (u stays as is)
-                    ctx.sinks[k].add(u, a[k + 1], deferrable=own)
+                    continue
+                terms = [(u, a[k + 1])]
+                if queries is not None:  # the key logit's terms (saved tensors: never changed, so deferrable)
+                    terms += [(e, key_coef[k].unsqueeze(-1)), (queries[k].to(acc), key_scaled[k].unsqueeze(-1))]
+                if ctx.sinks[k] is not None:  # tracked source: accumulate in place, maybe later (u stays as is)
+                    for g, w in terms:
+                        ctx.sinks[k].add(g, w, deferrable=own or g is not u)
                     deferred = deferred or own
                     grad_extras.append(None)
                 else:
-                    grad_extras.append(torch.mul(u, a[k + 1]).to(e.dtype))
+                    grad = torch.mul(*terms[0])
+                    for g, w in terms[1:]:
+                        grad.addcmul_(g, w)
+                    grad_extras.append(grad.to(e.dtype))
             grad_base = u.mul_(a[0]) if own and not deferred else torch.mul(u, a[0])
-        return grad_base, grad_z, None, None, *grad_extras
+        return grad_base, grad_z, grad_queries, None, None, None, *grad_extras
 
 
 def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor],
-               normalize_eps: float | None, out_dtype: torch.dtype) -> torch.Tensor:
+               normalize_eps: float | None, out_dtype: torch.dtype,
+               queries: torch.Tensor | None = None, key_eps: float = 1e-5) -> torch.Tensor:
     """a_0 * base + sum_k a_k * extras[k] with a = softmax([0, z_1, .., z_K]) (just base when there are no extras),
     then rmsnorm_unit with ``normalize_eps``, returned in ``out_dtype``.
 
     base [B, T, D] (fp32, a phase-1 output of mix_sources_batched), extras K x [B, T, D], z [K, B, T]: each extra's
-    logit minus the log-sum-exp of base's sources. See _MergeRead. With ``normalize_eps`` and
-    out_dtype == base.dtype, base is consumed: the result is written into it."""
+    logit minus the log-sum-exp of base's sources. With ``queries`` [K, D] (gains folded in), extra k's logit
+    q_k . extra_k / RMS(extra_k) (key_logits, with ``key_eps``) is computed here and z is the rest (-lse). See
+    _MergeRead. With ``normalize_eps`` and out_dtype == base.dtype, base is consumed: the result is written into it."""
     if (z is None and extras) or (z is not None and z.shape[0] != len(extras)):
         raise ValueError(f"merge_read: z must be [K, B, T] for K = {len(extras)} extra sources; "
                          f"got {None if z is None else tuple(z.shape)}")
+    if queries is not None and queries.shape[0] != len(extras):
+        raise ValueError(f"merge_read: queries must be [K, D] for K = {len(extras)} extra sources")
     if torch.compiler.is_compiling():
         with torch.autocast(device_type=base.device.type, enabled=False):
             h = base
             if extras:
+                if queries is not None:
+                    z = z + torch.stack([_key_logits_and_rstd(e, queries[k: k + 1], key_eps)[0][..., 0]
+                                         for k, e in enumerate(extras)])
                 a = torch.cat([torch.zeros_like(z[:1], dtype=base.dtype), z.to(base.dtype)]).softmax(0).unsqueeze(-1)
                 h = base * a[0]
                 for k, e in enumerate(extras):
@@ -432,7 +463,9 @@ def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Te
             if normalize_eps is not None:
                 h = rms_normalize(h, normalize_eps)
             return h.to(out_dtype)
-    return _MergeRead.apply(base, z if extras else None, normalize_eps, out_dtype, *extras)
+    if not extras:
+        z = queries = None
+    return _MergeRead.apply(base, z, queries, key_eps, normalize_eps, out_dtype, *extras)
 
 
 def _key_logits_and_rstd(source: torch.Tensor, queries: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -576,13 +576,17 @@ class BlockAttnRes(_DepthAttentionResidual):
             if self.record:
                 self._record(l, state.phase1_alpha[..., position])
             return merge_read(base, None, [], normalize_eps, out_dtype)
-        # Phase 2: merge the partial sum by online softmax (exact): z = its logit - log-sum-exp of phase 1.
-        partial_logit = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0]  # [B, T]
-        z = partial_logit - state.phase1_lse[..., position]
+        # Phase 2: merge the partial sum by online softmax (exact), with weight sigmoid(its logit - phase-1 lse).
+        lse = state.phase1_lse[None, ..., position]  # [1, B, T]
+        if self.options["key_norm"]:  # the key logit q_l . RMSNorm(partial) is computed inside the merge
+            z, query = -lse, state.q[l: l + 1]
+        else:  # raw keys (ablation)
+            z, query = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0] - lse, None
         if self.record:
-            w_partial = torch.sigmoid(z)  # e^p / (e^lse + e^p)
+            logit = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0]  # [B, T]
+            w_partial = torch.sigmoid(logit - state.phase1_lse[..., position])  # e^p / (e^lse + e^p)
             self._record(l, torch.cat([state.phase1_alpha[..., position] * (1 - w_partial), w_partial[None]]))
-        return merge_read(base, z[None], [state.partial], normalize_eps, out_dtype)
+        return merge_read(base, z, [state.partial], normalize_eps, out_dtype, query, self.eps)
 
     def _phase1(self, state: State, reads: range) -> None:
         """Batch all reads of the new block against the completed blocks (they do not change inside a block):

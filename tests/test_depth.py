@@ -112,10 +112,12 @@ def test_mix_sources_batched_equals_one_read_at_a_time(track):
         mix_sources_batched(w[..., 0], vs)
 
 
-def _merge_reference(base, z, extras, eps):
+def _merge_reference(base, z, extras, eps, queries=None, key_eps=1e-5):
     """The read as one softmax over [base's group (logit 0 relative to its lse), extra_1 .. extra_K]: written
-    from the definition with plain ops."""
+    from the definition with plain ops (with queries, z is the offset and each extra adds q_k . RMSNorm(e_k))."""
     h = base
+    if queries is not None:
+        z = z + torch.stack([(rms_normalize(e, key_eps) * q).sum(-1) for e, q in zip(extras, queries)])
     if extras:
         a = torch.cat([torch.zeros_like(z[:1]), z]).softmax(0)
         h = a[0, ..., None] * base + sum(a[k + 1, ..., None] * e for k, e in enumerate(extras))
@@ -123,38 +125,41 @@ def _merge_reference(base, z, extras, eps):
 
 
 @pytest.mark.parametrize("eps", [None, 1e-3])
-@pytest.mark.parametrize("n_extras,track", [(0, False), (1, False), (3, False), (3, True)])
-def test_merge_read_matches_its_definition_and_finite_differences(eps, n_extras, track):
+@pytest.mark.parametrize("n_extras,track,with_queries", [(0, False, False), (1, False, False), (3, False, False),
+                                                         (3, True, False), (1, False, True), (2, True, True)])
+def test_merge_read_matches_its_definition_and_finite_differences(eps, n_extras, track, with_queries):
     """The merge never keeps base; its backward derives everything from g.h (from the norm's backward when
-    fused). eps is large here so that the g.h = m D eps rstd^2 term is not negligible."""
+    fused). eps is large here so that the g.h = m D eps rstd^2 term is not negligible. With queries the extras'
+    key logits are computed inside (Block's partial sum)."""
     torch.manual_seed(5)
-    B, T, D = 2, 3, 6
+    B, T, D, key_eps = 2, 3, 6, 1e-2
     base = torch.randn(B, T, D, dtype=torch.double, requires_grad=True)
     extras = [(torch.randn(B, T, D, dtype=torch.double) * 0.3).requires_grad_() for _ in range(n_extras)]
     z = (torch.randn(n_extras, B, T, dtype=torch.double) * 3).requires_grad_() if n_extras else None
-    inputs = [base] + ([z] if n_extras else []) + extras
+    queries = torch.randn(n_extras, D, dtype=torch.double, requires_grad=True) if with_queries else None
+    inputs = [base] + ([z] if n_extras else []) + ([queries] if with_queries else []) + extras
     t = track_source if track else (lambda v: v)
 
-    def merged(b, zz, *es, out_dtype=torch.double):  # extras used twice: by this read and directly
+    def merged(b, zz, *rest, out_dtype=torch.double):  # extras used twice: by this read and directly
+        qq, es = (rest[0], rest[1:]) if with_queries else (None, rest)
         es = [t(e * 1.0) for e in es]
-        return merge_read(b * 1.0, zz, es, eps, out_dtype), es  # fused: base is consumed, so pass a copy
+        return merge_read(b * 1.0, zz, es, eps, out_dtype, qq, key_eps), es  # fused: base is consumed: a copy
 
-    out, used = merged(base, z, *extras)
-    ref = _merge_reference(base, z, extras, eps)
+    out, used = merged(base, z, *inputs[2:])
+    ref = _merge_reference(base, z, extras, eps, queries, key_eps)
     assert torch.allclose(out, ref)
     g = torch.randn_like(out)
     loss = (out * g).sum() + sum(e.pow(2).sum() for e in used)
     loss_ref = (ref * g).sum() + sum(e.pow(2).sum() for e in extras)
     for a, b in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(loss_ref, inputs)):
         assert torch.allclose(a, b)
-    assert torch.autograd.gradcheck(lambda *x: merged(x[0], x[1] if n_extras else None, *x[2:] if n_extras else [])[0],
-                                    tuple(inputs))
+    assert torch.autograd.gradcheck(lambda *x: merged(x[0], x[1] if n_extras else None, *x[2:])[0], tuple(inputs))
     # fused: the result is written into base (no new [B, T, D]); unfused, or in another dtype, base is left alone
     for out_dtype in (torch.double, torch.float):
         before, consumed = base.detach().clone(), base * 1.0
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
-            out = merge_read(consumed, z, extras, eps, out_dtype)
+            out = merge_read(consumed, z, extras, eps, out_dtype, queries, key_eps)
         assert out.dtype == out_dtype and torch.allclose(out.double(), ref, atol=1e-6)
         in_place = eps is not None and out_dtype == torch.double
         assert (out.data_ptr() == consumed.data_ptr()) == in_place
