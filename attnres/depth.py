@@ -263,11 +263,11 @@ class _MixSourcesBatched(torch.autograd.Function):
         ctx.sinks = [getattr(v, "_attnres_sink", None) for v in values]
         _, acc = _mix_dtypes(values)
         with torch.autocast(device_type=weights.device.type, enabled=False):
-            w = weights.to(acc).unsqueeze(-1)  # [S, B, T, Q, 1]
-            outs = [torch.mul(values[0], w[0, :, :, q]) for q in range(weights.shape[-1])]  # Q x [B, T, D]
+            w = _per_read(weights.to(acc))  # [S, Q, B, T, 1]
+            outs = [torch.mul(values[0], w[0, q]) for q in range(w.shape[1])]  # Q x [B, T, D]
             for s in range(1, len(values)):
                 for q, out in enumerate(outs):
-                    out.addcmul_(values[s], w[s, :, :, q])
+                    out.addcmul_(values[s], w[s, q])
         ctx.save_for_backward(weights, *values)
         return tuple(outs)
 
@@ -280,27 +280,32 @@ class _MixSourcesBatched(torch.autograd.Function):
             return (grad_weights, *grad_values)
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = grads[used[0]].dtype
-            w = weights.to(acc).unsqueeze(-1)  # [S, B, T, Q, 1]
+            w = _per_read(weights.to(acc))  # [S, Q, B, T, 1]
             buf = torch.empty_like(grads[used[0]])  # one reused product buffer for the dot products
-            dots = torch.zeros(weights.shape, dtype=acc, device=weights.device) if ctx.needs_input_grad[0] else None
+            S, Q = w.shape[:2]
+            dots = weights.new_zeros((S, Q) + weights.shape[1:3], dtype=acc) if ctx.needs_input_grad[0] else None
             for s, v in enumerate(values):  # source-major: v is loaded once for its Q dots
                 if dots is not None:
                     for q in used:
-                        dots[s, :, :, q] = torch.mul(grads[q], v, out=buf).sum(-1)
+                        torch.sum(torch.mul(grads[q], v, out=buf), -1, out=dots[s, q])
                 if not ctx.needs_input_grad[1 + s]:
                     continue
-                if ctx.sinks[s] is not None:  # accumulate in place (track_source), all Q terms in one pass
-                    for q in used:
-                        ctx.sinks[s].add(grads[q], w[s, :, :, q])
-                    ctx.sinks[s].flush()  # autograd's incoming gradients are not kept past this backward
+                if ctx.sinks[s] is not None:  # accumulate in place (track_source), up to DEFER terms in one pass
+                    for q in used:  # the gradients of outputs read once, by merge_read, which made them
+                        ctx.sinks[s].add(grads[q], w[s, q])
                 else:
-                    gv = torch.mul(grads[used[0]], w[s, :, :, used[0]])
+                    gv = torch.mul(grads[used[0]], w[s, used[0]])
                     for q in used[1:]:
-                        gv.addcmul_(grads[q], w[s, :, :, q])
+                        gv.addcmul_(grads[q], w[s, q])
                     grad_values[s] = gv.to(v.dtype)
             if dots is not None:
-                grad_weights = dots.to(weights.dtype)
+                grad_weights = dots.permute(0, 2, 3, 1).to(weights.dtype)  # [S, B, T, Q]
         return (grad_weights, *grad_values)
+
+
+def _per_read(weights: torch.Tensor) -> torch.Tensor:
+    """[S, B, T, Q] -> [S, Q, B, T, 1], contiguous: each (source, read) weight a dense [B, T, 1] broadcast over D."""
+    return weights.permute(0, 3, 1, 2).contiguous().unsqueeze(-1)
 
 
 def mix_sources_batched(weights: torch.Tensor, values: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -412,7 +417,7 @@ class _MergeRead(torch.autograd.Function):
                 if ctx.needs_input_grad[2]:
                     grad_queries = torch.stack([(key_scaled[k].reshape(1, -1) @ e.to(acc).reshape(-1, e.shape[-1]))[0]
                                                 for k, e in enumerate(extras)]).to(queries.dtype)  # [K, D]
-            grad_extras, deferred = [], False
+            grad_extras = []
             for k, e in enumerate(extras):
                 if not ctx.needs_input_grad[6 + k]:
                     grad_extras.append(None)
@@ -420,17 +425,16 @@ class _MergeRead(torch.autograd.Function):
                 terms = [(u, a[k + 1])]
                 if queries is not None:  # the key logit's terms (saved tensors: never changed, so deferrable)
                     terms += [(e, key_coef[k].unsqueeze(-1)), (queries[k].to(acc), key_scaled[k].unsqueeze(-1))]
-                if ctx.sinks[k] is not None:  # tracked source: accumulate in place, maybe later (u stays as is)
-                    for g, w in terms:
-                        ctx.sinks[k].add(g, w, deferrable=own or g is not u)
-                    deferred = deferred or own
+                if ctx.sinks[k] is not None:  # tracked source: accumulate in place now (u becomes base's gradient
+                    for g, w in terms:      # below; deferring it would keep one more [B, T, D] per read alive)
+                        ctx.sinks[k].add(g, w, deferrable=False)
                     grad_extras.append(None)
                 else:
                     grad = torch.mul(*terms[0])
                     for g, w in terms[1:]:
                         grad.addcmul_(g, w)
                     grad_extras.append(grad.to(e.dtype))
-            grad_base = u.mul_(a[0]) if own and not deferred else torch.mul(u, a[0])
+            grad_base = u.mul_(a[0]) if own else torch.mul(u, a[0])
         return grad_base, grad_z, grad_queries, None, None, None, *grad_extras
 
 

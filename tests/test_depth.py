@@ -108,6 +108,14 @@ def test_mix_sources_batched_equals_one_read_at_a_time(track):
     for a, b in zip(torch.autograd.grad(fast, [w, *vs]), torch.autograd.grad(slow, [w, *vs])):
         assert torch.allclose(a, b)
     assert torch.autograd.gradcheck(lambda w, *v: mix_sources_batched(w, [t(x) for x in v]), (w, *vs))
+    # gradients that autograd shares between outputs, or expands from a scalar (sinks keep them for a while)
+    sources = [t(v * 1.0) for v in vs]
+    outs = mix_sources_batched(w, sources)
+    shared = torch.autograd.grad((outs[0] + outs[1]).sum() * 3 + outs[2].mean(), [w, *vs])
+    outs = [mix_sources(w[..., q], [v * 1.0 for v in vs]) for q in range(Q)]
+    expected = torch.autograd.grad((outs[0] + outs[1]).sum() * 3 + outs[2].mean(), [w, *vs])
+    for a, b in zip(shared, expected):
+        assert torch.allclose(a, b)
     with pytest.raises(ValueError, match=r"\[S, B, T, Q\]"):
         mix_sources_batched(w[..., 0], vs)
 
