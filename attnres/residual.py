@@ -384,7 +384,7 @@ class FullAttnRes(_DepthAttentionResidual):
         cache: list[torch.Tensor | None] = field(default_factory=list)
         # the current read group (read_group > 1), over the sources all its reads see:
         group_lse: torch.Tensor | None = None  # [B, T, Q] log-sum-exp of their logits
-        group_alpha: torch.Tensor | None = None  # [S, B, T, Q] softmax weights (diagnostics only)
+        group_alpha: torch.Tensor | None = None  # [S, B, T, Q] their softmax weights (kept for diagnostics)
         group_out: list[torch.Tensor | None] = field(default_factory=list)  # Q x [B, T, D] fp32, until read
 
     def __init__(self, config: ModelConfig) -> None:
@@ -522,7 +522,7 @@ class BlockAttnRes(_DepthAttentionResidual):
         partial: torch.Tensor | None = None  # b_n^i: sum of the outputs of the current block so far
         # phase 1 of the current block's Q reads, over the completed blocks:
         phase1_lse: torch.Tensor | None = None  # [B, T, Q] log-sum-exp of their logits
-        phase1_alpha: torch.Tensor | None = None  # [n_blocks, B, T, Q] softmax weights (diagnostics only)
+        phase1_alpha: torch.Tensor | None = None  # [n_blocks, B, T, Q] their softmax weights (kept for diagnostics)
         phase1_out: list[torch.Tensor | None] = field(default_factory=list)  # Q x [B, T, D] fp32, until read
 
     def __init__(self, config: ModelConfig) -> None:
