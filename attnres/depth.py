@@ -8,6 +8,8 @@ and the softmax runs in fp32 whatever the input dtype (as in Kimi's production c
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 
@@ -92,11 +94,9 @@ class _MixSources(torch.autograd.Function):
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = ctx.compute_dtype
             w = weights.to(acc).unsqueeze(-1)  # [S, B, T, 1]
-            scratch: dict[torch.dtype, torch.Tensor] = {}  # one reused [B, T, D] product buffer per dtype
             if ctx.normalized:  # back through the normalisation: the gradient of the read h, in fp32
                 g, y = grad_out.to(acc), normed.to(acc)
-                buf = scratch.setdefault(acc, torch.empty_like(g))
-                mean_gy = torch.mul(g, y, out=buf).mean(-1, keepdim=True)  # [B, T, 1]
+                mean_gy = torch.mul(g, y, out=_scratch_like(g)).mean(-1, keepdim=True)  # [B, T, 1]
                 grad_out = torch.addcmul(g, y, mean_gy, value=-1).mul_(rstd)  # rstd * (g - y * mean_gy)
             # Low-precision sources (bf16 sublayer outputs under autocast) are multiplied with a copy of the
             # gradient in their own dtype, made once per read: the products read 2 + 2 bytes per element instead
@@ -111,12 +111,11 @@ class _MixSources(torch.autograd.Function):
             grad_weights = None
             if ctx.needs_input_grad[0]:
                 # d out / d weights[s] = values[s]: one dot product over D per token (and read), the product
-                # written into one reused scratch buffer per dtype instead of a fresh [B, T, D] per source
+                # written into a reused scratch buffer instead of a fresh [B, T, D] per source
                 dots = []
                 for v in values:
                     g = grad_in(v.dtype)
-                    buf = scratch.setdefault(v.dtype, torch.empty_like(g))
-                    dots.append(torch.mul(g, v, out=buf).sum(-1, dtype=acc))
+                    dots.append(torch.mul(g, v, out=_scratch_like(g)).sum(-1, dtype=acc))
                 grad_weights = torch.stack(dots).to(weights.dtype)
             grads = []
             for s, v in enumerate(values):
@@ -130,6 +129,24 @@ class _MixSources(torch.autograd.Function):
                 else:
                     grads.append(torch.mul(g, w[s]).to(v.dtype))
         return (grad_weights, None, *grads)
+
+
+_workspace = threading.local()
+
+
+def _scratch_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A buffer shaped like t (in t's dtype or ``dtype``) for a product that is reduced at once: its contents are
+    never returned or saved, and each use ends before the next begins. On the CPU it is reused across calls (one
+    per dtype and thread): a fresh [B, T, D] there page-faults whenever glibc has handed the previous one back to
+    the OS, which costs more than the product itself."""
+    dtype = dtype or t.dtype
+    if t.device.type != "cpu":
+        return torch.empty_like(t, dtype=dtype)  # the CUDA caching allocator already reuses memory
+    buffers = _workspace.__dict__.setdefault("buffers", {})
+    buf = buffers.get(dtype)
+    if buf is None or buf.numel() < t.numel():
+        buf = buffers[dtype] = torch.empty(t.numel(), dtype=dtype)
+    return buf[: t.numel()].view(t.shape)
 
 
 def _rstd(x: torch.Tensor, eps: float, dtype: torch.dtype | None = None, keepdim: bool = False) -> torch.Tensor:
@@ -281,7 +298,7 @@ class _MixSourcesBatched(torch.autograd.Function):
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = grads[used[0]].dtype
             w = _per_read(weights.to(acc))  # [S, Q, B, T, 1]
-            buf = torch.empty_like(grads[used[0]])  # one reused product buffer for the dot products
+            buf = _scratch_like(grads[used[0]])  # one reused product buffer for the dot products
             S, Q = w.shape[:2]
             dots = weights.new_zeros((S, Q) + weights.shape[1:3], dtype=acc) if ctx.needs_input_grad[0] else None
             for s, v in enumerate(values):  # source-major: v is loaded once for its Q dots
@@ -388,7 +405,7 @@ class _MergeRead(torch.autograd.Function):
         a, saved, rstd, queries, logits, key_rstd, *extras = ctx.saved_tensors
         with torch.autocast(device_type=grad_out.device.type, enabled=False):
             acc = ctx.base_dtype
-            buf = torch.empty_like(grad_out, dtype=acc)  # reused product buffer (a fresh [B, T, D]: page faults)
+            buf = _scratch_like(grad_out, acc)  # reused product buffer
             if ctx.normalize_eps is None:  # saved = h
                 if not extras:
                     return grad_out.to(acc), None, None, None, None, None
