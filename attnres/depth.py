@@ -154,11 +154,17 @@ def _rstd(x: torch.Tensor, eps: float, dtype: torch.dtype | None = None, keepdim
     return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=keepdim, dtype=dtype).square() / x.shape[-1] + eps)
 
 
-def _mix_dtypes(values: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tuple[torch.dtype, torch.dtype]:
-    """(output dtype: the sources' promoted dtype, accumulation dtype: that or fp32, whichever is wider)."""
+def read_dtype(values: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.dtype:
+    """The dtype of a read of these sources: their promoted dtype (mix_sources' output; merge_read's out_dtype)."""
     out_dtype = values[0].dtype
     for v in values[1:]:
         out_dtype = torch.promote_types(out_dtype, v.dtype)
+    return out_dtype
+
+
+def _mix_dtypes(values: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tuple[torch.dtype, torch.dtype]:
+    """(output dtype: the sources' promoted dtype, accumulation dtype: that or fp32, whichever is wider)."""
+    out_dtype = read_dtype(values)
     return out_dtype, torch.promote_types(out_dtype, torch.float32)
 
 
@@ -268,8 +274,10 @@ class _MixSourcesBatched(torch.autograd.Function):
     Every source is loaded once for all Q reads, in both passes: forward updates the Q accumulators while the
     source is in cache; backward takes the Q dot products with it and applies its Q gradient terms in one
     read-modify-write of its sink. Block AttnRes' phase 1 (paper Algorithm 1) uses this for the completed
-    blocks, which every read of a block sees: one memory pass per (block, source) instead of one per (read,
-    source), which is the cost of the depth mixing on hardware where it is memory-bound (the CPU, and GPUs).
+    blocks, which every read of a block sees, and Full AttnRes for its read groups: one load per (group, source)
+    instead of one per (read, source). That pays where the sources do not fit in cache (Full AttnRes on the CPU:
+    1.175 -> 1.134x the baseline's step); the number of multiply-adds and dot products stays the same, and
+    Block AttnRes at 16 x 256, whose sources fit in L3, did not get measurably faster (docs/performance.md).
 
     Saves only the weights and the sources (alive anyway), none of the outputs.
     """
@@ -428,9 +436,9 @@ class _MergeRead(torch.autograd.Function):
             grad_z = grad_z.squeeze(-1)  # [K, B, T]
             own = u is not grad_out  # a fresh tensor may become base's gradient in place
             grad_queries = None
-            if queries is not None:  # l_k = rstd_k (e_k . q_k): dl/de = rstd_k q_k - (l_k rstd_k^2 / D) e_k
-                key_scaled = grad_z * key_rstd  # [K, B, T]
-                key_coef = -(grad_z * logits * key_rstd.square() / extras[0].shape[-1])
+            if queries is not None:  # l_k = rstd_k (e_k . q_k), one query per extra: [K, B, T, 1] each
+                key_scaled, key_coef = _key_logit_grad_terms(grad_z.unsqueeze(-1), logits.unsqueeze(-1), key_rstd,
+                                                             extras[0].shape[-1])
                 if ctx.needs_input_grad[2]:
                     grad_queries = torch.stack([(key_scaled[k].reshape(1, -1) @ e.to(acc).reshape(-1, e.shape[-1]))[0]
                                                 for k, e in enumerate(extras)]).to(queries.dtype)  # [K, D]
@@ -440,8 +448,8 @@ class _MergeRead(torch.autograd.Function):
                     grad_extras.append(None)
                     continue
                 terms = [(u, a[k + 1])]
-                if queries is not None:  # the key logit's terms (saved tensors: never changed, so deferrable)
-                    terms += [(e, key_coef[k].unsqueeze(-1)), (queries[k].to(acc), key_scaled[k].unsqueeze(-1))]
+                if queries is not None:  # the key logit's terms: -coef e + scaled q
+                    terms += [(e, key_coef[k].neg()), (queries[k].to(acc), key_scaled[k])]
                 if ctx.sinks[k] is not None:  # tracked source: accumulate in place now (u becomes base's gradient
                     for g, w in terms:      # below; deferring it would keep one more [B, T, D] per read alive)
                         ctx.sinks[k].add(g, w, deferrable=False)
@@ -489,6 +497,14 @@ def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Te
     return _MergeRead.apply(base, z, queries, key_eps, normalize_eps, out_dtype, *extras)
 
 
+def _key_logit_grad_terms(grad: torch.Tensor, logits: torch.Tensor, rstd: torch.Tensor,
+                          dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of l_r = rstd (x . q_r), rstd = (mean_D x^2 + eps)^-1/2, for the upstream gradient grad [..., R]:
+        dx = sum_r scaled_r q_r - coef x,   dq_r = sum over tokens of scaled_r x
+    Returns scaled = grad * rstd [..., R] and coef = (sum_r grad_r l_r) rstd^2 / D [..., 1]."""
+    return grad * rstd.unsqueeze(-1), (grad * logits).sum(-1, keepdim=True) * rstd.unsqueeze(-1).square() / dim
+
+
 def _key_logits_and_rstd(source: torch.Tensor, queries: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, T, R] and rstd [B, T], both in fp32 (or wider), with plain differentiable ops."""
     acc = torch.promote_types(torch.promote_types(source.dtype, queries.dtype), torch.float32)
@@ -515,10 +531,9 @@ class _KeyLogits(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         source, queries, rstd, logits = ctx.saved_tensors
         x = source.to(logits.dtype)  # [B, T, D] fp32, transient
-        g_scaled = grad * rstd.unsqueeze(-1)  # [B, T, R]
+        g_scaled, coef = _key_logit_grad_terms(grad, logits, rstd, x.shape[-1])  # [B, T, R], [B, T, 1]
         grad_source = grad_queries = None
         if ctx.needs_input_grad[0]:
-            coef = (grad * logits).sum(-1, keepdim=True) * rstd.unsqueeze(-1).square() / x.shape[-1]  # [B, T, 1]
             # one fresh [B, T, D] (-coef * x), the query term added in place: on CPU every new [B, T, D] costs
             # page faults, more than the arithmetic; one query (Block's partial sum) is an element-wise outer product
             grad_source = x * coef.neg()

@@ -26,7 +26,6 @@ peer schemes (DenseFormer, Hyper-Connections, mHC, LAuReL) live in ``attnres/pee
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,8 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
-from .depth import key_logits, merge_read, mix_sources, mix_sources_batched, rms_normalize, rmsnorm_unit, track_source
+from .depth import (key_logits, merge_read, mix_sources, mix_sources_batched, read_dtype, rms_normalize, rmsnorm_unit,
+                    track_source)
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -483,8 +483,7 @@ class FullAttnRes(_DepthAttentionResidual):
                 a = torch.cat([torch.zeros_like(z[:1]), z]).softmax(0)
                 alpha = torch.cat([alpha * a[0], a[1:]])
             self._record(l, alpha)
-        out_dtype = functools.reduce(torch.promote_types, [v.dtype for v in state.values[: l + 1]])
-        return merge_read(base, z, [state.values[i] for i in newer], normalize_eps, out_dtype)
+        return merge_read(base, z, [state.values[i] for i in newer], normalize_eps, read_dtype(state.values[: l + 1]))
 
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         self._add_source(state, out)
@@ -570,8 +569,7 @@ class BlockAttnRes(_DepthAttentionResidual):
         if position == 0:
             self._phase1(state, range(l, min(l + self.block_size, self.config.n_reads)))
         base, state.phase1_out[position] = state.phase1_out[position], None  # freed once read
-        sources = state.blocks if state.partial is None else state.blocks + [state.partial]
-        out_dtype = functools.reduce(torch.promote_types, [v.dtype for v in sources])  # as mix_sources
+        out_dtype = read_dtype(state.blocks if state.partial is None else state.blocks + [state.partial])
         if state.partial is None:
             if self.record:
                 self._record(l, state.phase1_alpha[..., position])

@@ -202,13 +202,11 @@ def test_matches_naive_rollout_forward_and_gradients(residual, kw):
         assert torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
 
 
-@pytest.mark.parametrize("kw", [{"block_size": 2}, {"block_size": 4}, {"block_size": 5}, {"n_blocks": 1}])
-def test_two_phase_equals_naive_block(kw):
-    fast = make("block", **kw)
-    slow = make("block", **kw, residual_options={"two_phase": False})
-    randomize_queries(fast, scale=3.0)  # large queries: sharp softmax, exercises the online-softmax merge
+def assert_fast_path_equals_plain(fast: Transformer, slow: Transformer, idx: torch.Tensor) -> None:
+    """Same weights (sharp softmax from large queries, which exercises the online-softmax merge): same logits
+    and every gradient."""
+    randomize_queries(fast, scale=3.0)
     slow.load_state_dict(fast.state_dict())
-    idx = tokens()
     lf, loss_f = fast(idx, idx)
     ls, loss_s = slow(idx, idx)
     assert torch.allclose(lf, ls, atol=1e-5)
@@ -216,6 +214,12 @@ def test_two_phase_equals_naive_block(kw):
     loss_s.backward()
     for (name, p), (_, r) in zip(fast.named_parameters(), slow.named_parameters()):
         assert torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
+
+
+@pytest.mark.parametrize("kw", [{"block_size": 2}, {"block_size": 4}, {"block_size": 5}, {"n_blocks": 1}])
+def test_two_phase_equals_naive_block(kw):
+    assert_fast_path_equals_plain(make("block", **kw), make("block", **kw, residual_options={"two_phase": False}),
+                                  tokens())
 
 
 @pytest.mark.parametrize("read_group", [2, 3, 4, 7, 100])
@@ -223,16 +227,8 @@ def test_full_read_groups_equal_one_read_at_a_time(read_group):
     """read_group only changes how Full AttnRes computes (G reads share one pass over their common sources)."""
     fast = make("full", residual_options={"read_group": read_group})
     slow = make("full", residual_options={"read_group": 1})
-    randomize_queries(fast, scale=3.0)  # large queries: sharp softmax, exercises the online-softmax merge
-    slow.load_state_dict(fast.state_dict())
     idx = tokens()
-    lf, loss_f = fast(idx, idx)
-    ls, loss_s = slow(idx, idx)
-    assert torch.allclose(lf, ls, atol=1e-5)
-    loss_f.backward()
-    loss_s.backward()
-    for (name, p), (_, r) in zip(fast.named_parameters(), slow.named_parameters()):
-        assert torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
+    assert_fast_path_equals_plain(fast, slow, idx)
     fast.record_diagnostics = slow.record_diagnostics = True  # the recorded depth weights too (unfused reads)
     with torch.no_grad():
         fast(idx), slow(idx)
