@@ -12,6 +12,8 @@ import threading
 
 import torch
 
+from . import cpu_kernels
+
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / RMS(x) over the last dim, computed in fp32 (no gain: the gain is folded into the query)."""
@@ -286,6 +288,12 @@ class _MixSourcesBatched(torch.autograd.Function):
     def forward(ctx, weights: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)  # an unused read hands back None, not a zero [B, T, D]
         ctx.sinks = [getattr(v, "_attnres_sink", None) for v in values]
+        weights = weights.contiguous()
+        if cpu_kernels.applies(weights, *values):  # one pass over every token's S sources and Q outputs
+            outs = [torch.empty_like(values[0]) for _ in range(weights.shape[-1])]
+            cpu_kernels.mix_forward(weights, list(values), outs)
+            ctx.save_for_backward(weights, *values)
+            return tuple(outs)
         _, acc = _mix_dtypes(values)
         with torch.autocast(device_type=weights.device.type, enabled=False):
             w = _per_read(weights.to(acc))  # [S, Q, B, T, 1]
@@ -303,6 +311,9 @@ class _MixSourcesBatched(torch.autograd.Function):
         grad_weights, grad_values = None, [None] * len(values)
         if not used:
             return (grad_weights, *grad_values)
+        grads = [None if g is None else g.contiguous() for g in grads]
+        if cpu_kernels.applies(weights, *values, *(grads[q] for q in used)):
+            return _MixSourcesBatched._backward_kernel(ctx, weights, values, grads, used)
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = grads[used[0]].dtype
             w = _per_read(weights.to(acc))  # [S, Q, B, T, 1]
@@ -326,6 +337,36 @@ class _MixSourcesBatched(torch.autograd.Function):
             if dots is not None:
                 grad_weights = dots.permute(0, 2, 3, 1).to(weights.dtype)  # [S, B, T, Q]
         return (grad_weights, *grad_values)
+
+    @staticmethod
+    def _backward_kernel(ctx, weights: torch.Tensor, values: list[torch.Tensor], grads: list[torch.Tensor | None],
+                         used: list[int]) -> tuple[torch.Tensor | None, ...]:
+        """The same backward in one compiled pass (cpu_kernels). A tracked source's sink that has no tensor yet
+        keeps deferring (_GradSink.DEFER), as above, so that sinks are still allocated only when their sum is due
+        (allocating them all at the last read raised Full's peak); its dot products still come from the pass."""
+        grad_values: list[torch.Tensor | None] = [None] * len(values)
+        targets: list[torch.Tensor | None] = [None] * len(values)
+        modes = [0] * len(values)
+        for s, v in enumerate(values):
+            if not ctx.needs_input_grad[1 + s]:
+                continue
+            sink = ctx.sinks[s]
+            if sink is None:
+                targets[s] = grad_values[s] = torch.empty_like(v)
+                modes[s] = 1
+            elif sink.grad is None and len(sink.pending) + len(used) < _GradSink.DEFER:
+                for q in used:
+                    sink.add(grads[q], weights[s, :, :, q].unsqueeze(-1))
+            else:
+                targets[s] = sink.flush()
+                if targets[s] is None:
+                    targets[s] = sink.grad = torch.empty_like(v)
+                    modes[s] = 1
+                else:
+                    modes[s] = 2
+        dots = torch.empty_like(weights) if ctx.needs_input_grad[0] else None  # [S, B, T, Q]
+        cpu_kernels.mix_backward(weights, values, grads, dots, targets, modes)
+        return (dots, *grad_values)
 
 
 def _per_read(weights: torch.Tensor) -> torch.Tensor:
@@ -372,6 +413,19 @@ class _MergeRead(torch.autograd.Function):
                 normalize_eps: float | None, out_dtype: torch.dtype, *extras: torch.Tensor) -> torch.Tensor:
         ctx.normalize_eps, ctx.base_dtype = normalize_eps, base.dtype
         ctx.sinks = [getattr(e, "_attnres_sink", None) for e in extras]
+        ctx.kernel = (normalize_eps is not None and out_dtype == base.dtype and len(extras) <= cpu_kernels.MAX_EXTRAS
+                      and cpu_kernels.applies(base, *extras, *(t for t in (z, queries) if t is not None)))
+        if ctx.kernel:  # the whole read in one pass per token, in place into base
+            K, lead = len(extras), base.shape[:-1]
+            a, rstd = base.new_empty((K + 1, *lead, 1)), base.new_empty((*lead, 1))
+            logits = key_rstd = None
+            if queries is not None:
+                logits, key_rstd = base.new_empty((K, *lead)), base.new_empty((K, *lead))
+            cpu_kernels.merge_forward(base, z, list(extras), queries, key_eps, normalize_eps, a, rstd, logits,
+                                      key_rstd)
+            ctx.mark_dirty(base)
+            ctx.save_for_backward(a, base, rstd, queries, logits, key_rstd, *extras)
+            return base
         with torch.autocast(device_type=base.device.type, enabled=False):
             logits = key_rstd = None
             if queries is not None:  # [K, B, T] each, fp32
@@ -411,6 +465,8 @@ class _MergeRead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         a, saved, rstd, queries, logits, key_rstd, *extras = ctx.saved_tensors
+        if ctx.kernel:
+            return _MergeRead._backward_kernel(ctx, grad_out, a, saved, rstd, queries, logits, key_rstd, extras)
         with torch.autocast(device_type=grad_out.device.type, enabled=False):
             acc = ctx.base_dtype
             buf = _scratch_like(grad_out, acc)  # reused product buffer
@@ -460,6 +516,35 @@ class _MergeRead(torch.autograd.Function):
                         grad.addcmul_(g, w)
                     grad_extras.append(grad.to(e.dtype))
             grad_base = u.mul_(a[0]) if own else torch.mul(u, a[0])
+        return grad_base, grad_z, grad_queries, None, None, None, *grad_extras
+
+    @staticmethod
+    def _backward_kernel(ctx, grad_out: torch.Tensor, a: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor,
+                         queries: torch.Tensor | None, logits: torch.Tensor | None, key_rstd: torch.Tensor | None,
+                         extras: list[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+        """The same backward in one compiled pass (cpu_kernels); tracked extras' terms go into their sinks now."""
+        grad_out = grad_out.to(y.dtype).contiguous()
+        grad_base = torch.empty_like(grad_out)
+        grad_z = grad_out.new_empty((len(extras), *grad_out.shape[:-1])) if extras else None
+        targets: list[torch.Tensor | None] = [None] * len(extras)
+        grad_extras: list[torch.Tensor | None] = [None] * len(extras)
+        modes = [0] * len(extras)
+        for k, e in enumerate(extras):
+            if not ctx.needs_input_grad[6 + k]:
+                continue
+            sink = ctx.sinks[k]
+            targets[k] = sink.flush() if sink is not None else None
+            modes[k] = 1 if targets[k] is None else 2
+            if targets[k] is None:
+                targets[k] = torch.empty_like(e)
+                if sink is not None:
+                    sink.grad = targets[k]
+                else:
+                    grad_extras[k] = targets[k]
+        grad_queries = cpu_kernels.merge_backward(grad_out, y, a, rstd, ctx.normalize_eps, extras, queries, logits,
+                                                  key_rstd, grad_base, grad_z, targets, modes)
+        if grad_queries is not None:
+            grad_queries = grad_queries.to(queries.dtype) if ctx.needs_input_grad[2] else None
         return grad_base, grad_z, grad_queries, None, None, None, *grad_extras
 
 

@@ -771,6 +771,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def environment(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     import torch
 
+    from attnres import cpu_kernels
+
     from . import records
 
     env = {"created": records.utc_now(), "argv": sys.argv, "python": platform.python_version(),
@@ -779,7 +781,8 @@ def environment(args: argparse.Namespace, device: Any) -> dict[str, Any]:
            "bf16": bool(args.bf16), "compile": bool(args.compile), "checkpointing": bool(args.checkpointing),
            "sdpa": args.sdpa, "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
            "quiet_wait_s": args.quiet_wait, "attnres_path": str(_attnres_root() / "attnres"),
-           "host": platform.node(), "processor": platform.processor() or platform.machine()}
+           "host": platform.node(), "processor": platform.processor() or platform.machine(),
+           "cpu_kernels": cpu_kernels.status()}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda

@@ -380,6 +380,8 @@ def _environment(datamodule) -> dict[str, Any]:
     import lightning
     import torch
 
+    from attnres import cpu_kernels
+
     header = datamodule.load().header
     return {
         "dataset": {"path": str(datamodule.load().path), "tokenizer": header.tokenizer, "vocab_size": header.vocab_size,
@@ -387,6 +389,7 @@ def _environment(datamodule) -> dict[str, Any]:
         "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
         "git_commit": records.git_commit(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None, "host": platform.node(),
+        "cpu_kernels": cpu_kernels.status(),  # CPU fp32 depth mixing: compiled kernels or the torch path
         "argv": sys.argv,
     }
 

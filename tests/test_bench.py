@@ -65,6 +65,7 @@ def test_quick_benchmark_writes_the_documented_json(tmp_path, data_cache):
     assert res["schema_version"] == bench.SCHEMA_VERSION
     assert res["meta"]["quick"] is True and res["meta"]["threads"] == 1 and res["meta"]["device"] == "cpu"
     assert res["meta"]["torch"] and res["meta"]["wall_time_s"] > 0
+    assert res["meta"]["cpu_kernels"].startswith(("on", "off", "unavailable"))
     (size,) = res["sizes"]
     assert size["size"]["name"] == "tiny"
     _check_size(size, ["baseline", "full", "block"], repeats=3)

@@ -51,6 +51,8 @@ def test_smoke_run_each_variant(train_cfg, variant):
     rows = records.read_rows(run_dir.parent / "results.csv")
     assert len(rows) == 1 and rows[0]["run_id"] == rec["run_id"] and list(rows[0]) == list(records.COLUMNS)
     assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+    env = json.loads((run_dir / "environment.json").read_text())  # what else the result depends on
+    assert env["torch"] and env["dataset"]["checksum"] and env["cpu_kernels"].startswith(("on", "off", "unavailable"))
     # metrics.csv: the schema's columns, one row per logged step, val loss at evaluations (incl. the last step)
     metrics = read_metrics(run_dir / "metrics.csv")
     assert (run_dir / "metrics.csv").read_text().splitlines()[0] == ",".join(METRIC_COLUMNS)

@@ -1,0 +1,203 @@
+"""Compiled CPU kernels for the depth mixing (csrc/depth_mix.c), built on first use with the system C compiler.
+
+Why: on the CPU the torch path of the depth mixing makes one [B, T, D] pass per (source, read) pair and per
+operation, and at 16 x 256 that pass count, not memory traffic, made Block AttnRes' overhead. The kernels take
+every pair of a token in one pass (see the C file). They are a speed path only: the torch path in depth.py is
+the reference the tests check them against, and it runs wherever they do not apply (CUDA, bf16, under
+torch.compile, no C compiler, or ATTNRES_CPU_KERNELS=0).
+
+The shared library is compiled once per machine type into ~/.cache/attnres/kernels (or $ATTNRES_CACHE_DIR), in
+under a second, with ``$CC`` or ``cc``: -O3 -march=native, and OpenMP when the compiler has it (the library then
+binds to the libgomp torch already loaded, so the kernels share torch's thread pool and thread count). The file
+name hashes the source, the flags, the compiler's version and the CPU's flags, so a home directory shared by
+different nodes gets one build per CPU type. Pure torch + ctypes: no Lightning, Hydra or W&B.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+ENV_SWITCH = "ATTNRES_CPU_KERNELS"  # "0" / "off" / "false" / "no": never build or use the kernels
+SOURCE = Path(__file__).with_name("csrc") / "depth_mix.c"
+_FLAG_SETS = (  # tried in order: the first that compiles is used
+    ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared"],
+    ["-O3", "-march=native", "-fPIC", "-shared"],  # no OpenMP (e.g. Apple clang): one thread
+    ["-O3", "-fPIC", "-shared"],
+)
+
+MAX_EXTRAS = 64  # merge_forward/backward: at most this many extra sources (MAX_EXTRAS in the C file)
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "lib": ctypes.CDLL | None, "status": str
+
+
+def _switched_off() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() in {"0", "off", "false", "no"}
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("ATTNRES_CACHE_DIR"):
+        return Path(os.environ["ATTNRES_CACHE_DIR"]) / "kernels"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "attnres" / "kernels"
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the CPU's model and feature flags (Linux), else the platform's names."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+        return "\n".join(sorted(set(keep)))
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        return None, "unavailable: no C compiler (set CC)"
+    source = SOURCE.read_bytes()
+    version = _compiler_version(cc)
+    errors = []
+    for flags in _FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), cc.encode(), version.encode(),
+                                         _cpu_signature().encode()])).hexdigest()[:16]
+        target = _cache_dir() / f"depth_mix-{key}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # parallel builders: last rename wins
+            os.close(fd)
+            try:
+                done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                                      timeout=120)
+                if done.returncode != 0:
+                    errors.append(f"{' '.join(flags)}: {done.stderr.strip()[:300]}")
+                    continue
+                os.replace(tmp, target)
+            except (OSError, subprocess.SubprocessError) as err:
+                errors.append(f"{' '.join(flags)}: {err}")
+                continue
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        try:
+            lib = ctypes.CDLL(str(target))
+        except OSError as err:
+            errors.append(f"{target}: {err}")
+            continue
+        _declare(lib)
+        return lib, f"on ({' '.join(flags[:-2])}; {target})"
+    return None, "unavailable: " + " | ".join(errors)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    ptr, ptrs = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+    i32, i64 = ctypes.c_int, ctypes.c_long
+    lib.attnres_mix_forward.argtypes = [i32, i32, i64, i32, ptrs, ptr, ptrs, i32]
+    lib.attnres_mix_forward.restype = None
+    lib.attnres_mix_backward.argtypes = [i32, i32, i64, i32, ptrs, ptr, ptrs, ptr, ptrs, ctypes.POINTER(i32), i32]
+    lib.attnres_mix_backward.restype = None
+    f32 = ctypes.c_float
+    lib.attnres_merge_forward.argtypes = [i32, i64, i32, ptr, ptr, ptrs, ptr, f32, f32, ptr, ptr, ptr, ptr, i32]
+    lib.attnres_merge_forward.restype = None
+    lib.attnres_merge_backward.argtypes = [i32, i64, i32, ptr, ptr, ptr, ptr, f32, ptrs, ptr, ptr, ptr, ptr, ptr,
+                                           ptr, ptrs, ctypes.POINTER(i32), i32]
+    lib.attnres_merge_backward.restype = None
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, built on the first call; None when switched off or they cannot be built."""
+    if _switched_off():
+        return None
+    if "status" not in _state:
+        with _lock:
+            if "status" not in _state:
+                _state["lib"], _state["status"] = _build()
+    return _state["lib"]  # type: ignore[return-value]
+
+
+def status() -> str:
+    """'on (flags; path)', 'off (ATTNRES_CPU_KERNELS=...)' or 'unavailable: why'; recorded with every result."""
+    if _switched_off():
+        return f"off ({ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
+    library()
+    return str(_state["status"])
+
+
+def applies(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors can take the kernels: CPU, fp32, contiguous, eager, and the kernels built."""
+    if torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            return False
+    return library() is not None
+
+
+def _pointers(tensors: list[torch.Tensor | None]) -> ctypes.Array:
+    return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
+
+
+def mix_forward(weights: torch.Tensor, values: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    """outs[q] = sum_s weights[s, :, :, q] * values[s]; weights [S, B, T, Q], values and outs [B, T, D] (fp32,
+    contiguous: check with applies())."""
+    S, Q, D = len(values), len(outs), values[0].shape[-1]
+    library().attnres_mix_forward(S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(),
+                                  _pointers(outs), torch.get_num_threads())
+
+
+def mix_backward(weights: torch.Tensor, values: list[torch.Tensor], grads: list[torch.Tensor | None],
+                 dots: torch.Tensor | None, sinks: list[torch.Tensor | None], modes: list[int]) -> None:
+    """Backward of mix_forward: dots[s, :, :, q] = grads[q] . values[s] (0 for a None grad; dots [S, B, T, Q] or
+    None), and sinks[s] (mode 1: =, mode 2: +=, mode 0: untouched) sum_q weights[s, :, :, q] * grads[q]."""
+    S, Q, D = len(values), len(grads), values[0].shape[-1]
+    library().attnres_mix_backward(S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(),
+                                   _pointers(grads), None if dots is None else dots.data_ptr(), _pointers(sinks),
+                                   (ctypes.c_int * S)(*modes), torch.get_num_threads())
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def merge_forward(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor], queries: torch.Tensor | None,
+                  key_eps: float, eps: float, a: torch.Tensor, rstd: torch.Tensor, logits: torch.Tensor | None,
+                  key_rstd: torch.Tensor | None) -> None:
+    """depth._MergeRead's normalised forward, in place into base [B, T, D]: z and logits/key_rstd [K, B, T] (the
+    latter two written, with queries [K, D]), a [K + 1, B, T, 1] and rstd [B, T, 1] written."""
+    D = base.shape[-1]
+    library().attnres_merge_forward(len(extras), base.numel() // D, D, base.data_ptr(), _ptr(z), _pointers(extras),
+                                    _ptr(queries), key_eps, eps, a.data_ptr(), rstd.data_ptr(), _ptr(logits),
+                                    _ptr(key_rstd), torch.get_num_threads())
+
+
+def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor, eps: float,
+                   extras: list[torch.Tensor], queries: torch.Tensor | None, logits: torch.Tensor | None,
+                   key_rstd: torch.Tensor | None, grad_base: torch.Tensor, grad_z: torch.Tensor | None,
+                   targets: list[torch.Tensor | None], modes: list[int]) -> torch.Tensor | None:
+    """Backward of merge_forward: writes grad_base, grad_z and the extras' targets (mode 1: =, 2: +=, 0: none);
+    returns the queries' gradient [K, D] (with queries) in fp32."""
+    K, D, threads = len(extras), y.shape[-1], torch.get_num_threads()
+    grad_q = torch.zeros(threads, K, D) if queries is not None else None  # one slice per thread, no races
+    library().attnres_merge_backward(K, y.numel() // D, D, grad_out.data_ptr(), y.data_ptr(), a.data_ptr(),
+                                     rstd.data_ptr(), eps, _pointers(extras), _ptr(queries), _ptr(logits),
+                                     _ptr(key_rstd), grad_base.data_ptr(), _ptr(grad_z), _ptr(grad_q),
+                                     _pointers(targets), (ctypes.c_int * max(K, 1))(*modes), threads)
+    return None if grad_q is None else grad_q.sum(0)

@@ -1,0 +1,206 @@
+"""The compiled CPU kernels (attnres/cpu_kernels.py, csrc/depth_mix.c) against the torch path of depth.py.
+
+Each comparison runs the same computation with the kernels on and off (ATTNRES_CPU_KERNELS, read at every call)
+and spies on the kernel entry points, so a test can never compare the torch path with itself. The torch path
+is in turn tested against the paper's definitions in float64 (test_depth.py, test_model.py)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import torch
+
+from attnres import Transformer, cpu_kernels
+from attnres.config import ModelConfig
+from attnres.depth import merge_read, mix_sources_batched, track_source
+
+torch.set_num_threads(1)
+
+needs_compiler = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler on this machine")
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the kernel calls: {'mix_forward': n, ...}."""
+    calls: dict[str, int] = {}
+    for name in ("mix_forward", "mix_backward", "merge_forward", "merge_backward"):
+        fn = getattr(cpu_kernels, name)
+
+        def counted(*args, _fn=fn, _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fn(*args)
+
+        monkeypatch.setattr(cpu_kernels, name, counted)
+    return calls
+
+
+def run_both(monkeypatch, fn):
+    """fn() with the kernels on, then off: (on, off)."""
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
+    on = fn()
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
+    off = fn()
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
+    return on, off
+
+
+def assert_close_all(on, off, atol=2e-5, rtol=1e-4):
+    assert len(on) == len(off)
+    for i, (a, b) in enumerate(zip(on, off)):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape, i
+            assert torch.allclose(a, b, atol=atol, rtol=rtol), (i, (a - b).abs().max().item())
+
+
+@needs_compiler
+def test_the_kernels_build_here():
+    """Where a C compiler exists they must build (status says why not otherwise, and is recorded with results)."""
+    assert cpu_kernels.status().startswith("on"), cpu_kernels.status()
+    assert cpu_kernels.library() is not None
+
+
+@needs_compiler
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("track", [False, True])
+def test_batched_mix_kernel_equals_the_torch_path(monkeypatch, spy, track, threads):
+    """Q reads of S sources: outputs, the weights' gradient and every source's gradient, with an unused read,
+    a source without gradient, tracked sinks that defer (one used read), are written fresh, or accumulate."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    S, B, T, D, Q = 4, 3, 5, 37, 3  # D not a multiple of the kernel's 16 lanes
+    vs = [torch.randn(B, T, D, requires_grad=s != 2) for s in range(S)]
+    w = torch.rand(S, B, T, Q).softmax(0).requires_grad_()
+    w2 = torch.rand(2, B, T, 2).softmax(0).requires_grad_()
+    t = track_source if track else (lambda v: v)
+
+    def compute():
+        sources = [t(v * 1.0) for v in vs]
+        outs = mix_sources_batched(w, sources)  # read 1 unused
+        more = mix_sources_batched(w2, sources[:2])  # the same sinks again
+        lone = mix_sources_batched(w2[1:, ..., :1], sources[3:])  # one used read: a fresh sink defers
+        loss = (outs[0] * 2).pow(2).sum() + outs[2].sin().sum() + (more[0] * more[1]).sum() + lone[0].pow(3).sum()
+        inputs = [w, w2, vs[0], vs[1], vs[3]]
+        return [*outs, *more, *lone, *torch.autograd.grad(loss, inputs)]
+
+    on, off = run_both(monkeypatch, compute)
+    assert spy.get("mix_forward") == 3 and spy.get("mix_backward") == 3
+    assert_close_all(on, off)
+    torch.set_num_threads(1)
+
+
+@needs_compiler
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n_extras,track,with_queries", [(0, False, False), (1, False, False), (3, False, False),
+                                                         (3, True, False), (1, False, True), (1, True, True),
+                                                         (2, True, True)])
+def test_merge_kernel_equals_the_torch_path(monkeypatch, spy, n_extras, track, with_queries, threads):
+    """The fused, normalised read in place into base: value, and the gradients of base, z, queries and extras
+    (tracked extras used twice, so a sink is first written, then accumulated into). eps is large so that the
+    g.h = m D eps rstd^2 term matters."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(1)
+    B, T, D, eps, key_eps = 2, 7, 40, 1e-2, 1e-2
+    base = torch.randn(B, T, D, requires_grad=True)
+    extras = [(torch.randn(B, T, D) * 0.5).requires_grad_() for _ in range(n_extras)]
+    z = (torch.randn(n_extras, B, T) * 2).requires_grad_() if n_extras else None
+    queries = torch.randn(n_extras, D, requires_grad=True) if with_queries else None
+    inputs = [base] + ([z] if n_extras else []) + ([queries] if with_queries else []) + extras
+    t = track_source if track else (lambda v: v)
+
+    def compute():
+        es = [t(e * 1.0) for e in extras]
+        out = merge_read(base * 1.0, z, es, eps, torch.float32, queries, key_eps)
+        again = merge_read(base * 2.0, z, es, eps, torch.float32, queries, key_eps) if n_extras else out
+        loss = (out * torch.linspace(-1, 1, D)).sum() + again.pow(2).mul(0.1).sum() + sum(e.pow(2).sum() for e in es)
+        return [out, again, *torch.autograd.grad(loss, inputs)]
+
+    on, off = run_both(monkeypatch, compute)
+    assert spy.get("merge_forward") == (2 if n_extras else 1) == spy.get("merge_backward")
+    assert_close_all(on, off)
+    torch.set_num_threads(1)
+
+
+@needs_compiler
+def test_merge_kernel_only_takes_the_fused_fp32_read(monkeypatch, spy):
+    """Unnormalised reads, another output dtype, bf16 or float64 sources keep the torch path."""
+    base, e = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    z = torch.zeros(1, 2, 3)
+    merge_read(base.clone(), z, [e], None, torch.float32)
+    merge_read(base.clone(), z, [e], 1e-6, torch.bfloat16)
+    merge_read(base.double(), z.double(), [e.double()], 1e-6, torch.float64)
+    merge_read(base.clone(), z, [e.bfloat16()], 1e-6, torch.float32)
+    assert "merge_forward" not in spy
+    out = merge_read(base.clone(), z, [e], 1e-6, torch.float32)
+    assert spy["merge_forward"] == 1 and out.dtype == torch.float32
+
+
+def _model(scheme: str, n_blocks: int | None = 8, block_size: int | None = None, **options) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=61, d_model=48, n_layers=4, n_heads=4, max_seq_len=16, residual=scheme,
+                      n_blocks=n_blocks, block_size=block_size, residual_options=options)
+    model = Transformer(cfg)
+    with torch.no_grad():  # sharp depth softmaxes (zero-init queries would make every read uniform)
+        for name, p in model.named_parameters():
+            if name.endswith("queries"):
+                p.normal_(0, 1.0)
+    return model
+
+
+@needs_compiler
+@pytest.mark.parametrize("scheme,options", [("block", {"n_blocks": 2}), ("block", {"block_size": 3}),
+                                            ("block", {"n_blocks": 2, "key_norm": False}),
+                                            ("full", {}), ("full", {"read_group": 3})])
+def test_models_train_the_same_with_and_without_the_kernels(monkeypatch, spy, scheme, options):
+    """Block and Full AttnRes in fp32, kernels on vs off, both against the same model in float64 (where the
+    kernels never run): logits and every parameter's gradient are as close to it with the kernels as without."""
+    model = _model(scheme, **options)
+    idx = torch.randint(0, 61, (3, 16), generator=torch.Generator().manual_seed(2))
+
+    def compute(m=model):
+        m.zero_grad(set_to_none=True)
+        logits, loss = m(idx, idx)
+        loss.backward()
+        return [logits.detach(), *(p.grad for p in m.parameters())]
+
+    on, off = run_both(monkeypatch, compute)
+    assert spy.get("merge_backward", 0) > 0 and spy.get("mix_backward", 0) > 0
+    calls = dict(spy)
+    reference = compute(copy.deepcopy(model).double())
+    assert spy == calls  # float64: the torch path
+    names = ["logits"] + [n for n, _ in model.named_parameters()]
+    for name, a, b, r in zip(names, on, off, reference):
+        err_on, err_off = (a.double() - r).abs().max().item(), (b.double() - r).abs().max().item()
+        assert err_on <= 2 * err_off + 1e-6, (name, err_on, err_off)
+
+
+def test_switched_off_and_unbuildable_kernels_fall_back(monkeypatch, tmp_path, spy):
+    """ATTNRES_CPU_KERNELS=0, or no working compiler: the torch path runs, and status says why."""
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
+    assert cpu_kernels.status() == "off (ATTNRES_CPU_KERNELS=0)" and cpu_kernels.library() is None
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
+    monkeypatch.setattr(cpu_kernels, "_state", {})  # forget this process's build
+    monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    assert cpu_kernels.status().startswith("unavailable: ") and cpu_kernels.library() is None
+    model = _model("block", n_blocks=2)
+    _, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
+    loss.backward()
+    assert torch.isfinite(loss) and not spy
+
+
+@needs_compiler
+def test_a_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
+    """One compile per (source, flags, compiler, CPU): a second process loads the cached library."""
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "_compiler_version", lambda cc: "some cc 1.0")
+    assert cpu_kernels.status().startswith("on")
+    built = list((tmp_path / "kernels").glob("depth_mix-*.so"))
+    assert len(built) == 1
+    monkeypatch.setattr(cpu_kernels, "_state", {})  # as in a new process
+    monkeypatch.setattr(cpu_kernels.subprocess, "run", lambda *a, **k: pytest.fail(f"compiled again: {a}"))
+    assert cpu_kernels.status().startswith("on") and str(built[0]) in cpu_kernels.status()
