@@ -15,6 +15,7 @@ different nodes gets one build per CPU type. Pure torch + ctypes: no Lightning, 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -41,8 +43,24 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib": ctypes.CDLL | None, "status": str
 
 
+_forced: list[bool] = []  # innermost use_kernels() wins over the environment
+
+
 def _switched_off() -> bool:
+    if _forced:
+        return not _forced[-1]
     return os.environ.get(ENV_SWITCH, "1").strip().lower() in {"0", "off", "false", "no"}
+
+
+@contextlib.contextmanager
+def use_kernels(enabled: bool) -> Iterator[None]:
+    """Within this block use the kernels (where they apply) or not, whatever ATTNRES_CPU_KERNELS says (the
+    benchmark's `torch-path` option times both in one process)."""
+    _forced.append(enabled)
+    try:
+        yield
+    finally:
+        _forced.pop()
 
 
 def _cache_dir() -> Path:
@@ -136,7 +154,7 @@ def library() -> ctypes.CDLL | None:
 def status() -> str:
     """'on (flags; path)', 'off (ATTNRES_CPU_KERNELS=...)' or 'unavailable: why'; recorded with every result."""
     if _switched_off():
-        return f"off ({ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
+        return "off (use_kernels(False))" if _forced else f"off ({ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
     library()
     return str(_state["status"])
 

@@ -203,12 +203,18 @@ class Runner:
     forward: Callable
     device: Any
     sdpa: str = "auto"
+    cpu_kernels: bool | None = None  # False: the depth mixing's torch path where the CPU kernels apply; None: as
+    # ATTNRES_CPU_KERNELS says (attnres/cpu_kernels.py)
     times: dict[str, list[float]] = field(default_factory=dict)
 
     def _context(self):
         import torch
 
+        from attnres import cpu_kernels
+
         stack = contextlib.ExitStack()
+        if self.cpu_kernels is not None:
+            stack.enter_context(cpu_kernels.use_kernels(self.cpu_kernels))
         if self.amp_dtype is not None:
             stack.enter_context(torch.autocast(self.device.type, dtype=self.amp_dtype))
         if self.sdpa != "auto":
@@ -220,9 +226,14 @@ class Runner:
         return stack
 
     def train_step(self) -> float:
+        from attnres import cpu_kernels
+
         with self._context():
             _, loss = self.forward(self.x, self.y)
-        loss.backward()
+        with contextlib.ExitStack() as stack:  # backward chooses the kernels per call too (no autocast here)
+            if self.cpu_kernels is not None:
+                stack.enter_context(cpu_kernels.use_kernels(self.cpu_kernels))
+            loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())  # also a host sync, so the step is finished when timing stops
@@ -238,7 +249,7 @@ class Runner:
 
 
 def build_runner(size: BenchSize, scheme: str, device: Any, seed: int, bf16: bool, compile_model: bool,
-                 checkpointing: bool, sdpa: str, name: str | None = None) -> Runner:
+                 checkpointing: bool, sdpa: str, name: str | None = None, cpu_kernels: bool | None = None) -> Runner:
     import torch
 
     from attnres import Transformer
@@ -254,7 +265,8 @@ def build_runner(size: BenchSize, scheme: str, device: Any, seed: int, bf16: boo
     tokens = torch.randint(0, size.vocab_size, (size.batch_size, size.seq_len + 1), generator=g)
     x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
     forward = torch.compile(model) if compile_model else model
-    return Runner(name or scheme, model, optimizer, x, y, torch.bfloat16 if bf16 else None, forward, device, sdpa)
+    return Runner(name or scheme, model, optimizer, x, y, torch.bfloat16 if bf16 else None, forward, device, sdpa,
+                  cpu_kernels)
 
 
 def _sync(device: Any) -> None:
@@ -586,6 +598,7 @@ OPTION_VARIANTS = {
     "bf16": {"bf16": True},
     "compile+bf16": {"compile_model": True, "bf16": True},
     "checkpointing": {"checkpointing": True},
+    "torch-path": {"cpu_kernels": False},  # eager without the compiled CPU depth-mixing kernels (cpu_kernels.py)
 }
 
 
@@ -599,9 +612,10 @@ def bench_options(size: BenchSize, schemes: Sequence[str], variants: Sequence[st
     runners = []
     for s in schemes:
         for v in variants:
-            kw = {"bf16": False, "compile_model": False, "checkpointing": False, **OPTION_VARIANTS[v]}
+            kw = {"bf16": False, "compile_model": False, "checkpointing": False, "cpu_kernels": None,
+                  **OPTION_VARIANTS[v]}
             runners.append(build_runner(size, s, device, args.seed, kw["bf16"], kw["compile_model"],
-                                        kw["checkpointing"], args.sdpa, name=f"{s}/{v}"))
+                                        kw["checkpointing"], args.sdpa, name=f"{s}/{v}", cpu_kernels=kw["cpu_kernels"]))
     compile_s: dict[str, float] = {}
     for r in runners:  # first step (compilation) outside the timed rounds
         t0 = time.perf_counter()

@@ -180,3 +180,29 @@ def test_gpu_suite_script_parses():
 
     proc = subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_suite.sh")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_torch_path_option_runs_without_the_cpu_kernels(monkeypatch):
+    """--options torch-path times the depth mixing's torch path in the same process as the kernels."""
+    import torch
+
+    from attnres import cpu_kernels
+
+    torch.set_num_threads(1)
+    calls = []
+    for name in ("mix_forward", "mix_backward", "merge_forward", "merge_backward"):
+        monkeypatch.setattr(cpu_kernels, name, lambda *a, _f=getattr(cpu_kernels, name), _n=name: calls.append(_n)
+                            or _f(*a))
+    assert "torch-path" in bench.OPTION_VARIANTS
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")  # the environment decides unless the runner says otherwise
+    runner = bench.build_runner(bench.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto")
+    runner.train_step()
+    assert not calls
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
+    for use in (False, True):
+        calls.clear()
+        runner = bench.build_runner(bench.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto",
+                                    cpu_kernels=use)
+        runner.train_step()
+        assert bool(calls) == (use and cpu_kernels.library() is not None)
+        assert not use or not cpu_kernels.library() or {"merge_backward", "mix_backward"} <= set(calls)
