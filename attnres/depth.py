@@ -4,6 +4,10 @@
 
 Keys are the RMS-normalised sources, values are the raw sources, there is no 1/sqrt(d) and no temperature,
 and the softmax runs in fp32 whatever the input dtype (as in Kimi's production code).
+
+On the CPU in fp32 (eager), the two hot paths, mix_sources_batched and merge_read, run as compiled C kernels
+(cpu_kernels.py, csrc/depth_mix.c) when a C compiler is there; the torch code below is the reference they are
+tested against and the path everywhere else.
 """
 
 from __future__ import annotations
@@ -279,7 +283,9 @@ class _MixSourcesBatched(torch.autograd.Function):
     blocks, which every read of a block sees, and Full AttnRes for its read groups: one load per (group, source)
     instead of one per (read, source). That pays where the sources do not fit in cache (Full AttnRes on the CPU:
     1.175 -> 1.134x the baseline's step); the number of multiply-adds and dot products stays the same, and
-    Block AttnRes at 16 x 256, whose sources fit in L3, did not get measurably faster (docs/performance.md).
+    Block AttnRes at 16 x 256, whose sources fit in L3, did not get measurably faster with torch ops. On the CPU
+    in fp32 both passes run as one compiled kernel instead (cpu_kernels: every token's S sources and Q reads in
+    L1 at once), which is what made Block cheaper there (docs/performance.md).
 
     Saves only the weights and the sources (alive anyway), none of the outputs.
     """
