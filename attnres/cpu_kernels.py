@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,21 +100,22 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
                                          _cpu_signature().encode()])).hexdigest()[:16]
         target = _cache_dir() / f"depth_mix-{key}.so"
         if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # parallel builders: last rename wins
-            os.close(fd)
+            tmp = None
             try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # parallel builders: last rename wins
+                os.close(fd)
                 done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
                                       timeout=120)
                 if done.returncode != 0:
                     errors.append(f"{' '.join(flags)}: {done.stderr.strip()[:300]}")
                     continue
                 os.replace(tmp, target)
-            except (OSError, subprocess.SubprocessError) as err:
+            except (OSError, subprocess.SubprocessError) as err:  # e.g. a read-only cache directory
                 errors.append(f"{' '.join(flags)}: {err}")
                 continue
             finally:
-                if os.path.exists(tmp):
+                if tmp is not None and os.path.exists(tmp):
                     os.unlink(tmp)
         try:
             lib = ctypes.CDLL(str(target))
@@ -122,20 +124,23 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
             continue
         _declare(lib)
         return lib, f"on ({' '.join(flags[:-2])}; {target})"
-    return None, "unavailable: " + " | ".join(errors)
+    reason = "unavailable: " + " | ".join(errors)
+    warnings.warn(f"attnres: the CPU depth-mixing kernels did not build with {cc}; the PyTorch path runs instead "
+                  f"(a few percent slower on the CPU; {ENV_SWITCH}=0 silences this). {reason}", stacklevel=3)
+    return None, reason
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, ptrs = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
-    i32, i64 = ctypes.c_int, ctypes.c_long
-    lib.attnres_mix_forward.argtypes = [i32, i32, i64, i32, ptrs, ptr, ptrs, i32]
+    i32, long_ = ctypes.c_int, ctypes.c_long  # C int and long, as in depth_mix.c
+    lib.attnres_mix_forward.argtypes = [i32, i32, long_, i32, ptrs, ptr, ptrs, i32]
     lib.attnres_mix_forward.restype = None
-    lib.attnres_mix_backward.argtypes = [i32, i32, i64, i32, ptrs, ptr, ptrs, ptr, ptrs, ctypes.POINTER(i32), i32]
+    lib.attnres_mix_backward.argtypes = [i32, i32, long_, i32, ptrs, ptr, ptrs, ptr, ptrs, ctypes.POINTER(i32), i32]
     lib.attnres_mix_backward.restype = None
     f32 = ctypes.c_float
-    lib.attnres_merge_forward.argtypes = [i32, i64, i32, ptr, ptr, ptrs, ptr, f32, f32, ptr, ptr, ptr, ptr, i32]
+    lib.attnres_merge_forward.argtypes = [i32, long_, i32, ptr, ptr, ptrs, ptr, f32, f32, ptr, ptr, ptr, ptr, i32]
     lib.attnres_merge_forward.restype = None
-    lib.attnres_merge_backward.argtypes = [i32, i64, i32, ptr, ptr, ptr, ptr, f32, ptrs, ptr, ptr, ptr, ptr, ptr,
+    lib.attnres_merge_backward.argtypes = [i32, long_, i32, ptr, ptr, ptr, ptr, f32, ptrs, ptr, ptr, ptr, ptr, ptr,
                                            ptr, ptrs, ctypes.POINTER(i32), i32]
     lib.attnres_merge_backward.restype = None
 

@@ -185,7 +185,16 @@ def test_switched_off_and_unbuildable_kernels_fall_back(monkeypatch, tmp_path, s
     monkeypatch.setattr(cpu_kernels, "_state", {})  # forget this process's build
     monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
-    assert cpu_kernels.status().startswith("unavailable: ") and cpu_kernels.library() is None
+    with pytest.warns(UserWarning, match="did not build"):
+        assert cpu_kernels.status().startswith("unavailable: ") and cpu_kernels.library() is None
+    if shutil.which("cc") or shutil.which("gcc"):  # a cache directory that cannot be created: no crash either
+        monkeypatch.setattr(cpu_kernels, "_state", {})
+        monkeypatch.delenv("CC")
+        blocked = tmp_path / "blocked"
+        blocked.write_text("a file where the cache directory should be")
+        monkeypatch.setenv("ATTNRES_CACHE_DIR", str(blocked))
+        with pytest.warns(UserWarning, match="did not build"):
+            assert cpu_kernels.status().startswith("unavailable: ")
     model = _model("block", n_blocks=2)
     _, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
     loss.backward()
