@@ -195,6 +195,14 @@ class _GradSink:
         if not deferrable or len(self.pending) >= self.DEFER:
             self.flush()
 
+    def kernel_target(self, like: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The sum, pending terms applied, for a compiled kernel to add into: (tensor, mode) with mode 2 (add to
+        it) or, when there is no sum yet, a fresh uninitialised tensor shaped like ``like`` and mode 1 (write it)."""
+        if self.flush() is not None:
+            return self.grad, 2
+        self.grad = torch.empty_like(like, dtype=torch.float32)
+        return self.grad, 1
+
     def flush(self) -> torch.Tensor | None:
         for g, weight in self.pending:
             if self.grad is None:
@@ -364,12 +372,7 @@ class _MixSourcesBatched(torch.autograd.Function):
                 for q in used:
                     sink.add(grads[q], weights[s, :, :, q].unsqueeze(-1))
             else:
-                targets[s] = sink.flush()
-                if targets[s] is None:
-                    targets[s] = sink.grad = torch.empty_like(v)
-                    modes[s] = 1
-                else:
-                    modes[s] = 2
+                targets[s], modes[s] = sink.kernel_target(v)
         dots = torch.empty_like(weights) if ctx.needs_input_grad[0] else None  # [S, B, T, Q]
         cpu_kernels.mix_backward(weights, values, grads, dots, targets, modes)
         return (dots, *grad_values)
@@ -538,15 +541,11 @@ class _MergeRead(torch.autograd.Function):
         for k, e in enumerate(extras):
             if not ctx.needs_input_grad[6 + k]:
                 continue
-            sink = ctx.sinks[k]
-            targets[k] = sink.flush() if sink is not None else None
-            modes[k] = 1 if targets[k] is None else 2
-            if targets[k] is None:
-                targets[k] = torch.empty_like(e)
-                if sink is not None:
-                    sink.grad = targets[k]
-                else:
-                    grad_extras[k] = targets[k]
+            if ctx.sinks[k] is not None:
+                targets[k], modes[k] = ctx.sinks[k].kernel_target(e)
+            else:
+                targets[k] = grad_extras[k] = torch.empty_like(e)
+                modes[k] = 1
         grad_queries = cpu_kernels.merge_backward(grad_out, y, a, rstd, ctx.normalize_eps, extras, queries, logits,
                                                   key_rstd, grad_base, grad_z, targets, modes)
         if grad_queries is not None:
