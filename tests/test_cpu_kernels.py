@@ -22,6 +22,13 @@ needs_compiler = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler on this machine")
 
 
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # also after a failed test that set 2
+
+
 @pytest.fixture
 def spy(monkeypatch):
     """Counts the kernel calls: {'mix_forward': n, ...}."""
@@ -89,7 +96,6 @@ def test_batched_mix_kernel_equals_the_torch_path(monkeypatch, spy, track, threa
     on, off = run_both(monkeypatch, compute)
     assert spy.get("mix_forward") == 3 and spy.get("mix_backward") == 3
     assert_close_all(on, off)
-    torch.set_num_threads(1)
 
 
 @needs_compiler
@@ -121,7 +127,6 @@ def test_merge_kernel_equals_the_torch_path(monkeypatch, spy, n_extras, track, w
     on, off = run_both(monkeypatch, compute)
     assert spy.get("merge_forward") == (2 if n_extras else 1) == spy.get("merge_backward")
     assert_close_all(on, off)
-    torch.set_num_threads(1)
 
 
 @needs_compiler
