@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -218,3 +219,23 @@ def test_a_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels, "_state", {})  # as in a new process
     monkeypatch.setattr(cpu_kernels.subprocess, "run", lambda *a, **k: pytest.fail(f"compiled again: {a}"))
     assert cpu_kernels.status().startswith("on") and str(built[0]) in cpu_kernels.status()
+
+
+@needs_compiler
+def test_processes_building_at_once_share_one_cache(tmp_path):
+    """The parallel launcher starts several runs at once on an empty cache: each builds or loads, none fails."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from attnres import cpu_kernels; print(cpu_kernels.status())"
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "ATTNRES_CACHE_DIR": str(tmp_path), cpu_kernels.ENV_SWITCH: "1",
+           "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=repo, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    assert all(out.startswith("on (") for out, _ in outs), outs
+    assert len(list((tmp_path / "kernels").glob("depth_mix-*.so"))) == 1
+    assert not list((tmp_path / "kernels").glob("*.so.tmp*")) and len(list((tmp_path / "kernels").iterdir())) == 1
