@@ -201,26 +201,25 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def merge_forward(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor], queries: torch.Tensor | None,
-                  key_eps: float, eps: float, a: torch.Tensor | None, rstd: torch.Tensor, logits: torch.Tensor | None,
+                  key_eps: float, eps: float, a: torch.Tensor, rstd: torch.Tensor, logits: torch.Tensor | None,
                   key_rstd: torch.Tensor | None) -> None:
     """depth._MergeRead's normalised forward, in place into base [B, T, D]: z and logits/key_rstd [K, B, T] (the
-    latter two written, with queries [K, D]), a [K + 1, B, T, 1] and rstd [B, T, 1] written. With no extras it is
-    the normalisation alone, and a may be None."""
+    latter two written, with queries [K, D]), a [K + 1, B, T, 1] and rstd [B, T, 1] written."""
     D = base.shape[-1]
     library().attnres_merge_forward(len(extras), base.numel() // D, D, base.data_ptr(), _ptr(z), _pointers(extras),
-                                    _ptr(queries), key_eps, eps, _ptr(a), rstd.data_ptr(), _ptr(logits),
+                                    _ptr(queries), key_eps, eps, a.data_ptr(), rstd.data_ptr(), _ptr(logits),
                                     _ptr(key_rstd), torch.get_num_threads())
 
 
-def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor | None, rstd: torch.Tensor, eps: float,
+def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor, eps: float,
                    extras: list[torch.Tensor], queries: torch.Tensor | None, logits: torch.Tensor | None,
                    key_rstd: torch.Tensor | None, grad_base: torch.Tensor, grad_z: torch.Tensor | None,
                    targets: list[torch.Tensor | None], modes: list[int]) -> torch.Tensor | None:
     """Backward of merge_forward: writes grad_base, grad_z and the extras' targets (mode 1: =, 2: +=, 0: none);
-    returns the queries' gradient [K, D] (with queries) in fp32. a may be None with no extras."""
+    returns the queries' gradient [K, D] (with queries) in fp32."""
     K, D, threads = len(extras), y.shape[-1], torch.get_num_threads()
     grad_q = torch.zeros(threads, K, D) if queries is not None else None  # one slice per thread, no races
-    library().attnres_merge_backward(K, y.numel() // D, D, grad_out.data_ptr(), y.data_ptr(), _ptr(a),
+    library().attnres_merge_backward(K, y.numel() // D, D, grad_out.data_ptr(), y.data_ptr(), a.data_ptr(),
                                      rstd.data_ptr(), eps, _pointers(extras), _ptr(queries), _ptr(logits),
                                      _ptr(key_rstd), grad_base.data_ptr(), _ptr(grad_z), _ptr(grad_q),
                                      _pointers(targets), (ctypes.c_int * max(K, 1))(*modes), threads)

@@ -74,19 +74,6 @@ class _MixSources(torch.autograd.Function):
         out_dtype, acc = _mix_dtypes(values)
         ctx.compute_dtype = acc
         ctx.normalized = normalize_eps is not None
-        ctx.kernel = weights.dtype == torch.float32 and cpu_kernels.applies(*values)
-        if ctx.kernel:  # one pass over every token's sources (cpu_kernels), then the norm in place
-            w = weights.contiguous().unsqueeze(-1)  # [S, B, T, 1] (weights may be expanded views)
-            out = torch.empty_like(values[0])
-            cpu_kernels.mix_forward(w, list(values), [out])
-            if not ctx.normalized:
-                ctx.save_for_backward(w, *values)
-                return out
-            ctx.normalize_eps = normalize_eps
-            rstd = out.new_empty((*out.shape[:-1], 1))
-            cpu_kernels.merge_forward(out, None, [], None, 0.0, normalize_eps, None, rstd, None, None)
-            ctx.save_for_backward(w, out, rstd, *values)
-            return out
         with torch.autocast(device_type=weights.device.type, enabled=False):
             w = weights.to(acc).unsqueeze(-1)  # [S, B, T, 1]
             # Mixed-dtype multiply-adds: a bf16 source is read as bf16 and widened inside the kernel (no fp32
@@ -109,16 +96,6 @@ class _MixSources(torch.autograd.Function):
             weights, normed, rstd, *values = ctx.saved_tensors
         else:
             weights, *values = ctx.saved_tensors
-        if ctx.kernel:
-            g = grad_out.to(torch.float32).contiguous()
-            if ctx.normalized:  # back through the normalisation into a fresh tensor, which sinks may keep
-                grad_h = torch.empty_like(g)
-                cpu_kernels.merge_backward(g, normed, None, rstd, ctx.normalize_eps, [], None, None, None, grad_h,
-                                           None, [], [])
-            needs = (ctx.needs_input_grad[0], *ctx.needs_input_grad[2:])
-            dots, grads = _mix_backward_kernel(weights, values, [grad_h if ctx.normalized else g], [0], ctx.sinks,
-                                               needs, deferrable=ctx.normalized)
-            return (None if dots is None else dots[..., 0], None, *grads)
         incoming = grad_out  # autograd's tensor: may be changed after this backward, so never deferred
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = ctx.compute_dtype
@@ -350,10 +327,7 @@ class _MixSourcesBatched(torch.autograd.Function):
             return (grad_weights, *grad_values)
         grads = [None if g is None else g.contiguous() for g in grads]
         if cpu_kernels.applies(weights, *values, *(grads[q] for q in used)):
-            # the gradients of outputs read once, by merge_read, which made them: sinks may keep them
-            dots, grad_values = _mix_backward_kernel(weights, values, grads, used, ctx.sinks, ctx.needs_input_grad,
-                                                     deferrable=True)
-            return (dots, *grad_values)
+            return _MixSourcesBatched._backward_kernel(ctx, weights, values, grads, used)
         with torch.autocast(device_type=weights.device.type, enabled=False):
             acc = grads[used[0]].dtype
             w = _per_read(weights.to(acc))  # [S, Q, B, T, 1]
@@ -378,34 +352,30 @@ class _MixSourcesBatched(torch.autograd.Function):
                 grad_weights = dots.permute(0, 2, 3, 1).to(weights.dtype)  # [S, B, T, Q]
         return (grad_weights, *grad_values)
 
-
-def _mix_backward_kernel(weights: torch.Tensor, values: list[torch.Tensor], grads: list[torch.Tensor | None],
-                         used: list[int], sinks: list[_GradSink | None], needs_grad: tuple[bool, ...],
-                         deferrable: bool) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
-    """Backward of Q reads (weights [S, B, T, Q], contiguous fp32) in one compiled pass (cpu_kernels): returns the
-    weights' gradient [S, B, T, Q] (if needs_grad[0]) and the untracked sources' gradients (needs_grad[1 + s]).
-    A tracked source's sink that has no tensor yet keeps deferring (_GradSink.DEFER) when the gradients may be
-    kept (``deferrable``: tensors the reads' consumers made), as on the torch path, so that sinks are allocated
-    only when their sum is due (allocating them all at the last read raised Full's peak); its dot products still
-    come from the pass."""
-    grad_values: list[torch.Tensor | None] = [None] * len(values)
-    targets: list[torch.Tensor | None] = [None] * len(values)
-    modes = [0] * len(values)
-    for s, v in enumerate(values):
-        if not needs_grad[1 + s]:
-            continue
-        sink = sinks[s]
-        if sink is None:
-            targets[s] = grad_values[s] = torch.empty_like(v)
-            modes[s] = 1
-        elif deferrable and sink.grad is None and len(sink.pending) + len(used) < _GradSink.DEFER:
-            for q in used:
-                sink.add(grads[q], weights[s, :, :, q].unsqueeze(-1))
-        else:
-            targets[s], modes[s] = sink.kernel_target(v)
-    dots = torch.empty_like(weights) if needs_grad[0] else None  # [S, B, T, Q]
-    cpu_kernels.mix_backward(weights, values, grads, dots, targets, modes)
-    return dots, grad_values
+    @staticmethod
+    def _backward_kernel(ctx, weights: torch.Tensor, values: list[torch.Tensor], grads: list[torch.Tensor | None],
+                         used: list[int]) -> tuple[torch.Tensor | None, ...]:
+        """The same backward in one compiled pass (cpu_kernels). A tracked source's sink that has no tensor yet
+        keeps deferring (_GradSink.DEFER), as above, so that sinks are still allocated only when their sum is due
+        (allocating them all at the last read raised Full's peak); its dot products still come from the pass."""
+        grad_values: list[torch.Tensor | None] = [None] * len(values)
+        targets: list[torch.Tensor | None] = [None] * len(values)
+        modes = [0] * len(values)
+        for s, v in enumerate(values):
+            if not ctx.needs_input_grad[1 + s]:
+                continue
+            sink = ctx.sinks[s]
+            if sink is None:
+                targets[s] = grad_values[s] = torch.empty_like(v)
+                modes[s] = 1
+            elif sink.grad is None and len(sink.pending) + len(used) < _GradSink.DEFER:
+                for q in used:
+                    sink.add(grads[q], weights[s, :, :, q].unsqueeze(-1))
+            else:
+                targets[s], modes[s] = sink.kernel_target(v)
+        dots = torch.empty_like(weights) if ctx.needs_input_grad[0] else None  # [S, B, T, Q]
+        cpu_kernels.mix_backward(weights, values, grads, dots, targets, modes)
+        return (dots, *grad_values)
 
 
 def _per_read(weights: torch.Tensor) -> torch.Tensor:

@@ -92,8 +92,7 @@ void attnres_mix_backward(int S, int Q, long N, int D, const float *const *v, co
 /* One read's phase 2 (paper Algorithm 1) fused with the PreNorm normalisation, in place (depth.py: _MergeRead):
  *   with queries: logit_k = key_rstd_k (e_k . q_k), key_rstd_k = (mean e_k^2 + key_eps)^-1/2, z_k += logit_k
  *   a = softmax([0, z_1 .. z_K]),  h = a_0 base + sum_k a_k e_k,  rstd = (mean h^2 + eps)^-1/2,  base <- h rstd
- * Saves a [K + 1, N] (NULL allowed when K = 0: the normalisation alone), rstd [N] and, with queries, logits and
- * key_rstd [K, N]. */
+ * Saves a [K + 1, N], rstd [N] and, with queries, logits and key_rstd [K, N]. */
 void attnres_merge_forward(int K, long N, int D, float *base, const float *z, const float *const *e,
                            const float *queries, float key_eps, float eps, float *a, float *rstd, float *logits,
                            float *key_rstd, int threads) {
@@ -118,7 +117,7 @@ void attnres_merge_forward(int K, long N, int D, float *base, const float *z, co
         }
         float total = 0.f;
         for (int k = 0; k <= K; k++) total += (zk[k] = expf(zk[k] - top));
-        if (a) for (int k = 0; k <= K; k++) a[(long)k * N + t] = zk[k] / total;  /* a may be NULL when K = 0 */
+        for (int k = 0; k <= K; k++) a[(long)k * N + t] = zk[k] / total;
         if (K > 0) {
             const float a0 = a[t];
             for (int d = 0; d < D; d++) h[d] *= a0;
