@@ -110,6 +110,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
                 if done.returncode != 0:
                     errors.append(f"{' '.join(flags)}: {done.stderr.strip()[:300]}")
                     continue
+                os.chmod(tmp, 0o755)  # mkstemp's 0600 would hide it from other users of a shared cache
                 os.replace(tmp, target)
             except (OSError, subprocess.SubprocessError) as err:  # e.g. a read-only cache directory
                 errors.append(f"{' '.join(flags)}: {err}")

@@ -215,7 +215,7 @@ def test_a_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels, "_compiler_version", lambda cc: "some cc 1.0")
     assert cpu_kernels.status().startswith("on")
     built = list((tmp_path / "kernels").glob("depth_mix-*.so"))
-    assert len(built) == 1
+    assert len(built) == 1 and built[0].stat().st_mode & 0o777 == 0o755
     monkeypatch.setattr(cpu_kernels, "_state", {})  # as in a new process
     monkeypatch.setattr(cpu_kernels.subprocess, "run", lambda *a, **k: pytest.fail(f"compiled again: {a}"))
     assert cpu_kernels.status().startswith("on") and str(built[0]) in cpu_kernels.status()
