@@ -273,8 +273,11 @@ def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = N
                 ax.plot(mean[xcol], mean["val_loss"], color=color_of(v, variants), lw=1.3, label=label_of(v, labels))
             ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))  # one "1e8" offset instead of long labels
             # Zoom on the part that separates the variants: from just under the final losses to the loss reached
-            # at ~10% of training (the start of training is uninformative and would flatten everything).
-            early = cs[cs[xcol] >= 0.1 * cs[xcol].max()]["val_loss"]
+            # at ~10% of training (the start of training is uninformative and would flatten everything). "10%" is
+            # per variant, so the tokens and FLOPs panels of a size zoom alike (AttnRes spends more FLOPs per
+            # token: 10% of the largest FLOPs cut off the baseline's first point in the FLOPs panel only).
+            progress = cs[xcol] / cs.groupby("variant")[xcol].transform("max")
+            early = cs[progress >= 0.1]["val_loss"]
             top = float(np.nanmax(early)) if len(early) else float(cs["val_loss"].max())
             bottom = float(np.nanmin(np.r_[cs["val_loss"].to_numpy(float), final.to_numpy(float)]))
             ax.set_ylim(bottom - 0.05 * (top - bottom), top)

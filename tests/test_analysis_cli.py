@@ -148,3 +148,29 @@ def test_different_exponents_report_a_curve(tmp_path: Path, capsys: pytest.Captu
     curve = m["paper_M_curve"]["M"]
     assert curve[-1] > 1.5 * curve[0]  # the multiplier grows with compute
     assert "not one number" in (tmp_path / "o" / "summary.md").read_text()
+
+
+def test_loss_curve_panels_of_a_size_zoom_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zoom skips the first ~10% of training per variant, so the tokens and FLOPs panels show the same points:
+    AttnRes spends more FLOPs per token, and 10% of the largest FLOPs once cut off the baseline's first point in
+    the FLOPs panel only."""
+    import matplotlib.pyplot as plt
+
+    from analysis import figures
+
+    rows = []
+    for variant, flops_per_token, first_loss in (("baseline", 1.0, 5.0), ("block_attnres", 1.3, 4.0)):
+        run = tmp_path / variant
+        run.mkdir()
+        tokens = [100 * (k + 1) for k in range(10)]
+        losses = [first_loss] + [3.0 - 0.1 * k for k in range(1, 10)]
+        pd.DataFrame({"step": range(1, 11), "tokens": tokens, "flops": [t * flops_per_token for t in tokens],
+                      "val_loss": losses}).to_csv(run / "metrics.csv", index=False)
+        rows.append({"run_id": variant, "run_dir": str(run), "variant": variant, "size": "cpu_xs", "seed": 0,
+                     "val_loss": losses[-1], "pflops_days": 1.0})
+    limits = []
+    monkeypatch.setattr(figures, "save", lambda fig, stem: limits.extend(ax.get_ylim() for ax in fig.axes)
+                        or plt.close(fig) or [])
+    figures.loss_curves_figure(pd.DataFrame(rows), tmp_path / "loss_curves")
+    (tokens_lo, tokens_hi), (flops_lo, flops_hi) = limits
+    assert tokens_hi == flops_hi == 5.0 and tokens_lo == pytest.approx(flops_lo)
