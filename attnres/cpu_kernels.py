@@ -54,9 +54,12 @@ def _switched_off() -> bool:
 
 
 @contextlib.contextmanager
-def use_kernels(enabled: bool) -> Iterator[None]:
+def use_kernels(enabled: bool | None) -> Iterator[None]:
     """Within this block use the kernels (where they apply) or not, whatever ATTNRES_CPU_KERNELS says (the
-    benchmark's `torch-path` option times both in one process)."""
+    benchmark's `torch-path` option times both in one process); None changes nothing."""
+    if enabled is None:
+        yield
+        return
     _forced.append(enabled)
     try:
         yield

@@ -195,14 +195,6 @@ class _GradSink:
         if not deferrable or len(self.pending) >= self.DEFER:
             self.flush()
 
-    def kernel_target(self, like: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The sum, pending terms applied, for a compiled kernel to add into: (tensor, mode) with mode 2 (add to
-        it) or, when there is no sum yet, a fresh uninitialised tensor shaped like ``like`` and mode 1 (write it)."""
-        if self.flush() is not None:
-            return self.grad, 2
-        self.grad = torch.empty_like(like, dtype=torch.float32)
-        return self.grad, 1
-
     def flush(self) -> torch.Tensor | None:
         for g, weight in self.pending:
             if self.grad is None:
@@ -211,6 +203,19 @@ class _GradSink:
                 self.grad.addcmul_(g, weight)
         self.pending.clear()
         return self.grad
+
+
+def _kernel_target(sink: _GradSink | None, like: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """Where a compiled kernel puts a source's gradient: (tensor, mode, gradient to return). A tracked source's sink
+    sum, pending terms applied, to add into (mode 2), or when it has none yet a fresh sum to write (mode 1, the sink
+    keeps it); an untracked source gets a fresh tensor (mode 1) that backward returns."""
+    if sink is None:
+        grad = torch.empty_like(like)
+        return grad, 1, grad
+    if sink.flush() is not None:
+        return sink.grad, 2, None
+    sink.grad = torch.empty_like(like, dtype=torch.float32)
+    return sink.grad, 1, None
 
 
 class _TrackSource(torch.autograd.Function):
@@ -365,14 +370,11 @@ class _MixSourcesBatched(torch.autograd.Function):
             if not ctx.needs_input_grad[1 + s]:
                 continue
             sink = ctx.sinks[s]
-            if sink is None:
-                targets[s] = grad_values[s] = torch.empty_like(v)
-                modes[s] = 1
-            elif sink.grad is None and len(sink.pending) + len(used) < _GradSink.DEFER:
+            if sink is not None and sink.grad is None and len(sink.pending) + len(used) < _GradSink.DEFER:
                 for q in used:
                     sink.add(grads[q], weights[s, :, :, q].unsqueeze(-1))
             else:
-                targets[s], modes[s] = sink.kernel_target(v)
+                targets[s], modes[s], grad_values[s] = _kernel_target(sink, v)
         dots = torch.empty_like(weights) if ctx.needs_input_grad[0] else None  # [S, B, T, Q]
         cpu_kernels.mix_backward(weights, values, grads, dots, targets, modes)
         return (dots, *grad_values)
@@ -422,7 +424,10 @@ class _MergeRead(torch.autograd.Function):
                 normalize_eps: float | None, out_dtype: torch.dtype, *extras: torch.Tensor) -> torch.Tensor:
         ctx.normalize_eps, ctx.base_dtype = normalize_eps, base.dtype
         ctx.sinks = [getattr(e, "_attnres_sink", None) for e in extras]
-        ctx.kernel = (normalize_eps is not None and out_dtype == base.dtype and len(extras) <= cpu_kernels.MAX_EXTRAS
+        # The fused read is written into base (consumed, ctx.mark_dirty) when it has the output's dtype: a
+        # phase-1 output is read exactly once, and a fresh [B, T, D] costs page faults on the CPU.
+        in_place = normalize_eps is not None and out_dtype == base.dtype
+        ctx.kernel = (in_place and len(extras) <= cpu_kernels.MAX_EXTRAS
                       and cpu_kernels.applies(base, *extras, *(t for t in (z, queries) if t is not None)))
         if ctx.kernel:  # the whole read in one pass per token, in place into base
             K, lead = len(extras), base.shape[:-1]
@@ -442,9 +447,6 @@ class _MergeRead(torch.autograd.Function):
                 logits = torch.stack([lg[..., 0] for lg, _ in pairs])
                 key_rstd = torch.stack([r for _, r in pairs])
                 z = z + logits
-            # The fused read is written into base (consumed, ctx.mark_dirty) when it has the output's dtype: a
-            # phase-1 output is read exactly once, and a fresh [B, T, D] costs page faults on the CPU.
-            in_place = normalize_eps is not None and out_dtype == base.dtype
             a = None
             if not extras:
                 h = base
@@ -541,11 +543,7 @@ class _MergeRead(torch.autograd.Function):
         for k, e in enumerate(extras):
             if not ctx.needs_input_grad[6 + k]:
                 continue
-            if ctx.sinks[k] is not None:
-                targets[k], modes[k] = ctx.sinks[k].kernel_target(e)
-            else:
-                targets[k] = grad_extras[k] = torch.empty_like(e)
-                modes[k] = 1
+            targets[k], modes[k], grad_extras[k] = _kernel_target(ctx.sinks[k], e)
         grad_queries = cpu_kernels.merge_backward(grad_out, y, a, rstd, ctx.normalize_eps, extras, queries, logits,
                                                   key_rstd, grad_base, grad_z, targets, modes)
         if grad_queries is not None:

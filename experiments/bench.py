@@ -213,8 +213,7 @@ class Runner:
         from attnres import cpu_kernels
 
         stack = contextlib.ExitStack()
-        if self.cpu_kernels is not None:
-            stack.enter_context(cpu_kernels.use_kernels(self.cpu_kernels))
+        stack.enter_context(cpu_kernels.use_kernels(self.cpu_kernels))
         if self.amp_dtype is not None:
             stack.enter_context(torch.autocast(self.device.type, dtype=self.amp_dtype))
         if self.sdpa != "auto":
@@ -230,9 +229,7 @@ class Runner:
 
         with self._context():
             _, loss = self.forward(self.x, self.y)
-        with contextlib.ExitStack() as stack:  # backward chooses the kernels per call too (no autocast here)
-            if self.cpu_kernels is not None:
-                stack.enter_context(cpu_kernels.use_kernels(self.cpu_kernels))
+        with cpu_kernels.use_kernels(self.cpu_kernels):  # backward chooses the kernels per call too (not autocast)
             loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
