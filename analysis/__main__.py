@@ -39,6 +39,15 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--skip-incomplete", action="store_true", help="skip (with a warning) variants with fewer than 3 sizes instead of failing")
     f.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
 
+    r = sub.add_parser("lr", help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read")
+    r.add_argument("--results", required=True, help="the LR study's results.csv (or a study directory)")
+    r.add_argument("--out", required=True, help="output directory (lr.json, lr_summary.md, fig_lr.png)")
+    r.add_argument("--write-config", metavar="PATH", help="also write the tuned lrs as a config, e.g. conf/tuned_lr/cpu.yaml")
+    r.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
+    r.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    r.add_argument("--seed-sigma", type=float, help="seed-noise sd of one run's val loss, for single-seed curves")
+    r.add_argument("--no-figures", action="store_true", help="write lr.json and lr_summary.md only")
+
     q = sub.add_parser("paper", help="refit the paper's published numbers and draw its figures")
     q.add_argument("--out", required=True, help="output directory")
     q.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
@@ -49,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _f(x: float | None) -> str:
     return "n/a" if x is None or x != x else f"{x:.3f}"
+
+
+def _f3(x: float | None) -> str:
+    return "n/a" if x is None or x != x else f"{x:.3g}"
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
@@ -77,6 +90,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     c = m["paper_M_curve"]
                     print(f"  exponents differ significantly: M(C) runs from {_f(c['M'][0])} at C = {c['C'][0]:.3g} "
                           f"to {_f(c['M'][-1])} at C = {c['C'][-1]:.3g} (see fit.json paper_M_curve)")  # fmt: skip
+        elif args.command == "lr":
+            from .lr import run_lr
+            from .records import load_results
+
+            command = "python -m analysis " + " ".join(argv if argv is not None else sys.argv[1:])
+            doc = run_lr(load_results(args.results), args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma,
+                         write_config=args.write_config, command=command, make_figures=not args.no_figures)  # fmt: skip
+            for r in doc["table"].itertuples():
+                lo, hi = r.ci95
+                edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""
+                print(f"{r.variant} {r.size}: lr = {_f3(r.lr)} [{_f3(lo)}, {_f3(hi)}]{edge}")
+            print(f"wrote {', '.join(doc['files'])}")
+            return 0
         else:
             from .paper import headline_numbers, run_paper
 

@@ -493,3 +493,59 @@ def arch_grid_figure(table: dict[str, Any], stem: Path, labels: dict[str, str] |
     budget = table.get("flops_budget")
     title = f"Architecture grid at fixed compute" + (f" C = {budget:.3g} FLOPs" if budget else "")
     return _grid_heatmaps(list(table["d_over_lb"]), list(table["heads_over_lb"]), panels, stem, suptitle=title)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Learning-rate tuning (analysis.lr)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
+    """Validation loss vs learning rate (log x), one panel per arm, one curve per size (mean over seeds; single
+    runs as faint dots), the tuned optimum as a star with its 95% interval as a bar; diverged runs as crosses on
+    the panel's top edge; an optimum on a grid edge is labelled "edge". ``runs``: analysis.lr.lr_runs output."""
+    if table.empty:
+        warnings.warn("LR figure skipped: no tuned curves", AnalysisWarning, stacklevel=2)
+        return []
+    variants = list(pd.unique(table["variant"]))
+    sizes = list(pd.unique(table["size"]))  # ordered by parameters (lr_optima)
+    cmap = plt.get_cmap("viridis")
+    size_col = {s: cmap(0.1 + 0.8 * i / max(len(sizes) - 1, 1)) for i, s in enumerate(sizes)}
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.6 * len(variants) + 0.4, 3.9), squeeze=False, sharey=True)
+    finite = runs.loc[np.isfinite(runs["val_loss"]), "val_loss"]
+    y_lo, y_hi = float(finite.min()), float(finite.max())
+    pad = 0.06 * max(y_hi - y_lo, 1e-3)
+    for ax, v in zip(axes[0], variants):
+        for s in sizes:
+            row = table[(table["variant"] == v) & (table["size"] == s)]
+            if row.empty:
+                continue
+            r = row.iloc[0]
+            col = size_col[s]
+            grid = np.asarray(r["grid"], float)
+            mean = np.array([np.nan if m is None else m for m in r["mean_loss"]], float)
+            ax.plot(grid, mean, "-o", color=col, ms=3.5, lw=1.3, label=s)
+            d = runs[(runs["variant"] == v) & (runs["size"] == s)]
+            ok = d[np.isfinite(d["val_loss"])]
+            ax.scatter(ok["lr"], ok["val_loss"], s=9, color=col, alpha=0.35, lw=0)
+            div = d[~np.isfinite(d["val_loss"])]
+            if len(div):
+                ax.scatter(div["lr"], np.full(len(div), y_hi + pad), marker="x", s=28, color=col, lw=1.2, clip_on=False)
+            if np.isfinite(r["lr"]):
+                lo, hi = r["ci95"]
+                xerr = None if not (np.isfinite(lo) and np.isfinite(hi)) else [[r["lr"] - lo], [hi - r["lr"]]]
+                ax.errorbar([r["lr"]], [r["loss_at_optimum"]], xerr=xerr, fmt="*", ms=11, color=col, mec="black",
+                            mew=0.6, capsize=3, lw=1.2, zorder=5)  # fmt: skip
+                if r["on_edge"]:
+                    ax.annotate("edge", (r["lr"], r["loss_at_optimum"]), textcoords="offset points", xytext=(0, -13),
+                                ha="center", fontsize=7.5, color="red")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlabel("Peak learning rate")
+        ax.set_title(label_of(v, labels))
+        ax.set_ylim(y_lo - pad, y_hi + 2 * pad)
+    axes[0][0].set_ylabel("Validation loss")
+    axes[0][-1].legend(title="size", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.suptitle("Learning-rate tuning: mean loss per grid point, tuned optimum (star) with 95% interval; × diverged",
+                 fontsize=9.5)  # fmt: skip
+    fig.tight_layout()
+    return save(fig, stem)

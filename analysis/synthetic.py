@@ -248,3 +248,38 @@ def write_study(
     path = out / "results.csv"
     df.to_csv(path, index=False)
     return path
+
+
+def synthetic_lr_study(
+    optima: dict[tuple[str, str], float],
+    grid: tuple[float, ...] | list[float] = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2),
+    *,
+    seeds: tuple[int, ...] | list[int] = (0,),
+    curvature: float = 0.05,
+    skew: float = 0.02,
+    sigma: float = 0.0,
+    diverge_above: float | None = None,
+    study: str = "cpu_lr",
+    rng: int | np.random.Generator = 0,
+) -> pd.DataFrame:
+    """An LR-study results table with known optima: ``optima[(size, variant)] = lr*``, and at every grid lr
+
+        L = L0(size) + curvature * u^2 + skew * max(u, 0)^3 + N(0, sigma^2),   u = ln(lr / lr*),
+
+    (skew > 0 steepens the high-lr side, as real curves do). Runs above ``diverge_above`` are recorded diverged."""
+    rng = np.random.default_rng(rng)
+    by_name = {s[0]: s for s in SIZES}
+    rows = []
+    for (size, variant), lr_star in optima.items():
+        name, n_layers, d_model, n_heads = by_name[size]
+        L0 = 2.4 - 0.1 * list(by_name).index(size)
+        for lr in grid:
+            for seed in seeds:
+                u = math.log(lr / lr_star)
+                L = L0 + curvature * u * u + skew * max(u, 0.0) ** 3 + sigma * rng.standard_normal()
+                rec = _record(variant, size, seed, n_layers, d_model, n_heads, 1e-5, L, study)
+                rec.update(lr=lr, run_id=f"{rec['run_id']}-lr{lr:g}")
+                if diverge_above is not None and lr > diverge_above:
+                    rec.update(status="diverged", val_loss=None, error="DivergedError: training loss is nan")
+                rows.append(rec)
+    return pd.DataFrame(rows)
