@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--seed-rho", type=float, default=0.0, help="share of seed noise common to both arms of a cell (default: 0)")
     f.add_argument("--form", default="auto", choices=["auto", "saturating", "power_law"],
                    help="joint-fit form: auto = E + A C^-alpha, falling back to E = 0 when E hits a bound")  # fmt: skip
+    f.add_argument("--outliers", default="keep", choices=["keep", "exclude"],
+                   help="runs the outlier rule flags: keep them in the fit (default; the fit without them is reported too) or exclude them")  # fmt: skip
     f.add_argument("--skip-incomplete", action="store_true", help="skip (with a warning) variants with fewer than 3 sizes instead of failing")
     f.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
 
@@ -81,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 df, args.out, baseline=args.baseline, study=args.study, compute=args.compute, B=args.bootstrap,
                 seed=args.seed, bootstrap_mode=args.bootstrap_mode, seed_sigma=args.seed_sigma, seed_rho=args.seed_rho,
                 form=args.form, skip_incomplete=args.skip_incomplete, make_figures=not args.no_figures,
+                outliers=args.outliers,
             )  # fmt: skip
             for v, m in doc["multipliers"].items():
                 lo, hi = m["m_ci95"]

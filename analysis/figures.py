@@ -43,7 +43,13 @@ plt.rcParams.update({
 })  # fmt: skip
 
 
+OWN_LR = "@own_lr"  # analysis.report.OWN_LR: an arm trained at its own tuned lr
+
+
 def color_of(variant: str, order: list[str] | None = None) -> str:
+    if variant.endswith(OWN_LR) and variant[: -len(OWN_LR)] in COLORS:  # the same hue, darker
+        r, g, b = matplotlib.colors.to_rgb(COLORS[variant[: -len(OWN_LR)]])
+        return matplotlib.colors.to_hex((0.55 * r, 0.55 * g, 0.55 * b))
     if variant in COLORS:
         return COLORS[variant]
     i = (order.index(variant) if order and variant in order else zlib.crc32(variant.encode())) % len(_FALLBACK)
@@ -51,6 +57,8 @@ def color_of(variant: str, order: list[str] | None = None) -> str:
 
 
 def label_of(variant: str, labels: dict[str, str] | None = None) -> str:
+    if variant.endswith(OWN_LR) and not (labels or {}).get(variant):
+        return label_of(variant[: -len(OWN_LR)], labels) + " (own lr)"
     return (labels or {}).get(variant) or LABELS.get(variant, variant)
 
 
@@ -120,12 +128,18 @@ def scaling_figure(
         fig, ax = plt.subplots(figsize=(6.6, 4.5))
         ax2 = None
     grid = np.geomspace(lo, hi, 200)
+    flagged_labelled = False
     for v in variants:
         f = fits[v]
         law = PowerLaw(f["A"], f["alpha"])
         col = color_of(v, variants)
         d = df[df["variant"] == v]
         ax.scatter(d[compute], d["val_loss"], s=12, color=col, alpha=0.45, lw=0, zorder=3)
+        if "flags" in d.columns and (d["flags"] != "").any():  # the outlier rule's flagged runs: a red ring
+            odd = d[d["flags"] != ""]
+            ax.scatter(odd[compute], odd["val_loss"], s=70, facecolors="none", edgecolors="red", lw=1.2, zorder=6,
+                       label=None if flagged_labelled else "flagged run (outlier rule)")
+            flagged_labelled = True
         means = d.groupby("size")[[compute, "val_loss"]].mean()
         ax.scatter(means[compute], means["val_loss"], s=34, color=col, edgecolor="white", lw=0.7, zorder=4)
         ax.plot(grid, law.loss(grid), color=col, lw=1.5, zorder=2,

@@ -30,6 +30,7 @@ def run_fit(
     form: str = "auto",
     skip_incomplete: bool = False,
     make_figures: bool = True,
+    outliers: str = "keep",
 ) -> dict[str, Any]:
     """Fit one results table and write everything under ``out``; returns the fit.json document."""
     out = Path(out)
@@ -40,13 +41,15 @@ def run_fit(
     if ladder.empty:
         warnings.warn("no scaling-ladder runs: only block-size / ablation / arch-grid outputs are written", AnalysisWarning, stacklevel=2)
         doc: dict[str, Any] = {"schema_version": 1, "source": df.attrs.get("source"), "baseline": baseline, "compute": compute,
-                               "excluded_runs": excluded, "variants": {}, "multipliers": {}, "losses": [], "sizes": []}  # fmt: skip
+                               "excluded_runs": excluded, "variants": {}, "multipliers": {}, "losses": [], "sizes": [],
+                               "protocols": {}}  # fmt: skip
     else:
         doc = analyse_scaling(
             ladder, baseline=baseline, compute=compute, B=B, seed=seed, bootstrap_mode=bootstrap_mode,
             seed_sigma=seed_sigma, seed_rho=seed_rho, form=form, skip_incomplete=skip_incomplete,
-            excluded=excluded, source=df.attrs.get("source"), study=study,
+            excluded=excluded, source=df.attrs.get("source"), study=study, outliers=outliers, base_dir=base_dir,
         )  # fmt: skip
+        ladder = doc.pop("_frame")
     sweep = block_size_sweep(completed, baseline)
     ablations = ablation_table(completed, baseline)
     arch = arch_grid_table(completed, baseline)

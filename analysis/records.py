@@ -23,9 +23,10 @@ SCHEMA_COLUMNS = (
     "block_size", "n_blocks", "seq_len", "batch_size", "params", "params_non_embedding", "tokens",
     "flops_per_token", "flops", "pflops_days", "flops_6nd", "pflops_days_6nd", "val_loss", "train_loss", "steps",
     "lr", "wall_time_s", "git_commit", "config_hash", "run_dir", "error", "started_at", "finished_at",
-    "flops_budget", "d_over_lb", "heads_over_lb",
+    "flops_budget", "d_over_lb", "heads_over_lb", "lr_protocol", "health",
 )  # fmt: skip
-_STR_COLUMNS = ("run_id", "study", "variant", "residual", "size", "status", "git_commit", "config_hash", "run_dir", "error")
+_STR_COLUMNS = ("run_id", "study", "variant", "residual", "size", "status", "git_commit", "config_hash", "run_dir", "error",
+                "lr_protocol", "health")
 # Studies that are not compute ladders: they are summarised as a sweep / table, never fitted as a scaling law.
 NON_SCALING_STUDIES = ("block_size", "ablations", "arch_grid")
 

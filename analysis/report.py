@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from . import bootstrap as bs
+from . import health
 from .fit import HUBER_DELTA, PowerLaw, arm_slopes_batch, fit_joint, fit_joint_batch, fit_power_law, multiplier_curve, wls_line
 from .records import AnalysisWarning, size_order
 
@@ -104,8 +105,12 @@ def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str
 
 
 def _pair_fit(
-    df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str, delta: float
+    df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str, delta: float,
+    draws: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
+    """The multiplier of ``variant`` vs ``baseline`` with its intervals. ``draws`` = (L, W) replicates of the rows
+    [baseline runs, variant runs] in that order (default: drawn here from the pair's own random stream); the
+    replicates of m are returned under ``_m_boot`` (not part of fit.json)."""
     d = pd.concat([df[df["variant"] == baseline], df[df["variant"] == variant]], ignore_index=True)
     C = d[compute].to_numpy(float)
     L = d["val_loss"].to_numpy(float)
@@ -133,7 +138,7 @@ def _pair_fit(
     geo_point = float(np.exp(np.mean(np.log(list(per_size_point.values())))))
 
     # --- bootstrap -----------------------------------------------------------------------------------------
-    Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "pair:" + variant))
+    Ls, Ws = draws if draws is not None else bs.draw(d, plan, bs.rng_for(plan, "pair:" + variant))
     Ls = np.maximum(Ls, 1e-9)
     jb = _chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, joint.form, delta), plan.B, Ls, Ws)
     lnC = np.log(C)
@@ -203,7 +208,116 @@ def _pair_fit(
         "per_size_geomean": geo_point,
         "per_size_geomean_ci95": bs.interval(geo_point, geo_boot, plan, log=True),
         "bootstrap_failed": int((~finite_m).sum()),
+        "_m_boot": jb["m"],
     }
+
+
+OWN_LR = "@own_lr"  # arm-name suffix of runs trained at their own tuned lr (lr_protocol=per_arm)
+
+
+def split_lr_protocols(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Runs of a non-baseline variant trained with ``lr_protocol=per_arm`` become the arm ``<variant>@own_lr``;
+    everything else keeps its variant name (the baseline's lr is the same under both protocols)."""
+    if "lr_protocol" not in df.columns:
+        return df
+    own = (df["lr_protocol"].astype(str) == "per_arm") & (df["variant"] != baseline)
+    if not own.any():
+        return df
+    df = df.copy()
+    df.loc[own, "variant"] = df.loc[own, "variant"].astype(str) + OWN_LR
+    return df
+
+
+def flag_runs(df: pd.DataFrame, base_dir: str | None = None) -> tuple[pd.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The outlier rule (analysis.health) on completed runs: adds a ``flags`` column (comma-separated, "" when
+    clean) and returns (df, flagged runs, cells whose seeds disagree beyond health.CELL_SD_BOUND).
+
+    Curve flags come from the record's ``health`` column, or from the run's metrics.csv for records that predate
+    it; ``off_mates`` compares each run with its (variant, size) cell."""
+    from .records import resolve_run_dir
+
+    df = df.copy()
+    flags: list[list[str]] = []
+    for _, row in df.iterrows():
+        h = str(row.get("health", "") or "")
+        if h and h != "nan":
+            flags.append([f for f in h.split(",") if f and f != "ok"])
+            continue
+        run_dir = resolve_run_dir(row, base_dir)
+        path = run_dir / "metrics.csv" if run_dir is not None else None
+        if path is None or not path.is_file():
+            flags.append([])
+            continue
+        m = pd.read_csv(path)
+        val = m.dropna(subset=["val_loss"]) if "val_loss" in m else m.iloc[0:0]
+        total = float(row.get("steps") or (m["step"].max() if len(m) else 0))
+        flags.append(health.curve_flags(m["step"], m.get("train_loss", [None] * len(m)), val["step"], val["val_loss"], total))
+    cells = {k: g for k, g in df.groupby(["variant", "size"], sort=False)}
+    sigma = health.pooled_seed_sd([g["val_loss"].to_numpy(float) for g in cells.values()])
+    index = {idx: i for i, idx in enumerate(df.index)}
+    disagree = []
+    for (variant, size), g in cells.items():
+        for idx, off in zip(g.index, health.off_seed_mates(g["val_loss"].to_numpy(float), sigma)):
+            if off:
+                flags[index[idx]].append("off_mates")
+        if len(g) >= 2:
+            sd = float(g["val_loss"].std(ddof=1))
+            if sd > health.CELL_SD_BOUND:
+                disagree.append({"variant": variant, "size": size, "sd": sd, "n_runs": int(len(g)),
+                                 "val_losses": [float(v) for v in g["val_loss"]], "bound": health.CELL_SD_BOUND})  # fmt: skip
+    df["flags"] = [",".join(f) for f in flags]
+    flagged = [{"run_id": r["run_id"], "variant": r["variant"], "size": r["size"], "seed": r["seed"],
+                "val_loss": float(r["val_loss"]), "flags": r["flags"]} for _, r in df[df["flags"] != ""].iterrows()]  # fmt: skip
+    for f in flagged:
+        warnings.warn(f"outlier rule: {f['run_id']} ({f['variant']}/{f['size']}/seed {f['seed']}, val loss "
+                      f"{f['val_loss']:.4f}) is flagged {f['flags']}; kept in the fit and marked (docs/analysis.md)",
+                      AnalysisWarning, stacklevel=2)  # fmt: skip
+    for c in disagree:
+        warnings.warn(f"seeds disagree: {c['variant']} at {c['size']} has seed sd {c['sd']:.4f} > {c['bound']} nats "
+                      f"({', '.join(f'{v:.4f}' for v in c['val_losses'])})", AnalysisWarning, stacklevel=2)  # fmt: skip
+    return df, flagged, disagree
+
+
+def _paired_deltas(df: pd.DataFrame, variants: list[str], baseline: str, compute: str) -> list[dict[str, Any]]:
+    """Per size and variant: the same-seed differences L_variant - L_baseline, their mean and sd."""
+    rows = []
+    base = df[df["variant"] == baseline].groupby(["size", "seed"])["val_loss"].mean()
+    for size in size_order(df, compute):
+        for v in variants:
+            if v == baseline:
+                continue
+            d = df[(df["variant"] == v) & (df["size"] == size)].groupby("seed")["val_loss"].mean()
+            diffs = [float(d[sd] - base[(size, sd)]) for sd in d.index if (size, sd) in base.index]
+            if diffs:
+                rows.append({"size": size, "variant": v, "n_pairs": len(diffs), "mean": float(np.mean(diffs)),
+                             "sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None, "diffs": diffs})  # fmt: skip
+    return rows
+
+
+def _protocol_comparison(df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str,
+                         delta: float) -> dict[str, Any]:  # fmt: skip
+    """m of ``variant`` at the baseline's lr (the paper's protocol) and at its own tuned lr, both from the same
+    bootstrap replicates (cells drawn once for all three arms), and their ratio own / shared with its interval."""
+    own = variant + OWN_LR
+    u = pd.concat([df[df["variant"] == baseline], df[df["variant"] == variant], df[df["variant"] == own]], ignore_index=True)
+    Lu, Wu = bs.draw(u, plan, bs.rng_for(plan, "protocols:" + variant))
+    nb, nv = int((u["variant"] == baseline).sum()), int((u["variant"] == variant).sum())
+    idx_shared = np.r_[np.arange(nb), nb + np.arange(nv)]
+    idx_own = np.r_[np.arange(nb), nb + nv + np.arange(len(u) - nb - nv)]
+    shared = _pair_fit(df, baseline, variant, plan, compute, form, delta, draws=(Lu[:, idx_shared], Wu[:, idx_shared]))
+    mine = _pair_fit(df, baseline, own, plan, compute, form, delta, draws=(Lu[:, idx_own], Wu[:, idx_own]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio_boot = mine["_m_boot"] / shared["_m_boot"]
+    ratio = mine["m"] / shared["m"]
+    return {
+        "shared_lr": {"m": shared["m"], "m_ci95": shared["m_ci95"], "p_m_le_1": shared["p_m_le_1"]},
+        "own_lr": {"m": mine["m"], "m_ci95": mine["m_ci95"], "p_m_le_1": mine["p_m_le_1"]},
+        "ratio_own_over_shared": ratio,
+        "ratio_ci95": bs.interval(ratio, ratio_boot, plan, log=True),
+    }
+
+
+OUTLIER_MODES = ("keep", "exclude")
 
 
 def analyse_scaling(
@@ -222,11 +336,28 @@ def analyse_scaling(
     excluded: list[dict[str, Any]] | None = None,
     source: str | None = None,
     study: str | None = None,
+    outliers: str = "keep",
+    base_dir: str | None = None,
 ) -> dict[str, Any]:
     """Fit every variant of one compute ladder and compare each to the baseline; returns the fit.json document.
 
     ``df`` holds completed runs of one scaling study (see records.select_completed / records.scaling_runs).
+    Runs trained with ``lr_protocol=per_arm`` form the arm ``<variant>@own_lr`` (:func:`split_lr_protocols`);
+    a variant present under both protocols also gets ``protocols[variant]``: both multipliers and their ratio.
+    The outlier rule flags runs (:func:`flag_runs`); ``outliers="keep"`` fits them (and adds the fit without them
+    as ``without_flagged``), ``"exclude"`` leaves them out and lists them under ``excluded_runs``.
     """
+    if outliers not in OUTLIER_MODES + ("ignore",):
+        raise ValueError(f"outliers={outliers!r}; allowed values: {', '.join(OUTLIER_MODES)}")
+    df = split_lr_protocols(df, baseline)
+    excluded = list(excluded or [])
+    flagged: list[dict[str, Any]] = []
+    disagree: list[dict[str, Any]] = []
+    if outliers != "ignore":
+        df, flagged, disagree = flag_runs(df, base_dir)
+    if outliers == "exclude" and flagged:
+        excluded += [{**f, "status": "completed", "reason": f"outlier rule: {f['flags']}"} for f in flagged]
+        df = df[df["flags"] == ""].reset_index(drop=True)
     variants = check_ladder(df, baseline, skip_incomplete)
     df = df[df["variant"].isin(variants)].reset_index(drop=True)
     plan = bs.plan_resampling(
@@ -245,17 +376,39 @@ def analyse_scaling(
         "compute_units": "PFLOP/s-days",
         "n_runs": int(len(df)),
         "sizes": size_order(df, compute),
-        "excluded_runs": excluded or [],
+        "excluded_runs": excluded,
         "bootstrap": plan.to_dict() | {"ci_level": bs.CI_LEVEL, "interval": "percentile"},
         "variants": {},
         "multipliers": {},
         "losses": _loss_table(df, variants, baseline, compute),
-    }
+        "paired_deltas": _paired_deltas(df, variants, baseline, compute),
+        "outliers": {"mode": outliers, "flagged": flagged, "cells_disagreeing": disagree,
+                     "rule": {"spike_ratio": health.SPIKE_RATIO, "val_rise": health.VAL_RISE,
+                              "plateau_gain": health.PLATEAU_GAIN, "off_mates_sigmas": health.OFF_MATES_SIGMAS,
+                              "off_mates_floor": health.OFF_MATES_FLOOR, "cell_sd_bound": health.CELL_SD_BOUND}},
+        "protocols": {},
+    }  # fmt: skip
     for v in variants:
         out["variants"][v] = _variant_fit(df[df["variant"] == v], v, plan, compute)
     for v in variants:
         if v != baseline:
-            out["multipliers"][v] = _pair_fit(df, baseline, v, plan, compute, form, delta)
+            fit = _pair_fit(df, baseline, v, plan, compute, form, delta)
+            fit.pop("_m_boot")
+            out["multipliers"][v] = fit
+    for v in variants:
+        if v != baseline and v + OWN_LR in variants:
+            out["protocols"][v] = _protocol_comparison(df, baseline, v, plan, compute, form, delta)
+    if outliers == "keep" and flagged:
+        clean = df[df["flags"] == ""].reset_index(drop=True)
+        try:
+            sub = analyse_scaling(clean, baseline=baseline, compute=compute, B=B, seed=seed, bootstrap_mode=bootstrap_mode,
+                                  seed_sigma=seed_sigma, seed_rho=seed_rho, form=form, delta=delta, skip_incomplete=True,
+                                  outliers="ignore")  # fmt: skip
+            out["without_flagged"] = {v: {"m": m["m"], "m_ci95": m["m_ci95"], "p_m_le_1": m["p_m_le_1"]}
+                                      for v, m in sub["multipliers"].items()}  # fmt: skip
+        except ValueError as e:  # too few runs left to fit
+            out["without_flagged"] = {"error": str(e)}
+    out["_frame"] = df  # the runs as analysed (arms, flags) for the figures; not part of fit.json
     return out
 
 
@@ -578,6 +731,49 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
         else:
             how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
         lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
+    if doc.get("paired_deltas"):
+        lines += [f"## Paired differences vs {base} (same seed: same initialisation and data order)", ""]
+        lines += ["| size | variant | pairs | mean Δ | sd of Δ | Δ per seed |", "|---|---|---|---|---|---|"]
+        for r in doc["paired_deltas"]:
+            lines.append(f"| {r['size']} | {r['variant']} | {r['n_pairs']} | {r['mean']:+.4f} | {_fmt(r['sd'], 3)} | "
+                         + ", ".join(f"{x:+.4f}" for x in r["diffs"]) + " |")  # fmt: skip
+        lines.append("")
+    if doc.get("protocols"):
+        lines += ["## Learning-rate protocols", "",
+                  "Shared lr: every arm at the baseline's tuned lr (the paper's protocol). Own lr: each arm at its own "
+                  "tuned lr. Both multipliers come from the same bootstrap replicates, so their ratio has its own interval.",
+                  "", "| variant | m, shared lr [95% CI] | m, own lr [95% CI] | own / shared [95% CI] |", "|---|---|---|---|"]  # fmt: skip
+        for v, p in doc["protocols"].items():
+            lines.append(f"| {v} | {p['shared_lr']['m']:.3f}× {_ci(p['shared_lr']['m_ci95'])} | "
+                         f"{p['own_lr']['m']:.3f}× {_ci(p['own_lr']['m_ci95'])} | "
+                         f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])} |")  # fmt: skip
+        lines.append("")
+    o = doc.get("outliers") or {}
+    if o:
+        rule = o["rule"]
+        lines += ["## Outlier rule", ""]
+        lines += [f"A run is flagged when its training loss spikes (a logged value > {rule['spike_ratio']}× the median of "
+                  f"the 10 before it, or an evaluation > {100 * rule['val_rise']:g}% above the best earlier one, after the "
+                  f"first 10% of training), when it plateaus (val loss better by < {100 * rule['plateau_gain']:g}% over the "
+                  f"second half), or when its final loss is > {rule['off_mates_sigmas']:g} pooled seed sds and "
+                  f"> {rule['off_mates_floor']} nats off its cell's median. Cells whose seed sd exceeds "
+                  f"{rule['cell_sd_bound']} nats are listed. Mode: **{o['mode']}** flagged runs.", ""]  # fmt: skip
+        if o.get("flagged"):
+            lines += [f"- `{f['run_id']}` ({f['variant']}/{f['size']}/seed {f['seed']}): val loss {f['val_loss']:.4f}, "
+                      f"flags {f['flags']}" for f in o["flagged"]]  # fmt: skip
+        else:
+            lines.append("- No run is flagged.")
+        for c in o.get("cells_disagreeing", []):
+            lines.append(f"- Seeds disagree: {c['variant']} at {c['size']}, sd {c['sd']:.4f} > {c['bound']} "
+                         f"({', '.join(f'{x:.4f}' for x in c['val_losses'])}).")  # fmt: skip
+        wf = doc.get("without_flagged")
+        if wf:
+            if "error" in wf:
+                lines.append(f"- Without the flagged runs the ladder cannot be fitted: {wf['error']}")
+            else:
+                lines.append("- Without the flagged runs: " + "; ".join(
+                    f"{v} m = {m['m']:.3f}× {_ci(m['m_ci95'])}" for v, m in wf.items()) + ".")  # fmt: skip
+        lines.append("")
     if doc.get("excluded_runs"):
         lines += ["## Excluded runs", ""]
         lines += [f"- `{e['run_id']}` ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in doc["excluded_runs"]]

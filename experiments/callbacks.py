@@ -119,6 +119,15 @@ class RunRecorder(pl.Callback):
     def wall_time_s(self) -> float:
         return self.prior_wall_s + (time.time() - self.session_start)
 
+    def health_flags(self, total_steps: int) -> list[str]:
+        """The outlier rule's curve flags of this run so far (analysis.health: spike, plateau)."""
+        from analysis.health import curve_flags
+
+        rows = [self.rows[s] for s in sorted(self.rows)]
+        return curve_flags([r["step"] for r in rows], [r.get("train_loss") for r in rows],
+                           [r["step"] for r in rows if r.get("val_loss") is not None],
+                           [r["val_loss"] for r in rows if r.get("val_loss") is not None], total_steps)  # fmt: skip
+
     @property
     def last_train_loss(self) -> float | None:
         for step in sorted(self.rows, reverse=True):

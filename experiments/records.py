@@ -28,7 +28,7 @@ COLUMNS: tuple[str, ...] = (
     "block_size", "n_blocks", "seq_len", "batch_size", "params", "params_non_embedding", "tokens",
     "flops_per_token", "flops", "pflops_days", "flops_6nd", "pflops_days_6nd", "val_loss", "train_loss", "steps",
     "lr", "wall_time_s", "git_commit", "config_hash", "run_dir", "error", "started_at", "finished_at",
-    "flops_budget", "d_over_lb", "heads_over_lb",
+    "flops_budget", "d_over_lb", "heads_over_lb", "lr_protocol", "health",
 )  # fmt: skip
 STATUSES = ("completed", "failed", "diverged")
 RESULTS_TABLE = "results.csv"

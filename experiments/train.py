@@ -35,35 +35,18 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from . import records
-from .sizes import ARCH_SHAPE_FIELDS, derive_arch_shape, steps_for, steps_for_budget
+from . import records, resolvers
+from .sizes import steps_for, steps_for_budget
 
-# Before @hydra.main resolves hydra.run.dir: "_pid<pid>" keeps concurrent launches' Hydra dirs apart.
-if not OmegaConf.has_resolver("attnres_pid"):
-    OmegaConf.register_new_resolver("attnres_pid", lambda: os.getpid(), use_cache=True)
-# ${attnres_scale:${size.tokens},0.25} -> int: budgets scaled by a factor (the quick sweep's short runs).
-if not OmegaConf.has_resolver("attnres_scale"):
-    OmegaConf.register_new_resolver("attnres_scale", lambda value, factor: int(round(float(value) * float(factor))))
-
-
-def _arch_field(field: str, target_params: float, d_over_lb: float, heads_over_lb: float, head_dim: int,
-                ff_ratio: float, d_multiple: int, ff_multiple: int) -> int:
-    if field not in ARCH_SHAPE_FIELDS:
-        raise ValueError(f"attnres_arch: unknown field {field!r}; allowed values: {', '.join(ARCH_SHAPE_FIELDS)}")
-    shape = derive_arch_shape(target_params, d_over_lb, heads_over_lb, head_dim, ff_ratio, d_multiple, ff_multiple)
-    return int(getattr(shape, field))
-
-
-# ${attnres_arch:n_layers,<N>,<d/L_b>,<H/L_b>,<head_dim>,<d_ff/d>,<d multiple>,<d_ff multiple>} -> int: one field
-# of the shape derived from those targets (experiments.sizes.derive_arch_shape; conf/size/paper_arch.yaml).
-if not OmegaConf.has_resolver("attnres_arch"):
-    OmegaConf.register_new_resolver("attnres_arch", _arch_field)
+# Before @hydra.main composes: the attnres_* resolvers the configs use (hydra.run.dir, derived sizes, tuned lr).
+resolvers.register()
 
 # Keys that do not change a run's results: where files go, what mirrors them, how/where it runs. Everything
 # else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
 # is part of the run's identity.
 HASH_EXCLUDE = (
     "paths", "logger", "callbacks", "hydra", "run_id", "study", "project", "tags", "threads", "force", "fault",
+    "tuned_lr",
     "activation_checkpointing", "train.log_every",
     "data.num_workers", "data.cache_dir",
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
@@ -73,6 +56,9 @@ HASH_EXCLUDE = (
 # Settings added after runs were recorded: left out of the hash while unset (null), so that every run recorded
 # before they existed keeps its config_hash (and is still found completed on relaunch).
 HASH_DROP_IF_NULL = ("train.flops_budget",)
+# Likewise left out while they hold their default: lr_protocol=baseline is what every run did before it existed
+# (the resolved lr itself is always in the hash).
+HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"),)
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "single_device")
@@ -236,6 +222,9 @@ def identity_config(container: dict[str, Any]) -> dict[str, Any]:
         node = ident.get(parent) if parent else ident
         if isinstance(node, dict) and leaf in node and node[leaf] is None:
             del node[leaf]
+    for key, default in HASH_DROP_IF_DEFAULT:
+        if ident.get(key) == default:
+            del ident[key]
     return ident
 
 
@@ -300,6 +289,7 @@ class _Run:
             started_at=self.started_at, finished_at=records.utc_now(), wall_time_s=round(time.time() - self.t0, 3),
             flops_budget=_float_or_none(cfg.train.get("flops_budget")),
             d_over_lb=_float_or_none(cfg.size.get("d_over_lb")), heads_over_lb=_float_or_none(cfg.size.get("heads_over_lb")),
+            lr_protocol=str(cfg.get("lr_protocol") or ""),
         )
         if mc is not None:
             import torch
@@ -330,6 +320,8 @@ class _Run:
             ev = self.recorder.last_eval
             if status == "completed" and ev is not None and ev["step"] == rec.get("steps"):
                 rec["val_loss"] = ev["val_loss"]
+            if status == "completed":
+                rec["health"] = ",".join(self.recorder.health_flags(self.steps_total or rec.get("steps") or 0)) or "ok"
         return records.make_record(**rec)
 
     def write(self, record: dict[str, Any]) -> None:

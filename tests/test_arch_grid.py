@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose
-from experiments import train as T
+from experiments import resolvers, train as T
 from experiments.sizes import (ArchShape, baseline_non_embedding, derive_arch_shape, steps_for, steps_for_budget,
                                sweep_cells)
 
@@ -95,7 +95,7 @@ def test_derivation_rejects_bad_targets():
     with pytest.raises(ValueError, match=r"size\.head_dim=0 must be a positive integer"):
         derive_arch_shape(1e6, 4, 0.5, 0, 4.0)
     with pytest.raises(ValueError, match=r"attnres_arch: unknown field 'width'; allowed values: n_layers"):
-        T._arch_field("width", 1e6, 4, 0.5, 16, 4.0, 2, 4)
+        resolvers._arch_field("width", 1e6, 4, 0.5, 16, 4.0, 2, 4)
 
 
 def test_paper_arch_constants_follow_their_stated_rules():

@@ -1,0 +1,77 @@
+"""The OmegaConf resolvers the configs use, registered explicitly by :func:`register` (idempotent).
+
+``experiments.train`` calls it at import, before ``@hydra.main`` composes a config; anything else that composes
+the configs (tests, the bench, ``experiments.sizes``) calls it too.
+
+* ``${attnres_pid:}`` -- this process's id (keeps concurrent launches' Hydra directories apart);
+* ``${attnres_scale:<value>,<factor>}`` -- an int budget scaled by a factor (the quick study's short runs);
+* ``${attnres_arch:<field>,<N>,<d/L_b>,<H/L_b>,<head_dim>,<d_ff/d>,<d multiple>,<d_ff multiple>}`` -- one field of
+  a derived shape (experiments.sizes.derive_arch_shape; conf/size/paper_arch.yaml);
+* ``${attnres_lr:<size name>}`` -- the tuned peak learning rate of this run, from the generated table
+  ``tuned_lr`` (conf/tuned_lr/*.yaml, written by ``python -m analysis lr``) under ``lr_protocol``:
+  ``baseline`` gives every arm the baseline's tuned lr (the paper's protocol), ``per_arm`` each arm its own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .sizes import ARCH_SHAPE_FIELDS, derive_arch_shape
+
+LR_PROTOCOLS = ("baseline", "per_arm")
+BASELINE_VARIANT = "baseline"
+
+
+def _arch_field(field: str, target_params: float, d_over_lb: float, heads_over_lb: float, head_dim: int,
+                ff_ratio: float, d_multiple: int, ff_multiple: int) -> int:  # fmt: skip
+    if field not in ARCH_SHAPE_FIELDS:
+        raise ValueError(f"attnres_arch: unknown field {field!r}; allowed values: {', '.join(ARCH_SHAPE_FIELDS)}")
+    shape = derive_arch_shape(target_params, d_over_lb, heads_over_lb, head_dim, ff_ratio, d_multiple, ff_multiple)
+    return int(getattr(shape, field))
+
+
+def tuned_lr(table: Any, size: str, variant: str, protocol: str) -> float:
+    """The peak lr of ``variant`` at ``size`` under ``protocol`` from a generated table (``lr[variant][size]``).
+
+    Errors name the key to change and what the table holds."""
+    if protocol not in LR_PROTOCOLS:
+        raise ValueError(f"lr_protocol={protocol!r}; allowed values: {', '.join(LR_PROTOCOLS)}")
+    source = ""
+    if isinstance(table, DictConfig):
+        prov = table.get("provenance") or {}
+        source = f" (tuned_lr from {prov.get('source') or prov.get('study') or 'conf/tuned_lr'})"
+    lrs = (table.get("lr") if table is not None else None) or {}
+    arm = BASELINE_VARIANT if protocol == "baseline" else variant
+    if arm not in lrs:
+        hint = ("run the LR study for every arm (python -m sweeps.study lr --arms all) or use lr_protocol=baseline"
+                if protocol == "per_arm" else "run the LR study (python -m sweeps.study lr)")  # fmt: skip
+        raise ValueError(f"lr_protocol={protocol}: no tuned lr for arm {arm!r}{source}; tuned arms: "
+                         f"{', '.join(map(str, lrs)) or 'none'}; {hint}, or set optimizer.lr=...")  # fmt: skip
+    by_size = lrs[arm]
+    if size not in by_size:
+        raise ValueError(f"no tuned lr for size {size!r} of arm {arm!r}{source}; tuned sizes: "
+                         f"{', '.join(map(str, by_size))}; tune it (python -m sweeps.study lr) or set optimizer.lr=...")  # fmt: skip
+    value = float(by_size[size])
+    if not value > 0:
+        raise ValueError(f"tuned lr of {arm!r} at {size!r} is {value!r}{source}; it must be > 0")
+    return value
+
+
+def _lr(size: str, *, _root_: DictConfig) -> float:
+    variant = _root_.model.get("variant")
+    return tuned_lr(_root_.get("tuned_lr"), str(size), str(variant), str(_root_.get("lr_protocol", "baseline")))
+
+
+def register() -> None:
+    """Register every attnres resolver once (later calls do nothing)."""
+    if not OmegaConf.has_resolver("attnres_pid"):
+        OmegaConf.register_new_resolver("attnres_pid", lambda: os.getpid(), use_cache=True)
+    if not OmegaConf.has_resolver("attnres_scale"):
+        OmegaConf.register_new_resolver("attnres_scale", lambda value, factor: int(round(float(value) * float(factor))))
+    if not OmegaConf.has_resolver("attnres_arch"):
+        OmegaConf.register_new_resolver("attnres_arch", _arch_field)
+    if not OmegaConf.has_resolver("attnres_lr"):
+        OmegaConf.register_new_resolver("attnres_lr", _lr)

@@ -1,0 +1,158 @@
+"""The outlier rule (analysis.health) and how the analysis reports it; the two learning-rate protocols."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import health
+from analysis.pipeline import run_fit
+from analysis.records import AnalysisWarning
+from analysis.report import OWN_LR, analyse_scaling, flag_runs
+from analysis.synthetic import synthetic_ladder
+
+TOTAL = 1000
+
+
+def _curve(rng: np.random.Generator, spike_at: int | None = None, plateau: bool = False, noise: float = 0.08):
+    """A healthy small-batch run's metrics: train loss every 10 steps (batch noise), val loss every 100."""
+    steps = np.arange(10, TOTAL + 1, 10)
+    clean = 1.7 + 2.5 * np.exp(-steps / 150) + 0.4 * (1 - steps / TOTAL)
+    if plateau:
+        clean = np.where(steps > 300, clean[steps == 300][0], clean)
+    train = clean * (1 + noise * rng.standard_normal(steps.size))
+    if spike_at is not None:
+        train[steps == spike_at] *= 2.2
+    val_steps = np.arange(100, TOTAL + 1, 100)
+    val = np.interp(val_steps, steps, clean) - 0.02
+    return steps, train, val_steps, val
+
+
+def test_clean_runs_are_not_flagged() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        assert health.curve_flags(*_curve(rng), TOTAL) == []
+
+
+def test_planted_spike_is_caught_with_its_step() -> None:
+    rng = np.random.default_rng(1)
+    assert health.curve_flags(*_curve(rng, spike_at=600), TOTAL) == ["spike@600"]
+
+
+def test_spike_during_warmup_is_not_a_spike() -> None:
+    rng = np.random.default_rng(2)
+    assert health.curve_flags(*_curve(rng, spike_at=50), TOTAL) == []
+
+
+def test_validation_rise_is_a_spike() -> None:
+    steps, train, vs, val = _curve(np.random.default_rng(3))
+    val = val.copy()
+    val[6] = val[5] * 1.05  # the eval at step 700 is 5% above the best before it
+    assert health.curve_flags(steps, train, vs, val, TOTAL) == ["spike@700"]
+
+
+def test_plateau_is_caught() -> None:
+    assert health.curve_flags(*_curve(np.random.default_rng(4), plateau=True), TOTAL) == ["plateau"]
+
+
+def test_off_seed_mates_flags_only_the_odd_run() -> None:
+    assert health.off_seed_mates([2.000, 2.004, 2.100], sigma=0.005) == [False, False, True]
+    assert health.off_seed_mates([2.000, 2.004, 2.010], sigma=0.005) == [False, False, False]
+    assert health.off_seed_mates([2.000, 2.100], sigma=0.005) == [False, False]  # two runs: no odd one
+    # the floor: a tiny pooled sd does not make 0.015 nats an outlier
+    assert health.off_seed_mates([2.000, 2.001, 2.016], sigma=0.001) == [False, False, False]
+    # robust pooled sd: one outlier cell does not inflate it
+    assert health.pooled_seed_sd([[1, 1.01, 1.0], [2, 2.01, 2.0], [3, 3.3, 3.0]]) == pytest.approx(0.0058 / 0.83, rel=0.02)
+
+
+def _ladder(seed: int = 0) -> pd.DataFrame:
+    df = synthetic_ladder({"block_attnres": 1.2}, seeds=(0, 1, 2), sigma=0.004, rho=0.7, rng=seed)
+    df["health"] = "ok"
+    return df
+
+
+def test_analysis_flags_a_planted_outlier_keeps_it_and_reports_the_fit_without_it() -> None:
+    df = _ladder()
+    hit = (df["variant"] == "baseline") & (df["size"] == "cpu_m") & (df["seed"] == 1)
+    df.loc[hit, "val_loss"] += 0.15
+    df.loc[(df["variant"] == "block_attnres") & (df["size"] == "cpu_s") & (df["seed"] == 0), "health"] = "spike@300"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        doc = analyse_scaling(df, B=200)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, AnalysisWarning)]
+    flagged = {f["run_id"]: f["flags"] for f in doc["outliers"]["flagged"]}
+    assert flagged == {df.loc[hit, "run_id"].item(): "off_mates",
+                       df.loc[(df["variant"] == "block_attnres") & (df["size"] == "cpu_s") & (df["seed"] == 0), "run_id"].item(): "spike@300"}  # fmt: skip
+    assert any("outlier rule" in m and "off_mates" in m for m in msgs)
+    assert any("seeds disagree: baseline at cpu_m" in m for m in msgs)
+    assert doc["n_runs"] == len(df)  # kept, never silently dropped
+    assert set(doc["without_flagged"]) == {"block_attnres"}
+    frame = doc["_frame"]
+    assert (frame.loc[frame["run_id"] == df.loc[hit, "run_id"].item(), "flags"] == "off_mates").all()
+    ex = analyse_scaling(df, B=200, outliers="exclude")
+    assert ex["n_runs"] == len(df) - 2 and {e["reason"] for e in ex["excluded_runs"]} == {
+        "outlier rule: off_mates", "outlier rule: spike@300"}
+
+
+def test_clean_ladder_flags_nothing() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        doc = analyse_scaling(_ladder(), B=200)
+    assert doc["outliers"]["flagged"] == [] and doc["outliers"]["cells_disagreeing"] == []
+    assert "without_flagged" not in doc
+    assert not [w for w in caught if "outlier" in str(w.message) or "disagree" in str(w.message)]
+
+
+def test_paired_deltas_per_size() -> None:
+    df = _ladder()
+    doc = analyse_scaling(df, B=100)
+    rows = {r["size"]: r for r in doc["paired_deltas"]}
+    assert list(rows) == ["cpu_xs", "cpu_s", "cpu_m", "cpu_l", "cpu_xl"]
+    for size, r in rows.items():
+        b = df[(df["variant"] == "baseline") & (df["size"] == size)].set_index("seed")["val_loss"]
+        v = df[(df["variant"] == "block_attnres") & (df["size"] == size)].set_index("seed")["val_loss"]
+        assert r["n_pairs"] == 3 and r["mean"] == pytest.approx((v - b).mean()) and r["sd"] == pytest.approx((v - b).std())
+        assert r["mean"] < 0
+
+
+def test_two_lr_protocols_give_both_multipliers_and_their_ratio(tmp_path: Path) -> None:
+    """Block at the baseline's lr (m = 1.15) and at its own lr (m = 1.30): both recovered, ratio ~1.13 with an
+    interval from the same bootstrap replicates."""
+    df = synthetic_ladder({"block_attnres": 1.15, "own": 1.30}, seeds=(0, 1, 2), sigma=0.003, rho=0.7, rng=4)
+    own = df["variant"] == "own"
+    df.loc[own, "variant"] = "block_attnres"
+    df.loc[own, "run_id"] = df.loc[own, "run_id"] + "-own"
+    df["lr_protocol"] = np.where(own, "per_arm", "baseline")
+    df["health"] = "ok"
+    df.attrs["source"] = "synthetic"
+    doc = run_fit(df, tmp_path, B=400, make_figures=True)
+    assert set(doc["multipliers"]) == {"block_attnres", "block_attnres" + OWN_LR}
+    p = doc["protocols"]["block_attnres"]
+    assert p["shared_lr"]["m"] == pytest.approx(1.15, rel=0.05) and p["own_lr"]["m"] == pytest.approx(1.30, rel=0.05)
+    lo, hi = p["ratio_ci95"]
+    assert lo < p["ratio_own_over_shared"] < hi and lo < 1.30 / 1.15 < hi and lo > 1.0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Learning-rate protocols" in summary and "own / shared" in summary
+    assert json.loads((tmp_path / "fit.json").read_text())["protocols"]["block_attnres"]["ratio_ci95"] == pytest.approx(p["ratio_ci95"])
+    assert (tmp_path / "fig4_scaling.png").is_file()
+
+
+def test_curve_flags_from_metrics_csv_for_records_without_health(tmp_path: Path) -> None:
+    df = _ladder().drop(columns=["health"])
+    row = df.index[0]
+    run_dir = tmp_path / str(df.loc[row, "run_id"])
+    run_dir.mkdir()
+    steps, train, vs, val = _curve(np.random.default_rng(5), spike_at=500)
+    m = pd.DataFrame({"step": steps, "train_loss": train, "val_loss": np.nan})
+    m.loc[m["step"].isin(vs), "val_loss"] = val
+    m.to_csv(run_dir / "metrics.csv", index=False)
+    df.loc[row, "steps"] = TOTAL
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnalysisWarning)
+        flagged_df, flagged, _ = flag_runs(df, str(tmp_path))
+    assert [f["flags"] for f in flagged] == ["spike@500"] and flagged_df.loc[row, "flags"] == "spike@500"
