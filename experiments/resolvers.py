@@ -49,11 +49,11 @@ def tuned_lr(table: Any, size: str, variant: str, protocol: str) -> float:
         hint = ("run the LR study for every arm (python -m sweeps.study lr --arms all) or use lr_protocol=baseline"
                 if protocol == "per_arm" else "run the LR study (python -m sweeps.study lr)")  # fmt: skip
         raise ValueError(f"lr_protocol={protocol}: no tuned lr for arm {arm!r}{source}; tuned arms: "
-                         f"{', '.join(map(str, lrs)) or 'none'}; {hint}, or set optimizer.lr=...")  # fmt: skip
+                         f"{', '.join(map(str, lrs)) or 'none'}; {hint}, or set size.lr=...")  # fmt: skip
     by_size = lrs[arm]
     if size not in by_size:
         raise ValueError(f"no tuned lr for size {size!r} of arm {arm!r}{source}; tuned sizes: "
-                         f"{', '.join(map(str, by_size))}; tune it (python -m sweeps.study lr) or set optimizer.lr=...")  # fmt: skip
+                         f"{', '.join(map(str, by_size))}; tune it (python -m sweeps.study lr) or set size.lr=...")  # fmt: skip
     value = float(by_size[size])
     if not value > 0:
         raise ValueError(f"tuned lr of {arm!r} at {size!r} is {value!r}{source}; it must be > 0")

@@ -30,25 +30,30 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     return sorted(jobs, key=lambda j: j.get("job_num", 0))
 
 
-def summarize(jobs: list[dict[str, Any]]) -> tuple[str, bool]:
-    """(printable summary, whether every run ended well)."""
+def summarize(jobs: list[dict[str, Any]], diverged_is_failure: bool = True) -> tuple[str, bool]:
+    """(printable summary, whether every run ended well; a diverged run counts as a failure unless told not to:
+    in an LR study the top of the grid is expected to diverge)."""
     counts = Counter(j.get("status", "failed") for j in jobs)
     lines = [f"[attnres] sweep finished: {len(jobs)} runs: "
              + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)]
     for j in jobs:
         if j.get("status") in ("failed", "diverged"):
             lines.append(f"  {j['status']:9s} {j.get('run_id', '?')}: {j.get('error', '')}")
-    ok = counts.get("failed", 0) == 0 and counts.get("diverged", 0) == 0
+    ok = counts.get("failed", 0) == 0 and (counts.get("diverged", 0) == 0 or not diverged_is_failure)
     return "\n".join(lines), ok
 
 
 class SweepSummary(Callback):
-    """Print the sweep's outcome, write ``sweep_summary.json`` and fail the process when any run failed."""
+    """Print the sweep's outcome, write ``sweep_summary.json`` and fail the process when any run failed (or
+    diverged, unless ``diverged_is_failure`` is false: ``hydra.callbacks.sweep_summary.diverged_is_failure``)."""
+
+    def __init__(self, diverged_is_failure: bool = True) -> None:
+        self.diverged_is_failure = bool(diverged_is_failure)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = collect(sweep_dir)
-        text, ok = summarize(jobs)
+        text, ok = summarize(jobs, self.diverged_is_failure)
         print(text, flush=True)
         counts = Counter(j.get("status", "failed") for j in jobs)
         (sweep_dir / "sweep_summary.json").write_text(json.dumps(

@@ -1,13 +1,18 @@
 """The main job in one command: run a study's sweep, then the analysis, and print the headline.
 
-    python -m sweeps.study            # the CPU ladder: 3 variants x 5 sizes x 3 seeds on the embedded data (~17 min)
-    python -m sweeps.study quick      # first contact: 3 variants x 3 small sizes, 1 seed (~3 min)
-    python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block x a 3 x 3 shape grid at fixed compute (~4 min)
+    python -m sweeps.study            # the CPU ladder: 3 arms x 5 sizes x 3 seeds on the embedded data, then the fit
+    python -m sweeps.study quick      # first contact: 3 arms x 3 small sizes, 1 seed, short budgets
+    python -m sweeps.study per_arm    # Full and Block AttnRes at their own tuned lr, into the CPU ladder's table:
+                                      # the fit then reports the multiplier under both lr protocols
+    python -m sweeps.study lr         # LR tuning of the CPU ladder (baseline; --arms all: every arm), then
+                                      # `python -m analysis lr`, which writes conf/tuned_lr/cpu.yaml (the sizes read it)
+    python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block AttnRes x a 3 x 3 shape grid at fixed compute
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
 
 Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,
-``summary.md``, figures) to ``<reports-root>/<study>/``. Re-running the command skips completed runs and resumes
-interrupted ones, so an interrupted study is finished by running the same command again.
+``summary.md``, figures; for ``lr``: ``lr.json``, ``lr_summary.md``, ``fig_lr.png``) to ``<reports-root>/<study>/``.
+Re-running a command skips completed runs and resumes interrupted ones, so an interrupted study is finished by
+running the same command again.
 """
 
 from __future__ import annotations
@@ -18,14 +23,32 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-# study name -> (sweep config, what it is); the seeds and everything else come from conf/sweep/<sweep>.yaml
+REPO = Path(__file__).resolve().parent.parent
+ARMS = {"default": None, "all": "baseline,full_attnres,block_attnres"}
+
+
+@dataclass(frozen=True)
+class Study:
+    sweep: str  # conf/sweep/<sweep>.yaml
+    what: str
+    overrides: tuple[str, ...] = ()  # appended to the sweep (before the user's own)
+    kind: str = "fit"  # "fit": python -m analysis fit; "lr": python -m analysis lr (and the tuned config)
+    tuned_config: str | None = None  # kind "lr": where the tuned lrs are written (relative to the repository)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
 STUDIES = {
-    "cpu": ("cpu_ladder", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_xl"),
-    "quick": ("quick", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
-    "arch": ("cpu_arch_grid", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"),
-}
+    "cpu": Study("cpu_ladder", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_xl, every arm at the baseline's tuned lr"),
+    "quick": Study("quick", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
+    "per_arm": Study("cpu_ladder", "CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
+                     overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres")),
+    "lr": Study("cpu_lr", "LR tuning of the CPU ladder (a log-spaced lr grid per size)", kind="lr",
+                tuned_config="conf/tuned_lr/cpu.yaml"),
+    "arch": Study("cpu_arch_grid", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"),
+}  # fmt: skip
 
 
 def sweep_command(sweep: str, seeds: str | None, jobs: int, runs_root: str, extra: list[str]) -> list[str]:
@@ -42,7 +65,8 @@ def sweep_command(sweep: str, seeds: str | None, jobs: int, runs_root: str, extr
 def run_streaming(cmd: list[str], log_path: Path) -> int:
     """Run a command, keep its full output in a log file and echo the lines a person wants to see."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
+    with open(log_path, "a") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert proc.stdout is not None
@@ -71,6 +95,12 @@ def headline(fit_path: Path) -> list[str]:
         lines.append(f"  {name}: compute multiplier m = {m['m']:.3f}x (95% CI {lo:.3f}-{hi:.3f}), "
                      f"P(m <= 1) = {p:.3f}" + (f", paper-form M at largest C = {m['paper_M']:.3f}x"
                                                if m.get("paper_M") is not None else ""))
+    for name, p in (fit.get("protocols") or {}).items():
+        lo, hi = p["ratio_ci95"]
+        lines.append(f"  {name}: own-lr / shared-lr multiplier = {p['ratio_own_over_shared']:.3f} (95% CI {lo:.3f}-{hi:.3f})")
+    flagged = (fit.get("outliers") or {}).get("flagged") or []
+    if flagged:
+        lines.append(f"  note: {len(flagged)} run(s) flagged by the outlier rule (kept, marked; summary.md lists them)")
     boot = fit.get("bootstrap") or {}
     if lines and boot.get("mode") == "parametric":
         seeds = sorted(set((boot.get("seeds_per_size") or {}).values()))
@@ -85,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("study", nargs="?", default="cpu", choices=sorted(STUDIES), help="which study (default: cpu)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the sweep config's)")
+    ap.add_argument("--arms", default="default", choices=sorted(ARMS),
+                    help="lr study: 'default' tunes the baseline only (the paper's protocol), 'all' every arm")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="parallel single-thread jobs (default: 2, or 1 on a 1-core machine)")
     ap.add_argument("--runs-root", default="runs", help="where run directories and results.csv go (default: runs)")
@@ -92,20 +124,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
     args = ap.parse_args(argv)
 
-    sweep, what = STUDIES[args.study]
-    cmd = sweep_command(sweep, args.seeds, args.jobs, args.runs_root, args.overrides)
-    study_name = _sweep_key(sweep, "study")
-    seeds = args.seeds or _sweep_key(sweep, "seed")
+    study = STUDIES[args.study]
+    extra = list(study.overrides)
+    if ARMS[args.arms] is not None:
+        if study.kind != "lr":
+            ap.error("--arms applies to the lr study only")
+        extra.append(f"model={ARMS[args.arms]}")
+    cmd = sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + args.overrides)
+    study_name = _sweep_key(study.sweep, "study")
+    seeds = args.seeds or _sweep_key(study.sweep, "seed")
     results = Path(args.runs_root) / study_name / "results.csv"
     report = Path(args.reports_root) / study_name
     t0 = time.time()
-    print(f"[attnres] {what}; seeds {seeds}; {args.jobs} parallel job(s)\n[attnres] $ {' '.join(cmd[1:])}", flush=True)
+    print(f"[attnres] {study.what}; seeds {seeds}; {args.jobs} parallel job(s)\n[attnres] $ {' '.join(cmd[1:])}", flush=True)
     sweep_rc = run_streaming(cmd, report / "sweep.log")
     print(f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {report / 'sweep.log'}",
           flush=True)
     if not results.is_file():
         print(f"[attnres] no results table at {results}: nothing to analyse", file=sys.stderr)
         return sweep_rc or 1
+    if study.kind == "lr":
+        tuned = REPO / study.tuned_config if study.tuned_config else None
+        fit_cmd = [sys.executable, "-m", "analysis", "lr", "--results", str(results), "--out", str(report)]
+        if tuned is not None:
+            fit_cmd += ["--write-config", str(tuned)]
+        print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)
+        fit_rc = subprocess.call(fit_cmd)
+        if fit_rc == 0:
+            print(f"[attnres] report: {report}/ (lr_summary.md, lr.json, fig_lr.png); total {time.time() - t0:.0f} s")
+            if tuned is not None:
+                print(f"[attnres] tuned lrs written to {tuned}: the ladder's sizes read them from now on")
+        return sweep_rc or fit_rc
     fit_cmd = [sys.executable, "-m", "analysis", "fit", "--results", str(results), "--out", str(report)]
     print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)
     fit_rc = subprocess.call(fit_cmd)
@@ -120,7 +169,7 @@ def _sweep_key(sweep: str, key: str) -> str:
     """`study` (top level) or a swept parameter such as `seed` of conf/sweep/<sweep>.yaml, read without Hydra."""
     import yaml
 
-    path = Path(__file__).resolve().parent.parent / "conf" / "sweep" / f"{sweep}.yaml"
+    path = REPO / "conf" / "sweep" / f"{sweep}.yaml"
     conf = yaml.safe_load(path.read_text()) or {}
     if key in conf:
         return str(conf[key])

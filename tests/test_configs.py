@@ -89,7 +89,8 @@ def test_paper_sizes_match_table2_on_meta(size):
 
 @pytest.mark.parametrize("size", PAPER_SIZES + CPU_SIZES)
 def test_size_rules(size):
-    """d_ff is the solution of the stated parameter equation; CPU token budgets are 10 x the target."""
+    """d_ff is the solution of the stated parameter equation; CPU token budgets are 5 x the target, in batches of
+    512 tokens, and every ladder size reads its lr from the generated tuned-lr table."""
     s = OmegaConf.load(CONF / "size" / f"{size}.yaml")
     attn = s.n_heads * s.head_dim
     multiple = 16 if size.startswith("paper") else 8
@@ -97,8 +98,9 @@ def test_size_rules(size):
     n = baseline_non_embedding(s.n_layers, s.d_model, attn, s.d_ff)
     assert abs(n / s.target_params - 1) < 0.02
     if size.startswith("cpu"):
-        assert s.tokens == 10 * s.target_params and s.seq_len == 128 and s.head_dim == 16
-        assert s.batch_size * s.seq_len == 4096
+        assert s.tokens == 5 * s.target_params and s.seq_len == 128 and s.head_dim == 16
+        assert s.batch_size * s.seq_len == 512
+    assert OmegaConf.to_container(s)["lr"] == "${attnres_lr:${.name}}"
 
 
 def test_cpu_ladder_is_a_geometric_depth_ladder_with_four_blocks():
@@ -120,7 +122,7 @@ def test_readme_command_composes_to_the_smallest_cpu_size_on_the_default_corpus(
     assert cfg.size.name == "cpu_xs" and cfg.data.name == "stdlib" and cfg.data.max_bytes is None
     assert cfg.model.variant == "baseline" and cfg.trainer.accelerator == "cpu"
     steps = steps_for(cfg.train.tokens, cfg.train.batch_size, cfg.train.seq_len)
-    assert steps == round(cfg.size.tokens / 4096) >= 100  # a real training run, not a smoke test
+    assert steps == round(cfg.size.tokens / 512) >= 400  # a real training run, not a smoke test
 
 
 def test_variants_share_every_hyperparameter_of_a_size():
