@@ -34,6 +34,7 @@ COLORS = {
     "denseformer": "#9467bd",
 }
 LABELS = {"baseline": "Baseline", "block_attnres": "Block AttnRes", "full_attnres": "Full AttnRes"}
+FLAG_COLOR = "#e600e6"  # runs the outlier rule flagged: a ring in fig4, a dashed curve in loss_curves
 _FALLBACK = ["#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
 
 plt.rcParams.update({
@@ -135,9 +136,9 @@ def scaling_figure(
         col = color_of(v, variants)
         d = df[df["variant"] == v]
         ax.scatter(d[compute], d["val_loss"], s=12, color=col, alpha=0.45, lw=0, zorder=3)
-        if "flags" in d.columns and (d["flags"] != "").any():  # the outlier rule's flagged runs: a red ring
+        if "flags" in d.columns and (d["flags"] != "").any():  # the outlier rule's flagged runs: a ring
             odd = d[d["flags"] != ""]
-            ax.scatter(odd[compute], odd["val_loss"], s=70, facecolors="none", edgecolors="red", lw=1.2, zorder=6,
+            ax.scatter(odd[compute], odd["val_loss"], s=70, facecolors="none", edgecolors=FLAG_COLOR, lw=1.2, zorder=6,
                        label=None if flagged_labelled else "flagged run (outlier rule)")
             flagged_labelled = True
         means = d.groupby("size")[[compute, "val_loss"]].mean()
@@ -262,8 +263,9 @@ def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = N
             missing.append(f"{row['run_id']} (metrics.csv lacks tokens/flops/val_loss)")
             continue
         m = m.dropna(subset=["val_loss"])
-        m = m.assign(variant=row["variant"], size=row["size"], seed=row["seed"])
-        curves.append(m[["step", "tokens", "flops", "val_loss", "variant", "size", "seed"]])
+        m = m.assign(variant=row["variant"], size=row["size"], seed=row["seed"], run_id=row["run_id"],
+                     flagged=bool(str(row.get("flags", "") or "")))  # the outlier rule's flag (analysis.report)
+        curves.append(m[["step", "tokens", "flops", "val_loss", "variant", "size", "seed", "run_id", "flagged"]])
     if missing:
         warnings.warn(f"loss curves: no usable metrics.csv for {len(missing)} run(s): {_names(missing)}", AnalysisWarning, stacklevel=2)
     if not curves:
@@ -273,6 +275,7 @@ def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = N
     variants = list(pd.unique(df["variant"]))
     ncol = len(sizes)
     fig, axes = plt.subplots(2, ncol, figsize=(max(2.6 * ncol + 0.6, 4.6), 5.2), squeeze=False)
+    flagged_labelled = False
     for j, size in enumerate(sizes):
         cs = c[c["size"] == size]
         final = df.loc[df["size"] == size, "val_loss"]
@@ -285,6 +288,11 @@ def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = N
                 mean = cv.groupby("step")[[xcol, "val_loss"]].mean()
                 mean = mean[mean[xcol] > 0]
                 ax.plot(mean[xcol], mean["val_loss"], color=color_of(v, variants), lw=1.3, label=label_of(v, labels))
+                for _, run in cv[cv["flagged"]].groupby("run_id"):  # a flagged run: its own curve, dashed
+                    run = run[run[xcol] > 0]
+                    ax.plot(run[xcol], run["val_loss"], color=FLAG_COLOR, ls="--", lw=0.9, alpha=0.85,
+                            label=None if flagged_labelled else "flagged run (outlier rule)")  # fmt: skip
+                    flagged_labelled = True
             ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))  # one "1e8" offset instead of long labels
             # Zoom on the part that separates the variants: from just under the final losses to the loss reached
             # at ~10% of training (the start of training is uninformative and would flatten everything). "10%" is
@@ -300,7 +308,11 @@ def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = N
             ax.set_xlabel("Tokens" if xcol == "tokens" else "FLOPs")
             if j == 0:
                 ax.set_ylabel("Validation loss")
-    handles, labs = axes[0, 0].get_legend_handles_labels()
+    seen: dict[str, Any] = {}
+    for ax in axes.ravel():  # every label once (a flagged run may sit in any panel)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    handles, labs = list(seen.values()), list(seen)
     fig.legend(handles, labs, loc="upper center", ncol=min(len(labs), 2 * ncol + 1), frameon=False, bbox_to_anchor=(0.5, 1.04 + 0.035 * (len(labs) > 2 * ncol + 1)))
     fig.tight_layout()
     return save(fig, stem)
