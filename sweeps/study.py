@@ -1,6 +1,7 @@
 """The main job in one command: run a study's sweep, then the analysis, and print the headline.
 
-    python -m sweeps.study            # the CPU ladder: 3 arms x 5 sizes x 3 seeds on the embedded data, then the fit
+    python -m sweeps.study            # the CPU ladder: 3 arms x 4 sizes x 3 seeds on the embedded data, then the fit
+    python -m sweeps.study cpu5       # the same study with its fifth rung (cpu_xl) added
     python -m sweeps.study quick      # first contact: 3 arms x 3 small sizes, 1 seed, short budgets
     python -m sweeps.study per_arm    # Full and Block AttnRes at their own tuned lr, into the CPU ladder's table:
                                       # the fit then reports the multiplier under both lr protocols
@@ -41,7 +42,9 @@ class Study:
 
 
 STUDIES = {
-    "cpu": Study("cpu_ladder", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_xl, every arm at the baseline's tuned lr"),
+    "cpu": Study("cpu_ladder", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_l, every arm at the baseline's tuned lr"),
+    "cpu5": Study("cpu_ladder", "CPU ladder with its fifth rung: baseline / Full / Block AttnRes x cpu_xs..cpu_xl",
+                  overrides=("size=cpu_xs,cpu_s,cpu_m,cpu_l,cpu_xl",)),
     "quick": Study("quick", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
     "per_arm": Study("cpu_ladder", "CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
                      overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres")),
