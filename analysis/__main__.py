@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
     r.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
     r.add_argument("--seed-sigma", type=float, help="seed-noise sd of one run's val loss, for single-seed curves")
+    r.add_argument("--rule", default="per_size", choices=["per_size", "trend"],
+                   help="lr written per size: each size's own optimum (default), or the arm's power law in N over sizes")  # fmt: skip
     r.add_argument("--no-figures", action="store_true", help="write lr.json and lr_summary.md only")
 
     q = sub.add_parser("paper", help="refit the paper's published numbers and draw its figures")
@@ -99,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             command = "python -m analysis " + " ".join(argv if argv is not None else sys.argv[1:])
             doc = run_lr(load_results(args.results), args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma,
-                         write_config=args.write_config, command=command, make_figures=not args.no_figures)  # fmt: skip
+                         write_config=args.write_config, command=command, make_figures=not args.no_figures,
+                         rule=args.rule)  # fmt: skip
             for r in doc["table"].itertuples():
                 lo, hi = r.ci95
                 edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""

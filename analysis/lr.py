@@ -325,16 +325,35 @@ TUNED_HEADER = """\
 """
 
 
-def tuned_document(table: pd.DataFrame, info: dict[str, Any], provenance: dict[str, Any]) -> dict[str, Any]:
-    """The generated config: ``lr[variant][size]`` plus intervals, edge flags and where the numbers came from."""
-    doc: dict[str, Any] = {"provenance": {**provenance, "method": (
+RULES = ("per_size", "trend")
+
+
+def tuned_document(table: pd.DataFrame, info: dict[str, Any], provenance: dict[str, Any], rule: str = "per_size",
+                   trend: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The generated config: ``lr[variant][size]`` plus intervals, edge flags and where the numbers came from.
+
+    rule "per_size" writes each curve's own optimum; "trend" writes the arm's power law lr* = a N^b (fitted over
+    its sizes, :func:`lr_trend`) at each size's N, which smooths single-size noise. Both are kept in the document
+    (``lr_per_size``, ``lr_trend``) whichever one ``lr`` holds."""
+    if rule not in RULES:
+        raise ValueError(f"rule={rule!r}; allowed values: {', '.join(RULES)}")
+    trend = lr_trend(table) if trend is None else trend
+    doc: dict[str, Any] = {"provenance": {**provenance, "rule": rule, "method": (
         f"quadratic in ln(lr) over the grid points within {info['window']} steps of the grid minimum; "
-        f"{int(100 * info['ci_level'])}% bootstrap interval (B = {info['B']}, seed {info['seed']})")}}  # fmt: skip
-    for key in ("lr", "ci95", "on_edge"):
+        f"{int(100 * info['ci_level'])}% bootstrap interval (B = {info['B']}, seed {info['seed']})"
+        + ("; lr = the arm's power law a * N^b over sizes at each size's N" if rule == "trend" else ""))}}  # fmt: skip
+    for key in ("lr", "lr_per_size", "lr_trend", "ci95", "on_edge"):
         doc[key] = {}
     for r in table.itertuples():
         v, s = str(r.variant), str(r.size)
-        doc["lr"].setdefault(v, {})[s] = float(f"{r.lr:.4g}")
+        t = trend.get(v)
+        at_n = t["a"] * r.params_non_embedding ** t["b"] if t and r.params_non_embedding else None
+        if rule == "trend" and at_n is None:
+            raise ValueError(f"rule=trend: no lr trend for {v} (it needs >= 2 sizes with parameter counts)")
+        doc["lr_per_size"].setdefault(v, {})[s] = float(f"{r.lr:.4g}")
+        if at_n is not None:
+            doc["lr_trend"].setdefault(v, {})[s] = float(f"{at_n:.4g}")
+        doc["lr"].setdefault(v, {})[s] = float(f"{(at_n if rule == 'trend' else r.lr):.4g}")
         doc["ci95"].setdefault(v, {})[s] = [float(f"{x:.4g}") for x in r.ci95]
         doc["on_edge"].setdefault(v, {})[s] = bool(r.on_edge)
     return doc
@@ -391,7 +410,7 @@ def lr_markdown(table: pd.DataFrame, info: dict[str, Any], trend: dict[str, Any]
 
 def run_lr(df: pd.DataFrame, out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma: float | None = None,
            write_config: str | Path | None = None, command: str = "python -m analysis lr",
-           make_figures: bool = True) -> dict[str, Any]:  # fmt: skip
+           make_figures: bool = True, rule: str = "per_size") -> dict[str, Any]:  # fmt: skip
     """`python -m analysis lr`: lr.json, lr_summary.md, fig_lr.{png,pdf} in ``out``, and the generated config."""
     import json
     from datetime import datetime, timezone
@@ -415,7 +434,7 @@ def run_lr(df: pd.DataFrame, out: str | Path, *, B: int = DEFAULT_B, seed: int =
     if make_figures:
         written += figures.lr_figure(runs, table, out / "fig_lr")
     if write_config is not None:
-        written.append(write_tuned_config(tuned_document(table, info, provenance), write_config, command))
+        written.append(write_tuned_config(tuned_document(table, info, provenance, rule, trend), write_config, command))
     (out / "lr.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "lr_summary.md").write_text(lr_markdown(table, info, trend, df.attrs.get("source")))
     doc["files"] = [str(p) for p in written] + [str(out / "lr.json"), str(out / "lr_summary.md")]

@@ -102,3 +102,25 @@ def test_cli_writes_report_figure_and_the_generated_config(tmp_path: Path) -> No
     assert tuned["lr"]["baseline"]["cpu_s"] == pytest.approx(4e-3, rel=0.12)
     assert tuned["provenance"]["n_runs"] == len(df) and tuned["provenance"]["source"] == str(results)
     assert "cpu_m" in (tmp_path / "rep" / "lr_summary.md").read_text()
+
+
+def test_trend_rule_writes_the_power_law_in_n(tmp_path: Path) -> None:
+    from analysis.synthetic import SIZES
+
+    n = {name: 12 * L * d * d for name, L, d, _ in SIZES}  # synthetic._record's params_non_embedding
+    truth = {s: 0.5 * n[s] ** -0.3 for s in ("cpu_xs", "cpu_s", "cpu_m", "cpu_l")}
+    grid = tuple(1e-3 * 2 ** (k / 2) for k in range(11))
+    df = synthetic_lr_study({(s, "baseline"): v for s, v in truth.items()}, grid=grid, sigma=0.004, rng=2)
+    df.to_csv(tmp_path / "r.csv", index=False)
+    cfg = tmp_path / "t.yaml"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnalysisWarning)
+        assert main(["lr", "--results", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o"), "--bootstrap", "50",
+                     "--seed-sigma", "0.004", "--rule", "trend", "--write-config", str(cfg), "--no-figures"]) == 0  # fmt: skip
+    doc = yaml.safe_load(cfg.read_text())
+    assert doc["provenance"]["rule"] == "trend"
+    for s, v in truth.items():
+        assert doc["lr"]["baseline"][s] == doc["lr_trend"]["baseline"][s] == pytest.approx(v, rel=0.1)
+        assert doc["lr_per_size"]["baseline"][s] == pytest.approx(v, rel=0.2)
+    trend = json.loads((tmp_path / "o" / "lr.json").read_text())["trend"]["baseline"]
+    assert trend["b"] == pytest.approx(-0.3, abs=0.1) and trend["n_sizes"] == 4
