@@ -232,21 +232,19 @@ def flag_runs(df: pd.DataFrame, base_dir: str | None = None) -> tuple[pd.DataFra
     """The outlier rule (analysis.health) on completed runs: adds a ``flags`` column (comma-separated, "" when
     clean) and returns (df, flagged runs, cells whose seeds disagree beyond health.CELL_SD_BOUND).
 
-    Curve flags come from the record's ``health`` column, or from the run's metrics.csv for records that predate
-    it; ``off_mates`` compares each run with its (variant, size) cell."""
+    Curve flags are recomputed from the run's metrics.csv when its directory is found (so every run is judged by
+    the current rule), else taken from the record's ``health`` column; ``off_mates`` compares each run with its
+    (variant, size) cell."""
     from .records import resolve_run_dir
 
     df = df.copy()
     flags: list[list[str]] = []
     for _, row in df.iterrows():
-        h = str(row.get("health", "") or "")
-        if h and h != "nan":
-            flags.append([f for f in h.split(",") if f and f != "ok"])
-            continue
         run_dir = resolve_run_dir(row, base_dir)
         path = run_dir / "metrics.csv" if run_dir is not None else None
         if path is None or not path.is_file():
-            flags.append([])
+            h = str(row.get("health", "") or "")
+            flags.append([f for f in h.split(",") if f and f not in ("ok", "nan")])
             continue
         m = pd.read_csv(path)
         val = m.dropna(subset=["val_loss"]) if "val_loss" in m else m.iloc[0:0]
@@ -383,7 +381,7 @@ def analyse_scaling(
         "losses": _loss_table(df, variants, baseline, compute),
         "paired_deltas": _paired_deltas(df, variants, baseline, compute),
         "outliers": {"mode": outliers, "flagged": flagged, "cells_disagreeing": disagree,
-                     "rule": {"spike_ratio": health.SPIKE_RATIO, "val_rise": health.VAL_RISE,
+                     "rule": {"spike_ratio": health.SPIKE_RATIO, "spike_span": health.SPIKE_SPAN, "val_rise": health.VAL_RISE,
                               "plateau_gain": health.PLATEAU_GAIN, "off_mates_sigmas": health.OFF_MATES_SIGMAS,
                               "off_mates_floor": health.OFF_MATES_FLOOR, "cell_sd_bound": health.CELL_SD_BOUND}},
         "protocols": {},
@@ -752,9 +750,9 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
     if o:
         rule = o["rule"]
         lines += ["## Outlier rule", ""]
-        lines += [f"A run is flagged when its training loss spikes (a logged value > {rule['spike_ratio']}× the median of "
-                  f"the 10 before it, or an evaluation > {100 * rule['val_rise']:g}% above the best earlier one, after the "
-                  f"first 10% of training), when it plateaus (val loss better by < {100 * rule['plateau_gain']:g}% over the "
+        lines += [f"A run is flagged when its training loss spikes (the median of {rule['spike_span']} logged values > "
+                  f"{rule['spike_ratio']}× the median of the 10 before them, or an evaluation > {100 * rule['val_rise']:g}% "
+                  f"above the best earlier one, after the first 10% of training), when it plateaus (val loss better by < {100 * rule['plateau_gain']:g}% over the "
                   f"second half), or when its final loss is > {rule['off_mates_sigmas']:g} pooled seed sds and "
                   f"> {rule['off_mates_floor']} nats off its cell's median. Cells whose seed sd exceeds "
                   f"{rule['cell_sd_bound']} nats are listed. Mode: **{o['mode']}** flagged runs.", ""]  # fmt: skip
