@@ -406,8 +406,33 @@ def analyse_scaling(
                                       for v, m in sub["multipliers"].items()}  # fmt: skip
         except ValueError as e:  # too few runs left to fit
             out["without_flagged"] = {"error": str(e)}
+    out["precision"] = _precision(out, baseline)
     out["_frame"] = df  # the runs as analysed (arms, flags) for the figures; not part of fit.json
     return out
+
+
+def _precision(doc: dict[str, Any], baseline: str) -> dict[str, Any]:
+    """How well the study resolves its answer: the baseline's seed sd per size, whether its mean loss falls with
+    every step in compute, the baseline law's rmse(log L) over runs and over size means, and each multiplier's 95%
+    half-width relative to m."""
+    base = [r for r in doc["losses"] if r["variant"] == baseline]  # ordered by compute
+    means = [r["val_loss"] for r in base]
+    f = doc["variants"].get(baseline, {})
+    rmse_means = None
+    if f and len(base) >= 2:
+        law = PowerLaw(f["A"], f["alpha"])
+        rmse_means = float(np.sqrt(np.mean([(math.log(r["val_loss"]) - math.log(float(law.loss(r["C"])))) ** 2 for r in base])))
+    half = {}
+    for v, m in doc["multipliers"].items():
+        lo, hi = m["m_ci95"]
+        half[v] = (hi - lo) / 2 / m["m"] if m.get("m") and lo is not None and math.isfinite(lo) and math.isfinite(hi) else None
+    return {
+        "baseline_seed_sd": {r["size"]: r["val_loss_sd"] for r in base},
+        "baseline_decreasing": bool(all(b < a for a, b in zip(means, means[1:]))),
+        "baseline_rmse_log_runs": f.get("rmse_log"),
+        "baseline_rmse_log_means": rmse_means,
+        "m_half_width_over_m": half,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -729,6 +754,17 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
         else:
             how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
         lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
+    pr = doc.get("precision")
+    if pr:
+        sds = [v for v in pr["baseline_seed_sd"].values() if v is not None]
+        lines += ["## Precision", ""]
+        lines += [f"- Baseline seed sd per size: " + ", ".join(f"{k} {_fmt(v, 3)}" for k, v in pr["baseline_seed_sd"].items())
+                  + (f" (largest {max(sds):.4f})" if sds else "") + ".",
+                  f"- Baseline mean loss strictly decreasing with compute: {'yes' if pr['baseline_decreasing'] else '**no**'}.",
+                  f"- Baseline power law rmse(log L): {_fmt(pr['baseline_rmse_log_runs'], 3)} over runs, "
+                  f"{_fmt(pr['baseline_rmse_log_means'], 3)} over size means.",
+                  "- Multiplier 95% half-width / m: " + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in pr["m_half_width_over_m"].items()) + ".",
+                  ""]  # fmt: skip
     if doc.get("paired_deltas"):
         lines += [f"## Paired differences vs {base} (same seed: same initialisation and data order)", ""]
         lines += ["| size | variant | pairs | mean Δ | sd of Δ | Δ per seed |", "|---|---|---|---|---|---|"]

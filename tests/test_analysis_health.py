@@ -129,6 +129,12 @@ def test_paired_deltas_per_size() -> None:
         v = df[(df["variant"] == "block_attnres") & (df["size"] == size)].set_index("seed")["val_loss"]
         assert r["n_pairs"] == 3 and r["mean"] == pytest.approx((v - b).mean()) and r["sd"] == pytest.approx((v - b).std())
         assert r["mean"] < 0
+    pr = doc["precision"]
+    for size, sd in pr["baseline_seed_sd"].items():
+        assert sd == pytest.approx(df[(df["variant"] == "baseline") & (df["size"] == size)]["val_loss"].std())
+    assert pr["baseline_decreasing"] is True and pr["baseline_rmse_log_runs"] == doc["variants"]["baseline"]["rmse_log"]
+    lo, hi = doc["multipliers"]["block_attnres"]["m_ci95"]
+    assert pr["m_half_width_over_m"]["block_attnres"] == pytest.approx((hi - lo) / 2 / doc["multipliers"]["block_attnres"]["m"])
 
 
 def test_two_lr_protocols_give_both_multipliers_and_their_ratio(tmp_path: Path) -> None:
