@@ -115,6 +115,7 @@ def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma:
     labels = dict(paper["table2"]["variants"])
     df = paper_results(paper)
     doc = analyse_scaling(df, B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma, source=df.attrs["source"])
+    doc.pop("_frame")  # the analysed runs (for figures); not part of fit.json
     doc["paper"] = paper_comparison(paper)
     f6 = paper["fig6"]
     doc["block_size_sweep"] = {

@@ -103,7 +103,8 @@ def test_paper_arch_constants_follow_their_stated_rules():
     ratios = [_size(f"paper_{n}").d_ff / _size(f"paper_{n}").d_model for n in ("194m", "241m", "296m", "436m", "528m")]
     size = _size("paper_arch")
     assert size.ff_ratio == pytest.approx(np.mean(ratios), abs=0.01)
-    assert _size("cpu_arch").ff_ratio == size.ff_ratio and _size("cpu_arch").target_params == _size("cpu_l").target_params
+    # cpu_arch keeps the N of the ladder's old cpu_l (105,456) so that its committed demonstration reproduces
+    assert _size("cpu_arch").ff_ratio == size.ff_ratio and _size("cpu_arch").target_params == 105456
     t2 = json.loads((CONF.parent / "analysis" / "data" / "paper.json").read_text())["table2"]
     col = {name: [row[t2["columns"].index(name)] for row in t2["rows"]] for name in ("act_params_M", "lr", "batch_size")}
     n = np.log(np.array(col["act_params_M"]) * 1e6)
@@ -136,16 +137,16 @@ def test_bad_budget_is_named(overrides, pattern):
 
 def test_tokens_and_budget_must_agree():
     fpt = 1.0e6
-    cfg = compose(["experiment=cpu_ladder", "size=cpu_xs", "train.flops_budget=1.0e12"])  # size.tokens = 480,000 too
+    cfg = compose(["experiment=cpu_ladder", "size=cpu_xs", "train.flops_budget=1.0e12"])  # size.tokens = 432,000 too
     T.check_config(cfg)  # each setting alone is fine ...
-    with pytest.raises(ValueError, match=r"train\.tokens \(size\.tokens\)=480000 gives 117 steps but "
-                                         r"train\.flops_budget=1000000000000\.0 gives 244 steps.*train\.tokens=null"):
+    with pytest.raises(ValueError, match=r"train\.tokens \(size\.tokens\)=432000 gives 844 steps but "
+                                         r"train\.flops_budget=1000000000000\.0 gives 1953 steps.*train\.tokens=null"):
         T.planned_steps(cfg.train, fpt)  # ... together they conflict
-    agree = compose(["experiment=cpu_ladder", "size=cpu_xs", f"train.flops_budget={117 * 4096 * fpt}"])
-    assert T.planned_steps(agree.train, fpt) == 117  # both given and consistent: accepted
+    agree = compose(["experiment=cpu_ladder", "size=cpu_xs", f"train.flops_budget={844 * 512 * fpt}"])
+    assert T.planned_steps(agree.train, fpt) == 844  # both given and consistent: accepted
     only_budget = compose(["experiment=cpu_ladder", "size=cpu_xs", "train.tokens=null", "train.flops_budget=1.0e12"])
-    assert T.planned_steps(only_budget.train, fpt) == 244
-    assert T.planned_steps(compose(["experiment=cpu_ladder", "size=cpu_xs"]).train, fpt) == steps_for(480000, 32, 128)
+    assert T.planned_steps(only_budget.train, fpt) == 1953
+    assert T.planned_steps(compose(["experiment=cpu_ladder", "size=cpu_xs"]).train, fpt) == steps_for(432000, 4, 128)
 
 
 def test_budget_enters_the_hash_only_when_set():
