@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
@@ -526,10 +527,13 @@ def arch_grid_figure(table: dict[str, Any], stem: Path, labels: dict[str, str] |
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
+def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[str, str] | None = None,
+              tuned: dict[str, dict[str, float]] | None = None, rule: str = "per_size") -> list[Path]:  # fmt: skip
     """Validation loss vs learning rate (log x), one panel per arm, one curve per size (mean over seeds; single
-    runs as faint dots), the tuned optimum as a star with its 95% interval as a bar; diverged runs as crosses on
-    the panel's top edge; an optimum on a grid edge is labelled "edge". ``runs``: analysis.lr.lr_runs output."""
+    runs as faint dots), the fitted optimum as a star with its 95% interval as a bar; diverged runs as crosses on
+    the panel's top edge; an optimum on a grid edge is labelled "edge". ``tuned`` (``lr[variant][size]``, the lrs
+    written under ``rule``), where it differs from the optimum, as an open diamond on the size's curve.
+    ``runs``: analysis.lr.lr_runs output."""
     if table.empty:
         warnings.warn("LR figure skipped: no tuned curves", AnalysisWarning, stacklevel=2)
         return []
@@ -562,16 +566,28 @@ def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[
                 xerr = None if not (np.isfinite(lo) and np.isfinite(hi)) else [[r["lr"] - lo], [hi - r["lr"]]]
                 ax.errorbar([r["lr"]], [r["loss_at_optimum"]], xerr=xerr, fmt="*", ms=11, color=col, mec="black",
                             mew=0.6, capsize=3, lw=1.2, zorder=5)  # fmt: skip
+                lr_out = ((tuned or {}).get(str(v)) or {}).get(str(s))
+                if lr_out is not None and not np.isclose(lr_out, r["lr"], rtol=1e-3):
+                    ok_pts = np.isfinite(mean)
+                    y_out = np.interp(np.log(lr_out), np.log(grid[ok_pts]), mean[ok_pts]) if ok_pts.any() else r["loss_at_optimum"]
+                    ax.plot([lr_out], [y_out], "D", ms=6.5, mfc="white", mec=col, mew=1.6, zorder=6)
                 if r["on_edge"]:
                     ax.annotate("edge", (r["lr"], r["loss_at_optimum"]), textcoords="offset points", xytext=(0, -13),
                                 ha="center", fontsize=7.5, color="red")  # fmt: skip
         ax.set_xscale("log")
+        grid_all = np.unique(np.concatenate([np.asarray(g, float) for g in table.loc[table["variant"] == v, "grid"]]))
+        step = max(1, int(np.ceil(len(grid_all) / 6)))  # at most ~6 labels: no overlap at this width
+        ax.xaxis.set_major_locator(mticker.FixedLocator(grid_all[::step]))
+        ax.xaxis.set_major_formatter(mticker.FixedFormatter([f"{x:.2g}" for x in grid_all[::step]]))
+        ax.xaxis.set_minor_locator(mticker.FixedLocator(grid_all))
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.set_xlabel("Peak learning rate")
         ax.set_title(label_of(v, labels))
         ax.set_ylim(y_lo - pad, y_hi + 2 * pad)
     axes[0][0].set_ylabel("Validation loss")
     axes[0][-1].legend(title="size", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.suptitle("Learning-rate tuning: mean loss per grid point, tuned optimum (star) with 95% interval; × diverged",
-                 fontsize=9.5)  # fmt: skip
+    written = "; ◇ lr written (power-law trend over sizes)" if rule == "trend" and tuned else ""
+    fig.suptitle("Learning-rate tuning: mean loss per grid point (dots: runs),\nfitted optimum (★) with 95% interval"
+                 + written + "; × diverged", fontsize=9)  # fmt: skip
     fig.tight_layout()
     return save(fig, stem)
