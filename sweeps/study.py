@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs-root", default="runs", help="where run directories and results.csv go (default: runs)")
     ap.add_argument("--reports-root", default="reports", help="where the report goes (default: reports)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # options may come between the study and its overrides
 
     study = STUDIES[args.study]
     extra = list(study.overrides)
