@@ -318,7 +318,8 @@ def split_lr_protocols(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     everything else keeps its variant name (the baseline's lr is the same under both protocols)."""
     if "lr_protocol" not in df.columns:
         return df
-    own = (df["lr_protocol"].astype(str) == "per_arm") & (df["variant"] != baseline)
+    named = df["variant"].astype(str).str.endswith(OWN_LR)  # already split (a refit of an analysed frame)
+    own = (df["lr_protocol"].astype(str) == "per_arm") & (df["variant"] != baseline) & ~named
     if not own.any():
         return df
     df = df.copy()
@@ -912,11 +913,14 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
         lines += ["## Learning-rate protocols", "",
                   "Shared lr: every arm at the baseline's tuned lr (the paper's protocol). Own lr: each arm at its own "
                   "tuned lr. Both multipliers come from the same bootstrap replicates, so their ratio has its own interval.",
-                  "", "| variant | m, shared lr [95% CI] | m, own lr [95% CI] | own / shared [95% CI] |", "|---|---|---|---|"]  # fmt: skip
+                  "", "| variant | m, shared lr [95% CI] | m, own lr [95% CI] | own / shared [95% CI] | "
+                  "paired m, shared lr | paired m, own lr |", "|---|---|---|---|---|---|"]  # fmt: skip
         for v, p in doc["protocols"].items():
+            paired = [f"{q['paired_m']:.3f}× {_ci(q['paired_m_ci95'])}" if q.get("paired_m") else "n/a"
+                      for q in (p["shared_lr"], p["own_lr"])]  # fmt: skip
             lines.append(f"| {v} | {p['shared_lr']['m']:.3f}× {_ci(p['shared_lr']['m_ci95'])} | "
                          f"{p['own_lr']['m']:.3f}× {_ci(p['own_lr']['m_ci95'])} | "
-                         f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])} |")  # fmt: skip
+                         f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])} | {paired[0]} | {paired[1]} |")  # fmt: skip
         lines.append("")
     o = doc.get("outliers") or {}
     if o:

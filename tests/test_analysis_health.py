@@ -146,9 +146,11 @@ def test_two_lr_protocols_give_both_multipliers_and_their_ratio(tmp_path: Path) 
     df.loc[own, "run_id"] = df.loc[own, "run_id"] + "-own"
     df["lr_protocol"] = np.where(own, "per_arm", "baseline")
     df["health"] = "ok"
+    df.loc[df.index[own][0], "health"] = "spike@120"  # one flagged own-lr run: the fit without it is a refit
     df.attrs["source"] = "synthetic"
     doc = run_fit(df, tmp_path, B=400, make_figures=True)
     assert set(doc["multipliers"]) == {"block_attnres", "block_attnres" + OWN_LR}
+    assert set(doc["without_flagged"]) == set(doc["multipliers"])  # the refit does not rename the arms again
     p = doc["protocols"]["block_attnres"]
     assert p["shared_lr"]["m"] == pytest.approx(1.15, rel=0.05) and p["own_lr"]["m"] == pytest.approx(1.30, rel=0.05)
     lo, hi = p["ratio_ci95"]
