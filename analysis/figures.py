@@ -232,7 +232,12 @@ def _multiplier_panel(ax: plt.Axes, mults: dict[str, Any], variants: list[str], 
     ax.axhline(1.0, color="0.3", lw=0.9, ls=":")
     ax.set_yscale("log")
     ax.set_ylim(y_lo, y_hi)
-    subs = (1.0, 2.0, 5.0) if y_hi / y_lo > 12 else (1.0, 1.25, 1.5, 2.0, 3.0, 5.0)  # no crowded labels
+    if y_hi / y_lo > 12:  # no crowded labels, and at least two on a narrow axis
+        subs: tuple[float, ...] = (1.0, 2.0, 5.0)
+    elif y_hi / y_lo > 3:
+        subs = (1.0, 1.25, 1.5, 2.0, 3.0, 5.0)
+    else:
+        subs = (1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 6.0, 7.0, 8.0, 9.0)
     ax.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=subs))
     ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda x, _: f"{x:g}×"))
     ax.yaxis.set_minor_formatter(mticker.NullFormatter())
