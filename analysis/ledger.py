@@ -90,7 +90,8 @@ def _number(value: Any) -> float | None:
         return None
     if isinstance(value, bool):
         raise ValueError(repr(value))
-    return float(value)
+    v = float(value)
+    return None if math.isnan(v) else v  # NaN: how a DataFrame holds an empty cell
 
 
 def malformed(record: Mapping[str, Any]) -> str | None:
@@ -111,7 +112,7 @@ def malformed(record: Mapping[str, Any]) -> str | None:
             return f"seed={record.get(col)!r} is not an integer"
     if status == "completed":
         for col in ("val_loss", "pflops_days"):
-            if col in record or col == "val_loss":
+            if col in record:  # a table without the column is another error (analysis.records.require_columns)
                 v = _number(record.get(col))
                 if v is None or not math.isfinite(v) or v <= 0:
                     return f"status='completed' but {col}={record.get(col)!r} (must be a positive number)"
