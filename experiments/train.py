@@ -436,7 +436,9 @@ def _environment(datamodule) -> dict[str, Any]:
     header = datamodule.load().header
     return {
         "dataset": {"path": str(datamodule.load().path), "tokenizer": header.tokenizer, "vocab_size": header.vocab_size,
-                    "n_tokens": header.n_tokens, "checksum": header.checksum, "source": header.source},
+                    "n_tokens": header.n_tokens, "checksum": header.checksum, "source": header.source,
+                    "fingerprint": records.ledger.data_fingerprint(header.checksum),
+                    "verified": datamodule.verified},  # the files hashed against the checksums, or a valid stamp
         "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
         "git_commit": records.git_commit(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None, "host": platform.node(),

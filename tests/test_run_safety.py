@@ -124,10 +124,11 @@ def test_ctrl_c_of_a_study_stops_with_one_line_and_the_run_resumes(tmp_path, dat
     interrupted with a checkpoint, and the same command finishes the study."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
            "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "sweeps.study", "quick", "--jobs", "1", "--seeds", "0",
-           "--runs-root", str(tmp_path / "runs"), "--reports-root", str(tmp_path / "reports"),
+    cmd = [sys.executable, "-m", "sweeps.study", "quick",
            f"data.cache_dir={data_cache}", f"data.max_bytes={TEST_MAX_BYTES}", "model=baseline", "size=cpu_xs",
-           "size.tokens=400000", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+           "size.tokens=400000", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+           "--jobs", "1", "--seeds", "0", "--runs-root", str(tmp_path / "runs"),
+           "--reports-root", str(tmp_path / "reports")]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     seen = []
