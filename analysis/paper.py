@@ -137,6 +137,7 @@ def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma:
     written += figures.architecture_grid_figure(paper["fig7"], out / "fig7_architecture")
     (out / "table4_ablations.md").write_text("\n".join(["# AttnRes paper, Table 4 (436M model)", ""] + ablation_markdown(doc["ablations"])) + "\n")
     doc["files"] = sorted(str(p.relative_to(out)) for p in written) + ["fit.json", "summary.md", "table4_ablations.md"]
+    doc.pop("_frame", None)  # analyse_scaling's fitted frame (for figures), not part of fit.json
     write_json(doc, out / "fit.json")
     md = summary_markdown(doc, title="AttnRes paper numbers, refitted")
     (out / "summary.md").write_text(md + "\n" + _paper_markdown(doc["paper"], labels))

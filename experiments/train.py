@@ -716,11 +716,18 @@ def _write_job_summary(cfg: DictConfig, summary: dict[str, Any]) -> None:
 def conf_dir() -> str:
     """Where the Hydra configs are: the repository's ``conf/`` when this module runs from a checkout (also an
     editable install: edits to conf/ take effect), else the copy a built wheel ships as the package
-    ``attnres_conf`` (pyproject.toml). Absolute either way, so the working directory never matters."""
+    ``attnres_conf`` (pyproject.toml). An absolute path either way, so the working directory never matters."""
+    import importlib.util
+
     repo_conf = Path(__file__).resolve().parents[1] / "conf"
     if (repo_conf / "train.yaml").is_file():
         return str(repo_conf)
-    return "pkg://attnres_conf"
+    spec = importlib.util.find_spec("attnres_conf")  # a directory of YAML files, no __init__.py: a namespace package
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / "train.yaml").is_file():
+            return str(Path(location))
+    raise RuntimeError(f"no Hydra configs: neither {repo_conf} nor an installed attnres_conf package has train.yaml "
+                       "(reinstall attnres)")
 
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
