@@ -291,7 +291,8 @@ def _acquire_run_lock(study_dir: Path, run_id: str):
     owner = lock.owner
     import socket
 
-    if owner is not None and owner.hostname != socket.gethostname():
+    here = socket.gethostname()  # filelock writes it, plus "?pidns-<n>" inside a PID namespace
+    if owner is not None and owner.hostname != here and not owner.hostname.startswith(here + "?"):
         # Another node: alive only if its heartbeat moves. Watch it for one lease (a crashed node's marker is then
         # taken over); a live holder keeps it.
         print(f"[attnres] {run_id}: locked by {owner.hostname} pid {owner.pid}; waiting up to {LOCK_LEASE_S:.0f} s "
@@ -544,6 +545,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except (ValueError, FileNotFoundError, ImportError) as e:
         raise _setup_error(e) from e
     rank_zero = _is_rank_zero()
+    if rank_zero:
+        _warn_other_data(study_dir, setup)
     lock = _acquire_run_lock(study_dir, run_id) if rank_zero else None
     try:
         if not cfg.force:  # completed by another process while this one was getting ready
@@ -563,6 +566,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     finally:
         if lock is not None:
             lock.release()
+
+
+def _warn_other_data(study_dir: Path, setup: _Setup) -> None:
+    """Say so when the study already holds completed runs of other data: the analysis will not pool them."""
+    other: dict[str, str] = {}
+    for rec in records.read_records(study_dir):
+        fp = rec.get("data_fingerprint") or ""
+        if rec.get("status") == "completed" and fp and fp != setup.data_fingerprint:
+            other[fp] = str(rec.get("dataset") or "?")
+    if other:
+        print(f"[attnres] warning: study {study_dir.name} already holds completed runs of other data "
+              f"({', '.join(f'{fp} = {name}' for fp, name in sorted(other.items()))}); this run's data is "
+              f"{setup.data_fingerprint} = {setup.dataset}. The analysis never pools data sets: give each its own "
+              f"study (study=<name>)", file=sys.stderr, flush=True)
 
 
 def _completed(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +63,40 @@ def test_a_run_held_by_a_live_process_is_not_trained_twice(train_cfg):
         holder.wait()
     # the holder died (kill -9): its marker is stale on this host and taken over at once
     assert train(cfg)["status"] == "completed"
+
+
+def _foreign_holder(path: Path, lease: float) -> subprocess.Popen:
+    """A lock holder that looks like a process on another node (its own UTS namespace, hostname 'othernode')."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(["unshare", "--uts", "sh", "-c", 'hostname othernode && exec "$0" -c "$1" "$2" "$3"',
+                             sys.executable, _HOLDER, str(path), str(lease)], stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "held":
+        proc.kill()
+        pytest.skip("cannot start a process with another hostname here (unshare --uts)")
+    return proc
+
+
+def test_a_lock_from_another_node_is_taken_over_only_when_its_heartbeat_stops(tmp_path, monkeypatch):
+    import experiments.train as t
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    monkeypatch.setattr(t, "LOCK_LEASE_S", 2.0)
+    monkeypatch.setattr(t, "LOCK_HEARTBEAT_S", 0.2)
+    study = tmp_path / "study"
+    holder = _foreign_holder(study / ".locks" / "r.lock", 2.0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RunBusy, match=r"r is being trained right now by othernode pid \d+"):
+            t._acquire_run_lock(study, "r")  # a live heartbeat on another node: it keeps the run
+        assert time.monotonic() - t0 >= 2.0  # it was watched for a whole lease first
+        holder.send_signal(signal.SIGSTOP)  # the node hangs: its heartbeat stops, its pid means nothing here
+        lock = t._acquire_run_lock(study, "r")
+        assert lock.is_locked
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_two_launches_of_one_config_at_once_train_it_once(tmp_path, data_cache):

@@ -234,6 +234,28 @@ def test_cli_bad_config_is_fast_one_line_and_leaves_no_debris(tmp_path, data_cac
     assert not (tmp_path / "runs").exists()
 
 
+def test_records_name_the_data_and_a_study_of_other_data_is_flagged(train_cfg, tmp_path, capsys):
+    """Issue 15 #4: every record says which data it was trained on (dataset, data_fingerprint); launching a run
+    of other data into a study warns, and the analysis refuses to pool the two."""
+    from analysis.ledger import data_fingerprint
+    from analysis.records import load_results, select_completed
+    from experiments.data import TokenShards, prepare_text_files
+
+    std = train(train_cfg("size.tokens=8192", "train.eval_count=1"))
+    shards = TokenShards(Path(std["dataset"]))
+    assert std["data_fingerprint"] == data_fingerprint(shards.header.checksum) and len(std["data_fingerprint"]) == 16
+    text = tmp_path / "mine.txt"
+    text.write_text("".join(f"def g{i}(y):\n    return y * {i}\n" for i in range(6000)))
+    mine = prepare_text_files([text], tmp_path / "mine", progress=False)
+    capsys.readouterr()
+    other = train(train_cfg(f"data.name={mine}", "size.tokens=8192", "train.eval_count=1"))
+    assert other["data_fingerprint"] != std["data_fingerprint"] and other["dataset"] == str(mine)
+    err = capsys.readouterr().err
+    assert "already holds completed runs of other data" in err and std["data_fingerprint"] in err
+    with pytest.raises(ValueError, match="2 different data sets"):
+        select_completed(load_results(Path(std["run_dir"]).parent))
+
+
 # ---- speed switches --------------------------------------------------------------------------------------
 def test_activation_checkpointing_recomputes_the_same_numbers(train_cfg, tmp_path):
     common = ("model=block_attnres", "size.tokens=16384", "train.eval_count=1", "train.log_every=1")
