@@ -8,8 +8,11 @@ A run is identified by ``config_hash`` = sha256 of the resolved config minus the
 files go, loggers, callbacks, device/launch settings, fault injection; the seed is included). Its directory
 is ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``, so relaunching the same config finds it:
 training resumes from ``checkpoints/last.ckpt``, and a run already ``completed`` in the study's results.csv
-is skipped (``force=true`` re-runs it, moving the old directory aside). Every run, failed ones included,
-writes ``results.json`` and appends one row to ``<paths.runs_root>/<study>/results.csv``.
+is skipped (``force=true`` re-runs it, moving the old directory aside). Every run that started training, failed
+and interrupted ones included, writes ``results.json`` and one record to the study's ledger
+(``<paths.runs_root>/<study>/records/``, from which ``results.csv`` is derived; experiments/records.py). A config
+or data error found before training writes nothing. One process trains a run at a time (a lock under
+``<study>/.locks/``); SIGINT / SIGTERM / SIGUSR1 save a checkpoint at the current step and stop.
 
 Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
 diagnostics.json(+l), checkpoints/last.ckpt, and the loggers' files (wandb/, csv_logs/).
@@ -803,8 +806,8 @@ def main() -> None:
     try:
         hydra_main()
     except KeyboardInterrupt:
-        print("[attnres] interrupted (before a run started training: nothing was recorded)", file=sys.stderr,
-              flush=True)
+        print("[attnres] interrupted: a run in training saves a checkpoint and is recorded as interrupted (relaunch "
+              "to resume); one that had not started training leaves nothing", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
 
 
