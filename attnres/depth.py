@@ -645,7 +645,8 @@ class _KeyLogits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         source, queries, rstd, logits = ctx.saved_tensors
-        x = source.to(logits.dtype)  # [B, T, D] fp32, transient
+        x = source.to(logits.dtype).contiguous()  # [B, T, D] fp32, transient (addmm_ into its product below
+        # needs rows: a non-contiguous source is copied)
         g_scaled, coef = _key_logit_grad_terms(grad, logits, rstd, x.shape[-1])  # [B, T, R], [B, T, 1]
         grad_source = grad_queries = None
         if ctx.needs_input_grad[0]:

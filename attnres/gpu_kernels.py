@@ -59,9 +59,18 @@ def use_kernels(enabled: bool | None) -> Iterator[None]:
         _forced.pop()
 
 
+# The checks below read the environment and import triton, which torch.compile cannot trace: it calls them once
+# while tracing and keeps the answer (assume_constant_result), so a switch changed later applies to new compiles.
+
+
 def _switched_off() -> bool:
     if _forced:
         return not _forced[-1]
+    return _env_off()
+
+
+@torch.compiler.assume_constant_result
+def _env_off() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() in {"0", "off", "false", "no"}
 
 
@@ -77,7 +86,14 @@ def _triton() -> str | None:
     return None
 
 
+@torch.compiler.assume_constant_result
+def _triton_ok() -> bool:
+    return _triton() is None
+
+
+@torch.compiler.assume_constant_result
 def _interpreting() -> bool:
+    """Whether triton runs kernels in its interpreter (TRITON_INTERPRET=1 when it was imported)."""
     if "triton" not in sys.modules:
         return os.environ.get("TRITON_INTERPRET", "0") == "1"
     from triton import knobs
@@ -113,7 +129,7 @@ def applies(*tensors: torch.Tensor) -> bool:
             low.add(t.dtype)
     if len(low) > 1 or tensors[0].shape[-1] > MAX_WIDTH:
         return False
-    return _triton() is None
+    return _triton_ok()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -236,6 +236,28 @@ def test_full_read_groups_equal_one_read_at_a_time(read_group):
                           equal_nan=True)
 
 
+@pytest.mark.parametrize("residual,kw", [("full", {}), ("full", {"residual_options": {"read_group": 3}}),
+                                         ("block", {"block_size": 2}), ("block", {"block_size": 5})])
+def test_scoring_inside_the_kernels_equals_the_key_logit_cache(residual, kw, monkeypatch):
+    """The CUDA path's bookkeeping (sources scored inside attend_batched and merge_read, no key-logit cache) on the
+    CPU, where those functions run their torch reference: the same logits and gradients as the cached path, and
+    against the naive rollout, in float64."""
+    cached = make(residual, **kw).double()
+    randomize_queries(cached, scale=3.0)
+    fused = copy.deepcopy(cached)
+    monkeypatch.setattr(type(fused.residual), "_scores_in_kernels", lambda self, x: True)
+    idx = tokens()
+    state = fused.residual.begin(fused.tok_emb(idx))
+    assert state.fused and (not isinstance(state, BlockAttnRes.State) or not state.block_logits)
+    lf, loss_f = fused(idx, idx)
+    lc, loss_c = cached(idx, idx)
+    assert torch.allclose(lf, lc, atol=1e-10) and torch.allclose(lf, naive_forward(copy.deepcopy(cached), idx))
+    loss_f.backward()
+    loss_c.backward()
+    for (name, p), (_, r) in zip(fused.named_parameters(), cached.named_parameters()):
+        assert torch.allclose(p.grad, r.grad, atol=1e-10, rtol=1e-8), name
+
+
 def expected_groups(L: int, S: int, l: int) -> list[list[int]]:
     """Eq. 6 as sets of sublayer indices (-1 = the embedding b_0) visible to read l."""
     groups = [[-1]]
