@@ -223,6 +223,22 @@ def test_models_equal_the_torch_path(launches, scheme, kw, bf16):
         assert cos > 0.999, (name, cos.item())
 
 
+@pytest.mark.parametrize("scheme,kw", [("block", {"block_size": 2}), ("full", {})])
+def test_cached_decoding_on_the_kernels_equals_the_full_forward(launches, scheme, kw):
+    """Decoding with a KV cache takes the kernels too (one token per row: N = B): prefill 5 tokens, decode 3,
+    against one forward over all 8 on the torch path."""
+    model = _model(scheme, **kw)
+    idx = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        with gpu_kernels.use_kernels(False):
+            full = model(idx)
+        with gpu_kernels.use_kernels(True):
+            cache = model.new_cache()
+            steps = [model(idx[:, :5], cache=cache)] + [model(idx[:, t: t + 1], cache=cache) for t in range(5, 8)]
+    assert launches["attend_fwd"] > 0 and launches["merge_fwd"] > 0
+    assert_close([torch.cat(steps, dim=1)], [full], ["logits"], fp32_rtol=1e-4)
+
+
 def test_torch_compile_fullgraph_traces_through_the_ops(launches):
     """torch.compile(fullgraph=True) of a phase 1 and a merge: the custom ops trace (fake implementations,
     registered autograd) and give eager's values and gradients."""
