@@ -25,7 +25,7 @@ Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported): that is
 from __future__ import annotations
 
 import contextlib
-import functools
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -59,46 +59,44 @@ def use_kernels(enabled: bool | None) -> Iterator[None]:
         _forced.pop()
 
 
-# The checks below read the environment and import triton, which torch.compile cannot trace: it calls them once
-# while tracing and keeps the answer (assume_constant_result), so a switch changed later applies to new compiles.
-
-
 def _switched_off() -> bool:
     if _forced:
         return not _forced[-1]
-    return _env_off()
-
-
-@torch.compiler.assume_constant_result
-def _env_off() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() in {"0", "off", "false", "no"}
 
 
-@functools.lru_cache(maxsize=None)
+_INSTALLED = importlib.util.find_spec("triton") is not None  # without importing it (attnres imports it on first use)
+
+
+_probe: dict[str, str | None] = {}  # "triton": None once it imported, else why not (one attempt per process)
+
+
 def _triton() -> str | None:
-    """None when triton imports, else why not (cached: one import attempt per process)."""
-    try:
-        import triton  # noqa: F401
+    """None when triton imports, else why not."""
+    if "triton" not in _probe:
+        try:
+            import triton  # noqa: F401
 
-        from . import depth_mix_triton  # noqa: F401
-    except Exception as err:  # ImportError, or a triton that does not match this torch
-        return f"{type(err).__name__}: {err}"
-    return None
+            from . import depth_mix_triton  # noqa: F401
+            _probe["triton"] = None
+        except Exception as err:  # ImportError, or a triton that does not match this torch
+            _probe["triton"] = f"{type(err).__name__}: {err}"
+    return _probe["triton"]
 
 
-@torch.compiler.assume_constant_result
 def _triton_ok() -> bool:
+    if torch.compiler.is_compiling():  # tracing cannot import triton; an eager call has usually tried already
+        return _INSTALLED and _probe.get("triton") is None
     return _triton() is None
 
 
-@torch.compiler.assume_constant_result
 def _interpreting() -> bool:
     """Whether triton runs kernels in its interpreter (TRITON_INTERPRET=1 when it was imported)."""
-    if "triton" not in sys.modules:
-        return os.environ.get("TRITON_INTERPRET", "0") == "1"
-    from triton import knobs
+    if "triton" in sys.modules and not torch.compiler.is_compiling():
+        from triton import knobs
 
-    return bool(knobs.runtime.interpret)
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def status() -> str:
@@ -106,7 +104,11 @@ def status() -> str:
     if _switched_off():
         return "off (use_kernels(False))" if _forced else f"off ({ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
     why = _triton()
-    return "on (CUDA)" if why is None else f"unavailable: {why}"
+    if why is not None:
+        return f"unavailable: {why}"
+    import triton
+
+    return f"on (triton {triton.__version__}{', interpreter' if _interpreting() else ''})"
 
 
 def applies(*tensors: torch.Tensor) -> bool:

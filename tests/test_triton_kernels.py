@@ -1,10 +1,10 @@
 """The Triton depth kernels (attnres/gpu_kernels.py, depth_mix_triton.py) against the torch path of depth.py, on
 the CPU under Triton's interpreter.
 
-Triton runs a kernel on CPU tensors only when TRITON_INTERPRET=1 was set before triton was imported. This module
-sets it at collection time, before any test runs, when the machine has no CUDA device and nothing has imported
-triton yet (attnres imports it only on first use). On a GPU machine these tests are skipped: there
-tests/test_gpu.py runs the same comparisons with the compiled kernels.
+Triton runs a kernel on CPU tensors only when TRITON_INTERPRET=1 was set before triton was imported: conftest.py
+sets it on machines without a GPU device (and this module does when run without conftest, if triton is not
+imported yet). On a GPU machine these tests are skipped: there tests/test_gpu.py runs the same comparisons with
+the compiled kernels.
 
 Every comparison runs the same computation with the kernels (gpu_kernels.use_kernels(True)) and with the torch
 path (use_kernels(False), CPU kernels off), and counts kernel launches, so a test cannot compare the torch path
