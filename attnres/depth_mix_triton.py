@@ -52,10 +52,10 @@ def _put(addr, code, mode, offs, mask, val, LO: tl.constexpr):
 
 
 @triton.jit
-def attend_fwd(tab, S, q_ptr, out_tab, lse_ptr, N, D, Q, eps,
+def attend_fwd(tab, S, q_ptr, lse_ptr, N, D, Q, eps,
                LO: tl.constexpr, Q_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """tab [2 S]: source addresses, then their dtype codes; q_ptr [Q, D] fp32; out_tab [Q]: addresses of the Q
-    outputs [N, D] fp32; lse_ptr [N, Q] fp32."""
+    """tab [2 S + Q]: source addresses, their dtype codes, then the addresses of the Q outputs [N, D] fp32;
+    q_ptr [Q, D] fp32; lse_ptr [N, Q] fp32."""
     t = tl.cast(tl.program_id(0), tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] token rows
     d = tl.arange(0, BLOCK_D)
     qi = tl.arange(0, Q_PAD)
@@ -76,24 +76,24 @@ def attend_fwd(tab, S, q_ptr, out_tab, lse_ptr, N, D, Q, eps,
         acc = acc * scale[:, :, None] + p[:, :, None] * x[None, :, :]
         den = den * scale + p
         m = m_new
-    out_ptr = tl.load(out_tab + qi, mask=qmask, other=0).to(tl.pointer_type(tl.float32))  # [QP]
+    out_ptr = tl.load(tab + 2 * S + qi, mask=qmask, other=0).to(tl.pointer_type(tl.float32))  # [QP]
     tl.store(out_ptr[:, None, None] + offs[None, :, :], acc / den[:, :, None],
              mask=qmask[:, None, None] & mask[None, :, :])
     tl.store(lse_ptr + t[None, :] * Q + qi[:, None], m + tl.log(den), mask=qmask[:, None] & tmask[None, :])
 
 
 @triton.jit
-def attend_bwd(tab, S, q_ptr, lse_ptr, g_tab, glse_ptr, dq_ptr, N, D, Q, eps, n_blocks, P,
+def attend_bwd(tab, S, q_ptr, lse_ptr, glse_ptr, dq_ptr, N, D, Q, eps, n_blocks, P,
                LO: tl.constexpr, Q_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Backward of attend_fwd. tab [5 S]: source addresses, dtype codes, gradient-target addresses, their dtype
-    codes and modes; g_tab [Q]: addresses of dL/dout_q [N, D] fp32; glse_ptr [N, Q] fp32; dq_ptr [P, Q, D] fp32
-    (this program's slice). Program pid takes token blocks pid, pid + P, ..."""
+    """Backward of attend_fwd. tab [5 S + Q]: source addresses, dtype codes, gradient-target addresses, their
+    dtype codes and modes, then the addresses of dL/dout_q [N, D] fp32; glse_ptr [N, Q] fp32; dq_ptr [P, Q, D]
+    fp32 (one slice per program). Program pid takes token blocks pid, pid + P, ..."""
     pid = tl.program_id(0)
     d = tl.arange(0, BLOCK_D)
     qi = tl.arange(0, Q_PAD)
     dmask, qmask = d < D, qi < Q
     w = tl.load(q_ptr + qi[:, None] * D + d[None, :], mask=qmask[:, None] & dmask[None, :], other=0.0)  # [QP, BD]
-    g_ptr = tl.load(g_tab + qi, mask=qmask, other=0).to(tl.pointer_type(tl.float32))  # [QP]
+    g_ptr = tl.load(tab + 5 * S + qi, mask=qmask, other=0).to(tl.pointer_type(tl.float32))  # [QP]
     dq = tl.zeros([Q_PAD, BLOCK_D], tl.float32)
     for blk in range(pid, n_blocks, P):
         t = tl.cast(blk, tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)

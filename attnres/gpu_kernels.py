@@ -204,11 +204,10 @@ def attend(sources: list[torch.Tensor], queries: torch.Tensor, eps: float) -> tu
     w = _rows(queries.to(torch.float32))
     outs = [torch.empty(srcs[0].shape, dtype=torch.float32, device=device) for _ in range(Q)]
     lse = torch.empty((*srcs[0].shape[:-1], Q), dtype=torch.float32, device=device)
-    tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs], device)
-    out_tab = _table([o.data_ptr() for o in outs], device)
+    tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs] + [o.data_ptr() for o in outs], device)
     q_pad = _pow2(Q)
     bt, bd, warps = _blocks(q_pad, D)
-    k.attend_fwd[(triton_cdiv(N, bt),)](tab, len(srcs), w, out_tab, lse, N, D, Q, eps, LO=_low_dtype(srcs),
+    k.attend_fwd[(triton_cdiv(N, bt),)](tab, len(srcs), w, lse, N, D, Q, eps, LO=_low_dtype(srcs),
                                          Q_PAD=q_pad, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps)
     return outs, lse
 
@@ -241,14 +240,14 @@ def attend_backward(sources: list[torch.Tensor], queries: torch.Tensor, lse: tor
             tgt[s] = next(it)
             assert tgt[s].is_contiguous() and (modes[s] == 1 or tgt[s].dtype == torch.float32)
     tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs]
-                 + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes), device)
-    g_tab = _table([g.data_ptr() for g in gs], device)
+                 + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes)
+                 + [g.data_ptr() for g in gs], device)
     q_pad = _pow2(Q)
     bt, bd, warps = _blocks(q_pad, D)
     n_blocks = triton_cdiv(N, bt)
     P = _programs(n_blocks, device)
     dq = torch.empty((P, Q, D), dtype=torch.float32, device=device)
-    k.attend_bwd[(P,)](tab, S, w, _rows(lse), g_tab, glse, dq, N, D, Q, eps, n_blocks, P,
+    k.attend_bwd[(P,)](tab, S, w, _rows(lse), glse, dq, N, D, Q, eps, n_blocks, P,
                        LO=_low_dtype(srcs + [t for t in tgt if t is not None]), Q_PAD=q_pad, BLOCK_T=bt,
                        BLOCK_D=bd, num_warps=warps)
     return dq.sum(0)
