@@ -323,7 +323,8 @@ def merge(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor]
     key_rstd = torch.empty_like(logits)
     zz = _rows(z.to(torch.float32)) if K else a
     qq = _rows(queries.to(torch.float32)) if has_q else a
-    tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext], device) if K else a
+    # an int64 table even without extras: the kernel's address casts must compile
+    tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext] if K else [0], device)
     bt, bd, warps = _blocks(1, D)
     k.merge_fwd[(triton_cdiv(N, bt),)](b, zz, tab, K, qq, y, a, rstd, logits if has_q else a,
                                         key_rstd if has_q else a, N, D, key_eps, eps, HAS_Q=has_q,
@@ -365,8 +366,8 @@ def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rst
             tgt[i] = next(it)
             assert tgt[i].is_contiguous() and (modes[i] == 1 or tgt[i].dtype == torch.float32)
     tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext]
-                 + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes),
-                 device) if K else a
+                 + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes)
+                 if K else [0], device)  # int64 even without extras: the kernel's address casts must compile
     bt, bd, warps = _blocks(1, D)
     n_blocks = triton_cdiv(N, bt)
     P = _programs(n_blocks, device)

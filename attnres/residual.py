@@ -478,8 +478,8 @@ class FullAttnRes(_DepthAttentionResidual):
         first = l - position  # the group's first read: it and every later read of the group see v_0 .. v_first
         if position == 0 and state.fused:  # one pass scores and mixes v_0 .. v_first for the group's reads
             reads = range(first, min(first + self.read_group, self.config.n_reads))
-            state.group_out, state.group_lse = attend_batched(state.values[: first + 1], state.q[reads.start: reads.stop],
-                                                              self.eps)
+            queries = state.q[reads.start: reads.stop]  # [Q, D]
+            state.group_out, state.group_lse = attend_batched(state.values[: first + 1], queries, self.eps)
         elif position == 0:
             reads = range(first, min(first + self.read_group, self.config.n_reads))
             # source i's logit for read r sits at column r - i of its cache
@@ -615,7 +615,8 @@ class BlockAttnRes(_DepthAttentionResidual):
         log-sum-exp [B, T, Q], softmax weights [n, B, T, Q] and the weighted sums (Q x [B, T, D], fp32). Fused (CUDA):
         one kernel scores and mixes the blocks, and returns no weights."""
         if state.fused:
-            state.phase1_out, state.phase1_lse = attend_batched(state.blocks, state.q[reads.start: reads.stop], self.eps)
+            queries = state.q[reads.start: reads.stop]  # [Q, D]
+            state.phase1_out, state.phase1_lse = attend_batched(state.blocks, queries, self.eps)
             return
         logits = self._completed_logits(state, reads)  # [n, B, T, Q]
         state.phase1_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]

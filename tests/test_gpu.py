@@ -251,7 +251,7 @@ def test_cuda_triton_ops_equal_the_torch_path(D, low, monkeypatch):
     def compute():
         sources = [track_source(v * 1.0) for v in vs]
         outs, lse = attend_batched(sources[:-1], q[:Q], 1e-6)
-        y = merge_read(outs[1], -lse[None, ..., 1], [sources[-1]], 1e-6, torch.float32, q[Q:], 1e-6)
+        y = merge_read(outs[1] * 1.0, -lse[None, ..., 1], [sources[-1]], 1e-6, torch.float32, q[Q:], 1e-6)  # (consumed)
         loss = (y * torch.linspace(-1, 1, D, device=CUDA)).sum() + outs[0].pow(2).sum() + outs[2].sum() + lse.sum()
         return [*outs, lse, y, *torch.autograd.grad(loss, [q, *vs])]
 
