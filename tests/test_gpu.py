@@ -230,7 +230,7 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
 
 
-@pytest.mark.parametrize("D", [896, 1264, 70])
+@pytest.mark.parametrize("D", [896, 1264])  # (small and odd D: tests/test_triton_kernels.py)
 @pytest.mark.parametrize("low", [False, True])
 def test_cuda_triton_ops_equal_the_torch_path(D, low, monkeypatch):
     """attend (phase 1, scoring included) and merge (with a key logit inside) at the paper widths, the sources fp32
@@ -308,17 +308,16 @@ def test_cuda_cached_decoding_equals_the_full_forward(residual):
 
 @pytest.mark.parametrize("residual", ["baseline", "full", "block"])
 def test_cuda_regional_compile_matches_eager(residual):
-    """compile_regions (inductor, the attention and MLP compiled once, the Triton depth kernels eager) == eager."""
+    """compile_regions (inductor, the attention and MLP compiled once, the Triton depth kernels eager) == eager.
+    The three schemes share the compiled sublayers (same shapes), so only the first compiles."""
     import copy
 
-    import torch._dynamo
     from torch.nn.attention import SDPBackend
 
     idx = batch().to(CUDA)
     model = build(residual).to(CUDA)
     l_eager, g_eager = loss_and_grads(model, idx, backend=SDPBackend.MATH)
     compiled = copy.deepcopy(model)
-    torch._dynamo.reset()
     compiled.compile_regions()
     l_comp, g_comp = loss_and_grads(compiled, idx, backend=SDPBackend.MATH)
     assert torch.allclose(l_comp, l_eager, rtol=1e-5)
