@@ -605,7 +605,7 @@ def attend_batched(sources: list[torch.Tensor], queries: torch.Tensor, eps: floa
     if queries.dim() != 2 or queries.shape[-1] != sources[0].shape[-1]:
         raise ValueError(f"attend_batched: queries must be [Q, D] with D = {sources[0].shape[-1]}; "
                          f"got {tuple(queries.shape)}")
-    if queries.shape[0] <= gpu_kernels.MAX_READS and gpu_kernels.applies(*sources):
+    if gpu_kernels.attend_fits(*queries.shape) and gpu_kernels.applies(*sources):
         return gpu_kernels.attend_batched(sources, queries, eps)
     logits = torch.stack([key_logits(v, queries, eps) for v in sources])  # [S, B, T, Q] fp32
     lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]

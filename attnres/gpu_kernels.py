@@ -142,6 +142,16 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def attend_fits(Q: int, D: int) -> bool:
+    """Whether attend takes Q queries of width D: its programs hold Q_PAD x BLOCK_D rows (at most 32768 fp32
+    elements; the paper sizes need 8192 at most)."""
+    return Q <= MAX_READS and _pow2(Q) * _pow2(D) <= 4 * _TILE
+
+
 def _low_dtype(tensors: list[torch.Tensor]):
     """The triton dtype of the call's low-precision tensors (bf16 when there are none: unused)."""
     import triton.language as tl
@@ -207,8 +217,8 @@ def attend(sources: list[torch.Tensor], queries: torch.Tensor, eps: float) -> tu
     tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs] + [o.data_ptr() for o in outs], device)
     q_pad = _pow2(Q)
     bt, bd, warps = _blocks(q_pad, D)
-    k.attend_fwd[(triton_cdiv(N, bt),)](tab, len(srcs), w, lse, N, D, Q, eps, LO=_low_dtype(srcs),
-                                         Q_PAD=q_pad, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps)
+    k.attend_fwd[(_cdiv(N, bt),)](tab, len(srcs), w, lse, N, D, Q, eps, LO=_low_dtype(srcs),
+                                  Q_PAD=q_pad, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps)
     return outs, lse
 
 
@@ -244,7 +254,7 @@ def attend_backward(sources: list[torch.Tensor], queries: torch.Tensor, lse: tor
                  + [g.data_ptr() for g in gs], device)
     q_pad = _pow2(Q)
     bt, bd, warps = _blocks(q_pad, D)
-    n_blocks = triton_cdiv(N, bt)
+    n_blocks = _cdiv(N, bt)
     P = _programs(n_blocks, device)
     dq = torch.empty((P, Q, D), dtype=torch.float32, device=device)
     k.attend_bwd[(P,)](tab, S, w, _rows(lse), glse, dq, N, D, Q, eps, n_blocks, P,
@@ -326,10 +336,10 @@ def merge(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor]
     # an int64 table even without extras: the kernel's address casts must compile
     tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext] if K else [0], device)
     bt, bd, warps = _blocks(1, D)
-    k.merge_fwd[(triton_cdiv(N, bt),)](b, zz, tab, K, qq, y, a, rstd, logits if has_q else a,
-                                        key_rstd if has_q else a, N, D, key_eps, eps, HAS_Q=has_q,
-                                        LO=_low_dtype(ext + [b, y]), K_PAD=_pow2(max(K, 1)), BLOCK_T=bt, BLOCK_D=bd,
-                                        num_warps=warps)
+    k.merge_fwd[(_cdiv(N, bt),)](b, zz, tab, K, qq, y, a, rstd, logits if has_q else a,
+                                 key_rstd if has_q else a, N, D, key_eps, eps, HAS_Q=has_q,
+                                 LO=_low_dtype(ext + [b, y]), K_PAD=_pow2(max(K, 1)), BLOCK_T=bt, BLOCK_D=bd,
+                                 num_warps=warps)
     return y, a, rstd, logits, key_rstd
 
 
@@ -369,7 +379,7 @@ def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rst
                  + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes)
                  if K else [0], device)  # int64 even without extras: the kernel's address casts must compile
     bt, bd, warps = _blocks(1, D)
-    n_blocks = triton_cdiv(N, bt)
+    n_blocks = _cdiv(N, bt)
     P = _programs(n_blocks, device)
     dq = torch.empty((P, K, D) if has_q else (0,), dtype=torch.float32, device=device)
     qq = _rows(queries.to(torch.float32)) if has_q else a
@@ -413,10 +423,6 @@ def _merge_grad(ctx, grad_y, *_unused):
 
 
 merge.register_autograd(_merge_grad, setup_context=_merge_setup)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---------------------------------------------------------------------------------------------------------
