@@ -335,3 +335,27 @@ def test_fsdp_strategy_wraps_each_transformer_block():
     assert isinstance(strategy, FSDPStrategy)
     policy = strategy.kwargs["auto_wrap_policy"]
     assert TransformerBlock in getattr(policy, "_module_classes", ())
+
+
+def test_compile_true_compiles_whole_or_regional(monkeypatch):
+    """compile=true: the whole model or its sublayers (ATTNRES_COMPILE; default regional on CUDA, whole elsewhere);
+    a bad value names the allowed ones. Nothing is compiled until the first forward."""
+    from attnres import ModelConfig
+    from experiments.module import COMPILE_ENV, LMModule, compile_mode
+
+    monkeypatch.delenv(COMPILE_ENV, raising=False)
+    assert compile_mode("cuda") == "regional" and compile_mode("cpu") == "whole"
+    monkeypatch.setenv(COMPILE_ENV, "whole")
+    assert compile_mode("cuda") == "whole"
+    monkeypatch.setenv(COMPILE_ENV, "fast")
+    with pytest.raises(ValueError, match="whole, regional"):
+        compile_mode("cpu")
+    for mode in ("regional", "whole"):
+        monkeypatch.setenv(COMPILE_ENV, mode)
+        module = LMModule(ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8), None, None,
+                          total_steps=1, log_every=1, eval_every=1, compile=True)
+        module.setup("fit")
+        forward = module.__dict__["_train_forward"]
+        assert module.compile_mode == mode
+        assert (forward is module.model) == (mode == "regional")
+        assert all((b.compiled is not None) == (mode == "regional") for b in module.model.blocks)
