@@ -173,7 +173,7 @@ def test_unknown_size_lists_the_sizes():
     with pytest.raises(ValueError, match="attnres16x256.*cpu_xl"):
         bench.resolve_size("huge")
     xl = bench.resolve_size("cpu_xl")
-    assert (xl.n_layers, xl.d_model, xl.n_blocks, xl.batch_size) == (8, 32, 4, 32)
+    assert (xl.n_layers, xl.d_model, xl.n_blocks, xl.batch_size) == (8, 32, 4, 4)
     paper = bench.resolve_size("paper_194m", seq_len=8192)
     assert (paper.n_layers, paper.d_model, paper.head_dim, paper.n_blocks) == (12, 896, 128, 8)
 
