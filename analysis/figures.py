@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
@@ -35,6 +36,8 @@ COLORS = {
 }
 LABELS = {"baseline": "Baseline", "block_attnres": "Block AttnRes", "full_attnres": "Full AttnRes"}
 FLAG_COLOR = "#e600e6"  # runs the outlier rule flagged: a ring in fig4, a dashed curve in loss_curves
+MAX_ARROW = 4.0  # fig4: multiplier arrows longer than this are cut (and say so), so the axis stays near the data
+CI_TEXT_BOUND = 20.0  # interval ends beyond [1/20, 20] print as "<0.05" / ">20"
 _FALLBACK = ["#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
 
 plt.rcParams.update({
@@ -120,7 +123,8 @@ def scaling_figure(
     base = doc["baseline"]
     mults = {v: doc["multipliers"][v] for v in variants if v in doc.get("multipliers", {})}
     C_all = df.loc[df["variant"].isin(variants), compute].to_numpy(float)
-    reach = max([mm["paper_M"] * mm["paper_M_at_C"] for mm in mults.values() if np.isfinite(mm["paper_M"] or np.nan)] + [C_all.max()])
+    reach = max([min(mm["paper_M"], MAX_ARROW) * mm["paper_M_at_C"] for mm in mults.values()
+                 if np.isfinite(mm["paper_M"] or np.nan)] + [C_all.max()])  # fmt: skip
     lo, hi = C_all.min() / 1.25, max(reach, C_all.max()) * 1.3
 
     if per_size_panel and mults:
@@ -156,20 +160,22 @@ def scaling_figure(
         C_star = mm["paper_M_at_C"]
         y = float(PowerLaw(fits[v]["A"], fits[v]["alpha"]).loss(C_star))
         col = color_of(v, variants)
-        ax.annotate("", xy=(C_star * mm["paper_M"], y), xytext=(C_star, y),
-                    arrowprops={"arrowstyle": "-|>", "color": col, "lw": 1.6, "shrinkA": 0, "shrinkB": 0}, zorder=5)  # fmt: skip
-        ci = mm.get("paper_M_ci95") or [None, None]
-        txt = f"M = {mm['paper_M']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else "")
+        M_drawn = min(mm["paper_M"], MAX_ARROW)  # a longer arrow would stretch the axis past the data: cut it
+        ax.annotate("", xy=(C_star * M_drawn, y), xytext=(C_star, y),
+                    arrowprops={"arrowstyle": "-|>" if M_drawn == mm["paper_M"] else "-", "color": col, "lw": 1.6,
+                                "shrinkA": 0, "shrinkB": 0, "ls": "-" if M_drawn == mm["paper_M"] else "--"},
+                    zorder=5)  # fmt: skip
+        txt = f"M = {mm['paper_M']:.2f}×" + ci_text(mm.get("paper_M_ci95"))
+        if M_drawn < mm["paper_M"]:
+            txt += f" (arrow cut at {MAX_ARROW:g}×)"
         ty = max(y + 0.05 * span, last_y + 0.065 * span)  # keep stacked labels apart
         last_y = ty
-        ax.text(C_star * mm["paper_M"], ty, txt, color=col, ha="right", va="bottom", fontsize=8.5,
+        ax.text(C_star * M_drawn, ty, txt, color=col, ha="right", va="bottom", fontsize=8.5,
                 bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}, zorder=6)  # fmt: skip
     lines = []
     for v, mm in mults.items():
         ci = mm["m_ci95"]
-        s = f"{label_of(v, labels)}: m = {mm['m']:.2f}×"
-        if ci and ci[0] is not None:
-            s += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+        s = f"{label_of(v, labels)}: m = {mm['m']:.2f}×" + ci_text(ci)
         if mm.get("p_m_le_1") is not None:
             s += f", P(m≤1) = {mm['p_m_le_1']:.3f}"
         if mm.get("headline") == "curve":
@@ -199,27 +205,62 @@ def _multiplier_panel(ax: plt.Axes, mults: dict[str, Any], variants: list[str], 
     """Per-size multipliers m_s (baseline curve inverted at each variant's loss) with intervals, the joint-fit m
     as a band, and the paper-form M(C) curve: a trend in m_s means the gain is not a constant multiplier."""
     n = len(mults)
+    y_lo, y_hi = _multiplier_limits(mults)
     for k, (v, mm) in enumerate(mults.items()):
         col = color_of(v, variants)
         ps = mm["per_size"]
         C = np.array([p["C"] for p in ps.values()])
         shift = 1.0 + 0.04 * (k - (n - 1) / 2)  # dodge the markers of different variants
         y = np.array([p["m"] for p in ps.values()])
-        ci = np.array([p.get("m_ci95") or [np.nan, np.nan] for p in ps.values()], float)
-        yerr = np.abs(np.vstack([y - ci[:, 0], ci[:, 1] - y]))
-        ax.errorbar(C * shift, y, yerr=None if np.isnan(yerr).all() else yerr, fmt="o", ms=4.5, color=col, capsize=2.5,
+        ci = np.array([[np.nan if b is None else b for b in (p.get("m_ci95") or [None, None])] for p in ps.values()], float)
+        ci_clipped = np.clip(ci, y_lo, y_hi)  # an unbounded interval ends at the panel's edge, marked by a caret
+        yc = np.clip(y, y_lo, y_hi)
+        yerr = np.abs(np.vstack([yc - ci_clipped[:, 0], ci_clipped[:, 1] - yc]))
+        ax.errorbar(C * shift, yc, yerr=None if np.isnan(yerr).all() else yerr, fmt="o", ms=4.5, color=col, capsize=2.5,
                     lw=1.1, label=f"{label_of(v, labels)}: $m_s$ per size", zorder=4)  # fmt: skip
+        for end, edge, marker in ((ci[:, 1], y_hi, "^"), (ci[:, 0], y_lo, "v")):
+            out = np.isfinite(end) & ((end > edge) if marker == "^" else (end < edge))
+            if out.any():
+                ax.scatter(C[out] * shift, np.full(out.sum(), edge), marker=marker, s=30, color=col, zorder=5, clip_on=False)
         lo_, hi_ = mm["m_ci95"]
         if lo_ is not None:
-            ax.axhspan(lo_, hi_, color=col, alpha=0.12, lw=0)
+            ax.axhspan(max(lo_, y_lo), min(hi_, y_hi), color=col, alpha=0.12, lw=0)
         ax.axhline(mm["m"], color=col, lw=1.2, alpha=0.9)
         cur = mm.get("paper_M_curve")
         if cur:
             ax.plot(cur["C"], cur["M"], color=col, ls="--", lw=1.0, alpha=0.9)
     ax.axhline(1.0, color="0.3", lw=0.9, ls=":")
+    ax.set_yscale("log")
+    ax.set_ylim(y_lo, y_hi)
+    subs = (1.0, 2.0, 5.0) if y_hi / y_lo > 12 else (1.0, 1.25, 1.5, 2.0, 3.0, 5.0)  # no crowded labels
+    ax.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda x, _: f"{x:g}×"))
+    ax.yaxis.set_minor_formatter(mticker.NullFormatter())
     ax.set_ylabel(f"Compute multiplier vs {label_of(base, labels)}")
     ax.set_title("Multiplier: $m_s$ per size (points), joint-fit m (line, 95% band),\npaper-form M(C) (dashed)", fontsize=9)
     ax.legend(loc="best", frameon=True, framealpha=0.9)
+
+
+def _multiplier_limits(mults: dict[str, Any]) -> tuple[float, float]:
+    """Log-axis limits that hold every point estimate, 1 and the joint-fit intervals, but never more than
+    MAX_ARROW^2 either way: a bootstrap interval that runs to 1e9 must not flatten the points to a line."""
+    vals = [1.0]
+    for mm in mults.values():
+        vals += [p["m"] for p in mm["per_size"].values() if p.get("m") is not None]
+        vals += [mm["m"]] + [b for b in (mm.get("m_ci95") or []) if b is not None]
+        vals += [b for p in mm["per_size"].values() for b in (p.get("m_ci95") or []) if b is not None]
+    vals_arr = np.clip(np.array([v for v in vals if np.isfinite(v) and v > 0], float), 1 / MAX_ARROW**2, MAX_ARROW**2)
+    return float(vals_arr.min()) / 1.08, float(vals_arr.max()) * 1.08
+
+
+def ci_text(ci: Any, bound: float = CI_TEXT_BOUND) -> str:
+    """' [lo, hi]' for a multiplier interval; ends beyond [1/bound, bound] print as '<x' / '>x' (a bootstrap
+    interval of a fit with too few points can run to 1e9: a number that size carries no information)."""
+    if not ci or ci[0] is None or ci[1] is None or not (np.isfinite(ci[0]) and np.isfinite(ci[1])):
+        return ""
+    lo = f"<{1 / bound:.2g}" if ci[0] < 1 / bound else f"{ci[0]:.2f}"
+    hi = f">{bound:g}" if ci[1] > bound else f"{ci[1]:.2f}"
+    return f" [{lo}, {hi}]"
 
 
 def _loss_limits(df: pd.DataFrame, variants: list[str], grid: np.ndarray, fits: dict[str, Any]) -> tuple[float, float]:
@@ -526,10 +567,13 @@ def arch_grid_figure(table: dict[str, Any], stem: Path, labels: dict[str, str] |
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
+def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[str, str] | None = None,
+              tuned: dict[str, dict[str, float]] | None = None, rule: str = "per_size") -> list[Path]:  # fmt: skip
     """Validation loss vs learning rate (log x), one panel per arm, one curve per size (mean over seeds; single
-    runs as faint dots), the tuned optimum as a star with its 95% interval as a bar; diverged runs as crosses on
-    the panel's top edge; an optimum on a grid edge is labelled "edge". ``runs``: analysis.lr.lr_runs output."""
+    runs as faint dots), the fitted optimum as a star with its 95% interval as a bar; diverged runs as crosses on
+    the panel's top edge; an optimum on a grid edge is labelled "edge". ``tuned`` (``lr[variant][size]``, the lrs
+    written under ``rule``), where it differs from the optimum, as an open diamond on the size's curve.
+    ``runs``: analysis.lr.lr_runs output."""
     if table.empty:
         warnings.warn("LR figure skipped: no tuned curves", AnalysisWarning, stacklevel=2)
         return []
@@ -562,16 +606,28 @@ def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[
                 xerr = None if not (np.isfinite(lo) and np.isfinite(hi)) else [[r["lr"] - lo], [hi - r["lr"]]]
                 ax.errorbar([r["lr"]], [r["loss_at_optimum"]], xerr=xerr, fmt="*", ms=11, color=col, mec="black",
                             mew=0.6, capsize=3, lw=1.2, zorder=5)  # fmt: skip
+                lr_out = ((tuned or {}).get(str(v)) or {}).get(str(s))
+                if lr_out is not None and not np.isclose(lr_out, r["lr"], rtol=1e-3):
+                    ok_pts = np.isfinite(mean)
+                    y_out = np.interp(np.log(lr_out), np.log(grid[ok_pts]), mean[ok_pts]) if ok_pts.any() else r["loss_at_optimum"]
+                    ax.plot([lr_out], [y_out], "D", ms=6.5, mfc="white", mec=col, mew=1.6, zorder=6)
                 if r["on_edge"]:
                     ax.annotate("edge", (r["lr"], r["loss_at_optimum"]), textcoords="offset points", xytext=(0, -13),
                                 ha="center", fontsize=7.5, color="red")  # fmt: skip
         ax.set_xscale("log")
+        grid_all = np.unique(np.concatenate([np.asarray(g, float) for g in table.loc[table["variant"] == v, "grid"]]))
+        step = max(1, int(np.ceil(len(grid_all) / 6)))  # at most ~6 labels: no overlap at this width
+        ax.xaxis.set_major_locator(mticker.FixedLocator(grid_all[::step]))
+        ax.xaxis.set_major_formatter(mticker.FixedFormatter([f"{x:.2g}" for x in grid_all[::step]]))
+        ax.xaxis.set_minor_locator(mticker.FixedLocator(grid_all))
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.set_xlabel("Peak learning rate")
         ax.set_title(label_of(v, labels))
         ax.set_ylim(y_lo - pad, y_hi + 2 * pad)
     axes[0][0].set_ylabel("Validation loss")
     axes[0][-1].legend(title="size", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.suptitle("Learning-rate tuning: mean loss per grid point, tuned optimum (star) with 95% interval; × diverged",
-                 fontsize=9.5)  # fmt: skip
+    written = "; ◇ lr written (power-law trend over sizes)" if rule == "trend" and tuned else ""
+    fig.suptitle("Learning-rate tuning: mean loss per grid point (dots: runs),\nfitted optimum (★) with 95% interval"
+                 + written + "; × diverged", fontsize=9)  # fmt: skip
     fig.tight_layout()
     return save(fig, stem)

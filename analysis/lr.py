@@ -381,10 +381,13 @@ def _fmt(x: float) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3g}"
 
 
-def lr_markdown(table: pd.DataFrame, info: dict[str, Any], trend: dict[str, Any], source: str | None) -> str:
+def lr_markdown(table: pd.DataFrame, info: dict[str, Any], trend: dict[str, Any], source: str | None,
+                tuned: dict[str, dict[str, float]] | None = None, rule: str = "per_size") -> str:  # fmt: skip
+    """The LR study's summary table; ``tuned`` (``lr[variant][size]``) is what the sizes read under ``rule``."""
     lines = ["# Learning-rate tuning", "", f"Source: `{source}`." if source else "", "",
-             "| arm | size | N | tuned lr [95% CI] | best grid lr | loss at optimum | grid points | seeds | flags |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             f"| arm | size | N | optimum [95% CI] | lr written (rule {rule}) | best grid lr | loss at optimum | "
+             "grid points | seeds | flags |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in table.itertuples():
         flags = []
         if r.on_edge:
@@ -396,8 +399,9 @@ def lr_markdown(table: pd.DataFrame, info: dict[str, Any], trend: dict[str, Any]
         if r.n_diverged:
             flags.append(f"{r.n_diverged} diverged")
         n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
+        out_lr = ((tuned or {}).get(str(r.variant)) or {}).get(str(r.size))
         lines.append(f"| {r.variant} | {r.size} | {n} | {_fmt(r.lr)} [{_fmt(r.ci95[0])}, {_fmt(r.ci95[1])}] | "
-                     f"{_fmt(r.grid_best_lr)} | {_fmt(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | {', '.join(flags)} |")  # fmt: skip
+                     f"{_fmt(out_lr)} | {_fmt(r.grid_best_lr)} | {_fmt(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | {', '.join(flags)} |")  # fmt: skip
     lines += ["", f"Optimum: vertex of a least-squares parabola in ln(lr) through the grid points within {info['window']} "
               "steps of the grid minimum (kept inside that window); a diverged run counts as worse than every completed "
               f"one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, B = {info['B']}; single-seed curves "
@@ -430,13 +434,21 @@ def run_lr(df: pd.DataFrame, out: str | Path, *, B: int = DEFAULT_B, seed: int =
                   "n_diverged": int((runs["status"] == "diverged").sum())}  # fmt: skip
     doc = {"schema_version": 1, "provenance": provenance, "info": info, "trend": trend,
            "optima": json.loads(table.to_json(orient="records"))}  # fmt: skip
+    try:
+        tuned: dict[str, Any] | None = tuned_document(table, info, provenance, rule, trend)
+    except ValueError:
+        if write_config is not None:
+            raise
+        tuned = None  # e.g. rule=trend with one size: nothing to write, the optima are still reported
+    doc["rule"] = rule
+    doc["tuned_lr"] = tuned["lr"] if tuned else None  # what the sizes read under `rule`
     written = []
     if make_figures:
-        written += figures.lr_figure(runs, table, out / "fig_lr")
-    if write_config is not None:
-        written.append(write_tuned_config(tuned_document(table, info, provenance, rule, trend), write_config, command))
+        written += figures.lr_figure(runs, table, out / "fig_lr", tuned=doc["tuned_lr"], rule=rule)
+    if write_config is not None and tuned is not None:
+        written.append(write_tuned_config(tuned, write_config, command))
     (out / "lr.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "lr_summary.md").write_text(lr_markdown(table, info, trend, df.attrs.get("source")))
+    (out / "lr_summary.md").write_text(lr_markdown(table, info, trend, df.attrs.get("source"), doc["tuned_lr"], rule))
     doc["files"] = [str(p) for p in written] + [str(out / "lr.json"), str(out / "lr_summary.md")]
     doc["table"] = table
     return doc

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from . import bootstrap as bs
 from . import health
@@ -106,11 +107,12 @@ def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str
 
 def _pair_fit(
     df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str, delta: float,
-    draws: tuple[np.ndarray, np.ndarray] | None = None,
+    draws: tuple[np.ndarray, np.ndarray] | None = None, pair_sd: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The multiplier of ``variant`` vs ``baseline`` with its intervals. ``draws`` = (L, W) replicates of the rows
     [baseline runs, variant runs] in that order (default: drawn here from the pair's own random stream); the
-    replicates of m are returned under ``_m_boot`` (not part of fit.json)."""
+    replicates of m are returned under ``_m_boot`` (not part of fit.json). ``pair_sd``: the paired-difference sd
+    per size that weights the paired multiplier (:func:`pooled_pair_sd`)."""
     d = pd.concat([df[df["variant"] == baseline], df[df["variant"] == variant]], ignore_index=True)
     C = d[compute].to_numpy(float)
     L = d["val_loss"].to_numpy(float)
@@ -163,6 +165,8 @@ def _pair_fit(
             per_size_boot[s] = np.exp((w * np.where(mask, ln_m, 0.0)).sum(1) / w.sum(1))
         geo_boot = np.exp(np.nanmean(np.log(np.stack(list(per_size_boot.values()), 1)), 1))
 
+    paired = _paired_multiplier(d, isv, L, C, order, Ls, Ws, plan, alpha=float(sl["alpha_b"]), E=joint.E,
+                                alpha_boot=slb["alpha_b"], E_boot=jb["E"], pair_sd=pair_sd)  # fmt: skip
     diff_ci = bs.interval(alpha_diff, diff_b, plan)
     significant = bool(np.isfinite(diff_ci[0]) and (diff_ci[0] > 0 or diff_ci[1] < 0))
     finite_m = np.isfinite(jb["m"]) & (jb["m"] > 0)
@@ -207,9 +211,103 @@ def _pair_fit(
         "per_size": per_size,
         "per_size_geomean": geo_point,
         "per_size_geomean_ci95": bs.interval(geo_point, geo_boot, plan, log=True),
+        "paired": paired,
         "bootstrap_failed": int((~finite_m).sum()),
         "_m_boot": jb["m"],
     }
+
+
+PAIRED_SD_FLOOR = 0.005  # nats: a paired-difference sd below this is not trusted as a weight
+
+
+def pooled_pair_sd(paired_deltas: list[dict[str, Any]]) -> dict[str, float]:
+    """Per size: the sd of same-seed differences pooled over every variant (degrees of freedom n - 1 each).
+    Three pairs give a poor sd (its 95% range is 0.16-1.9x the true one); pooling the arms of a size steadies the
+    weights and gives every arm the same ones."""
+    acc: dict[str, list[float]] = {}
+    for r in paired_deltas:
+        if r["sd"] is not None and r["n_pairs"] > 1:
+            a = acc.setdefault(r["size"], [0.0, 0.0])
+            a[0] += (r["n_pairs"] - 1) * r["sd"] ** 2
+            a[1] += r["n_pairs"] - 1
+    return {s: math.sqrt(v / k) for s, (v, k) in acc.items() if k > 0}
+
+
+def _paired_multiplier(d: pd.DataFrame, isv: np.ndarray, L: np.ndarray, C: np.ndarray, order: list[str],
+                       Ls: np.ndarray, Ws: np.ndarray, plan: bs.ResamplePlan, *, alpha: float, E: float,
+                       alpha_boot: np.ndarray, E_boot: np.ndarray,
+                       pair_sd: dict[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The multiplier from same-seed differences: at each size, the mean paired difference Delta = L_v - L_b
+    (same initialisation seed and data order) read through the baseline law L = E + A C^-alpha at the size's mean
+    baseline loss: ln m_s = -ln(1 + Delta / (L_b - E)) / alpha - ln(C_v / C_b) (to first order -Delta / (alpha
+    (L_b - E)), the local slope). Pairing cancels what the two runs of a seed share, so m_s
+    can be far tighter than the joint fit where the arms' trajectories stay together, and no tighter where they
+    diverge. Sizes are pooled in ln m by random effects (DerSimonian-Laird): each size's pair-noise variance
+    v_s = max(sd_s, PAIRED_SD_FLOOR)^2 / n / (alpha (L_b - E))^2, sd_s from ``pair_sd`` (the size's paired sd pooled
+    over arms; this arm's own where absent; equal weights when a size has none), plus tau^2, the sizes' spread beyond
+    it (Cochran's Q, reported with I^2). The interval: the same bootstrap replicates as the joint fit (cells, alpha,
+    E) with the weights held at their point values, plus a normal between-size term of variance tau^2 sum(w^2).
+    The constant-multiplier assumption of the shared-exponent joint fit applies; a small heterogeneity p says the
+    sizes disagree with it."""
+    seeds = d["seed"].astype(str).to_numpy()
+    sizes = d["size"].astype(str).to_numpy()
+    per_size: dict[str, Any] = {}
+    ln_point, ln_boot, weight = {}, {}, {}
+    for s in order:
+        base_row = {seeds[i]: i for i in np.flatnonzero(~isv & (sizes == s))}
+        pairs = [(base_row[seeds[i]], i) for i in np.flatnonzero(isv & (sizes == s)) if seeds[i] in base_row]
+        if not pairs:
+            continue
+        ib, iv = (np.array(x) for x in zip(*pairs))
+        delta = L[iv] - L[ib]
+        ln_c = float(np.log(C[iv].mean() / C[ib].mean()))  # the variant's own FLOP overhead at this size
+        ln_point[s] = float(-np.log1p(delta.mean() / (L[ib].mean() - E)) / alpha - ln_c)
+        w = Ws[:, iv]  # a cell's weight is shared by both arms
+        with np.errstate(all="ignore"):
+            delta_b = ((Ls[:, iv] - Ls[:, ib]) * w).sum(1) / w.sum(1)
+            base_b = (Ls[:, ib] * w).sum(1) / w.sum(1)
+            ln_boot[s] = -np.log1p(delta_b / (base_b - E_boot)) / alpha_boot - ln_c
+        sd = float(np.std(delta, ddof=1)) if len(delta) > 1 else None
+        sd_w = (pair_sd or {}).get(s, sd)
+        weight[s] = len(delta) / max(sd_w, PAIRED_SD_FLOOR) ** 2 if sd_w is not None else None
+        m_s = float(np.exp(ln_point[s]))
+        per_size[s] = {"m": m_s, "m_ci95": bs.interval(m_s, np.exp(ln_boot[s]), plan, log=True),
+                       "delta": float(delta.mean()), "delta_sd": sd, "n_pairs": int(len(delta)),
+                       "L_base": float(L[ib].mean())}  # fmt: skip
+    if not per_size:
+        return {"m": None, "m_ci95": None, "p_m_le_1": None, "per_size": {}}
+    # Random-effects pooling (DerSimonian-Laird): v_s, the pair-noise variance of ln m_s; tau^2, the spread of the
+    # sizes' own multipliers beyond it (zero when they agree). Without tau^2 a pooled m would claim the precision of
+    # its tightest sizes even where the sizes disagree.
+    slope = {s: alpha * (per_size[s]["L_base"] - E) for s in per_size}
+    equal = any(w is None for w in weight.values())
+    v = {s: (1.0 if equal else 1.0 / weight[s]) / slope[s] ** 2 for s in per_size}
+    w_fe = {s: 1.0 / v[s] for s in v}
+    k = len(v)
+    ln_fe = sum(w_fe[s] * ln_point[s] for s in v) / sum(w_fe.values())
+    Q = float(sum(w_fe[s] * (ln_point[s] - ln_fe) ** 2 for s in v)) if not equal else None
+    tau2 = 0.0
+    if Q is not None and k > 1:
+        c = sum(w_fe.values()) - sum(x**2 for x in w_fe.values()) / sum(w_fe.values())
+        tau2 = max(0.0, (Q - (k - 1)) / c) if c > 0 else 0.0
+    w_re = {s: 1.0 / (v[s] + tau2) for s in v} if not equal else {s: 1.0 for s in v}
+    total = sum(w_re.values())
+    share = {s: w / total for s, w in w_re.items()}
+    ln_m = sum(share[s] * ln_point[s] for s in share)
+    with np.errstate(all="ignore"):
+        ln_b = sum(share[s] * ln_boot[s] for s in share)
+    if tau2 > 0:  # the between-size part, which resampling seeds within sizes cannot see
+        ln_b = ln_b + math.sqrt(tau2 * sum(x**2 for x in share.values())) * bs.rng_for(plan, "paired-tau").standard_normal(ln_b.shape)
+    boot = np.exp(ln_b)
+    m = float(np.exp(ln_m))
+    for s in per_size:
+        per_size[s]["weight"] = share[s]
+        per_size[s].pop("L_base")
+    p_het = float(stats.chi2.sf(Q, k - 1)) if Q is not None and k > 1 else None
+    return {"m": m, "m_ci95": bs.interval(m, boot, plan, log=True), "p_m_le_1": bs.share_at_most(m, boot, plan, 1.0),
+            "per_size": per_size, "sd_floor": PAIRED_SD_FLOOR,
+            "heterogeneity": {"Q": Q, "dof": k - 1, "p": p_het, "tau": math.sqrt(tau2),
+                              "I2": max(0.0, (Q - (k - 1)) / Q) if Q else None}}  # fmt: skip
 
 
 OWN_LR = "@own_lr"  # arm-name suffix of runs trained at their own tuned lr (lr_protocol=per_arm)
@@ -302,14 +400,18 @@ def _protocol_comparison(df: pd.DataFrame, baseline: str, variant: str, plan: bs
     nb, nv = int((u["variant"] == baseline).sum()), int((u["variant"] == variant).sum())
     idx_shared = np.r_[np.arange(nb), nb + np.arange(nv)]
     idx_own = np.r_[np.arange(nb), nb + nv + np.arange(len(u) - nb - nv)]
-    shared = _pair_fit(df, baseline, variant, plan, compute, form, delta, draws=(Lu[:, idx_shared], Wu[:, idx_shared]))
-    mine = _pair_fit(df, baseline, own, plan, compute, form, delta, draws=(Lu[:, idx_own], Wu[:, idx_own]))
+    sd = pooled_pair_sd(_paired_deltas(df, [variant, own], baseline, compute))
+    shared = _pair_fit(df, baseline, variant, plan, compute, form, delta, draws=(Lu[:, idx_shared], Wu[:, idx_shared]),
+                       pair_sd=sd)  # fmt: skip
+    mine = _pair_fit(df, baseline, own, plan, compute, form, delta, draws=(Lu[:, idx_own], Wu[:, idx_own]), pair_sd=sd)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio_boot = mine["_m_boot"] / shared["_m_boot"]
     ratio = mine["m"] / shared["m"]
     return {
-        "shared_lr": {"m": shared["m"], "m_ci95": shared["m_ci95"], "p_m_le_1": shared["p_m_le_1"]},
-        "own_lr": {"m": mine["m"], "m_ci95": mine["m_ci95"], "p_m_le_1": mine["p_m_le_1"]},
+        "shared_lr": {"m": shared["m"], "m_ci95": shared["m_ci95"], "p_m_le_1": shared["p_m_le_1"],
+                      "paired_m": shared["paired"]["m"], "paired_m_ci95": shared["paired"]["m_ci95"]},
+        "own_lr": {"m": mine["m"], "m_ci95": mine["m_ci95"], "p_m_le_1": mine["p_m_le_1"],
+                   "paired_m": mine["paired"]["m"], "paired_m_ci95": mine["paired"]["m_ci95"]},
         "ratio_own_over_shared": ratio,
         "ratio_ci95": bs.interval(ratio, ratio_boot, plan, log=True),
     }
@@ -390,7 +492,7 @@ def analyse_scaling(
         out["variants"][v] = _variant_fit(df[df["variant"] == v], v, plan, compute)
     for v in variants:
         if v != baseline:
-            fit = _pair_fit(df, baseline, v, plan, compute, form, delta)
+            fit = _pair_fit(df, baseline, v, plan, compute, form, delta, pair_sd=pooled_pair_sd(out["paired_deltas"]))
             fit.pop("_m_boot")
             out["multipliers"][v] = fit
     for v in variants:
@@ -402,7 +504,8 @@ def analyse_scaling(
             sub = analyse_scaling(clean, baseline=baseline, compute=compute, B=B, seed=seed, bootstrap_mode=bootstrap_mode,
                                   seed_sigma=seed_sigma, seed_rho=seed_rho, form=form, delta=delta, skip_incomplete=True,
                                   outliers="ignore")  # fmt: skip
-            out["without_flagged"] = {v: {"m": m["m"], "m_ci95": m["m_ci95"], "p_m_le_1": m["p_m_le_1"]}
+            out["without_flagged"] = {v: {"m": m["m"], "m_ci95": m["m_ci95"], "p_m_le_1": m["p_m_le_1"],
+                                          "paired_m": m["paired"]["m"], "paired_m_ci95": m["paired"]["m_ci95"]}
                                       for v, m in sub["multipliers"].items()}  # fmt: skip
         except ValueError as e:  # too few runs left to fit
             out["without_flagged"] = {"error": str(e)}
@@ -426,7 +529,14 @@ def _precision(doc: dict[str, Any], baseline: str) -> dict[str, Any]:
     for v, m in doc["multipliers"].items():
         lo, hi = m["m_ci95"]
         half[v] = (hi - lo) / 2 / m["m"] if m.get("m") and lo is not None and math.isfinite(lo) and math.isfinite(hi) else None
+    half_paired = {}
+    for v, m in doc["multipliers"].items():
+        p = m.get("paired") or {}
+        lo, hi = p.get("m_ci95") or (None, None)
+        ok = p.get("m") and lo is not None and math.isfinite(lo) and math.isfinite(hi)
+        half_paired[v] = (hi - lo) / 2 / p["m"] if ok else None
     return {
+        "paired_m_half_width_over_m": half_paired,
         "baseline_seed_sd": {r["size"]: r["val_loss_sd"] for r in base},
         "baseline_decreasing": bool(all(b < a for a, b in zip(means, means[1:]))),
         "baseline_rmse_log_runs": f.get("rmse_log"),
@@ -763,7 +873,9 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
                   f"- Baseline mean loss strictly decreasing with compute: {'yes' if pr['baseline_decreasing'] else '**no**'}.",
                   f"- Baseline power law rmse(log L): {_fmt(pr['baseline_rmse_log_runs'], 3)} over runs, "
                   f"{_fmt(pr['baseline_rmse_log_means'], 3)} over size means.",
-                  "- Multiplier 95% half-width / m: " + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in pr["m_half_width_over_m"].items()) + ".",
+                  "- Multiplier 95% half-width / m: " + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in pr["m_half_width_over_m"].items())
+                  + "; paired multiplier: " + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in
+                                                       (pr.get("paired_m_half_width_over_m") or {}).items()) + ".",
                   ""]  # fmt: skip
     if doc.get("paired_deltas"):
         lines += [f"## Paired differences vs {base} (same seed: same initialisation and data order)", ""]
@@ -771,6 +883,30 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
         for r in doc["paired_deltas"]:
             lines.append(f"| {r['size']} | {r['variant']} | {r['n_pairs']} | {r['mean']:+.4f} | {_fmt(r['sd'], 3)} | "
                          + ", ".join(f"{x:+.4f}" for x in r["diffs"]) + " |")  # fmt: skip
+        lines.append("")
+    paired = {v: m["paired"] for v, m in doc.get("multipliers", {}).items() if (m.get("paired") or {}).get("m")}
+    if paired:
+        lines += ["## Paired multiplier (same-seed differences through the baseline's local slope)", "",
+                  "At each size, ln m_s = −ln(1 + mean Δ / (L_b − E)) / α_b − ln(C_v / C_b): the mean paired difference "
+                  "read through the baseline law at the size's baseline loss. Sizes pooled in ln m, weighted by pairs / max(sd Δ of the size, "
+                  f"pooled over arms, {PAIRED_SD_FLOOR:g})². Same bootstrap replicates as the joint fit. It assumes one constant "
+                  "multiplier, as the joint fit does, and is tight only where an arm's runs stay with their baseline "
+                  "seed-mates.", "",
+                  "| variant | size | pairs | mean Δ ± sd | m_s [95% CI] | weight |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for v, p in paired.items():
+            for size, r in p["per_size"].items():
+                sd = f" ± {r['delta_sd']:.4f}" if r["delta_sd"] is not None else ""
+                lines.append(f"| {v} | {size} | {r['n_pairs']} | {r['delta']:+.4f}{sd} | {r['m']:.3f}× {_ci(r['m_ci95'])} "
+                             f"| {r['weight']:.2f} |")  # fmt: skip
+            lines.append(f"| **{v}** | **pooled** | | | **{p['m']:.3f}× {_ci(p['m_ci95'])}**, P(m ≤ 1) = "
+                         f"{_fmt(p['p_m_le_1'], 3)} | 1 |")  # fmt: skip
+        lines.append("")
+        for v, p in paired.items():
+            h = p.get("heterogeneity") or {}
+            if h.get("Q") is not None:
+                verdict = "**the sizes disagree: no single multiplier**" if (h["p"] or 1) < 0.05 else "consistent with one multiplier"
+                lines.append(f"- {v}: heterogeneity over sizes Q = {h['Q']:.2f} on {h['dof']} dof, p = {_fmt(h['p'], 3)}, "
+                             f"I² = {_fmt(h['I2'], 2)}, τ(ln m) = {h['tau']:.3f}: {verdict}.")  # fmt: skip
         lines.append("")
     if doc.get("protocols"):
         lines += ["## Learning-rate protocols", "",
@@ -806,7 +942,9 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
                 lines.append(f"- Without the flagged runs the ladder cannot be fitted: {wf['error']}")
             else:
                 lines.append("- Without the flagged runs: " + "; ".join(
-                    f"{v} m = {m['m']:.3f}× {_ci(m['m_ci95'])}" for v, m in wf.items()) + ".")  # fmt: skip
+                    f"{v} m = {m['m']:.3f}× {_ci(m['m_ci95'])}"
+                    + (f" (paired {m['paired_m']:.3f}× {_ci(m['paired_m_ci95'])})" if m.get("paired_m") else "")
+                    for v, m in wf.items()) + ".")  # fmt: skip
         lines.append("")
     if doc.get("excluded_runs"):
         lines += ["## Excluded runs", ""]

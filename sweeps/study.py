@@ -127,12 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the sweep config's)")
     ap.add_argument("--arms", default="default", choices=sorted(ARMS),
                     help="lr study: 'default' tunes the baseline only (the paper's protocol), 'all' every arm")
+    ap.add_argument("--rule", default="trend", choices=["per_size", "trend"],
+                    help="lr study: the lr written per size, each curve's own optimum or the arm's power law over "
+                         "sizes (default: trend, which smooths single-size seed noise)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="parallel single-thread jobs (default: 2, or 1 on a 1-core machine)")
     ap.add_argument("--runs-root", default="runs", help="where run directories and results.csv go (default: runs)")
     ap.add_argument("--reports-root", default="reports", help="where the report goes (default: reports)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # options may come between the study and its overrides
 
     study = STUDIES[args.study]
     extra = list(study.overrides)
@@ -162,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         return sweep_rc or 1
     if study.kind == "lr":
         tuned = REPO / study.tuned_config if study.tuned_config else None
-        fit_cmd = [sys.executable, "-m", "analysis", "lr", "--results", str(results), "--out", str(report)]
+        fit_cmd = [sys.executable, "-m", "analysis", "lr", "--results", str(results), "--out", str(report),
+                   "--rule", args.rule]
         if tuned is not None:
             fit_cmd += ["--write-config", str(tuned)]
         print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)

@@ -134,6 +134,18 @@ def test_study_command_takes_seeds_from_the_sweep_config():
         study._sweep_key("quick", "nonexistent")
 
 
+def test_study_options_may_come_between_the_study_and_its_overrides(tmp_path, monkeypatch):
+    from sweeps import study
+
+    seen = []
+    monkeypatch.setattr(study, "run_streaming", lambda cmd, log: seen.append(cmd) or 0)
+    rc = study.main(["lr", "--seeds", "10", "model=full_attnres", "size=cpu_s", "--runs-root", str(tmp_path / "r"),
+                     "--reports-root", str(tmp_path / "p")])  # fmt: skip
+    assert rc == 1  # nothing ran, so there is no table to analyse
+    (cmd,) = seen
+    assert "seed=10" in cmd and cmd[-2:] == ["model=full_attnres", "size=cpu_s"]
+
+
 def test_study_headline_flags_single_seed_intervals(tmp_path):
     import json
 
