@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--wandb-group", help="W&B group (study) to read, with --wandb")
     f.add_argument("--out", required=True, help="output directory")
     f.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    f.add_argument("--dataset", help="fit only the runs of this data set (data_fingerprint, a prefix of it, or the dataset "
+                   "path); needed when a table holds several")
     f.add_argument("--study", help="which study to fit as the scaling ladder (default: the only one besides block_size/ablations)")
     f.add_argument("--compute", default="pflops_days", choices=["pflops_days", "pflops_days_6nd"], help="compute column (default: pflops_days)")
     f.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
@@ -44,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("lr", help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read")
     r.add_argument("--results", required=True, help="the LR study's results.csv (or a study directory)")
     r.add_argument("--out", required=True, help="output directory (lr.json, lr_summary.md, fig_lr.png)")
+    r.add_argument("--dataset", help="only the runs of this data set (data_fingerprint, a prefix of it, or the dataset path)")
     r.add_argument("--write-config", metavar="PATH", help="also write the tuned lrs as a config, e.g. conf/tuned_lr/cpu.yaml")
     r.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
     r.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
@@ -79,8 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "fit":
             from .pipeline import load_any, run_fit
+            from .records import select_dataset
 
             df = load_any(args.results, args.wandb, args.wandb_group)
+            if args.dataset:
+                df = select_dataset(df, args.dataset)
             doc = run_fit(
                 df, args.out, baseline=args.baseline, study=args.study, compute=args.compute, B=args.bootstrap,
                 seed=args.seed, bootstrap_mode=args.bootstrap_mode, seed_sigma=args.seed_sigma, seed_rho=args.seed_rho,
@@ -97,10 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"to {_f(c['M'][-1])} at C = {c['C'][-1]:.3g} (see fit.json paper_M_curve)")  # fmt: skip
         elif args.command == "lr":
             from .lr import run_lr
-            from .records import load_results
+            from .records import check_one_dataset, load_results, select_dataset
 
             command = "python -m analysis " + " ".join(argv if argv is not None else sys.argv[1:])
-            doc = run_lr(load_results(args.results), args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma,
+            df = load_results(args.results)
+            if args.dataset:
+                df = select_dataset(df, args.dataset)
+            check_one_dataset(df[df["status"].isin(["completed", "diverged"])] if "status" in df.columns else df)
+            doc = run_lr(df, args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma,
                          write_config=args.write_config, command=command, make_figures=not args.no_figures,
                          rule=args.rule)  # fmt: skip
             for r in doc["table"].itertuples():

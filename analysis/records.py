@@ -14,23 +14,18 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from . import ledger
+
 # The columns a scaling fit cannot do without; the schema has many more (tolerated, some used by figures).
 FIT_COLUMNS = ("run_id", "variant", "size", "seed", "status", "pflops_days", "val_loss")
-# The writer's list is experiments.records.COLUMNS; analysis does not import the training package (it must run
-# without it), so the schema is restated here and tests/test_analysis_records.py keeps the two identical.
-SCHEMA_COLUMNS = (
-    "run_id", "study", "variant", "residual", "size", "seed", "status", "n_layers", "d_model", "n_heads", "d_ff",
-    "block_size", "n_blocks", "seq_len", "batch_size", "params", "params_non_embedding", "tokens",
-    "flops_per_token", "flops", "pflops_days", "flops_6nd", "pflops_days_6nd", "val_loss", "train_loss", "steps",
-    "lr", "wall_time_s", "git_commit", "config_hash", "run_dir", "error", "started_at", "finished_at",
-    "flops_budget", "d_over_lb", "heads_over_lb", "lr_protocol", "health",
-)  # fmt: skip
+# The schema's columns, shared with the writer (experiments.records) through the stdlib module analysis.ledger.
+SCHEMA_COLUMNS = ledger.COLUMNS
 _STR_COLUMNS = ("run_id", "study", "variant", "residual", "size", "status", "git_commit", "config_hash", "run_dir", "error",
-                "lr_protocol", "health")
+                "lr_protocol", "health", "dataset", "data_fingerprint", "record_id")
+# What makes two runs the same cell of a study (beyond data and seed noise): a second run of one cell is not a seed.
 # Studies that are not compute ladders: they are summarised as a sweep / table, never fitted as a scaling law.
 NON_SCALING_STUDIES = ("block_size", "ablations", "arch_grid")
-
-
+CELL_COLUMNS = ("study", "variant", "size", "seed", "lr_protocol", "block_size", "d_over_lb", "heads_over_lb")
 class AnalysisWarning(UserWarning):
     """Something was skipped or assumed; the message says what."""
 
@@ -40,51 +35,90 @@ def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
     for col in _STR_COLUMNS:
         if col in df.columns:
             df[col] = df[col].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
-    for col in ("pflops_days", "val_loss", "flops", "tokens", "pflops_days_6nd", "block_size", "n_blocks", "params",
-                "flops_budget", "d_over_lb", "heads_over_lb", "n_layers", "d_model", "n_heads"):
-        if col in df.columns:
+    for col in ledger.NUMERIC_COLUMNS:
+        if col in df.columns and col != "seed":
             df[col] = pd.to_numeric(df[col], errors="coerce")
+    if "seed" in df.columns:  # integers where they are integers (a garbled seed stays, and is reported as malformed)
+        num = pd.to_numeric(df["seed"], errors="coerce")
+        if num.notna().all() and (num == num.round()).all():
+            df["seed"] = num.astype("int64")
     df.attrs["source"] = source
     return df
 
 
 def load_results(path: str | Path) -> pd.DataFrame:
-    """Read result records from a results.csv, a results.json, or a directory.
+    """Read result records from a study directory, its results.csv, a results.json, or a tree of run directories.
 
-    A directory is read through its ``results.csv`` when it has one, else every ``results.json`` below it
-    (a single run directory or a tree of them).  ``df.attrs['base_dir']`` remembers where relative
-    ``run_dir`` values are resolved from.
+    A study directory (or its ``results.csv``) is read through the ledger (analysis.ledger): the record files in
+    ``records/`` are the truth, plus table rows that predate them. Unreadable or malformed records are skipped
+    with an AnalysisWarning naming the file and line. A directory without a ledger is read through every
+    ``results.json`` below it. Runs recorded before ``data_fingerprint`` existed get it from their run's
+    ``environment.json`` when that is at hand. ``df.attrs['base_dir']`` remembers where relative ``run_dir``
+    values are resolved from.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"results path {path} does not exist")
-    if path.is_dir():
-        if (path / "results.csv").is_file():
-            return load_results(path / "results.csv")
+    if path.is_dir() and not ((path / ledger.RESULTS_TABLE).is_file() or (path / ledger.RECORDS_DIR).is_dir()):
         files = sorted(path.rglob("results.json"))
         if not files:
             raise FileNotFoundError(f"{path} holds neither results.csv nor any results.json (docs/results_schema.md)")
         rows = []
         for f in files:
-            rec = json.loads(f.read_text())
+            try:
+                rec = json.loads(f.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                warnings.warn(f"{f}: unreadable record ({e}); skipped", AnalysisWarning, stacklevel=2)
+                continue
             if not isinstance(rec, dict):
                 raise ValueError(f"{f} is not a JSON object (one run's result record)")
             rec.setdefault("run_dir", str(f.parent))
             rows.append(rec)
-        df = _normalise(pd.DataFrame(rows), str(path))
-        df.attrs["base_dir"] = str(path)
-        return df
+        return _frame(rows, str(path), str(path))
     if path.suffix == ".json":
-        rec = json.loads(path.read_text())
+        rec = json.loads(path.read_text(encoding="utf-8"))
         rows = rec if isinstance(rec, list) else [rec]
-        df = pd.DataFrame(rows)
-        if len(rows) == 1 and "run_dir" not in df.columns:
-            df["run_dir"] = str(path.parent)
-    else:
-        df = pd.read_csv(path, dtype={c: str for c in _STR_COLUMNS}, keep_default_na=True)
-    df = _normalise(df, str(path))
-    df.attrs["base_dir"] = str(path.parent)
+        if len(rows) == 1 and "run_dir" not in rows[0]:
+            rows[0] = {**rows[0], "run_dir": str(path.parent)}
+        return _frame(rows, str(path), str(path.parent))
+    if path.is_dir() or (path.name == ledger.RESULTS_TABLE and (path.parent / ledger.RECORDS_DIR).is_dir()):
+        study_dir = path if path.is_dir() else path.parent
+        rows, problems = ledger.read_study(study_dir)
+        source = str(study_dir / ledger.RESULTS_TABLE) if path.is_dir() else str(path)
+    else:  # a table on its own (e.g. copied off the cluster): every readable row
+        _, numbered, problems = ledger.read_table(path)
+        rows, source, study_dir = [r for _, r in numbered], str(path), path.parent
+    for p in problems:
+        warnings.warn(p, AnalysisWarning, stacklevel=2)
+    return _frame(rows, source, str(study_dir))
+
+
+def _frame(rows: list[dict[str, Any]], source: str, base_dir: str) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    df = _normalise(df, source)
+    df.attrs["base_dir"] = base_dir
+    _backfill_fingerprints(df, base_dir)
     return df
+
+
+def _backfill_fingerprints(df: pd.DataFrame, base_dir: str | None) -> None:
+    """data_fingerprint for records written before it existed: from the run directory's environment.json."""
+    if df.empty or "run_dir" not in df.columns:
+        return
+    if "data_fingerprint" not in df.columns:
+        df["data_fingerprint"] = ""
+    for i in df.index[df["data_fingerprint"] == ""]:
+        run_dir = resolve_run_dir(df.loc[i], base_dir)
+        env = run_dir / "environment.json" if run_dir is not None else None
+        if env is None or not env.is_file():
+            continue
+        try:
+            data = json.loads(env.read_text(encoding="utf-8")).get("dataset") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        df.loc[i, "data_fingerprint"] = ledger.data_fingerprint(data.get("checksum"))
+        if "dataset" in df.columns and not df.loc[i, "dataset"]:
+            df.loc[i, "dataset"] = str(data.get("path", ""))
 
 
 def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd.DataFrame:
@@ -166,35 +200,105 @@ def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str = "a sca
 def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """Keep only runs that can be fitted; warn once, naming every excluded run and why.
 
-    Excluded: status other than ``completed``, a missing/non-positive val_loss or compute, and all but the last
-    row of a duplicated run_id (a re-appended record).
+    In this order: malformed records (analysis.ledger.malformed: e.g. an unknown status, a garbled number, a
+    ``completed`` record without a val_loss) are dropped, so that they never stand for their run; then all but the
+    last record of a run_id (a re-run's earlier records); then runs whose last record is not ``completed`` or
+    lacks a positive val_loss or compute. Completed runs of more than one data set (``data_fingerprint``) are an
+    error (:func:`check_one_dataset`), and two runs of one cell (CELL_COLUMNS) get a warning: they would be
+    averaged as if they were seeds.
     """
     require_columns(df, [c if c != "pflops_days" else compute for c in FIT_COLUMNS])
     df = df.copy()
     excluded: list[dict[str, Any]] = []
+
+    def exclude(rows: pd.DataFrame, reason_of) -> None:
+        for _, row in rows.iterrows():
+            excluded.append({"run_id": row["run_id"], "variant": row["variant"], "size": row["size"],
+                             "seed": _int(row["seed"]), "status": row["status"], "reason": reason_of(row)})
+
+    reasons = df.apply(lambda r: ledger.malformed(r.to_dict()), axis=1) if len(df) else pd.Series([], dtype=object)
+    bad = reasons.notna()
+    exclude(df[bad], lambda row: f"malformed record ({reasons[row.name]})")
+    df = df[~bad]
     dup = df.duplicated("run_id", keep="last")
-    for _, row in df[dup].iterrows():
-        excluded.append({"run_id": row["run_id"], "variant": row["variant"], "size": row["size"], "seed": _int(row["seed"]),
-                         "status": row["status"], "reason": "duplicate run_id (an earlier record of the same run)"})  # fmt: skip
+    exclude(df[dup], lambda row: "duplicate run_id (an earlier record of the same run)")
     df = df[~dup]
     bad_status = df["status"].astype(str) != "completed"
     bad_value = ~bad_status & ~((df["val_loss"] > 0) & (df[compute] > 0))
-    for mask, why in ((bad_status, "status is not completed"), (bad_value, f"val_loss or {compute} missing or <= 0")):
-        for _, row in df[mask].iterrows():
-            reason = f"status={row['status']!r}" if why.startswith("status") else why
-            if why.startswith("status") and str(row.get("error", "") or ""):
-                reason += f": {row['error']}"
-            excluded.append({"run_id": row["run_id"], "variant": row["variant"], "size": row["size"],
-                             "seed": _int(row["seed"]), "status": row["status"], "reason": reason})  # fmt: skip
+
+    def status_reason(row: pd.Series) -> str:
+        error = str(row.get("error", "") or "")
+        return f"status={row['status']!r}" + (f": {error}" if error else "")
+
+    exclude(df[bad_status], status_reason)
+    exclude(df[bad_value], lambda row: f"val_loss or {compute} missing or <= 0")
     df = df[~bad_status & ~bad_value]
     if excluded:
         names = "; ".join(f"{e['run_id']} ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in excluded)
         warnings.warn(f"excluded {len(excluded)} run(s) from the analysis: {names}", AnalysisWarning, stacklevel=2)
+    check_one_dataset(df)
+    warn_duplicate_cells(df)
     df["seed"] = df["seed"].map(_int)
     # One canonical row order: bootstrap draws depend on it, and a table's order is only the order runs finished
     # (the same runs appended in another order must give the same intervals).
     df = df.sort_values(["variant", "size", "seed", "run_id"], kind="stable")
     return df.reset_index(drop=True), excluded
+
+
+def _datasets(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    if "data_fingerprint" not in df.columns:
+        return {}
+    known = df[df["data_fingerprint"].astype(str) != ""]
+    return {fp: g for fp, g in known.groupby("data_fingerprint")}
+
+
+def check_one_dataset(df: pd.DataFrame) -> None:
+    """Raise a ValueError when the runs come from more than one data set (by ``data_fingerprint``): a fit never
+    pools them. Runs without a fingerprint (recorded before it existed, run directory not at hand) are not
+    compared."""
+    groups = _datasets(df)
+    if len(groups) <= 1:
+        return
+    parts = []
+    for fp, g in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        names = sorted({str(n) for n in g.get("dataset", pd.Series(dtype=str)) if str(n)})
+        parts.append(f"{fp} ({len(g)} run(s){', ' + ', '.join(names) if names else ''})")
+    raise ValueError(f"the results hold runs of {len(groups)} different data sets: {'; '.join(parts)}. A fit never "
+                     "pools data sets: choose one with --dataset <fingerprint or dataset>, or keep each data set in "
+                     "its own study (study=<name>)")
+
+
+def select_dataset(df: pd.DataFrame, which: str) -> pd.DataFrame:
+    """The runs of one data set, named by its fingerprint (or a unique prefix) or its ``dataset`` path/name."""
+    fp = df.get("data_fingerprint", pd.Series("", index=df.index)).astype(str)
+    name = df.get("dataset", pd.Series("", index=df.index)).astype(str)
+    out = df[(fp == which) | (name == which) | ((fp != "") & fp.str.startswith(which))]
+    if out.empty:
+        known = sorted({f"{f} ({n})" for f, n in zip(fp, name) if f})
+        raise ValueError(f"--dataset {which!r} matches no run; data sets present: {', '.join(known) or 'none recorded'}")
+    out = out.copy()
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def warn_duplicate_cells(df: pd.DataFrame) -> None:
+    """Warn when two runs (different run_ids) share one cell (CELL_COLUMNS): the fit would average them as seeds."""
+    cols = [c for c in CELL_COLUMNS if c in df.columns]
+    if df.empty or not {"variant", "size", "seed"} <= set(cols):
+        return
+    key = pd.Series(["/".join(map(str, vals)) for vals in zip(*(df[c] for c in cols))], index=df.index)
+    counts = df.groupby(key)["run_id"].nunique()
+    dups = counts[counts > 1]
+    if dups.empty:
+        return
+    lines = []
+    for k in dups.index:
+        ids = sorted(df.loc[key == k, "run_id"].astype(str))
+        row = df[key == k].iloc[0]
+        lines.append(f"{row['variant']}/{row['size']}/seed {_int(row['seed'])}: {', '.join(ids)}")
+    warnings.warn(f"{len(dups)} cell(s) hold more than one run, which the fit would average as if they were seeds "
+                  f"(different configs or data with the same arm, size and seed): {'; '.join(lines)}",
+                  AnalysisWarning, stacklevel=3)
 
 
 def _int(v: Any) -> Any:

@@ -5,9 +5,13 @@
 Keys are the RMS-normalised sources, values are the raw sources, there is no 1/sqrt(d) and no temperature,
 and the softmax runs in fp32 whatever the input dtype (as in Kimi's production code).
 
-On the CPU in fp32 (eager), the two hot paths, mix_sources_batched and merge_read, run as compiled C kernels
-(cpu_kernels.py, csrc/depth_mix.c) when a C compiler is there; the torch code below is the reference they are
-tested against and the path everywhere else.
+The two hot paths have one fused kernel per device behind the functions below, and the torch code here is the
+reference both are tested against and the path everywhere else:
+  * CPU, fp32, eager: compiled C kernels (cpu_kernels.py, csrc/depth_mix.c) for mix_sources_batched and
+    merge_read, when a C compiler is there;
+  * CUDA: Triton kernels (gpu_kernels.py, depth_mix_triton.py) for attend_batched (phase 1 with the key logits
+    computed in the same pass) and merge_read, when triton imports; torch.library custom ops, so they are used
+    under torch.compile too.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import threading
 
 import torch
 
-from . import cpu_kernels
+from . import cpu_kernels, gpu_kernels
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -566,6 +570,9 @@ def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Te
                          f"got {None if z is None else tuple(z.shape)}")
     if queries is not None and queries.shape[0] != len(extras):
         raise ValueError(f"merge_read: queries must be [K, D] for K = {len(extras)} extra sources")
+    if (normalize_eps is not None and len(extras) <= gpu_kernels.MAX_EXTRAS
+            and gpu_kernels.applies(base, *extras)):  # CUDA: one Triton pass (eager and compiled)
+        return gpu_kernels.merge_read(base, z, extras, normalize_eps, out_dtype, queries, key_eps)
     if torch.compiler.is_compiling():
         with torch.autocast(device_type=base.device.type, enabled=False):
             h = base
@@ -583,6 +590,26 @@ def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Te
     if not extras:
         z = queries = None
     return _MergeRead.apply(base, z, queries, key_eps, normalize_eps, out_dtype, *extras)
+
+
+def attend_batched(sources: list[torch.Tensor], queries: torch.Tensor, eps: float
+                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Phase 1 of Q reads with static queries over the same S sources (paper Algorithm 1), scoring included:
+    logits l[s, q] = queries[q] . RMSNorm(sources[s]) (key_logits, with ``eps``), lse [B, T, Q] = logsumexp_s l,
+    and the Q mixes out_q = sum_s exp(l[s, q] - lse_q) * sources[s] ([B, T, D] fp32). Returns (outs, lse); the
+    gradient flows through both (merge_read's z is an extra's logit minus lse).
+
+    sources S x [B, T, D], queries [Q, D] (gains folded in). On CUDA one Triton pass reads each source once for
+    its RMS, its Q logits and its Q multiply-adds (gpu_kernels.attend); elsewhere the reference below, the same
+    ops the residual schemes run when they score every source once, as it is written (key_logits, cached)."""
+    if queries.dim() != 2 or queries.shape[-1] != sources[0].shape[-1]:
+        raise ValueError(f"attend_batched: queries must be [Q, D] with D = {sources[0].shape[-1]}; "
+                         f"got {tuple(queries.shape)}")
+    if gpu_kernels.attend_fits(*queries.shape) and gpu_kernels.applies(*sources):
+        return gpu_kernels.attend_batched(sources, queries, eps)
+    logits = torch.stack([key_logits(v, queries, eps) for v in sources])  # [S, B, T, Q] fp32
+    lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
+    return mix_sources_batched(torch.exp(logits - lse), sources), lse
 
 
 def _key_logit_grad_terms(grad: torch.Tensor, logits: torch.Tensor, rstd: torch.Tensor,
@@ -618,7 +645,8 @@ class _KeyLogits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         source, queries, rstd, logits = ctx.saved_tensors
-        x = source.to(logits.dtype)  # [B, T, D] fp32, transient
+        x = source.to(logits.dtype).contiguous()  # [B, T, D] fp32, transient (addmm_ into its product below
+        # needs rows: a non-contiguous source is copied)
         g_scaled, coef = _key_logit_grad_terms(grad, logits, rstd, x.shape[-1])  # [B, T, R], [B, T, 1]
         grad_source = grad_queries = None
         if ctx.needs_input_grad[0]:

@@ -4,11 +4,18 @@ token embedding -> [ attention sublayer, MLP sublayer ] x n_layers -> final read
 
 Each sublayer is f(h) = Op(RMSNorm(h)): PreNorm lives *inside* the sublayer, so AttnRes mixes the raw
 sublayer outputs and the baseline adds them. RoPE, causal SDPA attention, SwiGLU MLP, no biases.
+
+Inference: ``model(idx, cache=model.new_cache())`` fills a KVCache (prefill) and later calls with the same cache
+take the next tokens (decode). Only attention mixes positions: every residual scheme works token by token, so a
+new token's depth sources (Full AttnRes' sublayer outputs, Block AttnRes' block sums, HC's streams) are made in
+its own forward and nothing of an earlier position is recomputed or kept besides the keys and values.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -51,6 +58,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.to(x.dtype)
 
 
+class KVCache:
+    """Keys and values of every attention sublayer, for incremental decoding.
+
+    k[i], v[i]: [B, H, max_len, hd] of transformer block i, allocated at its first write (in the keys' dtype);
+    positions 0 .. length - 1 are filled. Transformer.forward(idx, cache=...) reads and extends it and advances
+    ``length`` by idx's T."""
+
+    def __init__(self, n_layers: int, max_len: int) -> None:
+        self.k: list[torch.Tensor | None] = [None] * n_layers
+        self.v: list[torch.Tensor | None] = [None] * n_layers
+        self.max_len, self.length = max_len, 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [B, H, T, hd] at positions length .. length + T - 1; return every position's so far."""
+        if self.k[layer] is None:
+            B, H, _, hd = k.shape
+            self.k[layer] = k.new_empty(B, H, self.max_len, hd)
+            self.v[layer] = v.new_empty(B, H, self.max_len, hd)
+        end = self.length + k.shape[2]
+        self.k[layer][:, :, self.length: end] = k
+        self.v[layer][:, :, self.length: end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
 class CausalSelfAttention(nn.Module):
     """f(h) = W_o · Attention(RoPE(W_q n), RoPE(W_k n), W_v n), with n = RMSNorm(h)."""
 
@@ -61,15 +92,25 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.attn_dim, bias=False)
         self.out = nn.Linear(config.attn_dim, config.d_model, bias=False)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return self.from_normalized(rmsnorm_unit(h, self.norm.eps), cos, sin)
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+                layer: int = 0) -> torch.Tensor:
+        return self.from_normalized(rmsnorm_unit(h, self.norm.eps), cos, sin, cache, layer)
 
-    def from_normalized(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The sublayer after its PreNorm's normalisation: x = rmsnorm_unit(h) [B, T, D]."""
+    def from_normalized(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+                        layer: int = 0) -> torch.Tensor:
+        """The sublayer after its PreNorm's normalisation: x = rmsnorm_unit(h) [B, T, D]. With ``cache``, x holds
+        positions cache.length .. + T - 1, which attend to every cached position and causally among themselves."""
         B, T, _ = x.shape
+        start = 0 if cache is None else cache.length
         q, k, v = self.qkv(self.norm.scale(x)).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])  # [B, H, T, hd]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, hd]
+        cos, sin = cos[start: start + T], sin[start: start + T]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [B, H, T, hd]
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # [B, H, start + T, hd]
+        mask = None  # causal from position 0 (is_causal), or one new token that sees everything
+        if start and T > 1:  # new positions i see cached ones and new ones up to i: [T, start + T]
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not start and T > 1)  # [B, H, T, hd]
         return self.out(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -102,24 +143,34 @@ class TransformerBlock(nn.Module):
         # Recompute each sublayer in backward instead of storing its internals. Only the sublayers are
         # checkpointed (pure functions of h); the residual scheme's bookkeeping runs once, never replayed.
         self.activation_checkpointing = False
+        # Regional compilation (Transformer.compile_regions): compiled (attention, MLP) from_normalized, each
+        # called with its module; shared by every block, so they compile once.
+        self.compiled: tuple[Callable, Callable] | None = None
 
     def _run(self, fn, *args):
         if self.activation_checkpointing and torch.is_grad_enabled():
             return checkpoint(fn, *args, use_reentrant=False)
         return fn(*args)
 
-    def forward(self, state, residual: ResidualScheme, cos: torch.Tensor, sin: torch.Tensor, probe=None):
-        """Run sublayers 2i (attention) and 2i+1 (MLP); the residual scheme forms their inputs."""
-        self._sublayer(2 * self.index, self.attn, state, residual, probe, cos, sin)
-        self._sublayer(2 * self.index + 1, self.mlp, state, residual, probe)
+    def forward(self, state, residual: ResidualScheme, cos: torch.Tensor, sin: torch.Tensor, probe=None,
+                cache: KVCache | None = None):
+        """Run sublayers 2i (attention) and 2i+1 (MLP); the residual scheme forms their inputs. With ``cache``
+        (decoding) the attention reads and extends it, and the sublayers run eagerly."""
+        attn, mlp = self.attn.from_normalized, self.mlp.from_normalized
+        if self.compiled is not None and cache is None:
+            attn, mlp = (functools.partial(f, m) for f, m in zip(self.compiled, (self.attn, self.mlp)))
+        decoding = () if cache is None else (cache, self.index)
+        self._sublayer(2 * self.index, self.attn, attn, state, residual, probe, cos, sin, *decoding)
+        self._sublayer(2 * self.index + 1, self.mlp, mlp, state, residual, probe)
         return state
 
-    def _sublayer(self, l: int, sublayer: nn.Module, state, residual: ResidualScheme, probe, *args) -> None:
+    def _sublayer(self, l: int, sublayer: nn.Module, from_normalized: Callable, state, residual: ResidualScheme,
+                  probe, *args) -> None:
         if probe is None:
             # The read and the sublayer's PreNorm normalisation in one step: a depth-mixing scheme then keeps its
             # sources for backward, not the read h as well (attnres.depth.mix_sources).
             x = residual.read_normalized(state, l, sublayer.norm.eps)
-            out = self._run(sublayer.from_normalized, x, *args)
+            out = self._run(from_normalized, x, *args)
         else:  # diagnostics need the read h itself
             h = residual.read(state, l)
             out = self._run(sublayer, h, *args)
@@ -161,11 +212,16 @@ class Transformer(nn.Module):
         if hasattr(self.residual, "reset_parameters"):
             self.residual.reset_parameters()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """idx [B, T] token ids -> logits [B, T, V]; with targets [B, T] returns (logits, mean cross-entropy)."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+        """idx [B, T] token ids -> logits [B, T, V]; with targets [B, T] returns (logits, mean cross-entropy).
+
+        With ``cache`` (new_cache()), idx continues the tokens the cache holds: positions cache.length .. + T - 1
+        (T > 1 at the start: prefill; one token later: decode). Their logits equal those of a forward over all the
+        tokens at once (tests/test_model.py)."""
         B, T = idx.shape
-        if T > self.config.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds ModelConfig.max_seq_len={self.config.max_seq_len}")
+        start = 0 if cache is None else cache.length
+        if start + T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {start + T} exceeds ModelConfig.max_seq_len={self.config.max_seq_len}")
         recording = self.record_diagnostics
         self.residual.record = recording
         probe = self._probe if recording else None
@@ -175,7 +231,9 @@ class Transformer(nn.Module):
         x = self.tok_emb(idx)  # [B, T, D]
         state = self.residual.begin(x)
         for block in self.blocks:
-            state = block(state, self.residual, self.rope_cos, self.rope_sin, probe)
+            state = block(state, self.residual, self.rope_cos, self.rope_sin, probe, cache)
+        if cache is not None:
+            cache.length += T
         if recording:
             h = self.residual.final(state)  # [B, T, D] final depth-wise read
             self._read_rms.append(h.detach().float().pow(2).mean().sqrt())
@@ -207,6 +265,42 @@ class Transformer(nn.Module):
         if weights is not None:
             self.diagnostics["depth_weights"] = weights  # [L + 1, n_sources]
         self._read_rms, self._out_rms = [], []
+
+    # ---- inference ---------------------------------------------------------------------------------------------
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """An empty KVCache for up to max_len positions (default max_seq_len)."""
+        return KVCache(self.config.n_layers, max_len or self.config.max_seq_len)
+
+    @torch.inference_mode()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """idx [B, T] followed by max_new_tokens tokens, [B, T + max_new_tokens]: greedy at temperature 0, else
+        sampled from softmax(logits / temperature). One forward over the prompt fills a KV cache (prefill), then
+        one forward per new token (decode)."""
+        cache = self.new_cache(idx.shape[1] + max_new_tokens)
+        logits = self(idx, cache=cache)
+        tokens = [idx]
+        for i in range(max_new_tokens):
+            last = logits[:, -1].float()  # [B, V]
+            if temperature > 0:
+                nxt = torch.multinomial((last / temperature).softmax(-1), 1, generator=generator)
+            else:
+                nxt = last.argmax(-1, keepdim=True)  # [B, 1]
+            tokens.append(nxt)
+            if i + 1 < max_new_tokens:
+                logits = self(nxt, cache=cache)
+        return torch.cat(tokens, dim=1)
+
+    # ---- compilation ---------------------------------------------------------------------------------------------
+    def compile_regions(self, **options) -> None:
+        """Regional compilation: torch.compile the attention and the MLP sublayer (from their PreNorm's normalised
+        input on), once each, shared by every transformer block (so compile time does not grow with depth); the
+        residual scheme between them stays eager (on CUDA, the depth mixing's Triton kernels). ``options`` go to
+        torch.compile. Training and full forwards use them; decoding with a cache runs the sublayers eagerly."""
+        attn = torch.compile(CausalSelfAttention.from_normalized, **options)
+        mlp = torch.compile(SwiGLU.from_normalized, **options)
+        for block in self.blocks:
+            block.compiled = (attn, mlp)
 
     def read_kinds(self) -> list[str]:
         return ["attn", "mlp"] * self.config.n_layers + ["final"]

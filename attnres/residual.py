@@ -33,8 +33,9 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
-from .depth import (key_logits, merge_read, mix_sources, mix_sources_batched, read_dtype, rms_normalize, rmsnorm_unit,
-                    track_source)
+from . import gpu_kernels
+from .depth import (attend_batched, key_logits, merge_read, mix_sources, mix_sources_batched, read_dtype, rms_normalize,
+                    rmsnorm_unit, track_source)
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -280,6 +281,13 @@ class _DepthAttentionResidual(ResidualScheme):
             return self.queries * self.key_norm_weight
         return self.queries
 
+    def _scores_in_kernels(self, embedding: torch.Tensor) -> bool:
+        """Whether this forward scores its sources inside the fused kernels (attend_batched, merge_read with
+        queries) instead of once per source when it is written (the key-logit cache): on CUDA, where the Triton
+        kernels read each source once for its logits and its multiply-adds. Needs the paper's RMS-normalised keys,
+        and not while recording depth weights (the kernels do not return them)."""
+        return self.options["key_norm"] and not self.record and gpu_kernels.applies(embedding)
+
     def _keys(self, source: torch.Tensor) -> torch.Tensor:
         """[..., D] -> keys [..., D] in fp32: RMSNorm per channel group (no gain), or the raw source."""
         x = source.to(torch.promote_types(source.dtype, torch.float32))
@@ -386,6 +394,7 @@ class FullAttnRes(_DepthAttentionResidual):
         group_lse: torch.Tensor | None = None  # [B, T, Q] log-sum-exp of their logits
         group_alpha: torch.Tensor | None = None  # [S, B, T, Q] their softmax weights (kept for diagnostics)
         group_out: list[torch.Tensor | None] = field(default_factory=list)  # Q x [B, T, D] fp32, until read
+        fused: bool = False  # sources are scored inside the kernels, not cached (_scores_in_kernels)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -427,7 +436,8 @@ class FullAttnRes(_DepthAttentionResidual):
 
     def begin(self, embedding: torch.Tensor) -> State:
         static_query = not (self.static_mixing or self.input_dependent)
-        state = self.State(q=self.effective_queries() if static_query else None)
+        state = self.State(q=self.effective_queries() if static_query else None,
+                           fused=self.read_group > 1 and self._scores_in_kernels(embedding))
         self._add_source(state, embedding)
         return state
 
@@ -435,7 +445,9 @@ class FullAttnRes(_DepthAttentionResidual):
         i = len(state.values)  # source i is first seen by read i
         value = track_source(value)  # many reads mix it: their gradients accumulate in place
         state.values.append(value)
-        if state.q is not None:
+        if state.fused:
+            state.cache.append(None)  # scored by the read groups' kernels
+        elif state.q is not None:
             reads = self._reads_seeing(i)
             state.cache.append(self._key_logits(value, state.q[reads.start: reads.stop]))
         elif self.input_dependent:
@@ -464,7 +476,11 @@ class FullAttnRes(_DepthAttentionResidual):
         sources written since the group's first read l0 (v_{l0+1} .. v_l) by online softmax."""
         position = l % self.read_group
         first = l - position  # the group's first read: it and every later read of the group see v_0 .. v_first
-        if position == 0:
+        if position == 0 and state.fused:  # one pass scores and mixes v_0 .. v_first for the group's reads
+            reads = range(first, min(first + self.read_group, self.config.n_reads))
+            queries = state.q[reads.start: reads.stop]  # [Q, D]
+            state.group_out, state.group_lse = attend_batched(state.values[: first + 1], queries, self.eps)
+        elif position == 0:
             reads = range(first, min(first + self.read_group, self.config.n_reads))
             # source i's logit for read r sits at column r - i of its cache
             logits = torch.stack([state.cache[i][:, :, reads.start - i: reads.stop - i, 0]
@@ -474,6 +490,12 @@ class FullAttnRes(_DepthAttentionResidual):
             state.group_out = mix_sources_batched(state.group_alpha, state.values[: first + 1])
         base, state.group_out[position] = state.group_out[position], None  # freed once read
         newer = range(first + 1, l + 1)
+        extras, out_dtype = [state.values[i] for i in newer], read_dtype(state.values[: l + 1])
+        if state.fused:  # the newer sources' logits (query q_l each) are computed inside the merge
+            K = len(newer)
+            z = -state.group_lse[None, ..., position].expand(K, -1, -1) if K else None  # [K, B, T]
+            query = state.q[l: l + 1].expand(K, -1) if K else None  # [K, D]
+            return merge_read(base, z, extras, normalize_eps, out_dtype, query, self.eps)
         z = None
         if newer:  # their logits relative to the log-sum-exp of the group's common sources: [K, B, T]
             z = torch.stack([state.cache[i][:, :, l - i, 0] for i in newer]) - state.group_lse[..., position]
@@ -483,7 +505,7 @@ class FullAttnRes(_DepthAttentionResidual):
                 a = torch.cat([torch.zeros_like(z[:1]), z]).softmax(0)
                 alpha = torch.cat([alpha * a[0], a[1:]])
             self._record(l, alpha)
-        return merge_read(base, z, [state.values[i] for i in newer], normalize_eps, read_dtype(state.values[: l + 1]))
+        return merge_read(base, z, extras, normalize_eps, out_dtype)
 
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         self._add_source(state, out)
@@ -523,6 +545,7 @@ class BlockAttnRes(_DepthAttentionResidual):
         phase1_lse: torch.Tensor | None = None  # [B, T, Q] log-sum-exp of their logits
         phase1_alpha: torch.Tensor | None = None  # [n_blocks, B, T, Q] their softmax weights (kept for diagnostics)
         phase1_out: list[torch.Tensor | None] = field(default_factory=list)  # Q x [B, T, D] fp32, until read
+        fused: bool = False  # completed blocks are scored inside phase 1's kernel, not cached (_scores_in_kernels)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -542,14 +565,15 @@ class BlockAttnRes(_DepthAttentionResidual):
         return config.effective_n_blocks + 1
 
     def begin(self, embedding: torch.Tensor) -> State:
-        state = self.State(q=None if self.static_mixing else self.effective_queries())
+        state = self.State(q=None if self.static_mixing else self.effective_queries(),
+                           fused=self.two_phase and self._scores_in_kernels(embedding))
         self._commit(state, embedding, first_read=0)
         return state
 
     def _commit(self, state: State, block: torch.Tensor, first_read: int) -> None:
         block = track_source(block)  # every later read mixes it: gradients accumulate in place
         state.blocks.append(block)
-        if self.two_phase:
+        if self.two_phase and not state.fused:
             state.block_first_read.append(first_read)
             state.block_logits.append(self._key_logits(block, state.q[first_read:])[..., 0])
 
@@ -588,7 +612,12 @@ class BlockAttnRes(_DepthAttentionResidual):
 
     def _phase1(self, state: State, reads: range) -> None:
         """Batch all reads of the new block against the completed blocks (they do not change inside a block):
-        log-sum-exp [B, T, Q], softmax weights [n, B, T, Q] and the weighted sums (Q x [B, T, D], fp32)."""
+        log-sum-exp [B, T, Q], softmax weights [n, B, T, Q] and the weighted sums (Q x [B, T, D], fp32). Fused (CUDA):
+        one kernel scores and mixes the blocks, and returns no weights."""
+        if state.fused:
+            queries = state.q[reads.start: reads.stop]  # [Q, D]
+            state.phase1_out, state.phase1_lse = attend_batched(state.blocks, queries, self.eps)
+            return
         logits = self._completed_logits(state, reads)  # [n, B, T, Q]
         state.phase1_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
         state.phase1_alpha = torch.exp(logits - state.phase1_lse)  # [n, B, T, Q]

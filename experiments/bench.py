@@ -4,11 +4,15 @@
     python -m experiments.bench --quick               # <= 30 s smoke of every section (tests/test_bench.py)
     python -m experiments.bench --options             # also eager vs torch.compile / bf16 / checkpointing
     python -m experiments.bench --device cuda --sizes paper_194m --bf16 --sdpa flash   # scripts/gpu_bench.sh
+    python -m experiments.bench ... --compile regional --decode-tokens 32             # scripts/gpu_suite.sh
 
 Per size, for each residual scheme (baseline, full, block by default):
   * training step time (forward + backward + AdamW step + zero_grad), tokens/s, achieved FLOP/s
     (attnres.flops_per_token x tokens / time) and MFU where the peak is known (--peak-flops, or a known GPU);
   * inference (prefill) time: one forward of the whole context under torch.inference_mode, logits only;
+  * with --decode-tokens n: decode latency, the median time per token of n single-token forwards with a KV cache
+    (batch 1) after a prefill of the rest of the context;
+  * with --compile: the first training step of each model (compilation included) before the timed rounds;
   * memory: (a) bytes saved for backward, counted with torch.autograd.graph.saved_tensors_hooks as the unique
     storages that are not parameters - deterministic, and directly comparable with the (N+1)*B*T*d*bytes of
     Block AttnRes' block sums; (b) peak memory of a training step: on CPU the peak of the bytes of live tensors
@@ -244,9 +248,30 @@ class Runner:
             torch.cuda.synchronize()
         del logits
 
+    def decode(self, n: int) -> float:
+        """Median seconds per token of n greedy single-token forwards with a KV cache, batch 1, after a prefill of
+        the first seq_len - n tokens (untimed). The model runs eagerly (regional compilation is not used with a
+        cache; a whole-model compile is not called)."""
+        import torch
 
-def build_runner(size: BenchSize, scheme: str, device: Any, seed: int, bf16: bool, compile_model: bool,
+        prompt = self.x[:1, : self.x.shape[1] - n]
+        times = []
+        with torch.inference_mode(), self._context():
+            cache = self.model.new_cache()
+            token = self.model(prompt, cache=cache)[:, -1:].argmax(-1)  # [1, 1]
+            for _ in range(n):
+                _sync(self.device)
+                t0 = time.perf_counter()
+                token = self.model(token, cache=cache)[:, -1:].argmax(-1)
+                _sync(self.device)
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+
+def build_runner(size: BenchSize, scheme: str, device: Any, seed: int, bf16: bool, compile_model: bool | str | None,
                  checkpointing: bool, sdpa: str, name: str | None = None, cpu_kernels: bool | None = None) -> Runner:
+    """compile_model: None / False (eager), True or "whole" (torch.compile of the model), "regional"
+    (Transformer.compile_regions)."""
     import torch
 
     from attnres import Transformer
@@ -261,7 +286,11 @@ def build_runner(size: BenchSize, scheme: str, device: Any, seed: int, bf16: boo
     g = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(0, size.vocab_size, (size.batch_size, size.seq_len + 1), generator=g)
     x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
-    forward = torch.compile(model) if compile_model else model
+    forward = model
+    if compile_model == "regional":
+        model.compile_regions()
+    elif compile_model:
+        forward = torch.compile(model)
     return Runner(name or scheme, model, optimizer, x, y, torch.bfloat16 if bf16 else None, forward, device, sdpa,
                   cpu_kernels)
 
@@ -275,14 +304,16 @@ def _sync(device: Any) -> None:
 
 def time_round_robin(runners: Sequence[Runner], warmup: int, repeats: int, device: Any,
                      prefill: bool = True, log: Callable[[str], None] = print,
-                     quiet_wait_s: float = 0.0) -> dict[str, Any]:
-    """Round r runs one training step of every runner (order rotated by r), then one prefill of every runner.
-    The first `warmup` rounds are not recorded. With `quiet_wait_s` > 0 each round first waits (up to that
-    long) for the other processes on the machine to go quiet. Returns per-runner samples and per-round load."""
+                     quiet_wait_s: float = 0.0, decode_tokens: int = 0) -> dict[str, Any]:
+    """Round r runs one training step of every runner (order rotated by r), then one prefill of every runner,
+    then (decode_tokens > 0) one decode measurement of every runner. The first `warmup` rounds are not recorded.
+    With `quiet_wait_s` > 0 each round first waits (up to that long) for the other processes on the machine to go
+    quiet. Returns per-runner samples and per-round load."""
     monitor = CoreMonitor()
     wall: dict[str, list[float]] = {r.name: [] for r in runners}
     cpu: dict[str, list[float]] = {r.name: [] for r in runners}
     pre: dict[str, list[float]] = {r.name: [] for r in runners}
+    dec: dict[str, list[float]] = {r.name: [] for r in runners}
     busy: list[float | None] = []
     for rnd in range(warmup + repeats):
         k = rnd % len(runners)
@@ -305,6 +336,7 @@ def time_round_robin(runners: Sequence[Runner], warmup: int, repeats: int, devic
                 t0 = time.perf_counter()
                 r.prefill()
                 step_pre[r.name] = time.perf_counter() - t0
+        step_dec = {r.name: r.decode(decode_tokens) for r in order} if decode_tokens else {}
         load = monitor.stop()
         tag = "warm-up" if rnd < warmup else f"round {rnd - warmup + 1}/{repeats}"
         log(f"  {tag}: " + "  ".join(f"{n} {t:.3f}s" for n, t in step_wall.items())
@@ -314,8 +346,10 @@ def time_round_robin(runners: Sequence[Runner], warmup: int, repeats: int, devic
                 wall[n].append(step_wall[n])
                 if prefill:
                     pre[n].append(step_pre[n])
+                if decode_tokens:
+                    dec[n].append(step_dec[n])
             busy.append(load)
-    return {"train_s": wall, "train_cpu_s": cpu, "prefill_s": pre, "other_cores_busy": busy}
+    return {"train_s": wall, "train_cpu_s": cpu, "prefill_s": pre, "decode_token_s": dec, "other_cores_busy": busy}
 
 
 def paired_ratios(samples: dict[str, list[float]], reference: str) -> dict[str, dict[str, Any]]:
@@ -483,11 +517,20 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
     log(f"\n== {size.name}: L_b={size.n_layers} ({2 * size.n_layers} sublayers) d={size.d_model} "
         f"T={size.seq_len} B={size.batch_size} ({size.batch_size * size.seq_len} tokens/step), device {device}, "
         f"{torch.get_num_threads()} threads, {'bf16 autocast' if args.bf16 else 'fp32'}"
-        f"{', compiled' if args.compile else ''}{', checkpointing' if args.checkpointing else ''}")
+        f"{f', compiled ({args.compile})' if args.compile else ''}{', checkpointing' if args.checkpointing else ''}")
     runners = [build_runner(size, s, device, args.seed, args.bf16, args.compile, args.checkpointing, args.sdpa)
                for s in schemes]
+    first_step: dict[str, float] = {}
+    if args.compile:  # compilation, outside the timed rounds (regional: later models reuse the compiled sublayers)
+        for r in runners:
+            _sync(device)
+            t0 = time.perf_counter()
+            r.train_step()
+            _sync(device)
+            first_step[r.name] = time.perf_counter() - t0
+            log(f"  first step (compiling) {r.name}: {first_step[r.name]:.1f} s")
     timing = time_round_robin(runners, args.warmup, args.repeats, device, prefill=not args.no_prefill, log=log,
-                              quiet_wait_s=args.quiet_wait)
+                              quiet_wait_s=args.quiet_wait, decode_tokens=args.decode_tokens)
     tokens = size.batch_size * size.seq_len
     peak = args.peak_flops
     if peak is None and device.type == "cuda" and args.bf16:
@@ -513,6 +556,11 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
             "prefill_tokens_per_s": (tokens / statistics.median(timing["prefill_s"][r.name])
                                      if timing["prefill_s"][r.name] else None),
         }
+        if args.decode_tokens:
+            entry["decode_token_s"] = summarize(timing["decode_token_s"][r.name])
+            entry["decode"] = {"tokens": args.decode_tokens, "batch": 1, "context": size.seq_len}
+        if r.name in first_step:
+            entry["first_step_s"] = first_step[r.name]
         if cfg.residual == "block":
             entry["n_blocks"] = cfg.effective_n_blocks
             entry["sublayers_per_block"] = cfg.sublayers_per_block
@@ -522,7 +570,8 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
     if not args.no_memory:
         log("  memory: saved activations" + (", peak RSS in fresh subprocesses" if device.type == "cpu" else ""))
         for r in runners:
-            per_scheme[r.name]["saved_activation_bytes"] = saved_activation_bytes(r)
+            if not args.compile:  # (compiled graphs save through their own path; the hooks do not see it)
+                per_scheme[r.name]["saved_activation_bytes"] = saved_activation_bytes(r)
             if device.type == "cuda":
                 per_scheme[r.name].update(cuda_peak_step_bytes(r))
             elif not args.compile:  # (compiled graphs allocate through their own path)
@@ -540,9 +589,10 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
         train_r = paired_ratios(timing["train_s"], base)
         cpu_r = paired_ratios(timing["train_cpu_s"], base)
         pre_r = paired_ratios(timing["prefill_s"], base) if not args.no_prefill else {}
+        dec_r = paired_ratios(timing["decode_token_s"], base) if args.decode_tokens else {}
         for n, e in per_scheme.items():
             rr: dict[str, Any] = {"train_step": train_r.get(n), "train_step_cpu": cpu_r.get(n),
-                                  "prefill": pre_r.get(n)}
+                                  "prefill": pre_r.get(n), "decode": dec_r.get(n)}
             for key in ("saved_activation_bytes", "peak_tensor_step_bytes", "peak_bytes", "peak_step_bytes"):
                 if key in e and per_scheme[base].get(key):
                     rr[key] = e[key] / per_scheme[base][key]
@@ -592,6 +642,7 @@ def _checks(size: BenchSize, per_scheme: dict[str, Any], ratios: dict[str, Any],
 OPTION_VARIANTS = {
     "eager": {},
     "compile": {"compile_model": True},
+    "compile-regional": {"compile_model": "regional"},
     "bf16": {"bf16": True},
     "compile+bf16": {"compile_model": True, "bf16": True},
     "checkpointing": {"checkpointing": True},
@@ -654,7 +705,8 @@ def print_size(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
     name = res["size"]["name"]
     log(f"\n-- {name}: ratios to baseline (median [q1, q3] over rounds)")
     log(f"  {'scheme':10s} {'step s':>8s} {'tok/s':>9s} {'GFLOP/s':>8s} {'MFU':>6s}  {'train step':>24s}  "
-        f"{'train CPU time':>24s}  {'prefill':>24s}  {'saved act.':>10s}  {'peak tensors':>12s}  {'peak step':>9s}")
+        f"{'train CPU time':>24s}  {'prefill':>24s}  {'decode/token':>24s}  {'saved act.':>10s}  "
+        f"{'peak tensors':>12s}  {'peak step':>9s}")
     for n, e in res["schemes"].items():
         r = res["ratios"].get(n, {})
         mfu = f"{100 * e['mfu']:5.1f}%" if e.get("mfu") is not None else "   -  "
@@ -664,7 +716,7 @@ def print_size(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
         ptb = f"{r['peak_tensor_step_bytes']:12.3f}" if r.get("peak_tensor_step_bytes") else "           -"
         log(f"  {n:10s} {e['train_step_s']['median']:8.3f} {e['tokens_per_s']:9.0f} {gf} {mfu}  "
             f"{_fmt_ratio(r.get('train_step')):>24s}  {_fmt_ratio(r.get('train_step_cpu')):>24s}  "
-            f"{_fmt_ratio(r.get('prefill')):>24s}  {sab}  {ptb}  {psb}")
+            f"{_fmt_ratio(r.get('prefill')):>24s}  {_fmt_ratio(r.get('decode')):>24s}  {sab}  {ptb}  {psb}")
     for n, e in res["schemes"].items():
         if "saved_activation_bytes" in e:
             extra = ""
@@ -673,6 +725,11 @@ def print_size(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
             if "peak_step_bytes" in e:
                 extra += f", peak step {e['peak_step_bytes'] / 2**20:.1f} MiB (peak {e['peak_bytes'] / 2**20:.1f} MiB)"
             log(f"  {n:10s} saved for backward {e['saved_activation_bytes'] / 2**20:.1f} MiB{extra}")
+    for n, e in res["schemes"].items():
+        if "decode_token_s" in e or "first_step_s" in e:
+            dec = f"decode {1e3 * e['decode_token_s']['median']:.2f} ms/token" if "decode_token_s" in e else ""
+            first = f"first step {e['first_step_s']:.1f} s" if "first_step_s" in e else ""
+            log(f"  {n:10s} {'  '.join(x for x in (dec, first) if x)}")
     if res.get("other_cores_busy"):
         b = res["other_cores_busy"]
         log(f"  other processes used {b['median']:.2f} cores (median over rounds; max {b['max']:.2f})")
@@ -717,7 +774,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="before each timed round, wait up to this long for other processes to use < 0.25 cores "
                         "(shared machines; default 0: do not wait). The load of every round is recorded either way")
     p.add_argument("--bf16", action="store_true", help="torch.autocast to bfloat16 (the GPU default)")
-    p.add_argument("--compile", action="store_true", help="torch.compile every model")
+    p.add_argument("--compile", nargs="?", const="whole", default=None, choices=("whole", "regional"),
+                   help="torch.compile every model: whole (the default of a bare --compile) or regional "
+                        "(Transformer.compile_regions); the first step of each is timed apart")
+    p.add_argument("--decode-tokens", type=int, default=None,
+                   help="decode latency: time this many single-token forwards with a KV cache per round "
+                        "(default 0: off; --quick: 4)")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every sublayer")
     p.add_argument("--sdpa", default="auto", choices=("auto", "flash", "efficient", "math"),
                    help="force one scaled_dot_product_attention backend (CUDA: flash)")
@@ -748,6 +810,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.warmup = 1 if args.warmup is None else args.warmup
         args.harness_steps = args.harness_steps or 5
         args.harness_rounds = args.harness_rounds or 1
+        args.decode_tokens = 4 if args.decode_tokens is None else args.decode_tokens
         if args.options:
             args.option_variants = args.option_variants if args.option_variants != ",".join(OPTION_VARIANTS) \
                 else "eager,bf16,checkpointing"
@@ -755,6 +818,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.repeats = args.repeats or 7
     args.warmup = 1 if args.warmup is None else args.warmup
     args.harness_rounds = args.harness_rounds or 3
+    args.decode_tokens = args.decode_tokens or 0
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     from attnres import RESIDUAL_SCHEMES
 
@@ -772,6 +836,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("repeats", "harness_rounds", "threads"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
+    if args.decode_tokens < 0:
+        raise SystemExit("--decode-tokens must be >= 0")
     if args.harness_steps is not None and args.harness_steps < 4:
         raise SystemExit("--harness-steps must be >= 4 (K steps give K - 1 timed gaps, the first two warm-up)")
     if args.device not in ("cpu", "cuda"):
@@ -782,14 +848,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def environment(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     import torch
 
-    from attnres import cpu_kernels
+    from attnres import cpu_kernels, gpu_kernels
 
     from . import records
 
     env = {"created": records.utc_now(), "argv": sys.argv, "python": platform.python_version(),
            "torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
            "cpu_count": os.cpu_count(), "git_commit": records.git_commit(), "quick": bool(args.quick),
-           "bf16": bool(args.bf16), "compile": bool(args.compile), "checkpointing": bool(args.checkpointing),
+           "bf16": bool(args.bf16), "compile": args.compile or False, "checkpointing": bool(args.checkpointing),
+           "decode_tokens": args.decode_tokens, "gpu_kernels": gpu_kernels.status(),
            "sdpa": args.sdpa, "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
            "quiet_wait_s": args.quiet_wait, "attnres_path": str(_attnres_root() / "attnres"),
            "host": platform.node(), "processor": platform.processor() or platform.machine(),
@@ -814,6 +881,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
+    if args.compile:  # the harness section's training runs compile the same way (experiments.module.compile_mode)
+        from .module import COMPILE_ENV
+
+        os.environ[COMPILE_ENV] = args.compile
     t_start = time.perf_counter()
     sizes = [resolve_size(n.strip(), args.batch_size, args.seq_len) for n in args.sizes.split(",") if n.strip()]
     out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "meta": environment(args, device), "sizes": [],

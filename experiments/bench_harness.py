@@ -135,7 +135,14 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
     model = Transformer(model_config).to(device)
     if cfg.activation_checkpointing:
         model.set_activation_checkpointing(True)
-    forward = torch.compile(model) if cfg.compile else model
+    forward = model
+    if cfg.compile:  # as LMModule.setup compiles (experiments.module.compile_mode)
+        from .module import compile_mode
+
+        if compile_mode(device.type) == "regional":
+            model.compile_regions()
+        else:
+            forward = torch.compile(model)
     # the harness' optimizer choice (foreach instead of fused under mixed precision with clipping), so both
     # sides run the same optimizer kernel
     optimizer = instantiate(cfg.optimizer)(

@@ -1,4 +1,5 @@
-"""Callbacks: the run recorder (the run's own files, the source of truth) and test-only fault injection.
+"""Callbacks: the run recorder (the run's own files, the source of truth), the graceful interrupt (SIGINT, SIGTERM,
+SIGUSR1: a checkpoint at the current step, then a clean stop) and test-only fault injection.
 
 RunRecorder owns, in the run directory:
   * ``metrics.csv`` — one row per logged step: step, tokens, flops, train_loss, val_loss, lr, grad_norm,
@@ -14,6 +15,7 @@ exactly where the checkpoint was taken: no duplicated steps, no gap.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -21,13 +23,15 @@ import os
 import random
 import signal
 import time
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from .errors import RunInterrupted
 from .records import atomic_write_text, utc_now
 
 METRIC_COLUMNS = ("step", "tokens", "flops", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s")
@@ -223,9 +227,15 @@ class RunRecorder(pl.Callback):
             "started_at": self.started_at,
             "wall_time_s": self.wall_time_s(),
             "rng": _rng_state(),
+            "threads": torch.get_num_threads(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        threads = state_dict.get("threads")
+        if threads is not None and threads != torch.get_num_threads():
+            warnings.warn(f"resuming a run checkpointed at {threads} torch thread(s) with {torch.get_num_threads()}: "
+                          "the result differs from an uninterrupted run by rounding (docs/results_schema.md, "
+                          "'Thread count')", stacklevel=2)
         self.started_at = state_dict.get("started_at", self.started_at)
         self.prior_wall_s = float(state_dict.get("wall_time_s", 0.0))
         self.session_start = time.time()
@@ -251,6 +261,54 @@ def _set_rng_state(rng: dict[str, Any]) -> None:
     random.setstate((rng["python_version"], tuple(rng["python"]), rng["python_gauss"]))
 
 
+# ---- graceful interrupt ---------------------------------------------------------------------------------------
+INTERRUPT_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1")  # Ctrl-C; what SLURM sends before preemption / a time limit
+
+
+class GracefulInterrupt(pl.Callback):
+    """While installed, SIGINT, SIGTERM and SIGUSR1 only set a flag; at the end of the optimizer step in progress
+    the run saves ``checkpoint`` (the last.ckpt a relaunch resumes from) at that step and raises RunInterrupted.
+    A second SIGINT stops at once (KeyboardInterrupt; the last periodic checkpoint stands). Under DDP the ranks
+    agree through the strategy, so all of them stop at the same step."""
+
+    def __init__(self, checkpoint: str | Path) -> None:
+        self.checkpoint = str(checkpoint)
+        self.received: str | None = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers, for the duration of the block (main thread only; elsewhere the block runs without)."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {}
+        for name in INTERRUPT_SIGNALS:
+            if hasattr(signal, name):
+                num = getattr(signal, name)
+                previous[num] = signal.signal(num, self._handler)
+        try:
+            yield
+        finally:
+            for num, handler in previous.items():
+                signal.signal(num, handler)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        stop = self.received is not None
+        if trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if not stop:
+            return
+        trainer.save_checkpoint(self.checkpoint)
+        raise RunInterrupted(self.received or "SIGTERM", trainer.global_step, self.checkpoint)
+
+
 # ---- test-only fault injection (conf: fault.kill_at_step / fault.nan_at_step; excluded from config_hash) ------
 class KillAtStep(pl.Callback):
     """SIGKILL this process right after optimizer step `step` finished (checkpointing and evaluation included):
@@ -262,6 +320,28 @@ class KillAtStep(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalAtStep(pl.Callback):
+    """Send this process `signame` just before optimizer step `step` + 1 starts, as a user or SLURM would."""
+
+    def __init__(self, step: int, signame: str) -> None:
+        self.step, self.signame = step, signame
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), getattr(signal, self.signame))
+
+
+class RaiseAtStep(pl.Callback):
+    """Raise a RuntimeError just before optimizer step `step` + 1: a run that fails during training."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError(f"fault.raise_at_step={self.step}: injected failure")
 
 
 class NaNAtStep(pl.Callback):

@@ -215,10 +215,7 @@ class TokenShards:
     def verify(self) -> None:
         """Recompute the checksums (and the largest token id) and compare them with the header."""
         hint = _fix_hint(self.path, self.header.source)
-        files = {"train": self.path / "train.bin", "val": self.path / "val.bin"}
-        if self.header.tokenizer == "bpe":
-            files["tokenizer"] = self.path / "tokenizer.json"
-        for key, file in files.items():
+        for key, file in self._files().items():
             want = self.header.checksum.get(key)
             got = sha256_file(file)
             if want != got:
@@ -233,6 +230,43 @@ class TokenShards:
                 raise ValueError(
                     f"{name}.bin contains token id {top} >= header vocab_size {self.header.vocab_size}; {hint}"
                 )
+
+    def _files(self) -> dict[str, Path]:
+        files = {"train": self.path / "train.bin", "val": self.path / "val.bin"}
+        if self.header.tokenizer == "bpe":
+            files["tokenizer"] = self.path / "tokenizer.json"
+        return files
+
+    def verify_cached(self) -> str:
+        """:meth:`verify`, unless an earlier verification of exactly these files still holds; returns "stamp" or
+        "sha256" (what was done).
+
+        After a full verification a stamp records each file's size, mtime, ctime and inode beside the header's
+        checksums (``<dir>/.attnres-verified.json``, or under ``$ATTNRES_CACHE_DIR`` / ``~/.cache/attnres/verified``
+        when the directory is read-only). Any write to a file changes its ctime (which no user can set back), so
+        a stamp never vouches for modified data; a large corpus is hashed once, not at every run. What no stamp
+        can see is decay below the file system (a bit flip with no write): ``prepare_data info --verify``
+        re-hashes."""
+        want = {"checksum": self.header.checksum,
+                "files": {k: _stat_key(f) for k, f in self._files().items()}}
+        for stamp in _stamp_paths(self.path):
+            try:
+                if json.loads(stamp.read_text(encoding="utf-8")) == want:
+                    return "stamp"
+            except (OSError, ValueError):
+                continue
+        self.verify()
+        want["files"] = {k: _stat_key(f) for k, f in self._files().items()}
+        for stamp in _stamp_paths(self.path):
+            try:
+                stamp.parent.mkdir(parents=True, exist_ok=True)
+                tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
+                tmp.write_text(json.dumps(want, sort_keys=True), encoding="utf-8")
+                os.replace(tmp, stamp)
+                break
+            except OSError:
+                continue
+        return "sha256"
 
     def check_compatible(self, vocab_size: int, seq_len: int, batch_size: int) -> None:
         """Fail before training when the data cannot feed a model/batch of this shape."""
@@ -277,6 +311,18 @@ class TokenShards:
             return bytes(ids.astype(np.uint8)).decode("utf-8", errors="replace")
         tok = _import_tokenizers().Tokenizer.from_file(str(self.path / "tokenizer.json"))
         return tok.decode(ids.tolist(), skip_special_tokens=False)
+
+
+def _stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _stamp_paths(shard_dir: Path) -> list[Path]:
+    """Where a verification stamp may live: in the shard directory, else in the user's cache."""
+    cache = Path(os.environ.get("ATTNRES_CACHE_DIR") or Path.home() / ".cache" / "attnres").expanduser()
+    key = hashlib.sha256(str(shard_dir.resolve()).encode("utf-8")).hexdigest()[:16]
+    return [shard_dir / ".attnres-verified.json", cache / "verified" / f"{key}.json"]
 
 
 def sha256_file(path: Path) -> str:
@@ -590,11 +636,20 @@ def _build_shards(
     if not_utf8:
         shown = ", ".join(not_utf8[:5]) + (" ..." if len(not_utf8) > 5 else "")
         warnings.warn(f"skipped {len(not_utf8)} non-UTF-8 file(s) (listed in manifest.json): {shown}", stacklevel=3)
+    usable = sum(writer.n_docs.values())
+    if usable == 0:
+        empty = [s["path"] for s in writer.skipped if s["reason"] == "empty"]
+        shown = ", ".join((empty or not_utf8)[:5]) + (" ..." if len(empty or not_utf8) > 5 else "")
+        what = (f"{len(empty)} empty" if empty else "") + (" and " if empty and not_utf8 else "") + (
+            f"{len(not_utf8)} not UTF-8" if not_utf8 else "")
+        raise ValueError(f"the input is empty: no document with text to prepare ({what or 'no'} input(s): {shown}); "
+                         f"{hint}")
     for split in ("train", "val"):
         if writer.n_tokens[split] == 0:
+            advice = f"raise val_fraction (now {val_fraction})" if split == "val" else "lower val_fraction"
             raise ValueError(
-                f"the {split} split came out empty ({sum(writer.n_docs.values())} usable documents, "
-                f"{len(writer.skipped)} skipped); {hint}, or raise val_fraction (now {val_fraction}) for val"
+                f"the {split} split came out empty ({usable} usable documents, {len(writer.skipped)} skipped); "
+                f"{hint}, or {advice}"
             )
     summary = dict(source)
     summary.update(
@@ -994,6 +1049,14 @@ def load_dataset(
     return TokenShards(path, verify=verify)
 
 
+def _held_out(source: dict[str, Any]) -> str:
+    """What the validation split is made of, in words (whole documents, or the tail of each)."""
+    if source.get("split") == "tail":
+        n = source.get("n_docs_tail_split", source.get("n_docs", "?"))
+        return f"the last ~{source.get('val_fraction', '?')} of each of {n} held out, split tail"
+    return f"{source.get('n_docs_val', '?')} held out, split {source.get('split', '?')}"
+
+
 def describe(shards: TokenShards) -> str:
     """Human-readable summary (used by the CLI)."""
     h, s = shards.header, shards.header.source
@@ -1001,7 +1064,7 @@ def describe(shards: TokenShards) -> str:
         f"shards:    {shards.path}",
         f"tokenizer: {h.tokenizer} (vocab {h.vocab_size}, dtype {h.dtype}, separator id {h.separator})",
         f"tokens:    train {h.n_tokens['train']:,}   val {h.n_tokens['val']:,}",
-        f"documents: {s.get('n_docs', '?')} ({s.get('n_docs_val', '?')} held out, split {s.get('split', '?')}), "
+        f"documents: {s.get('n_docs', '?')} ({_held_out(s)}), "
         f"{s.get('n_skipped', 0)} skipped (empty or not UTF-8), {s.get('n_bytes', 0):,} bytes of text",
         f"corpus:    sha256 {s.get('corpus_sha256', '?')}",
         f"unigram entropy (train): {shards.unigram_entropy('train'):.4f} nats/token",

@@ -49,14 +49,16 @@ class TokenDataModule(pl.LightningDataModule):
         self.val_sequences, self.val_batch_size = val_sequences, val_batch_size
         self.accumulate = accumulate_grad_batches
         self.shards: TokenShards | None = None
+        self.verified: str | None = None  # how the shard files were checked at load: "sha256" or "stamp"
         self._val: torch.Tensor | None = None
 
     # ---- loading (called by experiments.train before any model is built, so bad data fails first) --------
     def load(self, progress: bool = True) -> TokenShards:
         if self.shards is None:
-            self.shards = load_dataset(self.name, cache_dir=self.cache_dir, tokenizer=self.tokenizer,
-                                       bpe_vocab_size=self.bpe_vocab_size, max_bytes=self.max_bytes,
-                                       progress=progress)
+            shards = load_dataset(self.name, cache_dir=self.cache_dir, tokenizer=self.tokenizer,
+                                  bpe_vocab_size=self.bpe_vocab_size, max_bytes=self.max_bytes, progress=progress)
+            self.verified = shards.verify_cached()  # the files are the header's (a bit flip fails here)
+            self.shards = shards
         return self.shards
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from typing import Any, Callable
 
 import lightning.pytorch as pl
@@ -23,6 +24,22 @@ import torch.nn as nn
 from attnres import ModelConfig, Transformer
 
 from .optim import amp_clipping
+
+
+COMPILE_ENV = "ATTNRES_COMPILE"  # how compile=true compiles: "whole" or "regional" (default: compile_mode)
+
+
+def compile_mode(device_type: str) -> str:
+    """How ``compile=true`` compiles the model: "whole" (torch.compile of the Transformer: one graph, the residual
+    scheme included) or "regional" (Transformer.compile_regions: the attention and MLP sublayers, compiled once and
+    shared by every block; the residual scheme eager, on CUDA its Triton kernels). $ATTNRES_COMPILE picks one.
+    Default: regional on CUDA, where compiling the three paper_194m models whole did not finish in 250 s on an
+    H200 (docs/performance.md; which one steps faster there is not measured yet), whole elsewhere (measured on the
+    CPU)."""
+    mode = os.environ.get(COMPILE_ENV, "").strip().lower() or ("regional" if device_type == "cuda" else "whole")
+    if mode not in ("whole", "regional"):
+        raise ValueError(f"{COMPILE_ENV}={mode!r}; allowed values: whole, regional")
+    return mode
 
 
 class DivergedError(RuntimeError):
@@ -62,6 +79,7 @@ class LMModule(pl.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.total_steps, self.log_every, self.eval_every = total_steps, log_every, eval_every
         self.compile, self.activation_checkpointing = compile, activation_checkpointing
+        self.compile_mode: str | None = None  # set in setup() when compile: "whole" or "regional"
         # Recompute each attention/MLP sublayer in backward (attnres: sublayers, not blocks, because a block
         # mutates the residual scheme's running state; memory only, the numbers are the same).
         self.model.set_activation_checkpointing(bool(activation_checkpointing))
@@ -75,8 +93,18 @@ class LMModule(pl.LightningModule):
     # ---- setup ---------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         # Compile the training forward only; kept out of the module tree so state-dict keys stay plain, and
-        # validation (which records diagnostics in Python lists) runs the eager model.
-        self.__dict__["_train_forward"] = torch.compile(self.model) if self.compile else self.model
+        # validation (which records diagnostics in Python lists) runs the eager model (regional: the probe path,
+        # which calls the sublayers eagerly).
+        forward = self.model
+        if self.compile and "_train_forward" not in self.__dict__:
+            trainer = self._trainer
+            device = trainer.strategy.root_device if trainer is not None else next(self.model.parameters()).device
+            self.compile_mode = compile_mode(device.type)
+            if self.compile_mode == "regional":
+                self.model.compile_regions()
+            else:
+                forward = torch.compile(self.model)
+        self.__dict__.setdefault("_train_forward", forward)
 
     def configure_optimizers(self) -> dict[str, Any]:
         trainer = self._trainer  # None outside a Trainer (plain loops, tests)

@@ -1,15 +1,19 @@
-"""Result records (docs/results_schema.md): one row per run in a study's shared ``results.csv``, the same
-record as ``<run_dir>/results.json``, plus the run's identity (config hash) and provenance (git commit).
+"""Result records (docs/results_schema.md): the study's ledger, the run's identity (config hash) and provenance.
 
-Pure stdlib: importing this costs nothing (no torch, no Lightning), so sweep tooling can use it too.
+Pure stdlib (plus analysis.ledger, itself stdlib): importing this costs nothing (no torch, no Lightning), so
+sweep tooling can use it too.
 
-Concurrency: every read-check-append of ``results.csv`` happens under an exclusive ``fcntl.flock`` on
-``results.csv.lock``, and a row is written with one ``write`` of one line, so two processes appending at once
-never interleave or lose a row.
+The ledger (analysis.ledger has the format): each record is one immutable file ``<study>/records/<record_id>.json``,
+written under a unique name and published by an atomic rename, and ``<study>/results.csv`` is rebuilt from those
+files after each one (also atomically). Nothing is ever appended to a shared file, so a torn, garbled or
+concurrent write (two processes, two nodes on a network file system) cannot hide, merge or corrupt another run's
+record: the worst a crash leaves is a table that lags its records until the next rebuild
+(``python -m experiments.records rebuild <study_dir>``).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import hashlib
@@ -17,22 +21,24 @@ import io
 import json
 import math
 import os
+import socket
 import subprocess
+import sys
+import time
+import uuid
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-# Exactly the columns of docs/results_schema.md §1, in that order.
-COLUMNS: tuple[str, ...] = (
-    "run_id", "study", "variant", "residual", "size", "seed", "status", "n_layers", "d_model", "n_heads", "d_ff",
-    "block_size", "n_blocks", "seq_len", "batch_size", "params", "params_non_embedding", "tokens",
-    "flops_per_token", "flops", "pflops_days", "flops_6nd", "pflops_days_6nd", "val_loss", "train_loss", "steps",
-    "lr", "wall_time_s", "git_commit", "config_hash", "run_dir", "error", "started_at", "finished_at",
-    "flops_budget", "d_over_lb", "heads_over_lb", "lr_protocol", "health",
-)  # fmt: skip
-STATUSES = ("completed", "failed", "diverged")
-RESULTS_TABLE = "results.csv"
+from analysis import ledger
+from analysis.ledger import COLUMNS, RECORDS_DIR, RESULTS_TABLE, STATUSES  # noqa: F401 - re-exported
+
 RESULTS_JSON = "results.json"
+
+
+class LedgerWarning(UserWarning):
+    """A record or table row that could not be read (skipped); the message names the file and line."""
 
 
 def utc_now() -> str:
@@ -101,36 +107,51 @@ def write_json(path: str | Path, record: Mapping[str, Any]) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write a file so that readers see either the old or the whole new content, never a part: a temporary file
+    with a name no other writer uses (host, pid, nonce), fsync, rename over the target, fsync the directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{_writer_id()}")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    with contextlib.suppress(OSError):  # the rename itself durable (not every file system allows this)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
 def locked(table: str | Path) -> Iterator[None]:
-    """Exclusive advisory lock on ``<table>.lock`` (released when the block ends or the process dies)."""
-    import fcntl  # POSIX only; imported here so the module still imports elsewhere
-
+    """Exclusive advisory lock on ``<table>.lock`` while the table is rebuilt: it only saves concurrent writers
+    duplicate work. Where the file system has no working ``flock`` (some network file systems) the block runs
+    unlocked, which is still correct (see rebuild_table)."""
     table = Path(table)
     table.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl  # POSIX only
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
     with open(table.with_name(table.name + ".lock"), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            yield
+            return
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _read_header(table: Path) -> list[str] | None:
-    if not table.is_file() or table.stat().st_size == 0:
-        return None
-    with open(table, newline="", encoding="utf-8") as f:
-        return next(csv.reader(f), None)
 
 
 def _row_line(header: list[str], record: Mapping[str, Any]) -> str:
@@ -139,50 +160,106 @@ def _row_line(header: list[str], record: Mapping[str, Any]) -> str:
     return buf.getvalue()
 
 
-def append_row(table: str | Path, record: Mapping[str, Any]) -> None:
-    """Append one record to a results table, atomically with respect to other appenders.
+def _writer_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
-    A new table gets the header COLUMNS. An existing table keeps its column order; if the record has columns
-    the table lacks (the schema only ever adds columns), the table is rewritten with them appended.
+
+def _warn(problems: list[str]) -> None:
+    for p in problems:
+        warnings.warn(p, LedgerWarning, stacklevel=3)
+
+
+def add_record(study_dir: str | Path, record: Mapping[str, Any]) -> str:
+    """Publish one record of the study (``records/<record_id>.json``), then rebuild ``results.csv``; returns the
+    record_id. Safe with any number of concurrent writers, local or on NFS: every record has its own file."""
+    study_dir = Path(study_dir)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    rid = ledger.record_key(stamp, str(record.get("run_id", "")), _writer_id())
+    rec = {**record, "record_id": rid}
+    write_json(study_dir / RECORDS_DIR / f"{rid}.json", rec)
+    rebuild_table(study_dir)
+    return rid
+
+
+def read_records(study_dir: str | Path) -> list[dict[str, Any]]:
+    """Every valid record of a study in record order (bad ones are warned about, with file and line, and skipped)."""
+    recs, problems = ledger.read_study(study_dir)
+    _warn(problems)
+    return recs
+
+
+def rebuild_table(study_dir: str | Path) -> Path:
+    """Write ``results.csv`` from the study's records (atomically) and return its path.
+
+    Table rows that predate ``records/`` (no record_id) are first imported as record files; rows that cannot be
+    read are reported and their raw lines kept in ``results.csv.rejected``. With concurrent writers the last
+    rename wins, so the table is re-derived until the listing it was made from is still current.
     """
-    table = Path(table)
+    study_dir = Path(study_dir)
+    table = study_dir / RESULTS_TABLE
     with locked(table):
-        header = _read_header(table)
-        if header is None:
-            header = list(COLUMNS) + [k for k in record if k not in COLUMNS]
-            atomic_write_text(table, _row_line(header, dict(zip(header, header))))
-        missing = [k for k in record if k not in header]
-        if missing:  # widen the table: rewrite every row under the new header, then append
-            rows = read_rows(table, lock=False)
-            header = header + missing
-            atomic_write_text(table, "".join([_row_line(header, dict(zip(header, header)))]
-                                             + [_row_line(header, r) for r in rows]))
-        with open(table, "a", encoding="utf-8", newline="") as f:
-            f.write(_row_line(header, record))  # one write of one line
-            f.flush()
-            os.fsync(f.fileno())
+        for _ in range(5):
+            recs, problems = ledger.read_study(study_dir)
+            _keep_rejected(table, problems)
+            _warn(problems)
+            for rec in recs:  # import legacy rows: afterwards records/ alone holds every record
+                path = study_dir / RECORDS_DIR / f"{rec['record_id']}.json"
+                if not path.is_file():
+                    write_json(path, rec)
+            names = ledger.record_names(study_dir)
+            header = list(COLUMNS) + sorted({k for r in recs for k in r} - set(COLUMNS))
+            atomic_write_text(table, _row_line(header, dict(zip(header, header)))
+                              + "".join(_row_line(header, r) for r in recs))
+            if ledger.record_names(study_dir) == names:
+                break
+    return table
 
 
-def read_rows(table: str | Path, lock: bool = True) -> list[dict[str, str]]:
-    """All rows of a results table as dicts of strings ([] when the table does not exist)."""
-    table = Path(table)
-    if not table.is_file():
-        return []
-
-    def _read() -> list[dict[str, str]]:
-        with open(table, newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f))
-
-    if not lock:
-        return _read()
-    with locked(table):
-        return _read()
+def _keep_rejected(table: Path, problems: list[str]) -> None:
+    """Append the raw lines of rejected table rows to results.csv.rejected before the table is rewritten."""
+    prefix = f"{table}:"
+    lines = sorted({int(p[len(prefix):].split(":", 1)[0]) for p in problems if p.startswith(prefix)
+                    and p[len(prefix):].split(":", 1)[0].isdigit()})
+    if not lines:
+        return
+    raw = table.read_bytes().split(b"\n")
+    with open(table.with_name(table.name + ".rejected"), "ab") as f:
+        for n in lines:
+            if n - 1 < len(raw):
+                f.write(b"# %s:%d\n" % (table.name.encode(), n) + raw[n - 1] + b"\n")
 
 
-def find_completed(table: str | Path, config_hash_: str) -> dict[str, str] | None:
-    """The last row with this config_hash if it is `completed`, else None.
+def read_rows(table: str | Path) -> list[dict[str, str]]:
+    """The readable rows of a results table as dicts of strings ([] when there is none)."""
+    _, rows, problems = ledger.read_table(table)
+    _warn(problems)
+    return [r for _, r in rows]
+
+
+def find_completed(study_dir: str | Path, config_hash_: str) -> dict[str, Any] | None:
+    """The last record with this config_hash if it is `completed`, else None.
 
     The last record decides, as in the analysis (a run re-run with force=true that then failed is not
-    "completed" any more, and is retried)."""
-    hits = [r for r in read_rows(table) if r.get("config_hash") == config_hash_]
+    "completed" any more, and is retried). Unreadable records are reported and skipped: they never stop a launch."""
+    hits = [r for r in read_records(study_dir) if r.get("config_hash") == config_hash_]
     return hits[-1] if hits and hits[-1].get("status") == "completed" else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.records rebuild <study_dir>``: re-derive results.csv from the study's records."""
+    ap = argparse.ArgumentParser(prog="python -m experiments.records", description=main.__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("rebuild", help="rewrite <study_dir>/results.csv from <study_dir>/records/")
+    r.add_argument("study_dir", type=Path)
+    args = ap.parse_args(argv)
+    if not args.study_dir.is_dir():
+        print(f"error: {args.study_dir} is not a directory", file=sys.stderr)
+        return 2
+    warnings.showwarning = lambda message, *_a, **_k: print(f"warning: {message}", file=sys.stderr)
+    table = rebuild_table(args.study_dir)
+    print(f"{table}: {len(read_rows(table))} records")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,8 +8,11 @@ A run is identified by ``config_hash`` = sha256 of the resolved config minus the
 files go, loggers, callbacks, device/launch settings, fault injection; the seed is included). Its directory
 is ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``, so relaunching the same config finds it:
 training resumes from ``checkpoints/last.ckpt``, and a run already ``completed`` in the study's results.csv
-is skipped (``force=true`` re-runs it, moving the old directory aside). Every run, failed ones included,
-writes ``results.json`` and appends one row to ``<paths.runs_root>/<study>/results.csv``.
+is skipped (``force=true`` re-runs it, moving the old directory aside). Every run that started training, failed
+and interrupted ones included, writes ``results.json`` and one record to the study's ledger
+(``<paths.runs_root>/<study>/records/``, from which ``results.csv`` is derived; experiments/records.py). A config
+or data error found before training writes nothing. One process trains a run at a time (a lock under
+``<study>/.locks/``); SIGINT / SIGTERM / SIGUSR1 save a checkpoint at the current step and stop.
 
 Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
 diagnostics.json(+l), checkpoints/last.ckpt, and the loggers' files (wandb/, csv_logs/).
@@ -36,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from . import records, resolvers
+from .errors import RunBusy, RunInterrupted, SetupError
 from .sizes import steps_for, steps_for_budget
 
 # Before @hydra.main composes: the attnres_* resolvers the configs use (hydra.run.dir, derived sizes, tuned lr).
@@ -63,6 +67,7 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "single_device")
 MODEL_NON_FIELDS = ("_target_", "variant")
+TOKENIZERS = ("bytes", "bpe")  # experiments.data.TOKENIZERS, restated so the checks run before torch is imported
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -155,8 +160,6 @@ def check_config(cfg: DictConfig) -> None:
         _number(tr.gradient_clip_val, "trainer.gradient_clip_val", 0, float("inf"))
     # data
     d = cfg.data
-    from .data import TOKENIZERS
-
     if not d.get("name"):
         raise ValueError("data.name must be 'stdlib' or the directory of prepared token shards")
     if d.get("tokenizer") not in TOKENIZERS:
@@ -229,12 +232,12 @@ def identity_config(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_identity(cfg: DictConfig) -> tuple[str, str, Path, Path]:
-    """(config_hash, run_id, run_dir, results table) of a composed config."""
+    """(config_hash, run_id, run_dir, study directory) of a composed config."""
     container = resolved_container(cfg)
     chash = records.config_hash(identity_config(container))
     run_id = f"{cfg.model.variant}_{cfg.size.name}_s{cfg.seed}_{chash[:8]}"
     study_dir = Path(cfg.paths.runs_root).expanduser().resolve() / str(cfg.study)
-    return chash, run_id, study_dir / run_id, study_dir / records.RESULTS_TABLE
+    return chash, run_id, study_dir / run_id, study_dir
 
 
 def build_model_config(cfg: DictConfig):
@@ -254,8 +257,58 @@ def build_model_config(cfg: DictConfig):
 
 
 def _is_rank_zero() -> bool:
-    # Set by Lightning's launchers / SLURM for the processes of one multi-device run (read before a Trainer exists).
-    return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+    """Whether this process is global rank zero, decided before a Trainer exists the way the Trainer will decide
+    it: the cluster environment Lightning detects (SLURM: SLURM_PROCID under srun; torchelastic: RANK) gives the
+    global rank; otherwise Lightning's own launcher's LOCAL_RANK and NODE_RANK (both 0 for rank zero)."""
+    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
+
+    for env_type in (SLURMEnvironment, TorchElasticEnvironment):  # the order of Lightning's accelerator connector
+        if env_type.detect():
+            return env_type().global_rank() == 0
+    env = LightningEnvironment()
+    return env.local_rank() == 0 and env.node_rank() == 0
+
+
+# Run lock (issue 15 #5). filelock's SoftFileLease: a marker file created exclusively (safe on NFS), holding host,
+# pid, process start time and a token, refreshed by a heartbeat thread. A marker whose owner is a dead process on
+# this host is taken over at once; one from another host only after it stayed unchanged for LOCK_LEASE_S on the
+# contender's own monotonic clock (no clock sync needed). LOCK_LEASE_S is far above NFS attribute caching
+# (acregmax, 60 s by default), so a live holder's heartbeat is never missed. Every contender must agree on it.
+LOCK_LEASE_S = float(os.environ.get("ATTNRES_LOCK_LEASE_S", 300))
+LOCK_HEARTBEAT_S = LOCK_LEASE_S / 10
+
+
+def _acquire_run_lock(study_dir: Path, run_id: str):
+    """The run's lock, acquired; RunBusy (with the holder's host and pid) when a live process holds it."""
+    import filelock
+
+    path = study_dir / ".locks" / f"{run_id}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.SoftFileLease(str(path), lease_duration=LOCK_LEASE_S, heartbeat_interval=LOCK_HEARTBEAT_S,
+                                  thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+        return lock
+    except filelock.Timeout:
+        pass
+    owner = lock.owner
+    import socket
+
+    here = socket.gethostname()  # filelock writes it, plus "?pidns-<n>" inside a PID namespace
+    if owner is not None and owner.hostname != here and not owner.hostname.startswith(here + "?"):
+        # Another node: alive only if its heartbeat moves. Watch it for one lease (a crashed node's marker is then
+        # taken over); a live holder keeps it.
+        print(f"[attnres] {run_id}: locked by {owner.hostname} pid {owner.pid}; waiting up to {LOCK_LEASE_S:.0f} s "
+              f"for its heartbeat ({path})", flush=True)
+        try:
+            lock.acquire(timeout=LOCK_LEASE_S + 2 * LOCK_HEARTBEAT_S, poll_interval=min(5.0, LOCK_HEARTBEAT_S))
+            return lock
+        except filelock.Timeout:
+            owner = lock.owner or owner
+    who = f"{owner.hostname} pid {owner.pid}" if owner is not None else "another process"
+    raise RunBusy(f"{run_id} is being trained right now by {who} (lock {path}, heartbeat every "
+                  f"{LOCK_HEARTBEAT_S:.0f} s); not starting a second copy. It is released when that run ends; a "
+                  f"holder that died is taken over at once on its own host, after {LOCK_LEASE_S:.0f} s elsewhere")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -265,15 +318,18 @@ def _is_rank_zero() -> bool:
 class _Run:
     """Everything a result record is made of, filled in as the run progresses (so a failure records what it had)."""
 
-    def __init__(self, cfg: DictConfig, chash: str, run_id: str, run_dir: Path, table: Path) -> None:
-        self.cfg, self.chash, self.run_id, self.run_dir, self.table = cfg, chash, run_id, run_dir, table
+    def __init__(self, cfg: DictConfig, chash: str, run_id: str, run_dir: Path, study_dir: Path,
+                 setup: "_Setup") -> None:
+        self.cfg, self.chash, self.run_id, self.run_dir, self.study_dir = cfg, chash, run_id, run_dir, study_dir
+        self.table = study_dir / records.RESULTS_TABLE
+        self.setup = setup
         self.started_at = records.utc_now()
         self.t0 = time.time()
-        self.model_config = None
+        self.model_config = setup.model_config
         self.module = None
         self.trainer = None
         self.recorder = None
-        self.steps_total: int | None = None
+        self.steps_total: int | None = setup.steps
         self.completed = False  # set once the completed record is written; nothing may overwrite it after
         self.tokens_per_step = int(cfg.train.batch_size) * int(cfg.train.seq_len)
 
@@ -290,6 +346,7 @@ class _Run:
             flops_budget=_float_or_none(cfg.train.get("flops_budget")),
             d_over_lb=_float_or_none(cfg.size.get("d_over_lb")), heads_over_lb=_float_or_none(cfg.size.get("heads_over_lb")),
             lr_protocol=str(cfg.get("lr_protocol") or ""),
+            dataset=self.setup.dataset, data_fingerprint=self.setup.data_fingerprint, threads=_threads(),
         )
         if mc is not None:
             import torch
@@ -325,8 +382,14 @@ class _Run:
         return records.make_record(**rec)
 
     def write(self, record: dict[str, Any]) -> None:
+        record["record_id"] = records.add_record(self.study_dir, record)
         records.write_json(self.run_dir / records.RESULTS_JSON, record)
-        records.append_row(self.table, record)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -377,7 +440,9 @@ def _environment(datamodule) -> dict[str, Any]:
     header = datamodule.load().header
     return {
         "dataset": {"path": str(datamodule.load().path), "tokenizer": header.tokenizer, "vocab_size": header.vocab_size,
-                    "n_tokens": header.n_tokens, "checksum": header.checksum, "source": header.source},
+                    "n_tokens": header.n_tokens, "checksum": header.checksum, "source": header.source,
+                    "fingerprint": records.ledger.data_fingerprint(header.checksum),
+                    "verified": datamodule.verified},  # the files hashed against the checksums, or a valid stamp
         "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
         "git_commit": records.git_commit(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None, "host": platform.node(),
@@ -416,62 +481,24 @@ def _finish_wandb(exit_code: int, record: dict[str, Any] | None = None) -> None:
             wandb.finish(exit_code=exit_code)
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
-    """Run (or resume, or skip) one training run; returns its result record."""
-    if cfg.get("threads"):
-        import torch
+class _Setup:
+    """What the checks before training found: the data, the model config and the schedule (nothing written yet)."""
 
-        torch.set_num_threads(int(cfg.threads))
-    cfg = copy.deepcopy(cfg)
-    # Identity first: needs only a resolvable config, so even an invalid one is recorded under its own hash.
-    chash, run_id, run_dir, table = run_identity(cfg)
-    rank_zero = _is_rank_zero()
-    if not cfg.force:  # every rank checks, so all of a multi-device run skip together
-        done = records.find_completed(table, chash)
-        if done is not None:
-            print(f"[attnres] skipping {run_id}: results table {table} already holds a completed run with "
-                  f"config_hash {chash} (val_loss {done.get('val_loss')}); pass force=true to re-run it")
-            return {**done, "skipped": True}
-    if rank_zero and cfg.force and (run_dir / records.RESULTS_JSON).is_file() and records.find_completed(table, chash):
-        aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.move(str(run_dir), str(aside))
-        print(f"[attnres] force=true: moved the completed run's directory to {aside}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open_dict(cfg):
-        cfg.run_id = run_id
-        cfg.paths.run_dir = str(run_dir)
-    run = _Run(cfg, chash, run_id, run_dir, table)
-    try:
-        record = _fit(cfg, run, rank_zero)
-    except BaseException as e:  # noqa: BLE001 - record every way a run can end, then re-raise
-        from .module import DivergedError
-
-        status = "diverged" if isinstance(e, DivergedError) else "failed"
-        message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        if run.completed:  # e.g. a closed stdout after the completed record was written: keep that record
-            _finish_wandb(exit_code=0)
-            raise
-        if rank_zero:
-            try:
-                run.write(run.record(status, error=message))
-            except Exception as write_error:  # noqa: BLE001 - never mask the original error
-                warnings.warn(f"could not write the {status} record of {run_id}: {write_error}")
-        _finish_wandb(exit_code=1)
-        raise
-    _finish_wandb(exit_code=0, record=record)
-    return record
+    def __init__(self, datamodule: Any, model_config: Any, steps: int, fpt: float, eval_every: int) -> None:
+        self.datamodule, self.model_config, self.steps, self.fpt, self.eval_every = (
+            datamodule, model_config, steps, fpt, eval_every)
+        shards = datamodule.load()
+        self.dataset = str(shards.path)
+        self.data_fingerprint = records.ledger.data_fingerprint(shards.header.checksum)
 
 
-def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
+def _prepare(cfg: DictConfig) -> _Setup:
+    """Load and check the data, build the model config, plan the steps (torch, no Lightning; writes nothing
+    except the dataset cache). Data first: bad data fails before a model is built."""
     from hydra.utils import instantiate
 
     from attnres import flops_per_token
 
-    from .callbacks import KillAtStep, NaNAtStep, RunRecorder
-    from .module import LMModule
-
-    check_config(cfg)
-    # Data first: bad data fails before a model is built.
     datamodule = instantiate(
         cfg.data, seq_len=int(cfg.train.seq_len), batch_size=int(cfg.train.batch_size), seed=int(cfg.seed),
         val_sequences=int(cfg.train.val_sequences), val_batch_size=int(cfg.train.val_batch_size),
@@ -481,13 +508,139 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
     with open_dict(cfg):
         if cfg.data.vocab_size is None:
             cfg.data.vocab_size = datamodule.dataset_vocab_size  # model.vocab_size interpolates it
-    run.model_config = model_config = build_model_config(cfg)
+    model_config = build_model_config(cfg)
     datamodule.check(model_config.vocab_size)
-
     fpt = flops_per_token(model_config, int(cfg.train.seq_len)).total
     total = planned_steps(cfg.train, fpt)  # a token count, or a FLOP budget's tokens; conflicts fail here
-    run.steps_total = total
-    eval_every = math.ceil(total / int(cfg.train.eval_count))
+    return _Setup(datamodule, model_config, total, fpt, math.ceil(total / int(cfg.train.eval_count)))
+
+
+def _setup_error(e: BaseException) -> SetupError:
+    text = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+    return SetupError(text)
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Run (or resume, or skip) one training run; returns its result record.
+
+    Before training (nothing written, Lightning not imported): the config checks, the run's identity and the skip
+    check, then the data and model checks. Any problem there raises SetupError and leaves no trace. Then the
+    run's lock (RunBusy when another process is training it), the run directory, and training: from here every
+    way the run ends is recorded (completed, failed, diverged; interrupted by a signal, after a checkpoint at
+    that step: RunInterrupted).
+    """
+    cfg = copy.deepcopy(cfg)
+    try:
+        check_config(cfg)
+        chash, run_id, run_dir, study_dir = run_identity(cfg)
+    except ValueError as e:
+        raise _setup_error(e) from e
+    if not cfg.force:  # every rank checks, so all of a multi-device run skip together
+        done = _completed(study_dir, chash, run_id)
+        if done is not None:
+            return done
+    if cfg.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(cfg.threads))
+    try:
+        setup = _prepare(cfg)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise _setup_error(e) from e
+    rank_zero = _is_rank_zero()
+    if rank_zero:
+        _warn_other_data(study_dir, setup)
+    lock = _acquire_run_lock(study_dir, run_id) if rank_zero else None
+    try:
+        if not cfg.force:  # completed by another process while this one was getting ready
+            done = _completed(study_dir, chash, run_id)
+            if done is not None:
+                return done
+        if rank_zero and cfg.force and (run_dir / records.RESULTS_JSON).is_file() and records.find_completed(study_dir, chash):
+            aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            shutil.move(str(run_dir), str(aside))
+            print(f"[attnres] force=true: moved the completed run's directory to {aside}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open_dict(cfg):
+            cfg.run_id = run_id
+            cfg.paths.run_dir = str(run_dir)
+        run = _Run(cfg, chash, run_id, run_dir, study_dir, setup)
+        return _train_and_record(cfg, run, rank_zero)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _warn_other_data(study_dir: Path, setup: _Setup) -> None:
+    """Say so when the study already holds completed runs of other data: the analysis will not pool them."""
+    other: dict[str, str] = {}
+    for rec in records.read_records(study_dir):
+        fp = rec.get("data_fingerprint") or ""
+        if rec.get("status") == "completed" and fp and fp != setup.data_fingerprint:
+            other[fp] = str(rec.get("dataset") or "?")
+    if other:
+        print(f"[attnres] warning: study {study_dir.name} already holds completed runs of other data "
+              f"({', '.join(f'{fp} = {name}' for fp, name in sorted(other.items()))}); this run's data is "
+              f"{setup.data_fingerprint} = {setup.dataset}. The analysis never pools data sets: give each its own "
+              f"study (study=<name>)", file=sys.stderr, flush=True)
+
+
+def _completed(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] | None:
+    done = records.find_completed(study_dir, chash)
+    if done is None:
+        return None
+    print(f"[attnres] skipping {run_id}: {study_dir / records.RESULTS_TABLE} already holds a completed run with "
+          f"config_hash {chash} (val_loss {done.get('val_loss')}); pass force=true to re-run it")
+    return {**done, "skipped": True}
+
+
+def _train_and_record(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
+    from .callbacks import GracefulInterrupt
+
+    interrupt = GracefulInterrupt(run.run_dir / "checkpoints" / "last.ckpt")
+    try:
+        with interrupt.installed():
+            record = _fit(cfg, run, rank_zero, interrupt)
+    except BaseException as e:  # noqa: BLE001 - record every way a run can end, then re-raise
+        from .module import DivergedError
+
+        if run.completed:  # e.g. a closed stdout after the completed record was written: keep that record
+            _finish_wandb(exit_code=0)
+            raise
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) and interrupt.received and not isinstance(e, RunInterrupted):
+            # a second Ctrl-C: stopped at once, without a checkpoint at this step (the last periodic one stands)
+            e = RunInterrupted(interrupt.received, int(run.trainer.global_step) if run.trainer else 0, None)
+        if isinstance(e, RunInterrupted):
+            status, message = "interrupted", f"interrupted by {e.signame} at step {e.step}"
+        else:
+            status = "diverged" if isinstance(e, DivergedError) else "failed"
+            message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if rank_zero:
+            try:
+                run.write(run.record(status, error=message))
+            except Exception as write_error:  # noqa: BLE001 - never mask the original error
+                warnings.warn(f"could not write the {status} record of {run.run_id}: {write_error}")
+        _finish_wandb(exit_code=1)
+        if isinstance(e, RunInterrupted):
+            if rank_zero:
+                saved = f"checkpoint {e.checkpoint} saved at that step" if e.checkpoint else "no checkpoint at that step"
+                print(f"[attnres] {run.run_id}: {message}; {saved}; recorded as interrupted. Relaunch the same "
+                      "command to resume.", flush=True)
+            raise e from None
+        raise
+    _finish_wandb(exit_code=0, record=record)
+    return record
+
+
+def _fit(cfg: DictConfig, run: _Run, rank_zero: bool, interrupt: Any) -> dict[str, Any]:
+    from hydra.utils import instantiate
+
+    from .callbacks import KillAtStep, NaNAtStep, RaiseAtStep, RunRecorder, SignalAtStep
+    from .module import LMModule
+
+    setup = run.setup
+    datamodule, model_config, total, fpt, eval_every = (setup.datamodule, setup.model_config, setup.steps, setup.fpt,
+                                                        setup.eval_every)
     container = resolved_container(cfg)
     if rank_zero:
         records.atomic_write_text(run.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(container)))
@@ -506,11 +659,16 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
     recorder = RunRecorder(run.run_dir, run.tokens_per_step, fpt, str(cfg.model.variant), model_config.residual)
     recorder.session_start = run.t0  # this launch's wall time includes data and model setup
     run.recorder = recorder
-    callbacks = [recorder, *_instantiate_callbacks(cfg)]
-    if cfg.fault.get("kill_at_step") is not None:
-        callbacks.append(KillAtStep(int(cfg.fault.kill_at_step)))
-    if cfg.fault.get("nan_at_step") is not None:
-        callbacks.append(NaNAtStep(int(cfg.fault.nan_at_step)))
+    callbacks = [recorder, *_instantiate_callbacks(cfg), interrupt]
+    fault = cfg.fault
+    if fault.get("kill_at_step") is not None:
+        callbacks.append(KillAtStep(int(fault.kill_at_step)))
+    if fault.get("nan_at_step") is not None:
+        callbacks.append(NaNAtStep(int(fault.nan_at_step)))
+    if fault.get("signal_at_step") is not None:
+        callbacks.append(SignalAtStep(int(fault.signal_at_step), str(fault.get("signal", "SIGTERM"))))
+    if fault.get("raise_at_step") is not None:
+        callbacks.append(RaiseAtStep(int(fault.raise_at_step)))
 
     ckpt = run.run_dir / "checkpoints" / "last.ckpt"
     resuming = ckpt.is_file()
@@ -526,7 +684,7 @@ def _fit(cfg: DictConfig, run: _Run, rank_zero: bool) -> dict[str, Any]:
         "derived/flops_per_token": fpt, "derived/steps": total, "derived/tokens": total * run.tokens_per_step,
         "derived/flops": fpt * total * run.tokens_per_step, "derived/flops_budget": cfg.train.get("flops_budget"),
         "derived/config_hash": run.chash,
-        "derived/dataset": datamodule.describe()["path"],
+        "derived/dataset": datamodule.describe()["path"], "derived/data_fingerprint": setup.data_fingerprint,
     }
     for lg in loggers:
         lg.log_hyperparams({**container, **derived})
@@ -564,36 +722,65 @@ def _write_job_summary(cfg: DictConfig, summary: dict[str, Any]) -> None:
     """attnres_job.json in this job's Hydra output dir: the sweep summary (sweeps.callbacks) reads it back."""
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized() or not _is_rank_zero():
+    if not HydraConfig.initialized():
+        return
+    if "lightning" in sys.modules and not _is_rank_zero():  # a run got as far as training: one rank writes
         return
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
-    import torch
-
-    summary = {"job_num": hc.job.get("num", 0), "pid": os.getpid(), "threads": torch.get_num_threads(), **summary}
+    threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+    summary = {"job_num": hc.job.get("num", 0), "pid": os.getpid(), "threads": threads, **summary}
     records.atomic_write_text(out / "attnres_job.json", json.dumps(summary, default=str) + "\n")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def conf_dir() -> str:
+    """Where the Hydra configs are: the repository's ``conf/`` when this module runs from a checkout (also an
+    editable install: edits to conf/ take effect), else the copy a built wheel ships as the package
+    ``attnres_conf`` (pyproject.toml). An absolute path either way, so the working directory never matters."""
+    import importlib.util
+
+    repo_conf = Path(__file__).resolve().parents[1] / "conf"
+    if (repo_conf / "train.yaml").is_file():
+        return str(repo_conf)
+    spec = importlib.util.find_spec("attnres_conf")  # a directory of YAML files, no __init__.py: a namespace package
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / "train.yaml").is_file():
+            return str(Path(location))
+    raise RuntimeError(f"no Hydra configs: neither {repo_conf} nor an installed attnres_conf package has train.yaml "
+                       "(reinstall attnres)")
+
+
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
+def hydra_main(cfg: DictConfig) -> float | None:
     """One run. In a multirun a failed run is recorded and reported, not raised, so the sweep goes on and
-    ends with a summary (sweeps.callbacks.SweepSummary) whose exit status says whether every run was fine."""
+    ends with a summary (sweeps.callbacks.SweepSummary) whose exit status says whether every run was fine.
+    A config or data error (SetupError) prints one line (exit status 2 for a single run); a run another process
+    is training (RunBusy) is skipped with a message (exit status 3 for a single run); an interrupt stops the
+    run and, in a multirun, the sweep (exit status 128 + the signal number)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         record = train(cfg)
+    except RunInterrupted as e:
+        _write_job_summary(cfg, {"status": "interrupted", "run_id": _run_id_or_guess(cfg), "error": str(e)})
+        raise SystemExit(e.exit_code) from None
+    except (SetupError, RunBusy) as e:
+        kind = "config error" if isinstance(e, SetupError) else "busy"
+        print(f"[attnres] {_run_id_or_guess(cfg)}: {kind}: {e}", file=sys.stderr, flush=True)
+        status = "failed" if isinstance(e, SetupError) else "skipped"
+        _write_job_summary(cfg, {"status": status, "run_id": _run_id_or_guess(cfg), "error": f"{kind}: {e}"})
+        if not multirun:
+            raise SystemExit(2 if isinstance(e, SetupError) else 3) from None
+        return None
     except Exception as e:  # noqa: BLE001 - train() already wrote the failed/diverged record
         if not multirun:
             raise
         from .module import DivergedError
 
         status = "diverged" if isinstance(e, DivergedError) else "failed"
-        try:
-            run_id = run_identity(cfg)[1]
-        except Exception:  # noqa: BLE001 - a config that does not even resolve
-            run_id = f"{cfg.model.get('variant', '?')}_{cfg.size.get('name', '?')}_s{cfg.get('seed')}"
+        run_id = _run_id_or_guess(cfg)
         print(f"[attnres] {run_id}: {status}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         _write_job_summary(cfg, {"status": status, "run_id": run_id, "error": f"{type(e).__name__}: {e}"})
         return None
@@ -604,6 +791,24 @@ def main(cfg: DictConfig) -> float | None:
         return float(val) if val not in (None, "") else None  # the optimized metric for Hydra sweepers
     except (TypeError, ValueError):
         return None
+
+
+def _run_id_or_guess(cfg: DictConfig) -> str:
+    try:
+        return run_identity(cfg)[1]
+    except Exception:  # noqa: BLE001 - a config that does not even resolve
+        return f"{cfg.model.get('variant', '?')}_{cfg.size.get('name', '?')}_s{cfg.get('seed')}"
+
+
+def main() -> None:
+    """``python -m experiments.train`` and the console script ``attnres-train`` (any working directory): the
+    Hydra app, with a Ctrl-C outside training (composing, preparing data) ending in one line, not a traceback."""
+    try:
+        hydra_main()
+    except KeyboardInterrupt:
+        print("[attnres] interrupted: a run in training saves a checkpoint and is recorded as interrupted (relaunch "
+              "to resume); one that had not started training leaves nothing", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 JOB_FILE = "attnres_job.json"
-STATUSES = ("completed", "skipped", "failed", "diverged")
+STATUSES = ("completed", "skipped", "failed", "diverged", "interrupted")
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -37,9 +37,9 @@ def summarize(jobs: list[dict[str, Any]], diverged_is_failure: bool = True) -> t
     lines = [f"[attnres] sweep finished: {len(jobs)} runs: "
              + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)]
     for j in jobs:
-        if j.get("status") in ("failed", "diverged"):
+        if j.get("status") in ("failed", "diverged", "interrupted") or j.get("error"):
             lines.append(f"  {j['status']:9s} {j.get('run_id', '?')}: {j.get('error', '')}")
-    ok = counts.get("failed", 0) == 0 and (counts.get("diverged", 0) == 0 or not diverged_is_failure)
+    ok = counts.get("failed", 0) == 0 and counts.get("interrupted", 0) == 0 and (counts.get("diverged", 0) == 0 or not diverged_is_failure)
     return "\n".join(lines), ok
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -73,12 +74,18 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            if line.startswith("[attnres]") or line.startswith("  ") and ("failed" in line or "diverged" in line):
-                print(line.rstrip(), flush=True)
-            elif "Error" in line and not line.startswith(" "):
-                print("   " + line.rstrip(), flush=True)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if line.startswith("[attnres]") or line.startswith("  ") and ("failed" in line or "diverged" in line):
+                    print(line.rstrip(), flush=True)
+                elif "Error" in line and not line.startswith(" "):
+                    print("   " + line.rstrip(), flush=True)
+        except KeyboardInterrupt:  # Ctrl-C reached the whole group: let the runs checkpoint and record, then stop
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            log.write(proc.stdout.read())
+            proc.wait()
+            raise
         return proc.wait()
 
 
@@ -143,7 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     report = Path(args.reports_root) / study_name
     t0 = time.time()
     print(f"[attnres] {study.what}; seeds {seeds}; {args.jobs} parallel job(s)\n[attnres] $ {' '.join(cmd[1:])}", flush=True)
-    sweep_rc = run_streaming(cmd, report / "sweep.log")
+    try:
+        sweep_rc = run_streaming(cmd, report / "sweep.log")
+    except KeyboardInterrupt:
+        sweep_rc = 130
+    if sweep_rc > 128:  # interrupted (SIGINT / SIGTERM / SIGUSR1): the runs in flight saved a checkpoint
+        print(f"[attnres] interrupted: runs in flight saved a checkpoint and were recorded as interrupted; re-run the "
+              f"same command to resume (log: {report / 'sweep.log'})", flush=True)
+        return sweep_rc
     print(f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {report / 'sweep.log'}",
           flush=True)
     if not results.is_file():

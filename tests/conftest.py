@@ -2,7 +2,7 @@
 
 Tests never touch the network or the user's W&B: WANDB_MODE=disabled unless a test sets offline itself.
 Torch uses one thread (OMP_NUM_THREADS=1, set before anything imports torch; two test processes side by side on
-2 cores would otherwise thrash). Nothing here imports torch itself (the analysis tests check they never need it).
+2 cores would otherwise thrash). Without a GPU, Triton runs in its interpreter (TRITON_INTERPRET=1, see below). Nothing here imports torch itself (the analysis tests check they never need it).
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# tests/test_triton_kernels.py runs the CUDA depth kernels on CPU tensors in Triton's interpreter, which is chosen
+# when triton is imported (torch.utils.flop_counter imports it, so already at collection): on where no GPU device
+# exists. Nothing else launches a Triton kernel on the CPU; on a GPU machine tests/test_gpu.py runs them compiled.
+if not any(os.path.exists(dev) for dev in ("/dev/nvidiactl", "/dev/kfd")):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Slice of the stdlib corpus the training tests use (prepared once per session into a temp cache).
 TEST_MAX_BYTES = 1_500_000

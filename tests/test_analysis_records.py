@@ -129,12 +129,99 @@ def test_analysis_never_imports_the_training_stack() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
-def test_schema_columns_match_the_writer():
-    """analysis restates the record schema (it does not import the training package); both lists must agree."""
+def test_schema_columns_match_the_writer_and_the_schema_doc():
+    """One column list (analysis.ledger) for writer and reader, and it is the table of docs/results_schema.md §1."""
+    import re
+
     from analysis.records import SCHEMA_COLUMNS
     from experiments.records import COLUMNS
 
     assert SCHEMA_COLUMNS == COLUMNS
+    doc = (REPO / "docs" / "results_schema.md").read_text()
+    section = doc.split("## 1.", 1)[1].split("## 2.", 1)[0]
+    documented = [c for line in section.splitlines() if line.startswith("| `")
+                  for c in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])]
+    assert documented == list(COLUMNS)
+
+
+# ---- issue 15, items 1, 3, 4 -----------------------------------------------------------------------------------
+def _table(path: Path, df: pd.DataFrame) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_a_non_utf8_line_is_skipped_with_file_and_line(tmp_path: Path) -> None:
+    from analysis.__main__ import main
+
+    df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1))
+    path = _table(tmp_path / "study" / "results.csv", df)
+    lines = path.read_bytes().split(b"\n")
+    lines[5] = b"\xff" + lines[5]
+    path.write_bytes(b"\n".join(lines))
+    with pytest.warns(AnalysisWarning, match=rf"{path}:6: not valid UTF-8 \(byte 0xff at column 1\)"):
+        assert len(load_results(path)) == len(df) - 1
+    assert len(load_results(path.parent)) == len(df) - 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "--results", str(path), "--out", str(tmp_path / "out"), "--bootstrap", "20",
+                     "--no-figures"]) == 0
+
+
+def test_a_malformed_last_record_does_not_exclude_the_runs_completed_one() -> None:
+    df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1))
+    good = df.iloc[0]
+    torn = good.copy()
+    torn["status"], torn["val_loss"] = "complet", float("nan")  # the last record of the run, cut short
+    df = pd.concat([df, torn.to_frame().T], ignore_index=True)
+    with pytest.warns(AnalysisWarning, match=r"malformed record \(status='complet'"):
+        kept, excluded = select_completed(df)
+    assert good["run_id"] in set(kept["run_id"])
+    assert float(kept.loc[kept["run_id"] == good["run_id"], "val_loss"].iloc[0]) == pytest.approx(good["val_loss"])
+
+
+def test_runs_of_different_data_sets_are_never_pooled(tmp_path: Path) -> None:
+    from analysis.__main__ import main
+
+    df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1))
+    df["dataset"], df["data_fingerprint"] = "stdlib-py3.11-bytes", "aaaaaaaaaaaaaaaa"
+    mine = df[(df["variant"] == "baseline") & (df["size"] == "cpu_xs") & (df["seed"] == 0)].copy()
+    mine["run_id"] += "-mine"
+    mine["dataset"], mine["data_fingerprint"], mine["val_loss"] = "data/mine", "bbbbbbbbbbbbbbbb", 0.9
+    both = pd.concat([df, mine], ignore_index=True)
+    with pytest.raises(ValueError, match=r"runs of 2 different data sets: aaaaaaaaaaaaaaaa \(20 run\(s\), "
+                                         r"stdlib-py3.11-bytes\); bbbbbbbbbbbbbbbb \(1 run\(s\), data/mine\).*--dataset"):
+        select_completed(both)
+    path = _table(tmp_path / "study" / "results.csv", both)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["fit", "--results", str(path), "--out", str(tmp_path / "o"), "--no-figures", "--bootstrap", "20"]) == 2
+        assert main(["fit", "--results", str(path), "--out", str(tmp_path / "o"), "--no-figures", "--bootstrap", "20",
+                     "--dataset", "aaaa"]) == 0
+    # without fingerprints (older records): the two runs of one cell are not averaged silently
+    legacy = both.drop(columns=["dataset", "data_fingerprint"])
+    with pytest.warns(AnalysisWarning, match=r"1 cell\(s\) hold more than one run.*baseline/cpu_xs/seed 0: "
+                                             r"cpu_ladder-baseline-cpu_xs-s0, cpu_ladder-baseline-cpu_xs-s0-mine"):
+        select_completed(legacy)
+
+
+def test_older_records_get_their_fingerprint_from_environment_json(tmp_path: Path) -> None:
+    import json
+
+    from analysis.ledger import data_fingerprint
+
+    df = synthetic_ladder(seeds=(0,)).head(2)
+    df["run_dir"] = df["run_id"]
+    path = _table(tmp_path / "study" / "results.csv", df)
+    for i, rid in enumerate(df["run_id"]):
+        (tmp_path / "study" / rid).mkdir()
+        checksum = {"algorithm": "sha256", "train": f"t{i}", "val": "v"}
+        (tmp_path / "study" / rid / "environment.json").write_text(json.dumps({"dataset": {"checksum": checksum,
+                                                                                          "path": f"/d{i}"}}))
+    loaded = load_results(path)
+    assert list(loaded["data_fingerprint"]) == [data_fingerprint({"train": f"t{i}", "val": "v"}) for i in (0, 1)]
+    with pytest.raises(ValueError, match="2 different data sets"):
+        select_completed(loaded)
 
 
 def test_select_completed_order_does_not_depend_on_the_table_order():

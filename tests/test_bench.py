@@ -42,8 +42,10 @@ def _check_size(res: dict, schemes: list[str], repeats: int) -> None:
         assert e["peak_tensor_step_bytes"] > e["saved_activation_bytes"] / 2  # saved tensors are allocated in the step
         assert e["peak_bytes"] >= e["rss_before_bytes"] > 0
         r = res["ratios"][name]
-        for key in ("train_step", "train_step_cpu", "prefill"):
+        for key in ("train_step", "train_step_cpu", "prefill", "decode"):
             _check_ratio(r[key])
+        assert e["decode_token_s"]["n"] == repeats and e["decode"] == {"tokens": 4, "batch": 1,
+                                                                        "context": res["size"]["seq_len"]}
         if name == "baseline":  # ratios of the baseline to itself, round by round
             assert r["train_step"]["samples"] == [1.0] * repeats and r["saved_activation_bytes"] == 1.0
     assert res["schemes"]["block"]["n_blocks"] == res["size"]["n_blocks"]
@@ -66,6 +68,7 @@ def test_quick_benchmark_writes_the_documented_json(tmp_path, data_cache):
     assert res["meta"]["quick"] is True and res["meta"]["threads"] == 1 and res["meta"]["device"] == "cpu"
     assert res["meta"]["torch"] and res["meta"]["wall_time_s"] > 0
     assert res["meta"]["cpu_kernels"].startswith(("on", "off", "unavailable"))
+    assert res["meta"]["gpu_kernels"].startswith(("on", "off", "unavailable")) and res["meta"]["decode_tokens"] == 4
     (size,) = res["sizes"]
     assert size["size"]["name"] == "tiny"
     _check_size(size, ["baseline", "full", "block"], repeats=3)
@@ -159,6 +162,7 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
     (["--option-variants", "eager,turbo"], "unknown"),
     (["--device", "tpu"], "allowed values: cpu, cuda"),
     (["--harness-steps", "3"], ">= 4"),
+    (["--decode-tokens", "-1"], ">= 0"),
 ])
 def test_bad_arguments_say_what_is_allowed(argv, match):
     with pytest.raises(SystemExit, match=match):

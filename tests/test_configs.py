@@ -160,10 +160,10 @@ def test_config_hash_covers_results_not_paths():
     for change in ("seed=1", "size.lr=1.0e-3", "model=full_attnres", "trainer.precision=bf16-mixed",
                    "optimizer.weight_decay=0.0", "size=cpu_s", "data.name=/other", "compile=true"):
         assert chash(change) != base, change
-    chash_, run_id, run_dir, table = T.run_identity(compose(["experiment=cpu_ladder", "seed=3",
+    chash_, run_id, run_dir, study_dir = T.run_identity(compose(["experiment=cpu_ladder", "seed=3",
                                                              "paths.runs_root=/r"]))
     assert run_id == f"baseline_cpu_xs_s3_{chash_[:8]}" and len(chash_) == 16
-    assert run_dir == Path("/r/cpu_ladder") / run_id and table == Path("/r/cpu_ladder/results.csv")
+    assert run_dir == Path("/r/cpu_ladder") / run_id and study_dir == Path("/r/cpu_ladder")
 
 
 # ---- bad configs: a ValueError naming the key and the allowed values, before training ------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import pickle
 import shutil
 import subprocess
@@ -492,3 +493,72 @@ def test_header_round_trip() -> None:
     h = ShardHeader("bytes", 256, "uint8", {"train": 10, "val": 2}, {"algorithm": "sha256", "train": "a", "val": "b"},
                     {"kind": "files"})
     assert ShardHeader.from_dict(json.loads(h.to_json())) == h
+
+
+# ---- issue 15, items 9-11 --------------------------------------------------------------------------------------
+def _one_file_shards(tmp_path: Path) -> Path:
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(4000)))
+    return data.prepare_text_files([text], tmp_path / "shards", progress=False)
+
+
+def test_a_same_size_bit_flip_is_caught_at_load_and_a_stamp_spares_rehashing(tmp_path, monkeypatch):
+    from experiments.datamodule import TokenDataModule
+
+    monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path / "cache"))
+    shards = _one_file_shards(tmp_path)
+
+    def load() -> TokenDataModule:
+        dm = TokenDataModule(name=str(shards), seq_len=32, batch_size=2, seed=0, val_sequences=2)
+        dm.load(progress=False)
+        return dm
+
+    assert load().verified == "sha256"  # first load: hashed, stamp written
+    calls = []
+    real = data.sha256_file
+    monkeypatch.setattr(data, "sha256_file", lambda p: calls.append(p) or real(p))
+    assert load().verified == "stamp" and calls == []  # a later run does not re-hash the corpus
+    train_bin = shards / "train.bin"
+    st = train_bin.stat()
+    raw = bytearray(train_bin.read_bytes())
+    raw[len(raw) // 2] ^= 0x01  # one bit, same size
+    train_bin.write_bytes(bytes(raw))
+    os.utime(train_bin, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with the old mtime put back
+    with pytest.raises(ValueError, match=r"checksum mismatch for .*train.bin"):
+        load()
+
+
+def test_a_bit_flip_stops_training_before_it_starts(train_cfg, tmp_path, monkeypatch):
+    from experiments.train import SetupError, train
+
+    monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path / "cache"))
+    shards = _one_file_shards(tmp_path)
+    raw = bytearray((shards / "val.bin").read_bytes())
+    raw[10] ^= 0x40
+    (shards / "val.bin").write_bytes(bytes(raw))
+    cfg = train_cfg(f"data.name={shards}")
+    with pytest.raises(SetupError, match="checksum mismatch for .*val.bin"):
+        train(cfg)
+
+
+def test_prepare_on_an_empty_input_says_it_is_empty(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"the input is empty: .*1 empty input\(s\): empty.txt") as err:
+        data.prepare_text_files([empty], tmp_path / "out", progress=False)
+    assert "val_fraction" not in str(err.value)
+
+
+def test_describe_a_tail_split_does_not_say_nothing_is_held_out(tmp_path):
+    shards = data.TokenShards(_one_file_shards(tmp_path))
+    assert shards.header.n_tokens["val"] > 0
+    text = data.describe(shards)
+    assert "0 held out" not in text and "of each of 1 held out, split tail" in text
+
+
+def test_the_readmes_own_data_directory_is_ignored_by_git():
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("data/mine/header.json", "data/mine/train.bin", "data/cache/x/header.json"):
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=repo).returncode == 0, path

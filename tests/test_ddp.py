@@ -23,7 +23,7 @@ from conftest import TEST_MAX_BYTES, run_cli
 
 
 def _val_trajectory(runs_root: Path) -> tuple[list[tuple[int, float]], dict]:
-    (run_dir,) = [p for p in (runs_root / "smoke").iterdir() if p.is_dir()]
+    (run_dir,) = [p for p in (runs_root / "smoke").iterdir() if p.is_dir() and p.name not in ("records", ".locks")]
     record = json.loads((run_dir / "results.json").read_text())
     with open(run_dir / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["val_loss"]]

@@ -6,8 +6,8 @@ import weakref
 import pytest
 import torch
 
-from attnres.depth import (_mix_sources_traced, key_logits, merge_read, mix_sources, mix_sources_batched, rms_normalize,
-                           rmsnorm_unit, track_source)
+from attnres.depth import (_mix_sources_traced, attend_batched, key_logits, merge_read, mix_sources, mix_sources_batched,
+                           rms_normalize, rmsnorm_unit, track_source)
 
 torch.set_num_threads(1)
 
@@ -276,3 +276,36 @@ def test_key_logits_keep_no_fp32_copy_of_a_bf16_source():
     rs, rq = torch.autograd.grad(ref, [ref_src, ref_q], g)
     assert torch.allclose(gq.double(), rq, rtol=1e-4, atol=1e-5)
     assert torch.allclose(gs.double(), rs, rtol=2e-2, atol=2e-2 * rs.abs().max().item())  # rounded to bf16 once
+
+
+@pytest.mark.parametrize("track", [False, True])
+def test_attend_batched_matches_its_definition_and_finite_differences(track):
+    """Phase 1 with the key logits (the op the GPU kernel implements): Q softmaxes over S sources of
+    q . RMSNorm(v), their log-sum-exp and the mixes, with gradients through both outputs; a non-contiguous source
+    (the key logits' backward once failed on one with several queries)."""
+    torch.manual_seed(7)
+    S, B, T, D, Q, eps = 3, 2, 3, 5, 3, 1e-2
+    vs = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(S)]
+    q = torch.randn(Q, D, dtype=torch.double, requires_grad=True)
+    t = track_source if track else (lambda v: v)
+
+    def ours(q, *vs):
+        sources = [t(v * 1.0) for v in vs]
+        sources[1] = sources[1].transpose(0, 1).contiguous().transpose(0, 1)
+        outs, lse = attend_batched(sources, q, eps)
+        return (*outs, lse)
+
+    def reference(q, *vs):
+        logits = torch.stack([rms_normalize(v, eps) @ q.t() for v in vs])  # [S, B, T, Q]
+        alpha = logits.softmax(0)
+        outs = [(alpha[..., i, None] * torch.stack(vs)).sum(0) for i in range(Q)]
+        return (*outs, torch.logsumexp(logits, 0))
+
+    got, want = ours(q, *vs), reference(q, *vs)
+    assert all(torch.allclose(a, b) for a, b in zip(got, want))
+    g = [torch.randn_like(x) for x in want]
+    for a, b in zip(torch.autograd.grad(got, [q, *vs], g), torch.autograd.grad(want, [q, *vs], g)):
+        assert torch.allclose(a, b)
+    assert torch.autograd.gradcheck(ours, (q, *vs))
+    with pytest.raises(ValueError, match=r"queries must be \[Q, D\]"):
+        attend_batched(vs, q[:, :2], eps)

@@ -9,6 +9,12 @@ scheme; Block's two-phase path == its plain path under bf16 autocast; zero-init 
 flash SDPA == math SDPA; the depth softmax stays fp32 under autocast; the read fused with the PreNorm == the
 unfused read under bf16 (and keeps one fp32 [B, T, d] less per read); torch.compile == eager; and
 `trainer=gpu` (bf16-mixed) trains to a completed record.
+
+The Triton depth kernels (attnres/gpu_kernels.py; on CUDA by default) are checked here compiled, as
+tests/test_triton_kernels.py checks them in Triton's interpreter on the CPU: the two ops at the paper's widths
+(d 896 and 1264: BLOCK_D 1024 and 2048) in fp32 and with bf16 sources against the torch path, Block and Full
+models end to end, cached decoding == the full forward, regional and whole-model compile (fullgraph through the
+custom ops) == eager.
 """
 
 from __future__ import annotations
@@ -198,3 +204,145 @@ def test_gpu_trainer_preset_trains_in_bf16(train_cfg, variant):
     assert rec["status"] == "completed" and math.isfinite(rec["val_loss"]) and rec["val_loss"] < 5.6
     saved = (Path(rec["run_dir"]) / "config.yaml").read_text()
     assert "precision: bf16-mixed" in saved
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Triton depth kernels, compiled
+
+
+def _kernel_launches(monkeypatch) -> dict[str, int]:
+    from attnres import depth_mix_triton
+
+    calls: dict[str, int] = {}
+    for name in ("attend_fwd", "attend_bwd", "merge_fwd", "merge_bwd"):
+        kernel = getattr(depth_mix_triton, name)
+
+        class Counted:
+            def __getitem__(self, grid, _k=kernel, _n=name):
+                calls[_n] = calls.get(_n, 0) + 1
+                return _k[grid]
+
+        monkeypatch.setattr(depth_mix_triton, name, Counted())
+    return calls
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("D", [896, 1264])  # (small and odd D: tests/test_triton_kernels.py)
+@pytest.mark.parametrize("low", [False, True])
+def test_cuda_triton_ops_equal_the_torch_path(D, low, monkeypatch):
+    """attend (phase 1, scoring included) and merge (with a key logit inside) at the paper widths, the sources fp32
+    or the embedding fp32 and the rest bf16 (autocast's mix): values and every gradient against the torch path."""
+    from attnres import gpu_kernels
+    from attnres.depth import attend_batched, merge_read, track_source
+
+    assert gpu_kernels.applies(torch.zeros(1, 1, D, device=CUDA)), gpu_kernels.status()
+    calls = _kernel_launches(monkeypatch)
+    torch.manual_seed(0)
+    B, T, S, Q = 2, 256, 5, 3
+    vs = [torch.randn(B, T, D, device=CUDA) for _ in range(S)]
+    if low:
+        vs = [vs[0]] + [v.bfloat16() for v in vs[1:]]
+    vs = [v.requires_grad_() for v in vs]
+    q = torch.randn(Q + 1, D, device=CUDA, requires_grad=True)
+
+    def compute():
+        sources = [track_source(v * 1.0) for v in vs]
+        outs, lse = attend_batched(sources[:-1], q[:Q], 1e-6)
+        y = merge_read(outs[1] * 1.0, -lse[None, ..., 1], [sources[-1]], 1e-6, torch.float32, q[Q:], 1e-6)  # (consumed)
+        loss = (y * torch.linspace(-1, 1, D, device=CUDA)).sum() + outs[0].pow(2).sum() + outs[2].sum() + lse.sum()
+        return [*outs, lse, y, *torch.autograd.grad(loss, [q, *vs])]
+
+    on = compute()
+    assert calls == {"attend_fwd": 1, "attend_bwd": 1, "merge_fwd": 1, "merge_bwd": 1}
+    with gpu_kernels.use_kernels(False):
+        off = compute()
+    assert calls == {"attend_fwd": 1, "attend_bwd": 1, "merge_fwd": 1, "merge_bwd": 1}
+    for i, (a, b) in enumerate(zip(on, off)):
+        assert a.dtype == b.dtype and a.shape == b.shape, i
+        tol = 2 ** -7 if a.dtype == torch.bfloat16 else 1e-4  # bf16: a gradient rounded once; fp32: summation order
+        assert _rel_err(a, b) <= tol, (i, _rel_err(a, b))
+
+
+@pytest.mark.parametrize("residual,kw", [("block", {"block_size": 2}), ("block", {"n_blocks": 2}), ("full", {})])
+@pytest.mark.parametrize("amp", [False, True])
+def test_cuda_models_on_the_kernels_equal_the_torch_path(residual, kw, amp, monkeypatch):
+    """Block and Full AttnRes with the Triton kernels (the CUDA default) against the torch path: fp32 (TF32 off) to
+    rounding; under bf16 autocast within bf16's effect on the rest of the model."""
+    from torch.nn.attention import SDPBackend
+
+    from attnres import gpu_kernels
+
+    calls = _kernel_launches(monkeypatch)
+    model = build(residual, **kw).to(CUDA)
+    idx = batch().to(CUDA)
+    l_on, g_on = loss_and_grads(model, idx, amp=amp, backend=SDPBackend.MATH)
+    assert set(calls) == {"attend_fwd", "attend_bwd", "merge_fwd", "merge_bwd"}
+    with gpu_kernels.use_kernels(False):
+        l_off, g_off = loss_and_grads(model, idx, amp=amp, backend=SDPBackend.MATH)
+    if not amp:
+        assert torch.allclose(l_on, l_off, rtol=1e-5)
+        for name in g_off:
+            assert torch.allclose(g_on[name], g_off[name], rtol=1e-3, atol=1e-5), name
+    else:
+        assert abs(float(l_on - l_off)) < 2e-3 * float(l_off)
+        for name in g_off:
+            assert cosine(g_on[name], g_off[name]) > 0.995, name
+
+
+@pytest.mark.parametrize("residual", list(RESIDUAL_SCHEMES))
+def test_cuda_cached_decoding_equals_the_full_forward(residual):
+    """Prefill 200 tokens, decode 6 one at a time, then a chunk of 50 (flash attention and the Triton kernels):
+    the logits of a forward over all 256, fp32 with TF32 off."""
+    model = build(residual).to(CUDA)
+    idx = batch(T=256).to(CUDA)
+    with torch.inference_mode():
+        full = model(idx)
+        cache = model.new_cache()
+        steps = [model(idx[:, :200], cache=cache)] + [model(idx[:, t: t + 1], cache=cache) for t in range(200, 206)]
+        steps.append(model(idx[:, 206:], cache=cache))
+    assert torch.allclose(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("residual", ["baseline", "full", "block"])
+def test_cuda_regional_compile_matches_eager(residual):
+    """compile_regions (inductor, the attention and MLP compiled once, the Triton depth kernels eager) == eager.
+    The three schemes share the compiled sublayers (same shapes), so only the first compiles."""
+    import copy
+
+    from torch.nn.attention import SDPBackend
+
+    idx = batch().to(CUDA)
+    model = build(residual).to(CUDA)
+    l_eager, g_eager = loss_and_grads(model, idx, backend=SDPBackend.MATH)
+    compiled = copy.deepcopy(model)
+    compiled.compile_regions()
+    l_comp, g_comp = loss_and_grads(compiled, idx, backend=SDPBackend.MATH)
+    assert torch.allclose(l_comp, l_eager, rtol=1e-5)
+    for name in g_eager:
+        assert torch.allclose(g_comp[name], g_eager[name], rtol=1e-3, atol=1e-5), name
+
+
+def test_cuda_compile_fullgraph_through_the_triton_ops():
+    """inductor with fullgraph=True over a phase 1 and a merge: the custom ops are opaque nodes of one graph."""
+    import torch._dynamo
+
+    from attnres.depth import attend_batched, merge_read
+
+    torch.manual_seed(1)
+    vs = [torch.randn(2, 64, 96, device=CUDA, requires_grad=True) for _ in range(3)]
+    q = torch.randn(2, 96, device=CUDA, requires_grad=True)
+
+    def fn(q, *vs):
+        outs, lse = attend_batched(list(vs[:2]), q, 1e-6)
+        y = merge_read(outs[0], -lse[None, ..., 0], [vs[2]], 1e-6, torch.float32, q[1:], 1e-6)
+        return y.pow(3).sum() + outs[1].sum()
+
+    eager = fn(q, *vs)
+    g_eager = torch.autograd.grad(eager, [q, *vs])
+    torch._dynamo.reset()
+    got = torch.compile(fn, fullgraph=True)(q, *vs)
+    for a, b in zip((got, *torch.autograd.grad(got, [q, *vs])), (eager, *g_eager)):
+        assert _rel_err(a, b) <= 1e-4

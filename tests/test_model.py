@@ -13,7 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnres import ModelConfig, Transformer, depth_attention, flops_per_token
-from attnres.residual import BlockAttnRes, FullAttnRes
+from attnres.residual import RESIDUAL_SCHEMES, BlockAttnRes, FullAttnRes
 
 torch.set_num_threads(1)
 
@@ -234,6 +234,28 @@ def test_full_read_groups_equal_one_read_at_a_time(read_group):
         fast(idx), slow(idx)
     assert torch.allclose(fast.diagnostics["depth_weights"], slow.diagnostics["depth_weights"], atol=1e-6,
                           equal_nan=True)
+
+
+@pytest.mark.parametrize("residual,kw", [("full", {}), ("full", {"residual_options": {"read_group": 3}}),
+                                         ("block", {"block_size": 2}), ("block", {"block_size": 5})])
+def test_scoring_inside_the_kernels_equals_the_key_logit_cache(residual, kw, monkeypatch):
+    """The CUDA path's bookkeeping (sources scored inside attend_batched and merge_read, no key-logit cache) on the
+    CPU, where those functions run their torch reference: the same logits and gradients as the cached path, and
+    against the naive rollout, in float64."""
+    cached = make(residual, **kw).double()
+    randomize_queries(cached, scale=3.0)
+    fused = copy.deepcopy(cached)
+    monkeypatch.setattr(type(fused.residual), "_scores_in_kernels", lambda self, x: True)
+    idx = tokens()
+    state = fused.residual.begin(fused.tok_emb(idx))
+    assert state.fused and (not isinstance(state, BlockAttnRes.State) or not state.block_logits)
+    lf, loss_f = fused(idx, idx)
+    lc, loss_c = cached(idx, idx)
+    assert torch.allclose(lf, lc, atol=1e-10) and torch.allclose(lf, naive_forward(copy.deepcopy(cached), idx))
+    loss_f.backward()
+    loss_c.backward()
+    for (name, p), (_, r) in zip(fused.named_parameters(), cached.named_parameters()):
+        assert torch.allclose(p.grad, r.grad, atol=1e-10, rtol=1e-8), name
 
 
 def expected_groups(L: int, S: int, l: int) -> list[list[int]]:
@@ -475,3 +497,86 @@ def test_compiled_model_matches_eager_including_every_gradient(residual, kw):
         assert p.grad is not None, name
         assert (p.grad - eager[name]).norm() <= 1e-4 * eager[name].norm(), name
     torch._dynamo.reset()
+
+
+def test_regional_compilation_matches_eager_and_compiles_each_sublayer_once():
+    """compile_regions(): the attention and MLP sublayers compiled by inductor, the residual scheme eager. Loss and
+    every gradient equal eager's for the baseline, Block and Full; the two compiled sublayers are compiled once and
+    reused by every block of every model (what keeps compile time flat in depth)."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    idx = tokens()
+    for residual, kw in (("block", {"block_size": 2}), ("full", {}), ("baseline", {})):
+        model = make(residual, **kw)
+        if residual != "baseline":
+            randomize_queries(model)
+        eager = copy.deepcopy(model)
+        model.compile_regions(backend=counter)
+        _, loss = model(idx, idx)
+        loss.backward()
+        _, loss_e = eager(idx, idx)
+        loss_e.backward()
+        assert torch.allclose(loss, loss_e, rtol=1e-5), residual
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert p.grad is not None and (p.grad - q.grad).norm() <= 1e-4 * q.grad.norm() + 1e-12, (residual, name)
+    assert counter.frame_count == 2  # CausalSelfAttention.from_normalized and SwiGLU.from_normalized
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inference with a KV cache
+
+DECODE_CASES = [(r, {"n_blocks": 3} if r == "block" else {}) for r in RESIDUAL_SCHEMES] + [
+    ("full", {"residual_options": {"read_group": 1}}), ("full", {"residual_options": {"query": "input_dependent"}}),
+    ("full", {"residual_options": {"window": 2}}), ("block", {"block_size": 2}),
+    ("block", {"block_size": 3, "residual_options": {"two_phase": False}}),
+    ("block", {"n_blocks": 2, "residual_options": {"normalizer": "sigmoid"}}),
+    ("hyper", {"residual_options": {"dynamic": False}}), ("mhc", {"residual_options": {"n": 2}}),
+]
+
+
+@pytest.mark.parametrize("residual,kw", DECODE_CASES)
+def test_cached_decoding_equals_the_full_forward(residual, kw):
+    """Prefill of 4 tokens, 3 single-token decode steps, then a 3-token chunk: the logits of every position equal
+    one forward over all 10 tokens, for every residual scheme (their depth state is per token: only attention's
+    keys and values are cached, and no earlier position is recomputed)."""
+    model = make(residual, **kw)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # every residual parameter away from its (often identity) initialisation
+        for name, p in model.named_parameters():
+            if name.startswith("residual."):
+                p.add_(0.5 * torch.randn(p.shape, generator=g))
+    idx = tokens(B=2, T=10)
+    with torch.inference_mode():
+        full = model(idx)
+        cache = model.new_cache()
+        steps = [model(idx[:, :4], cache=cache)]
+        steps += [model(idx[:, t: t + 1], cache=cache) for t in range(4, 7)]
+        steps.append(model(idx[:, 7:], cache=cache))
+    assert cache.length == 10
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=2e-5, rtol=1e-4)
+
+
+def test_generate_continues_greedily_with_the_cache():
+    """generate(): the greedy continuation equals re-running the whole sequence for each new token."""
+    model = make("block", block_size=2)
+    randomize_queries(model)
+    prompt = tokens(B=2, T=5)
+    out = model.generate(prompt, max_new_tokens=4)
+    assert out.shape == (2, 9) and torch.equal(out[:, :5], prompt)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(4):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, seq)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(tokens(B=1, T=4), cache=_filled_cache(model, 14))  # 14 + 4 > max_seq_len 16
+
+
+def _filled_cache(model: Transformer, length: int):
+    cache = model.new_cache()
+    cache.length = length
+    return cache

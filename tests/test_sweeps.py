@@ -50,17 +50,22 @@ def test_basic_multirun_records_then_skips_then_survives_a_failure(tmp_path):
     assert "4 runs: 0 completed, 4 skipped, 0 failed, 0 diverged" in summary_line(again.stdout)
     assert len(rows(tmp_path)) == 4  # nothing appended, nothing trained
 
-    # One run fails (Block with more blocks than sublayers), one diverges (NaN injected), one completes:
+    # One config is invalid (Block with more blocks than sublayers), two diverge (NaN injected), and one seed-6 run
+    # fails during training:
     mixed = run_train(tmp_path, "model=baseline,block_attnres,full_attnres", "seed=5", "model.n_blocks=99",
                       "fault.nan_at_step=3")
     assert mixed.returncode != 0  # the sweep's exit status reports the failure ...
     line = summary_line(mixed.stdout)  # ... after every run was attempted
     assert "3 runs:" in line and "1 failed" in line and "2 diverged" in line, line
+    assert "block_attnres" in mixed.stdout and "config error: " in mixed.stdout and "n_blocks" in mixed.stdout
     new = [r for r in rows(tmp_path) if r["seed"] == "5"]
-    assert {r["variant"]: r["status"] for r in new} == {
-        "baseline": "diverged", "block_attnres": "failed", "full_attnres": "diverged"}
-    failed = next(r for r in new if r["status"] == "failed")
-    assert "n_blocks" in failed["error"] and failed["val_loss"] == ""
+    # a config that never trained is reported by the sweep, not recorded as a run (issue 15 #7)
+    assert {r["variant"]: r["status"] for r in new} == {"baseline": "diverged", "full_attnres": "diverged"}
+    crashed = run_train(tmp_path, "model=baseline,full_attnres", "seed=6", "fault.raise_at_step=2")
+    assert crashed.returncode != 0 and "2 runs:" in summary_line(crashed.stdout)
+    failed = [r for r in rows(tmp_path) if r["seed"] == "6"]
+    assert [r["status"] for r in failed] == ["failed", "failed"]
+    assert all("injected failure" in r["error"] and r["val_loss"] == "" for r in failed)
 
 
 @pytest.mark.slow

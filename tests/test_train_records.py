@@ -1,11 +1,14 @@
-"""experiments/records.py: the results table survives concurrent appenders; identity and provenance helpers."""
+"""experiments/records.py: the ledger (one immutable record file per record, results.csv derived from them)
+survives concurrent writers, torn and garbled bytes; identity and provenance helpers."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import multiprocessing as mp
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,20 +16,25 @@ import pytest
 from experiments import records
 
 
-def _append_many(table: str, writer: int, n: int, barrier) -> None:
-    barrier.wait()  # both processes start appending at the same moment
+def _done(**fields):
+    """A valid completed record (the schema requires a positive val_loss and compute)."""
+    return records.make_record(**{"status": "completed", "val_loss": 2.5, "pflops_days": 1e-9, **fields})
+
+
+def _append_many(study: str, writer: int, n: int, barrier) -> None:
+    barrier.wait()  # both processes start writing at the same moment
     for i in range(n):
-        rec = records.make_record(run_id=f"w{writer}_{i:04d}", study="s", status="completed", seed=writer,
-                                  val_loss=1.0 + i / 1000, error="a, \"quoted\"\nmultiline error" if i % 7 == 0 else "")
-        records.append_row(table, rec)
+        rec = _done(run_id=f"w{writer}_{i:04d}", study="s", seed=writer, val_loss=1.0 + i / 1000,
+                    error="a, \"quoted\"\nmultiline error" if i % 7 == 0 else "")
+        records.add_record(study, rec)
 
 
-def test_two_processes_append_concurrently_without_losing_or_corrupting_rows(tmp_path):
+def test_two_processes_write_concurrently_without_losing_or_corrupting_rows(tmp_path):
     table = tmp_path / "study" / "results.csv"
-    n = 150
+    n = 60
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(2)
-    procs = [ctx.Process(target=_append_many, args=(str(table), w, n, barrier)) for w in (0, 1)]
+    procs = [ctx.Process(target=_append_many, args=(str(table.parent), w, n, barrier)) for w in (0, 1)]
     for p in procs:
         p.start()
     for p in procs:
@@ -41,6 +49,7 @@ def test_two_processes_append_concurrently_without_losing_or_corrupting_rows(tmp
     assert sorted(ids) == sorted(f"w{w}_{i:04d}" for w in (0, 1) for i in range(n))
     by_id = {r["run_id"]: r for r in records.read_rows(table)}
     assert by_id["w1_0007"]["error"] == 'a, "quoted"\nmultiline error' and by_id["w0_0001"]["error"] == ""
+    assert len(list((table.parent / "records").glob("*.json"))) == 2 * n  # one immutable file per record
 
 
 def test_record_columns_and_statuses(tmp_path):
@@ -48,21 +57,21 @@ def test_record_columns_and_statuses(tmp_path):
     assert list(rec) == list(records.COLUMNS) and rec["val_loss"] is None
     with pytest.raises(KeyError, match="not result-record columns"):
         records.make_record(run_id="r", loss=1.0)
-    with pytest.raises(ValueError, match="allowed values: completed, failed, diverged"):
+    with pytest.raises(ValueError, match="allowed values: completed, failed, diverged, interrupted"):
         records.make_record(run_id="r", status="done")
     records.write_json(tmp_path / "results.json", {**rec, "val_loss": float("nan")})
     assert json.loads((tmp_path / "results.json").read_text())["val_loss"] is None
 
 
 def test_find_completed_and_widening(tmp_path):
-    table = tmp_path / "results.csv"
-    records.append_row(table, records.make_record(run_id="a", status="failed", config_hash="h1"))
-    assert records.find_completed(table, "h1") is None
-    records.append_row(table, records.make_record(run_id="a", status="completed", config_hash="h1", val_loss=2.5))
-    assert records.find_completed(table, "h1")["val_loss"] == "2.5"
+    study = tmp_path / "study"
+    records.add_record(study, records.make_record(run_id="a", status="failed", config_hash="h1"))
+    assert records.find_completed(study, "h1") is None
+    records.add_record(study, _done(run_id="a", config_hash="h1", val_loss=2.5))
+    assert records.find_completed(study, "h1")["val_loss"] == 2.5
     # a newer schema with an extra column: the table is widened, old rows kept
-    records.append_row(table, {**records.make_record(run_id="b", status="completed", config_hash="h2"), "extra": 7})
-    rows = records.read_rows(table)
+    records.add_record(study, {**_done(run_id="b", config_hash="h2"), "extra": 7})
+    rows = records.read_rows(study / "results.csv")
     assert [r["run_id"] for r in rows] == ["a", "a", "b"] and rows[-1]["extra"] == "7" and rows[0]["extra"] == ""
 
 
@@ -82,13 +91,112 @@ def test_git_commit_tolerates_no_repository(tmp_path):
 
 def test_find_completed_uses_the_last_record_of_a_run(tmp_path):
     """The trainer's skip rule and the analysis agree: the last record of a config decides."""
-    from experiments import records
-
-    table = tmp_path / "results.csv"
+    study = tmp_path / "study"
     base = {"run_id": "r", "config_hash": "h1"}
-    records.append_row(table, records.make_record(**base, status="failed", error="killed"))
-    assert records.find_completed(table, "h1") is None
-    records.append_row(table, records.make_record(**base, status="completed", val_loss=1.5))
-    assert records.find_completed(table, "h1")["status"] == "completed"
-    records.append_row(table, records.make_record(**base, status="failed", error="re-run with force, failed"))
-    assert records.find_completed(table, "h1") is None
+    records.add_record(study, records.make_record(**base, status="failed", error="killed"))
+    assert records.find_completed(study, "h1") is None
+    records.add_record(study, _done(**base, val_loss=1.5))
+    assert records.find_completed(study, "h1")["status"] == "completed"
+    records.add_record(study, records.make_record(**base, status="failed", error="re-run with force, failed"))
+    assert records.find_completed(study, "h1") is None
+
+
+# ---- issue 15, items 1-3: bad bytes, torn rows and malformed records never hide another run ------------------
+def _legacy_table(path: Path, recs: list[dict]) -> None:
+    """A results.csv as attnres wrote it before records/ existed (header + appended rows, no record_id)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = list(records.COLUMNS[: records.COLUMNS.index("health") + 1])
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        for r in recs:
+            w.writerow([records._cell(r.get(c)) for c in header])
+
+
+def test_a_non_utf8_row_is_reported_with_file_and_line_and_later_launches_still_work(tmp_path):
+    study = tmp_path / "study"
+    table = study / "results.csv"
+    _legacy_table(table, [_done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:00:00+00:00"),
+                          _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:01:00+00:00")])
+    lines = table.read_bytes().split(b"\n")
+    lines[1] = lines[1].replace(b"a,", b"\xffa,", 1)  # one bad byte in run a's row (file line 2)
+    table.write_bytes(b"\n".join(lines))
+    with pytest.warns(records.LedgerWarning, match=rf"{table}:2: not valid UTF-8 \(byte 0xff"):
+        assert records.find_completed(study, "hb")["run_id"] == "b"  # the launch's skip check does not crash
+    with pytest.warns(records.LedgerWarning, match=r"results.csv:2: not valid UTF-8"):
+        records.add_record(study, _done(run_id="c", config_hash="hc"))  # a new record is written and tabled
+    assert [r["run_id"] for r in records.read_rows(table)] == ["b", "c"]
+    assert b"\xffa," in (study / "results.csv.rejected").read_bytes()  # the unreadable line is kept, not lost
+
+
+def test_a_torn_last_row_cannot_swallow_the_next_record(tmp_path):
+    study = tmp_path / "study"
+    table = study / "results.csv"
+    _legacy_table(table, [_done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:00:00+00:00"),
+                          _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:01:00+00:00",
+                                error='x "quoted", and\nmultiline')])
+    data = table.read_bytes()
+    table.write_bytes(data[: data.index(b"multiline")])  # cut inside run b's quoted field: no newline, open quote
+    with pytest.warns(records.LedgerWarning, match=r"results.csv:3: .*row skipped"):
+        records.add_record(study, _done(run_id="c", config_hash="hc"))
+    rows = records.read_rows(table)
+    assert [r["run_id"] for r in rows] == ["a", "c"]  # the next run's record is there, whole
+    assert records.find_completed(study, "hc")["run_id"] == "c"
+    # a legacy table torn mid-row, then appended to by an older attnres: the glued line is rejected, the row
+    # after it is read
+    _legacy_table(table, [_done(run_id="d", config_hash="hd")])
+    data = table.read_bytes()
+    table.write_bytes(data[:-20])  # torn, no trailing newline
+    with open(table, "ab") as f:
+        header = list(records.COLUMNS[: records.COLUMNS.index("health") + 1])
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerow([records._cell(_done(run_id="e", config_hash="he").get(c))
+                                                       for c in header])
+        f.write(buf.getvalue().encode() * 2)  # glued onto the torn row, then once more on its own line
+    with pytest.warns(records.LedgerWarning, match=r"fields where the header has"):
+        rows = records.read_rows(table)
+    assert [r["run_id"] for r in rows] == ["e"]
+
+
+def test_a_malformed_last_record_does_not_hide_the_valid_completed_one(tmp_path):
+    study = tmp_path / "study"
+    records.add_record(study, _done(run_id="r", config_hash="h1", val_loss=1.5))
+    garbled = study / "records" / "99999999T999999.999999Z_r_garbled.json"
+    garbled.write_bytes(b'{"run_id": "r", "config_hash": "h1", "status": "compl\xff')  # torn and garbled
+    bad_status = study / "records" / "99999999T999999.999999Z_r_x.json"
+    bad_status.write_text(json.dumps({**_done(run_id="r", config_hash="h1"), "status": "complet"}))
+    with pytest.warns(records.LedgerWarning) as caught:
+        done = records.find_completed(study, "h1")
+    assert done is not None and done["val_loss"] == 1.5
+    messages = " ".join(str(w.message) for w in caught)
+    assert str(garbled) in messages and str(bad_status) in messages and "'complet' is not one of" in messages
+
+
+def test_rebuild_derives_the_table_from_the_records(tmp_path):
+    study = tmp_path / "study"
+    for i in range(3):
+        records.add_record(study, _done(run_id=f"r{i}", config_hash=f"h{i}"))
+    table = study / "results.csv"
+    table.write_bytes(b"garbage\xff\n")
+    out = subprocess.run([sys.executable, "-m", "experiments.records", "rebuild", str(study)], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert [r["run_id"] for r in records.read_rows(table)] == ["r0", "r1", "r2"]
+    assert all(r["record_id"] for r in records.read_rows(table))
+
+
+def test_a_legacy_table_is_imported_and_kept(tmp_path):
+    """A study written before records/ existed keeps every row (in order, last record deciding)."""
+    study = tmp_path / "study"
+    _legacy_table(study / "results.csv", [
+        records.make_record(run_id="a", config_hash="ha", status="failed", finished_at="2026-01-01T00:00:00+00:00"),
+        _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:05:00+00:00"),
+        _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:03:00+00:00")])
+    assert records.find_completed(study, "ha")["run_id"] == "a"
+    records.add_record(study, _done(run_id="c", config_hash="hc"))
+    rows = records.read_rows(study / "results.csv")
+    assert [(r["run_id"], r["status"]) for r in rows] == [("a", "failed"), ("b", "completed"), ("a", "completed"),
+                                                          ("c", "completed")]
+    assert len(list((study / "records").glob("*.json"))) == 4
+    records.rebuild_table(study)  # idempotent: importing again writes no second copy
+    assert len(list((study / "records").glob("*.json"))) == 4

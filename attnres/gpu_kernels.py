@@ -1,0 +1,444 @@
+"""Triton kernels for the depth mixing on CUDA (depth_mix_triton.py), as torch.library custom ops.
+
+Why: in eager PyTorch on a GPU the depth mixing is memory-bound element-wise work, one [B, T, D] pass per
+(source, read) pair and per operation (docs/performance.md). The kernels read each source once per group of
+reads, score it in the same pass, and keep the read h out of memory (the merge is fused with the PreNorm
+normalisation). They are a speed path only: depth.py's torch code is the reference the tests check them
+against, and it runs wherever they do not apply (no triton, another device, float64, ATTNRES_TRITON=0).
+
+Two ops, as on the CPU (cpu_kernels.py):
+  * attend(sources, queries, eps) -> (Q outputs [B, T, D] fp32, lse [B, T, Q]): phase 1 of Q reads with static
+    pseudo-queries over S sources, the key logits included (depth.attend_batched);
+  * merge(base, z, extras, queries, ...) -> y: one read's online-softmax merge of K extras, fused with the PreNorm
+    normalisation (depth.merge_read).
+Each is a ``torch.library.custom_op`` (``attnres::attend``, ``attnres::merge`` and their ``*_backward``) with a
+fake implementation and registered autograd, so torch.compile(fullgraph=True) traces through them as opaque
+kernels. Sources of any mix of fp32 and one low-precision dtype (bf16 or fp16), any D (masked), any strides
+(non-contiguous inputs are copied), accumulation in fp32. In eager mode a tracked source's gradient is
+accumulated into its sink inside the backward kernel (depth.track_source), as the CPU kernels do.
+
+The kernels run on CUDA tensors. Under ``use_kernels(True)`` they also take CPU tensors when the process runs
+Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported): that is how CI tests them
+(tests/test_triton_kernels.py). triton is imported on first use only, so `import attnres` never needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+
+import torch
+
+from . import depth
+
+ENV_SWITCH = "ATTNRES_TRITON"  # "0" / "off" / "false" / "no": never use the Triton kernels
+MAX_READS = 16  # attend: at most this many queries (Q) per call
+MAX_EXTRAS = 16  # merge: at most this many extras (K) per call
+MAX_WIDTH = 8192  # D; the kernels hold a token's whole row in registers
+_TILE = 8192  # elements of a program's largest register tile (Q_PAD x BLOCK_T x BLOCK_D), one configuration
+_LOW = (torch.bfloat16, torch.float16)
+_FLOATS = (torch.float32, *_LOW)
+
+_forced: list[bool] = []  # innermost use_kernels() wins over the environment
+
+
+@contextlib.contextmanager
+def use_kernels(enabled: bool | None) -> Iterator[None]:
+    """Within this block use the Triton kernels where they apply (True: also on CPU tensors under the Triton
+    interpreter) or never (False), whatever ATTNRES_TRITON says; None changes nothing."""
+    if enabled is None:
+        yield
+        return
+    _forced.append(enabled)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+def _switched_off() -> bool:
+    if _forced:
+        return not _forced[-1]
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() in {"0", "off", "false", "no"}
+
+
+_INSTALLED = importlib.util.find_spec("triton") is not None  # without importing it (attnres imports it on first use)
+
+
+_probe: dict[str, str | None] = {}  # "triton": None once it imported, else why not (one attempt per process)
+
+
+def _triton() -> str | None:
+    """None when triton imports, else why not."""
+    if "triton" not in _probe:
+        try:
+            import triton  # noqa: F401
+
+            from . import depth_mix_triton  # noqa: F401
+            _probe["triton"] = None
+        except Exception as err:  # ImportError, or a triton that does not match this torch
+            _probe["triton"] = f"{type(err).__name__}: {err}"
+    return _probe["triton"]
+
+
+def _triton_ok() -> bool:
+    if torch.compiler.is_compiling():  # tracing cannot import triton; an eager call has usually tried already
+        return _INSTALLED and _probe.get("triton") is None
+    return _triton() is None
+
+
+def _interpreting() -> bool:
+    """Whether triton runs kernels in its interpreter (TRITON_INTERPRET=1 when it was imported)."""
+    if "triton" in sys.modules and not torch.compiler.is_compiling():
+        from triton import knobs
+
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def status() -> str:
+    """'on', 'off (...)' or 'unavailable: why'; recorded with benchmark results."""
+    if _switched_off():
+        return "off (use_kernels(False))" if _forced else f"off ({ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
+    why = _triton()
+    if why is not None:
+        return f"unavailable: {why}"
+    import triton
+
+    return f"on (triton {triton.__version__}{', interpreter' if _interpreting() else ''})"
+
+
+def applies(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors (a call's sources / extras / base) take the kernels: CUDA (or CPU under the
+    interpreter inside use_kernels(True)), fp32 and at most one low-precision float dtype, D <= MAX_WIDTH, and
+    triton importable."""
+    if _switched_off() or not tensors:
+        return False
+    device = tensors[0].device
+    if device.type == "cpu":
+        if not (_forced and _forced[-1] and _interpreting()):
+            return False
+    elif device.type != "cuda":
+        return False
+    low = set()
+    for t in tensors:
+        if t.device != device or t.dtype not in _FLOATS or t.dim() == 0:
+            return False
+        if t.dtype != torch.float32:
+            low.add(t.dtype)
+    if len(low) > 1 or tensors[0].shape[-1] > MAX_WIDTH:
+        return False
+    return _triton_ok()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launch helpers
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def attend_fits(Q: int, D: int) -> bool:
+    """Whether attend takes Q queries of width D: its programs hold Q_PAD x BLOCK_D rows (at most 32768 fp32
+    elements; the paper sizes need 8192 at most)."""
+    return Q <= MAX_READS and _pow2(Q) * _pow2(D) <= 4 * _TILE
+
+
+def _low_dtype(tensors: list[torch.Tensor]):
+    """The triton dtype of the call's low-precision tensors (bf16 when there are none: unused)."""
+    import triton.language as tl
+
+    for t in tensors:
+        if t.dtype == torch.float16:
+            return tl.float16
+    return tl.bfloat16
+
+
+def _code(t: torch.Tensor | None) -> int:
+    return 0 if t is None or t.dtype == torch.float32 else 1
+
+
+def _table(values: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 table of addresses / codes on the device: one pinned, asynchronous copy (no host sync)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _programs(n_blocks: int, device: torch.device) -> int:
+    """Programs of a backward kernel (each loops over token blocks and keeps one slice of the queries' gradient)."""
+    if device.type != "cuda":
+        return min(n_blocks, 2)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(n_blocks, 4 * sms))
+
+
+def _blocks(rows_per_tile: int, D: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_D, num_warps) for tiles of rows_per_tile x BLOCK_T x BLOCK_D elements."""
+    block_d = _pow2(D)
+    block_t = max(1, min(64, _TILE // (rows_per_tile * block_d)))
+    block_t = 1 << (block_t.bit_length() - 1)  # a power of two
+    warps = 4 if rows_per_tile * block_t * block_d <= 4096 else 8
+    return block_t, block_d, warps
+
+
+def _grid(t: torch.Tensor) -> tuple[torch.device, int]:
+    return t.device, t.numel() // t.shape[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# attnres::attend (phase 1, scoring included)
+
+
+@torch.library.custom_op("attnres::attend", mutates_args=())
+def attend(sources: list[torch.Tensor], queries: torch.Tensor, eps: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Q reads with static queries [Q, D] over S sources [B, T, D]: (Q outputs [B, T, D] fp32, lse [B, T, Q])."""
+    from . import depth_mix_triton as k
+
+    srcs = [_rows(v) for v in sources]
+    device, N = _grid(srcs[0])
+    D, Q = srcs[0].shape[-1], queries.shape[0]
+    w = _rows(queries.to(torch.float32))
+    outs = [torch.empty(srcs[0].shape, dtype=torch.float32, device=device) for _ in range(Q)]
+    lse = torch.empty((*srcs[0].shape[:-1], Q), dtype=torch.float32, device=device)
+    tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs] + [o.data_ptr() for o in outs], device)
+    q_pad = _pow2(Q)
+    bt, bd, warps = _blocks(q_pad, D)
+    k.attend_fwd[(_cdiv(N, bt),)](tab, len(srcs), w, lse, N, D, Q, eps, LO=_low_dtype(srcs),
+                                  Q_PAD=q_pad, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps)
+    return outs, lse
+
+
+@attend.register_fake
+def _(sources, queries, eps):
+    v = sources[0]
+    return ([v.new_empty(v.shape, dtype=torch.float32) for _ in range(queries.shape[0])],
+            v.new_empty((*v.shape[:-1], queries.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("attnres::attend_backward", mutates_args=("targets",))
+def attend_backward(sources: list[torch.Tensor], queries: torch.Tensor, lse: torch.Tensor,
+                    grads: list[torch.Tensor], grad_lse: torch.Tensor, eps: float, targets: list[torch.Tensor],
+                    modes: list[int]) -> torch.Tensor:
+    """Backward of attend: writes (mode 1) or adds into (mode 2) each source's gradient target (targets: one per
+    source whose mode is not 0, in order) and returns the queries' gradient [Q, D] fp32."""
+    from . import depth_mix_triton as k
+
+    srcs = [_rows(v) for v in sources]
+    device, N = _grid(srcs[0])
+    D, Q, S = srcs[0].shape[-1], queries.shape[0], len(srcs)
+    w = _rows(queries.to(torch.float32))
+    gs = [_rows(g.to(torch.float32)) for g in grads]
+    glse = _rows(grad_lse.to(torch.float32))
+    tgt: list[torch.Tensor | None] = [None] * S
+    it = iter(targets)
+    for s in range(S):
+        if modes[s]:
+            tgt[s] = next(it)
+            assert tgt[s].is_contiguous() and (modes[s] == 1 or tgt[s].dtype == torch.float32)
+    tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs]
+                 + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes)
+                 + [g.data_ptr() for g in gs], device)
+    q_pad = _pow2(Q)
+    bt, bd, warps = _blocks(q_pad, D)
+    n_blocks = _cdiv(N, bt)
+    P = _programs(n_blocks, device)
+    dq = torch.empty((P, Q, D), dtype=torch.float32, device=device)
+    k.attend_bwd[(P,)](tab, S, w, _rows(lse), glse, dq, N, D, Q, eps, n_blocks, P,
+                       LO=_low_dtype(srcs + [t for t in tgt if t is not None]), Q_PAD=q_pad, BLOCK_T=bt,
+                       BLOCK_D=bd, num_warps=warps)
+    return dq.sum(0)
+
+
+@attend_backward.register_fake
+def _(sources, queries, lse, grads, grad_lse, eps, targets, modes):
+    return queries.new_empty(queries.shape, dtype=torch.float32)
+
+
+def _attend_setup(ctx, inputs, output) -> None:
+    sources, queries, eps = inputs
+    _, lse = output
+    ctx.eps = eps
+    ctx.sinks = [getattr(v, "_attnres_sink", None) for v in sources]  # eager only: track_source
+    ctx.source_grad = [v.requires_grad for v in sources]
+    ctx.queries_grad, ctx.queries_dtype = queries.requires_grad, queries.dtype
+    ctx.save_for_backward(queries, lse, *sources)
+
+
+def _attend_grad(ctx, grad_outs, grad_lse):
+    queries, lse, *sources = ctx.saved_tensors
+    targets, modes, grads = _targets(ctx.sinks, ctx.source_grad, sources)
+    grad_outs = [torch.zeros_like(sources[0], dtype=torch.float32) if g is None else g for g in grad_outs]
+    grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+    grad_q = attend_backward(sources, queries, lse, grad_outs, grad_lse, ctx.eps, targets, modes)
+    return grads, grad_q.to(ctx.queries_dtype) if ctx.queries_grad else None, None
+
+
+attend.register_autograd(_attend_grad, setup_context=_attend_setup)
+
+
+def _targets(sinks: list, needed: list[bool], values: list[torch.Tensor]):
+    """Gradient targets of a backward kernel: a tracked source's sink (depth._kernel_target: written fresh or
+    accumulated into), else a fresh gradient in the source's dtype that backward returns."""
+    targets, modes, grads = [], [], []
+    for sink, need, v in zip(sinks, needed, values):
+        grad = None
+        if not need:
+            modes.append(0)
+        else:
+            like = v if v.is_contiguous() else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            target, mode, grad = depth._kernel_target(sink, like)
+            targets.append(target)
+            modes.append(mode)
+        grads.append(grad)
+    return targets, modes, grads
+
+
+# ---------------------------------------------------------------------------------------------------------
+# attnres::merge (phase 2 fused with the PreNorm normalisation)
+
+
+@torch.library.custom_op("attnres::merge", mutates_args=())
+def merge(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor], queries: torch.Tensor | None,
+          key_eps: float, eps: float, out_dtype: torch.dtype
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y = rmsnorm_unit(a_0 base + sum_k a_k extras[k]) in out_dtype, a = softmax([0, z (+ key logits)]).
+    Returns (y, a [K + 1, B, T], rstd [B, T], logits, key_rstd [K, B, T] with queries, else empty), all fp32
+    but y."""
+    from . import depth_mix_triton as k
+
+    b = _rows(base)
+    device, N = _grid(b)
+    D, K = b.shape[-1], len(extras)
+    ext = [_rows(e) for e in extras]
+    lead = b.shape[:-1]
+    y = torch.empty(b.shape, dtype=out_dtype, device=device)
+    a = torch.empty((K + 1, *lead), dtype=torch.float32, device=device)
+    rstd = torch.empty(lead, dtype=torch.float32, device=device)
+    has_q = queries is not None and K > 0
+    logits = torch.empty((K, *lead) if has_q else (0,), dtype=torch.float32, device=device)
+    key_rstd = torch.empty_like(logits)
+    zz = _rows(z.to(torch.float32)) if K else a
+    qq = _rows(queries.to(torch.float32)) if has_q else a
+    # an int64 table even without extras: the kernel's address casts must compile
+    tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext] if K else [0], device)
+    bt, bd, warps = _blocks(1, D)
+    k.merge_fwd[(_cdiv(N, bt),)](b, zz, tab, K, qq, y, a, rstd, logits if has_q else a,
+                                 key_rstd if has_q else a, N, D, key_eps, eps, HAS_Q=has_q,
+                                 LO=_low_dtype(ext + [b, y]), K_PAD=_pow2(max(K, 1)), BLOCK_T=bt, BLOCK_D=bd,
+                                 num_warps=warps)
+    return y, a, rstd, logits, key_rstd
+
+
+@merge.register_fake
+def _(base, z, extras, queries, key_eps, eps, out_dtype):
+    K, lead = len(extras), base.shape[:-1]
+    has_q = queries is not None and K > 0
+    f32 = torch.float32
+    return (base.new_empty(base.shape, dtype=out_dtype), base.new_empty((K + 1, *lead), dtype=f32),
+            base.new_empty(lead, dtype=f32), base.new_empty((K, *lead) if has_q else (0,), dtype=f32),
+            base.new_empty((K, *lead) if has_q else (0,), dtype=f32))
+
+
+@torch.library.custom_op("attnres::merge_backward", mutates_args=("targets",))
+def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor, eps: float,
+                   extras: list[torch.Tensor], queries: torch.Tensor | None, logits: torch.Tensor,
+                   key_rstd: torch.Tensor, base_dtype: torch.dtype, targets: list[torch.Tensor], modes: list[int]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of merge: (grad_base in base_dtype, grad_z [K, B, T] fp32, grad_queries [K, D] fp32 or empty);
+    each extra's gradient goes into its target (mode 1: =, 2: +=; targets: one per extra whose mode is not 0)."""
+    from . import depth_mix_triton as k
+
+    g = _rows(grad_out)
+    device, N = _grid(g)
+    D, K = g.shape[-1], len(extras)
+    ext = [_rows(e) for e in extras]
+    has_q = queries is not None and K > 0
+    grad_base = torch.empty(g.shape, dtype=base_dtype, device=device)
+    grad_z = torch.empty((K, *g.shape[:-1]), dtype=torch.float32, device=device)
+    tgt: list[torch.Tensor | None] = [None] * K
+    it = iter(targets)
+    for i in range(K):
+        if modes[i]:
+            tgt[i] = next(it)
+            assert tgt[i].is_contiguous() and (modes[i] == 1 or tgt[i].dtype == torch.float32)
+    tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext]
+                 + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes)
+                 if K else [0], device)  # int64 even without extras: the kernel's address casts must compile
+    bt, bd, warps = _blocks(1, D)
+    n_blocks = _cdiv(N, bt)
+    P = _programs(n_blocks, device)
+    dq = torch.empty((P, K, D) if has_q else (0,), dtype=torch.float32, device=device)
+    qq = _rows(queries.to(torch.float32)) if has_q else a
+    k.merge_bwd[(P,)](g, _rows(y), a, rstd, tab, K, qq, logits if has_q else a, key_rstd if has_q else a,
+                      grad_base, grad_z, dq if has_q else a, N, D, eps, n_blocks, P, HAS_Q=has_q,
+                      LO=_low_dtype(ext + [g, y, grad_base] + [t for t in tgt if t is not None]),
+                      K_PAD=_pow2(max(K, 1)), BLOCK_T=bt, BLOCK_D=bd, num_warps=warps)
+    return grad_base, grad_z, dq.sum(0) if has_q else dq
+
+
+@merge_backward.register_fake
+def _(grad_out, y, a, rstd, eps, extras, queries, logits, key_rstd, base_dtype, targets, modes):
+    K = len(extras)
+    has_q = queries is not None and K > 0
+    return (grad_out.new_empty(grad_out.shape, dtype=base_dtype),
+            grad_out.new_empty((K, *grad_out.shape[:-1]), dtype=torch.float32),
+            grad_out.new_empty((K, grad_out.shape[-1]) if has_q else (0,), dtype=torch.float32))
+
+
+def _merge_setup(ctx, inputs, output) -> None:
+    base, z, extras, queries, key_eps, eps, out_dtype = inputs
+    y, a, rstd, logits, key_rstd = output
+    ctx.eps, ctx.base_dtype, ctx.z_dtype = eps, base.dtype, None if z is None else z.dtype
+    ctx.sinks = [getattr(e, "_attnres_sink", None) for e in extras]
+    ctx.extra_grad = [e.requires_grad for e in extras]
+    ctx.base_grad = base.requires_grad
+    ctx.z_grad = z is not None and z.requires_grad
+    ctx.queries_grad = queries is not None and queries.requires_grad
+    ctx.queries_dtype = None if queries is None else queries.dtype
+    ctx.save_for_backward(y, a, rstd, logits, key_rstd, queries, *extras)
+    ctx.mark_non_differentiable(a, rstd, logits, key_rstd)
+
+
+def _merge_grad(ctx, grad_y, *_unused):
+    y, a, rstd, logits, key_rstd, queries, *extras = ctx.saved_tensors
+    targets, modes, grads = _targets(ctx.sinks, ctx.extra_grad, extras)
+    grad_base, grad_z, grad_q = merge_backward(grad_y, y, a, rstd, ctx.eps, extras, queries, logits, key_rstd,
+                                               ctx.base_dtype, targets, modes)
+    return (grad_base if ctx.base_grad else None, grad_z.to(ctx.z_dtype) if ctx.z_grad else None, grads,
+            grad_q.to(ctx.queries_dtype) if ctx.queries_grad else None, None, None, None)
+
+
+merge.register_autograd(_merge_grad, setup_context=_merge_setup)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What depth.py calls
+
+
+def attend_batched(sources: list[torch.Tensor], queries: torch.Tensor, eps: float
+                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """depth.attend_batched on the kernels (check applies() first)."""
+    return attend(list(sources), queries, float(eps))
+
+
+def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor], normalize_eps: float,
+               out_dtype: torch.dtype, queries: torch.Tensor | None, key_eps: float) -> torch.Tensor:
+    """depth.merge_read with normalize_eps on the kernels (check applies() first). Returns a new tensor (base is
+    not consumed: its memory goes back to the caching allocator when the caller drops it)."""
+    if not extras:
+        z = queries = None
+    return merge(base, z, list(extras), queries, float(key_eps), float(normalize_eps), out_dtype)[0]
