@@ -892,7 +892,8 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
                   "read through the baseline law at the size's baseline loss. Sizes pooled in ln m, weighted by pairs / max(sd Δ of the size, "
                   f"pooled over arms, {PAIRED_SD_FLOOR:g})². Same bootstrap replicates as the joint fit. It assumes one constant "
                   "multiplier, as the joint fit does, and is tight only where an arm's runs stay with their baseline "
-                  "seed-mates.", "",
+                  "seed-mates. With three seeds its interval can be overconfident (three pairs do not estimate the pair "
+                  "noise): the joint fit is the headline.", "",
                   "| variant | size | pairs | mean Δ ± sd | m_s [95% CI] | weight |", "|---|---|---|---|---|---|"]  # fmt: skip
         for v, p in paired.items():
             for size, r in p["per_size"].items():
