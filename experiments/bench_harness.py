@@ -119,7 +119,7 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
     from attnres import Transformer, flops_per_token
 
     from .optim import amp_clipping
-    from .train import build_model_config, planned_steps
+    from .validation import build_model_config, planned_steps
 
     datamodule = instantiate(
         cfg.data, seq_len=int(cfg.train.seq_len), batch_size=int(cfg.train.batch_size), seed=int(cfg.seed),

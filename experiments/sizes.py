@@ -203,7 +203,7 @@ def arch_grid_rows(sweep: str, vocab_size: int) -> list[dict]:
     tokens and compute at the sweep's flops_budget (FLOPs/token need the data's vocabulary: ``vocab_size``)."""
     from attnres import flops_per_token
 
-    from .train import build_model_config, planned_steps
+    from .validation import build_model_config, planned_steps
 
     rows = []
     for cell in sweep_cells(sweep):

@@ -4,15 +4,17 @@
     python -m experiments.train experiment=smoke model=full_attnres               # seconds
     python -m experiments.train -m experiment=cpu_ladder model=baseline,full_attnres,block_attnres seed=0,1
 
-A run is identified by ``config_hash`` = sha256 of the resolved config minus the keys in HASH_EXCLUDE (where
-files go, loggers, callbacks, device/launch settings, fault injection; the seed is included). Its directory
-is ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``, so relaunching the same config finds it:
-training resumes from ``checkpoints/last.ckpt``, and a run already ``completed`` in the study's results.csv
-is skipped (``force=true`` re-runs it, moving the old directory aside). Every run that started training, failed
-and interrupted ones included, writes ``results.json`` and one record to the study's ledger
+The config is checked first (experiments/validation.py). A run is identified by ``config_hash`` = sha256 of the
+resolved config minus the keys in HASH_EXCLUDE (experiments/identity.py: where files go, loggers, callbacks,
+device/launch settings, fault injection; the seed is included). Its directory is
+``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``, so relaunching the same config finds it: training
+resumes from ``checkpoints/last.ckpt``, and a run already ``completed`` in the study's results.csv is skipped
+(``force=true`` re-runs it, moving the old directory aside). Every run that started training, failed and
+interrupted ones included, writes ``results.json`` and one record to the study's ledger
 (``<paths.runs_root>/<study>/records/``, from which ``results.csv`` is derived; experiments/records.py). A config
 or data error found before training writes nothing. One process trains a run at a time (a lock under
-``<study>/.locks/``); SIGINT / SIGTERM / SIGUSR1 save a checkpoint at the current step and stop.
+``<study>/.locks/``, experiments/locks.py); SIGINT / SIGTERM / SIGUSR1 save a checkpoint at the current step and
+stop.
 
 Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
 diagnostics.json(+l), checkpoints/last.ckpt, and the loggers' files (wandb/, csv_logs/).
@@ -36,224 +38,15 @@ from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from . import records, resolvers
 from .errors import RunBusy, RunInterrupted, SetupError
-from .sizes import steps_for, steps_for_budget
+from .identity import resolved_container, run_identity
+from .locks import acquire_run_lock
+from .validation import build_model_config, check_config, planned_steps
 
 # Before @hydra.main composes: the attnres_* resolvers the configs use (hydra.run.dir, derived sizes, tuned lr).
 resolvers.register()
-
-# Keys that do not change a run's results: where files go, what mirrors them, how/where it runs. Everything
-# else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
-# is part of the run's identity.
-HASH_EXCLUDE = (
-    "paths", "logger", "callbacks", "hydra", "run_id", "study", "project", "tags", "threads", "force", "fault",
-    "tuned_lr",
-    "activation_checkpointing", "train.log_every",
-    "data.num_workers", "data.cache_dir",
-    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
-    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.num_sanity_val_steps",
-    "trainer.use_distributed_sampler", "trainer.deterministic", "trainer.plugins",
-)
-# Settings added after runs were recorded: left out of the hash while unset (null), so that every run recorded
-# before they existed keeps its config_hash (and is still found completed on relaunch).
-HASH_DROP_IF_NULL = ("train.flops_budget",)
-# Likewise left out while they hold their default: lr_protocol=baseline is what every run did before it existed
-# (the resolved lr itself is always in the hash).
-HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"),)
-ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
-PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
-STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "single_device")
-MODEL_NON_FIELDS = ("_target_", "variant")
-TOKENIZERS = ("bytes", "bpe")  # experiments.data.TOKENIZERS, restated so the checks run before torch is imported
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Configuration: checks, identity
-
-
-def _positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{key}={value!r} must be a positive integer")
-    return value
-
-
-def _number(value: Any, key: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-    if not ok:
-        lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
-        raise ValueError(f"{key}={value!r} must be a number in {lb}{lo}, {hi}{rb}")
-    return float(value)
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Fail before training with a message naming the key and what is allowed (the model's own fields are
-    checked by attnres.ModelConfig, the data by experiments.data)."""
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
-        raise ValueError(f"seed={cfg.seed!r} must be an integer >= 0")
-    if cfg.threads is not None:
-        _positive_int(cfg.threads, "threads")
-    for key in ("compile", "activation_checkpointing", "force"):
-        if not isinstance(cfg[key], bool):
-            raise ValueError(f"{key}={cfg[key]!r} must be true or false")
-    if not cfg.model.get("variant") or not isinstance(cfg.model.variant, str):
-        raise ValueError("model.variant must be a non-empty name (the model config's file name)")
-    # train
-    t = cfg.train
-    budget = t.get("flops_budget")
-    if budget is not None:
-        _number(budget, "train.flops_budget (size.flops_budget)", 0, float("inf"), lo_open=True)
-    if t.tokens is not None:
-        _number(t.tokens, "train.tokens (size.tokens)", 0, float("inf"), lo_open=True)
-    elif budget is None:
-        raise ValueError("train.tokens (size.tokens) and train.flops_budget are both null: set a token count "
-                         "(train.tokens=...) or a compute budget in FLOPs (train.flops_budget=...)")
-    for key in ("batch_size", "seq_len", "log_every", "eval_count", "val_sequences", "val_batch_size"):
-        _positive_int(t[key], f"train.{key}")
-    # optimizer
-    o = cfg.optimizer
-    if "_target_" not in o:
-        raise ValueError("optimizer needs a _target_ (e.g. optimizer=adamw)")
-    if "lr" in o:
-        _number(o.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)
-    if "betas" in o:
-        if len(o.betas) != 2:
-            raise ValueError(f"optimizer.betas={list(o.betas)!r} must be two numbers in [0, 1)")
-        for i, b in enumerate(o.betas):
-            _number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
-    for key in ("weight_decay", "connection_weight_decay", "eps"):
-        if key in o:
-            _number(o[key], f"optimizer.{key}", 0, float("inf"))
-    # scheduler
-    s = cfg.scheduler
-    if "_target_" not in s:
-        raise ValueError("scheduler needs a _target_ (e.g. scheduler=cosine)")
-    if "warmup_fraction" in s:
-        _number(s.warmup_fraction, "scheduler.warmup_fraction", 0, 1, hi_open=True)
-    if s.get("warmup_steps") is not None:
-        if isinstance(s.warmup_steps, bool) or not isinstance(s.warmup_steps, int) or s.warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={s.warmup_steps!r} must be an integer >= 0 or null")
-    if "min_lr_ratio" in s:
-        _number(s.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
-    # trainer
-    tr = cfg.trainer
-    if tr.get("accelerator") not in ACCELERATORS:
-        raise ValueError(f"trainer.accelerator={tr.get('accelerator')!r}; allowed values: {', '.join(ACCELERATORS)}")
-    if str(tr.get("precision")) not in PRECISIONS:
-        raise ValueError(f"trainer.precision={tr.get('precision')!r}; allowed values: {', '.join(PRECISIONS)}")
-    strategy = tr.get("strategy")
-    if not (isinstance(strategy, DictConfig) and "_target_" in strategy) and strategy not in STRATEGIES:
-        raise ValueError(f"trainer.strategy={strategy!r}; allowed values: {', '.join(STRATEGIES)} or a node with "
-                         "a _target_ (see trainer/fsdp.yaml)")
-    if tr.get("accelerator") in ("gpu", "cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"trainer.accelerator={tr.accelerator!r} but torch sees no CUDA device; use trainer=cpu "
-                             "(or install a CUDA build of torch on a GPU machine)")
-    _positive_int(tr.get("accumulate_grad_batches", 1), "trainer.accumulate_grad_batches")
-    if tr.get("gradient_clip_val") is not None:
-        _number(tr.gradient_clip_val, "trainer.gradient_clip_val", 0, float("inf"))
-    # data
-    d = cfg.data
-    if not d.get("name"):
-        raise ValueError("data.name must be 'stdlib' or the directory of prepared token shards")
-    if d.get("tokenizer") not in TOKENIZERS:
-        raise ValueError(f"data.tokenizer={d.get('tokenizer')!r}; allowed values: {', '.join(TOKENIZERS)}")
-    if d.get("vocab_size") is not None:
-        _positive_int(d.vocab_size, "data.vocab_size")
-    if d.get("num_workers", 0) < 0:
-        raise ValueError(f"data.num_workers={d.num_workers!r} must be >= 0")
-
-
-def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:
-    """Optimizer steps of a run: from train.tokens, or from train.flops_budget C as D = C / flops_per_token
-    (attnres.flops_per_token(model, seq_len).total), each rounded to whole batches of batch_size x seq_len.
-
-    Both may be set only when they agree on the step count; otherwise this names both keys and what each gives.
-    """
-    batch, seq = int(train_cfg.batch_size), int(train_cfg.seq_len)
-    tokens, budget = train_cfg.tokens, train_cfg.get("flops_budget")
-    by_tokens = steps_for(float(tokens), batch, seq) if tokens is not None else None
-    if budget is None:
-        if by_tokens is None:
-            raise ValueError("train.tokens and train.flops_budget are both null: set one of them")
-        return by_tokens
-    by_budget = steps_for_budget(float(budget), flops_per_token, batch, seq)
-    if by_tokens is not None and by_tokens != by_budget:
-        raise ValueError(
-            f"train.tokens (size.tokens)={tokens!r} gives {by_tokens} steps but train.flops_budget={budget!r} gives "
-            f"{by_budget} steps ({by_budget * batch * seq:,} tokens at {flops_per_token:.4g} FLOPs/token): they "
-            "conflict. Set one of them to null (train.tokens=null to train for the budget, or "
-            "train.flops_budget=null to train for the token count)"
-        )
-    return by_budget
-
-
-def _drop(tree: dict[str, Any], dotted: str) -> None:
-    *parents, leaf = dotted.split(".")
-    for p in parents:
-        tree = tree.get(p)
-        if not isinstance(tree, dict):
-            return
-    tree.pop(leaf, None)
-
-
-def resolved_container(cfg: DictConfig) -> dict[str, Any]:
-    """The config as plain Python, every interpolation resolved (a clear error for missing mandatory keys)."""
-    try:
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
-    except MissingMandatoryValue as e:
-        key = getattr(e, "full_key", None) or str(e)
-        hint = " (data=shards needs data.name=<dir of prepared shards>)" if "data.name" in str(key) else ""
-        raise ValueError(f"config key {key} has no value (???); set it on the command line, e.g. {key}=...{hint}") from None
-    except OmegaConfBaseException as e:
-        raise ValueError(f"the config does not resolve: {e}") from None
-
-
-def identity_config(container: dict[str, Any]) -> dict[str, Any]:
-    """The part of the resolved config that defines the experiment (what config_hash covers)."""
-    ident = copy.deepcopy(container)
-    for key in HASH_EXCLUDE:
-        _drop(ident, key)
-    for key in HASH_DROP_IF_NULL:
-        parent, _, leaf = key.rpartition(".")
-        node = ident.get(parent) if parent else ident
-        if isinstance(node, dict) and leaf in node and node[leaf] is None:
-            del node[leaf]
-    for key, default in HASH_DROP_IF_DEFAULT:
-        if ident.get(key) == default:
-            del ident[key]
-    return ident
-
-
-def run_identity(cfg: DictConfig) -> tuple[str, str, Path, Path]:
-    """(config_hash, run_id, run_dir, study directory) of a composed config."""
-    container = resolved_container(cfg)
-    chash = records.config_hash(identity_config(container))
-    run_id = f"{cfg.model.variant}_{cfg.size.name}_s{cfg.seed}_{chash[:8]}"
-    study_dir = Path(cfg.paths.runs_root).expanduser().resolve() / str(cfg.study)
-    return chash, run_id, study_dir / run_id, study_dir
-
-
-def build_model_config(cfg: DictConfig):
-    """attnres.ModelConfig from cfg.model (its `variant` name is a label, not a field)."""
-    import dataclasses
-
-    from hydra.utils import get_class
-
-    node = OmegaConf.to_container(cfg.model, resolve=True)
-    target = get_class(node.get("_target_", "attnres.ModelConfig"))
-    kwargs = {k: v for k, v in node.items() if k not in MODEL_NON_FIELDS}
-    fields = [f.name for f in dataclasses.fields(target)]
-    unknown = sorted(set(kwargs) - set(fields))
-    if unknown:
-        raise ValueError(f"model.{unknown[0]} is not a model setting; allowed keys: {', '.join(fields)} (and variant)")
-    return target(**kwargs)
 
 
 def _is_rank_zero() -> bool:
@@ -267,48 +60,6 @@ def _is_rank_zero() -> bool:
             return env_type().global_rank() == 0
     env = LightningEnvironment()
     return env.local_rank() == 0 and env.node_rank() == 0
-
-
-# Run lock (issue 15 #5). filelock's SoftFileLease: a marker file created exclusively (safe on NFS), holding host,
-# pid, process start time and a token, refreshed by a heartbeat thread. A marker whose owner is a dead process on
-# this host is taken over at once; one from another host only after it stayed unchanged for LOCK_LEASE_S on the
-# contender's own monotonic clock (no clock sync needed). LOCK_LEASE_S is far above NFS attribute caching
-# (acregmax, 60 s by default), so a live holder's heartbeat is never missed. Every contender must agree on it.
-LOCK_LEASE_S = float(os.environ.get("ATTNRES_LOCK_LEASE_S", 300))
-LOCK_HEARTBEAT_S = LOCK_LEASE_S / 10
-
-
-def _acquire_run_lock(study_dir: Path, run_id: str):
-    """The run's lock, acquired; RunBusy (with the holder's host and pid) when a live process holds it."""
-    import filelock
-
-    path = study_dir / ".locks" / f"{run_id}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.SoftFileLease(str(path), lease_duration=LOCK_LEASE_S, heartbeat_interval=LOCK_HEARTBEAT_S,
-                                  thread_local=False)
-    try:
-        lock.acquire(timeout=0)
-        return lock
-    except filelock.Timeout:
-        pass
-    owner = lock.owner
-    import socket
-
-    here = socket.gethostname()  # filelock writes it, plus "?pidns-<n>" inside a PID namespace
-    if owner is not None and owner.hostname != here and not owner.hostname.startswith(here + "?"):
-        # Another node: alive only if its heartbeat moves. Watch it for one lease (a crashed node's marker is then
-        # taken over); a live holder keeps it.
-        print(f"[attnres] {run_id}: locked by {owner.hostname} pid {owner.pid}; waiting up to {LOCK_LEASE_S:.0f} s "
-              f"for its heartbeat ({path})", flush=True)
-        try:
-            lock.acquire(timeout=LOCK_LEASE_S + 2 * LOCK_HEARTBEAT_S, poll_interval=min(5.0, LOCK_HEARTBEAT_S))
-            return lock
-        except filelock.Timeout:
-            owner = lock.owner or owner
-    who = f"{owner.hostname} pid {owner.pid}" if owner is not None else "another process"
-    raise RunBusy(f"{run_id} is being trained right now by {who} (lock {path}, heartbeat every "
-                  f"{LOCK_HEARTBEAT_S:.0f} s); not starting a second copy. It is released when that run ends; a "
-                  f"holder that died is taken over at once on its own host, after {LOCK_LEASE_S:.0f} s elsewhere")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -550,7 +301,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     rank_zero = _is_rank_zero()
     if rank_zero:
         _warn_other_data(study_dir, setup)
-    lock = _acquire_run_lock(study_dir, run_id) if rank_zero else None
+    lock = acquire_run_lock(study_dir, run_id) if rank_zero else None
     try:
         if not cfg.force:  # completed by another process while this one was getting ready
             done = _completed(study_dir, chash, run_id)

@@ -18,9 +18,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose
-from experiments import resolvers, train as T
+from experiments import resolvers
+from experiments.identity import identity_config, resolved_container, run_identity
 from experiments.sizes import (ArchShape, baseline_non_embedding, derive_arch_shape, steps_for, steps_for_budget,
                                sweep_cells)
+from experiments.train import train
+from experiments.validation import build_model_config, check_config, planned_steps
 
 PAPER_GRID = {"d_over_lb": (15, 30, 45, 60, 75), "heads_over_lb": (0.3, 0.4, 0.5, 0.6, 0.7)}  # Fig. 7
 CPU_GRID = {"d_over_lb": (2, 4, 6), "heads_over_lb": (0.3, 0.5, 0.7)}
@@ -132,29 +135,29 @@ def test_budget_steps_round_to_whole_batches():
 ])  # fmt: skip
 def test_bad_budget_is_named(overrides, pattern):
     with pytest.raises(ValueError, match=pattern):
-        T.check_config(compose(["experiment=cpu_ladder", *overrides]))
+        check_config(compose(["experiment=cpu_ladder", *overrides]))
 
 
 def test_tokens_and_budget_must_agree():
     fpt = 1.0e6
     cfg = compose(["experiment=cpu_ladder", "size=cpu_xs", "train.flops_budget=1.0e12"])  # size.tokens = 432,000 too
-    T.check_config(cfg)  # each setting alone is fine ...
+    check_config(cfg)  # each setting alone is fine ...
     with pytest.raises(ValueError, match=r"train\.tokens \(size\.tokens\)=432000 gives 844 steps but "
                                          r"train\.flops_budget=1000000000000\.0 gives 1953 steps.*train\.tokens=null"):
-        T.planned_steps(cfg.train, fpt)  # ... together they conflict
+        planned_steps(cfg.train, fpt)  # ... together they conflict
     agree = compose(["experiment=cpu_ladder", "size=cpu_xs", f"train.flops_budget={844 * 512 * fpt}"])
-    assert T.planned_steps(agree.train, fpt) == 844  # both given and consistent: accepted
+    assert planned_steps(agree.train, fpt) == 844  # both given and consistent: accepted
     only_budget = compose(["experiment=cpu_ladder", "size=cpu_xs", "train.tokens=null", "train.flops_budget=1.0e12"])
-    assert T.planned_steps(only_budget.train, fpt) == 1953
-    assert T.planned_steps(compose(["experiment=cpu_ladder", "size=cpu_xs"]).train, fpt) == steps_for(432000, 4, 128)
+    assert planned_steps(only_budget.train, fpt) == 1953
+    assert planned_steps(compose(["experiment=cpu_ladder", "size=cpu_xs"]).train, fpt) == steps_for(432000, 4, 128)
 
 
 def test_budget_enters_the_hash_only_when_set():
     def ident(*o):
-        return T.identity_config(T.resolved_container(compose(["experiment=cpu_ladder", *o])))
+        return identity_config(resolved_container(compose(["experiment=cpu_ladder", *o])))
 
     assert "flops_budget" not in ident()["train"]  # runs recorded before budgets existed keep their config_hash
-    chash = lambda *o: T.run_identity(compose(["experiment=cpu_ladder", *o]))[0]  # noqa: E731
+    chash = lambda *o: run_identity(compose(["experiment=cpu_ladder", *o]))[0]  # noqa: E731
     a = chash("train.tokens=null", "train.flops_budget=1.0e12")
     assert a != chash("train.tokens=null", "train.flops_budget=2.0e12") and a != chash()
     assert chash("size=cpu_arch") != chash("size=cpu_arch", "size.d_over_lb=6")  # the grid cell is identity
@@ -191,7 +194,7 @@ def test_every_arch_grid_cell_composes(sweep, size_name, grid, vocab):
         assert cfg.study == "arch_grid" and cfg.train.tokens is None and cfg.model.variant == cell["model"]
         r, h = float(cell["size.d_over_lb"]), float(cell["size.heads_over_lb"])
         shape = _shape(size, r, h)
-        mc = T.build_model_config(cfg)
+        mc = build_model_config(cfg)
         assert (mc.n_layers, mc.d_model, mc.n_heads, mc.d_ff, mc.head_dim) == (
             shape.n_layers, shape.d_model, shape.n_heads, shape.d_ff, shape.head_dim)
         assert cfg.size.name == f"{size_name}_d{cell['size.d_over_lb']}_h{cell['size.heads_over_lb']}"
@@ -201,11 +204,11 @@ def test_every_arch_grid_cell_composes(sweep, size_name, grid, vocab):
             assert OmegaConf.is_missing(cfg.data, "name")  # bring your own prepared shards
         else:
             assert cfg.train.seq_len == 128 and cfg.data.name == "stdlib" and cfg.trainer.accelerator == "cpu"
-            T.check_config(cfg)  # (the GPU preset of the paper sweep fails the CUDA check here, by design)
+            check_config(cfg)  # (the GPU preset of the paper sweep fails the CUDA check here, by design)
         if mc.residual == "block":
             n_blocks = mc.n_blocks
         fpt = flops_per_token(mc, int(cfg.train.seq_len)).total
-        steps = T.planned_steps(cfg.train, fpt)
+        steps = planned_steps(cfg.train, fpt)
         tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
         # tokens x FLOPs/token = the budget, up to rounding to whole batches
         assert abs(steps * tokens_per_step * fpt - cfg.train.flops_budget) <= 0.5 * tokens_per_step * fpt
@@ -227,10 +230,10 @@ def test_real_run_trains_for_its_flop_budget(train_cfg):
     budget = 1.5e10
     cfg = train_cfg("size=cpu_arch", "train.tokens=null", f"size.flops_budget={budget}", "train.eval_count=1",
                     "train.val_sequences=16")  # fmt: skip
-    fpt = flops_per_token(T.build_model_config(OmegaConf.merge(cfg, {"data": {"vocab_size": 256}})), 128).total
+    fpt = flops_per_token(build_model_config(OmegaConf.merge(cfg, {"data": {"vocab_size": 256}})), 128).total
     expected = round(budget / (fpt * 4096))
     assert 2 <= expected <= 6
-    rec = T.train(cfg)
+    rec = train(cfg)
     assert rec["status"] == "completed" and rec["steps"] == expected and rec["tokens"] == expected * 4096
     assert rec["flops_budget"] == budget and rec["flops_per_token"] == fpt
     assert abs(rec["flops"] - budget) <= 0.5 * 4096 * fpt
@@ -242,7 +245,7 @@ def test_real_run_trains_for_its_flop_budget(train_cfg):
     # conflicting settings fail before training with a message naming both keys, and leave no record
     bad = train_cfg("size=cpu_arch", f"size.flops_budget={budget}", "size.tokens=409600")
     with pytest.raises(ValueError, match=r"train\.tokens \(size\.tokens\)=409600 gives 100 steps but train\.flops_budget"):
-        T.train(bad)
+        train(bad)
     assert len(records.read_rows(table)) == 1
 
 

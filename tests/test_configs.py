@@ -13,9 +13,10 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose
-from experiments import train as T
+from experiments.identity import identity_config, resolved_container, run_identity
 from experiments.optim import param_groups, warmup_cosine
 from experiments.sizes import baseline_non_embedding, solve_d_ff, steps_for
+from experiments.validation import build_model_config, check_config
 
 torch.set_num_threads(1)
 
@@ -45,11 +46,11 @@ def test_groups_present():
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_resolves(experiment):
     cfg = compose([f"experiment={experiment}", "data.name=/some/prepared/shards"])
-    container = T.resolved_container(cfg)  # every interpolation resolves
+    container = resolved_container(cfg)  # every interpolation resolves
     assert container["model"]["variant"] in VARIANTS and container["study"] == experiment
     if cfg.trainer.accelerator == "cpu":  # GPU presets fail the CUDA check here, by design
-        T.check_config(cfg)
-    T.build_model_config(OmegaConf.merge(cfg, {"data": {"vocab_size": 256}}))
+        check_config(cfg)
+    build_model_config(OmegaConf.merge(cfg, {"data": {"vocab_size": 256}}))
 
 
 def test_variant_and_size_names_are_their_file_names():
@@ -74,7 +75,7 @@ def test_paper_sizes_match_table2_on_meta(size):
     for variant in VARIANTS:
         cfg = compose([f"experiment=paper_scaling", f"size={size}", f"model={variant}", "data.name=/x",
                        "data.vocab_size=163840"])
-        mc = T.build_model_config(cfg)
+        mc = build_model_config(cfg)
         assert (mc.n_layers, mc.d_model, mc.n_heads, mc.head_dim) == (n_layers, d_model, n_layers, 128)
         assert mc.max_seq_len == 8192 and cfg.train.seq_len == 8192 and cfg.size.seq_len == 8192
         assert cfg.optimizer.lr == pytest.approx(lr) and cfg.train.batch_size == batch
@@ -107,7 +108,7 @@ def test_cpu_ladder_is_a_geometric_depth_ladder_with_four_blocks():
     targets, depths = [], []
     for size in CPU_SIZES:
         cfg = compose(["experiment=cpu_ladder", f"size={size}", "model=block_attnres", "data.vocab_size=256"])
-        mc = T.build_model_config(cfg)
+        mc = build_model_config(cfg)
         assert mc.effective_n_blocks == 4, size  # n_blocks 4 in the preset: S = 2..4 sublayers per block
         targets.append(cfg.size.target_params)
         depths.append(mc.n_layers)
@@ -131,8 +132,8 @@ def test_readme_command_composes_to_the_smallest_cpu_size_on_the_default_corpus(
 
 def test_variants_share_every_hyperparameter_of_a_size():
     def identity(variant):
-        ident = T.identity_config(T.resolved_container(compose(["experiment=cpu_ladder", "size=cpu_m",
-                                                                  f"model={variant}"])))
+        ident = identity_config(resolved_container(compose(["experiment=cpu_ladder", "size=cpu_m",
+                                                              f"model={variant}"])))
         for key in ("variant", "residual", "n_blocks", "block_size", "residual_options"):
             ident["model"].pop(key)
         return ident
@@ -151,7 +152,7 @@ def test_hydra_output_dirs_cannot_collide():
 
 def test_config_hash_covers_results_not_paths():
     def chash(*o):
-        return T.run_identity(compose(["experiment=cpu_ladder", *o]))[0]
+        return run_identity(compose(["experiment=cpu_ladder", *o]))[0]
 
     base = chash()
     assert base == chash("paths.runs_root=/elsewhere", "logger=csv", "threads=1", "trainer.devices=1",
@@ -160,8 +161,8 @@ def test_config_hash_covers_results_not_paths():
     for change in ("seed=1", "size.lr=1.0e-3", "model=full_attnres", "trainer.precision=bf16-mixed",
                    "optimizer.weight_decay=0.0", "size=cpu_s", "data.name=/other", "compile=true"):
         assert chash(change) != base, change
-    chash_, run_id, run_dir, study_dir = T.run_identity(compose(["experiment=cpu_ladder", "seed=3",
-                                                             "paths.runs_root=/r"]))
+    chash_, run_id, run_dir, study_dir = run_identity(compose(["experiment=cpu_ladder", "seed=3",
+                                                           "paths.runs_root=/r"]))
     assert run_id == f"baseline_cpu_xs_s3_{chash_[:8]}" and len(chash_) == 16
     assert run_dir == Path("/r/cpu_ladder") / run_id and study_dir == Path("/r/cpu_ladder")
 
@@ -186,7 +187,7 @@ def test_config_hash_covers_results_not_paths():
 def test_bad_config_is_named(override, pattern):
     cfg = compose(["experiment=cpu_ladder", override])
     with pytest.raises(ValueError, match=pattern):
-        T.check_config(cfg)
+        check_config(cfg)
 
 
 @pytest.mark.parametrize(
@@ -204,12 +205,12 @@ def test_bad_model_config_is_named(overrides, pattern):
 
     cfg = compose(["experiment=cpu_ladder", "data.vocab_size=256", *overrides])
     with pytest.raises(ValueError, match=pattern), torch.device("meta"):
-        Transformer(T.build_model_config(cfg))  # residual options are checked by the scheme itself
+        Transformer(build_model_config(cfg))  # residual options are checked by the scheme itself
 
 
 def test_missing_mandatory_value_is_named():
     with pytest.raises(ValueError, match=r"data\.name has no value.*data\.name=<dir of prepared shards>"):
-        T.run_identity(compose(["experiment=paper_scaling"]))
+        run_identity(compose(["experiment=paper_scaling"]))
 
 
 # ---- optimizer groups and schedule ----------------------------------------------------------------------
@@ -272,7 +273,6 @@ def test_default_training_config_keeps_zero_init_equal_to_baseline():
     import torch
 
     from attnres import Transformer
-    from experiments.train import build_model_config
 
     idx = torch.randint(0, 256, (4, 129), generator=torch.Generator().manual_seed(0))
     losses = {}

@@ -529,7 +529,8 @@ def test_a_same_size_bit_flip_is_caught_at_load_and_a_stamp_spares_rehashing(tmp
 
 
 def test_a_bit_flip_stops_training_before_it_starts(train_cfg, tmp_path, monkeypatch):
-    from experiments.train import SetupError, train
+    from experiments.errors import SetupError
+    from experiments.train import train
 
     monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path / "cache"))
     shards = _one_file_shards(tmp_path)

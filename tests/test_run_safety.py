@@ -18,7 +18,9 @@ import torch
 from conftest import REPO, TEST_MAX_BYTES, compose, run_cli
 from experiments import records
 from experiments.callbacks import read_metrics
-from experiments.train import RunBusy, _is_rank_zero, run_identity, train
+from experiments.errors import RunBusy
+from experiments.identity import run_identity
+from experiments.train import _is_rank_zero, train
 
 torch.set_num_threads(1)
 
@@ -41,7 +43,7 @@ time.sleep(120)
 
 
 def _hold_lock(path: Path) -> subprocess.Popen:
-    from experiments.train import LOCK_LEASE_S
+    from experiments.locks import LOCK_LEASE_S
 
     path.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(LOCK_LEASE_S)], stdout=subprocess.PIPE,
@@ -77,21 +79,21 @@ def _foreign_holder(path: Path, lease: float) -> subprocess.Popen:
 
 
 def test_a_lock_from_another_node_is_taken_over_only_when_its_heartbeat_stops(tmp_path, monkeypatch):
-    import experiments.train as t
+    from experiments import locks
 
     if shutil.which("unshare") is None:
         pytest.skip("no unshare")
-    monkeypatch.setattr(t, "LOCK_LEASE_S", 2.0)
-    monkeypatch.setattr(t, "LOCK_HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(locks, "LOCK_LEASE_S", 2.0)
+    monkeypatch.setattr(locks, "LOCK_HEARTBEAT_S", 0.2)
     study = tmp_path / "study"
     holder = _foreign_holder(study / ".locks" / "r.lock", 2.0)
     try:
         t0 = time.monotonic()
         with pytest.raises(RunBusy, match=r"r is being trained right now by othernode pid \d+"):
-            t._acquire_run_lock(study, "r")  # a live heartbeat on another node: it keeps the run
+            locks.acquire_run_lock(study, "r")  # a live heartbeat on another node: it keeps the run
         assert time.monotonic() - t0 >= 2.0  # it was watched for a whole lease first
         holder.send_signal(signal.SIGSTOP)  # the node hangs: its heartbeat stops, its pid means nothing here
-        lock = t._acquire_run_lock(study, "r")
+        lock = locks.acquire_run_lock(study, "r")
         assert lock.is_locked
         lock.release()
     finally:

@@ -165,7 +165,7 @@ def _no_trace(cfg) -> None:
 
 
 def test_missing_dataset(train_cfg, tmp_path):
-    from experiments.train import SetupError
+    from experiments.errors import SetupError
 
     cfg = train_cfg(f"data.name={tmp_path / 'nope'}")
     with pytest.raises(SetupError, match="FileNotFoundError: dataset .* is neither a built-in name.*prepare_data"):

@@ -8,8 +8,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose
-from experiments import resolvers
-from experiments import train as T
+from experiments import records, resolvers
+from experiments.identity import identity_config, resolved_container
 
 LADDER_SIZES = ("cpu_xs", "cpu_s", "cpu_m", "cpu_l")  # the default study's sizes (cpu5 adds cpu_xl)
 PAPER_SIZES = ("paper_194m", "paper_241m", "paper_296m", "paper_436m", "paper_528m")
@@ -80,14 +80,14 @@ def test_missing_or_bad_entries_are_named(table, size, variant, protocol, patter
 
 def test_a_bad_protocol_fails_at_composition_naming_the_key():
     with pytest.raises(Exception, match=r"lr_protocol='own'; allowed values: baseline, per_arm"):
-        T.resolved_container(compose(["experiment=cpu_ladder", "lr_protocol=own"]))
+        resolved_container(compose(["experiment=cpu_ladder", "lr_protocol=own"]))
 
 
 def test_lr_protocol_enters_the_identity_only_when_not_the_default():
     def ident(*o):
-        return T.identity_config(T.resolved_container(compose(["experiment=cpu_ladder", "size.lr=3e-3", *o])))
+        return identity_config(resolved_container(compose(["experiment=cpu_ladder", "size.lr=3e-3", *o])))
 
     assert "lr_protocol" not in ident() and "tuned_lr" not in ident()
     assert ident("lr_protocol=per_arm")["lr_protocol"] == "per_arm"
     # the same lr under both protocols is still two records: the analysis tells the arms apart by lr_protocol
-    assert T.records.config_hash(ident()) != T.records.config_hash(ident("lr_protocol=per_arm"))
+    assert records.config_hash(ident()) != records.config_hash(ident("lr_protocol=per_arm"))

@@ -1,0 +1,83 @@
+"""A run's identity: ``config_hash`` = sha256 of the resolved config minus the keys in HASH_EXCLUDE (where files
+go, loggers, callbacks, device/launch settings, fault injection; the seed is included), and from it the run's id
+and directory ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>`` (:func:`run_identity`).
+
+No torch, no Lightning: computed before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from . import records
+
+# Keys that do not change a run's results: where files go, what mirrors them, how/where it runs. Everything
+# else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
+# is part of the run's identity.
+HASH_EXCLUDE = (
+    "paths", "logger", "callbacks", "hydra", "run_id", "study", "project", "tags", "threads", "force", "fault",
+    "tuned_lr",
+    "activation_checkpointing", "train.log_every",
+    "data.num_workers", "data.cache_dir",
+    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.num_sanity_val_steps",
+    "trainer.use_distributed_sampler", "trainer.deterministic", "trainer.plugins",
+)
+# Settings added after runs were recorded: left out of the hash while unset (null), so that every run recorded
+# before they existed keeps its config_hash (and is still found completed on relaunch).
+HASH_DROP_IF_NULL = ("train.flops_budget",)
+# Likewise left out while they hold their default: lr_protocol=baseline is what every run did before it existed
+# (the resolved lr itself is always in the hash).
+HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"),)
+
+
+def _drop(tree: dict[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        tree = tree.get(p)
+        if not isinstance(tree, dict):
+            return
+    tree.pop(leaf, None)
+
+
+def resolved_container(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain Python, every interpolation resolved (a clear error for missing mandatory keys)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    except MissingMandatoryValue as e:
+        key = getattr(e, "full_key", None) or str(e)
+        hint = " (data=shards needs data.name=<dir of prepared shards>)" if "data.name" in str(key) else ""
+        raise ValueError(f"config key {key} has no value (???); set it on the command line, e.g. {key}=...{hint}") from None
+    except OmegaConfBaseException as e:
+        raise ValueError(f"the config does not resolve: {e}") from None
+
+
+def identity_config(container: dict[str, Any]) -> dict[str, Any]:
+    """The part of the resolved config that defines the experiment (what config_hash covers)."""
+    ident = copy.deepcopy(container)
+    for key in HASH_EXCLUDE:
+        _drop(ident, key)
+    for key in HASH_DROP_IF_NULL:
+        parent, _, leaf = key.rpartition(".")
+        node = ident.get(parent) if parent else ident
+        if isinstance(node, dict) and leaf in node and node[leaf] is None:
+            del node[leaf]
+    for key, default in HASH_DROP_IF_DEFAULT:
+        if ident.get(key) == default:
+            del ident[key]
+    return ident
+
+
+def run_identity(cfg: DictConfig) -> tuple[str, str, Path, Path]:
+    """(config_hash, run_id, run_dir, study directory) of a composed config."""
+    container = resolved_container(cfg)
+    chash = records.config_hash(identity_config(container))
+    run_id = f"{cfg.model.variant}_{cfg.size.name}_s{cfg.seed}_{chash[:8]}"
+    study_dir = Path(cfg.paths.runs_root).expanduser().resolve() / str(cfg.study)
+    return chash, run_id, study_dir / run_id, study_dir
+
