@@ -526,16 +526,13 @@ def _precision(doc: dict[str, Any], baseline: str) -> dict[str, Any]:
     if f and len(base) >= 2:
         law = PowerLaw(f["A"], f["alpha"])
         rmse_means = float(np.sqrt(np.mean([(math.log(r["val_loss"]) - math.log(float(law.loss(r["C"])))) ** 2 for r in base])))
-    half = {}
-    for v, m in doc["multipliers"].items():
-        lo, hi = m["m_ci95"]
-        half[v] = (hi - lo) / 2 / m["m"] if m.get("m") and lo is not None and math.isfinite(lo) and math.isfinite(hi) else None
-    half_paired = {}
-    for v, m in doc["multipliers"].items():
-        p = m.get("paired") or {}
-        lo, hi = p.get("m_ci95") or (None, None)
-        ok = p.get("m") and lo is not None and math.isfinite(lo) and math.isfinite(hi)
-        half_paired[v] = (hi - lo) / 2 / p["m"] if ok else None
+    def half_width(est: dict[str, Any]) -> float | None:  # 95% half-width / m of {m, m_ci95}
+        lo, hi = est.get("m_ci95") or (None, None)
+        ok = est.get("m") and lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
+        return (hi - lo) / 2 / est["m"] if ok else None
+
+    half = {v: half_width(m) for v, m in doc["multipliers"].items()}
+    half_paired = {v: half_width(m.get("paired") or {}) for v, m in doc["multipliers"].items()}
     return {
         "paired_m_half_width_over_m": half_paired,
         "baseline_seed_sd": {r["size"]: r["val_loss_sd"] for r in base},
