@@ -135,7 +135,8 @@ def locked(table: str | Path) -> Iterator[None]:
     """Exclusive advisory lock on ``<table>.lock`` while the table is rebuilt: it only saves concurrent writers
     duplicate work. Where the file system has no working ``flock`` (some network file systems) the block runs
     unlocked, which is still correct (see rebuild_table)."""
-    from .locks import exclusive_lock  # filelock only when a table is rebuilt: importing records stays free
+    # Imported here: filelock loads only when a table is rebuilt, so importing records stays free.
+    from .locks import exclusive_lock
 
     table = Path(table)
     with exclusive_lock(table.with_name(table.name + ".lock")):

@@ -1,8 +1,9 @@
-"""Tests of the data layer (experiments/data.py, experiments/prepare_data.py). Small slices, a few seconds."""
+"""Tests of the data layer (experiments/data/, experiments/prepare_data.py). Small slices, a few seconds."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from experiments import data
+from experiments.data import publish, reader
 from experiments.data import (
     ShardHeader,
     TokenShards,
@@ -48,6 +50,11 @@ def independent_split(keys: list[str], fraction: float) -> list[str]:
     if "val" not in out:
         out[min(range(len(u)), key=u.__getitem__)] = "val"
     return out
+
+
+def _no_flock(fd, operation):
+    """fcntl.flock on a file system that has none (some network file systems)."""
+    raise OSError(errno.ENOSYS, "Function not implemented")
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +134,8 @@ def test_cache_is_reused_and_rebuilt_when_damaged(small: TokenShards, tmp_path: 
     stale.mkdir()
 
     calls = []
-    real_build = data._build_shards
-    monkeypatch.setattr(data, "_build_shards", lambda *a, **k: calls.append(1) or real_build(*a, **k))
+    real_build = publish.build_shards
+    monkeypatch.setattr(publish, "build_shards", lambda *a, **k: calls.append(1) or real_build(*a, **k))
     assert prepare_stdlib(cache, max_bytes=60_000, progress=False) == path
     assert calls == [] and stale.exists()  # cached: no work, no lock, nothing touched
 
@@ -145,8 +152,8 @@ def test_cache_is_reused_and_rebuilt_when_damaged(small: TokenShards, tmp_path: 
 
 @pytest.mark.parametrize("with_lock", [True, False])
 def test_concurrent_preparation_is_safe(tmp_path: Path, monkeypatch, with_lock: bool) -> None:
-    if not with_lock:  # the no-flock path (Windows): both build, the atomic rename decides
-        monkeypatch.setattr(data, "_file_lock", lambda path: contextlib.nullcontext())
+    if not with_lock:  # a file system without flock: every thread builds, the atomic rename decides
+        monkeypatch.setattr(pytest.importorskip("fcntl"), "flock", _no_flock)
     results, errors = [], []
     barrier = threading.Barrier(3)
 
@@ -515,8 +522,8 @@ def test_a_same_size_bit_flip_is_caught_at_load_and_a_stamp_spares_rehashing(tmp
 
     assert load().verified == "sha256"  # first load: hashed, stamp written
     calls = []
-    real = data.sha256_file
-    monkeypatch.setattr(data, "sha256_file", lambda p: calls.append(p) or real(p))
+    real = reader.sha256_file
+    monkeypatch.setattr(reader, "sha256_file", lambda p: calls.append(p) or real(p))
     assert load().verified == "stamp" and calls == []  # a later run does not re-hash the corpus
     train_bin = shards / "train.bin"
     st = train_bin.stat()
