@@ -1,13 +1,24 @@
-"""The run lock: one process trains a run at a time (a lock file under ``<study>/.locks/``), on this host or any
-other that shares the runs directory.
+"""File locks, both on the ``filelock`` package.
+
+* :func:`acquire_run_lock`: one process trains a run at a time (a lease file under ``<study>/.locks/``), on this
+  host or any other that shares the runs directory; a dead holder's lease is taken over.
+* :func:`exclusive_lock`: an advisory ``flock`` held around a block, for work that stays correct without it and
+  only saves duplicate effort when it holds (preparing a corpus, rebuilding a results table).
+
+Light on purpose: the stdlib at import, ``filelock`` when a lock is taken.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
 from .errors import RunBusy
+
+if TYPE_CHECKING:
+    import filelock
 
 # Run lock (issue 15 #5). filelock's SoftFileLease: a marker file created exclusively (safe on NFS), holding host,
 # pid, process start time and a token, refreshed by a heartbeat thread. A marker whose owner is a dead process on
@@ -18,7 +29,7 @@ LOCK_LEASE_S = float(os.environ.get("ATTNRES_LOCK_LEASE_S", 300))
 LOCK_HEARTBEAT_S = LOCK_LEASE_S / 10
 
 
-def acquire_run_lock(study_dir: Path, run_id: str):
+def acquire_run_lock(study_dir: Path, run_id: str) -> filelock.SoftFileLease:
     """The run's lock, acquired; RunBusy (with the holder's host and pid) when a live process holds it."""
     import filelock
 
@@ -49,3 +60,31 @@ def acquire_run_lock(study_dir: Path, run_id: str):
     raise RunBusy(f"{run_id} is being trained right now by {who} (lock {path}, heartbeat every "
                   f"{LOCK_HEARTBEAT_S:.0f} s); not starting a second copy. It is released when that run ends; a "
                   f"holder that died is taken over at once on its own host, after {LOCK_LEASE_S:.0f} s elsewhere")
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[bool]:
+    """Hold an exclusive advisory lock on the file ``path`` for the block, waiting as long as another holder keeps
+    it (process or thread; the file and its parent are created when missing and stay after release).
+
+    Yields True while the lock is held, False when this file system has no working ``flock`` (some network file
+    systems): the block then runs unlocked, so callers must be correct without it, and may use the flag to tell
+    whether what they find beside the lock (a half-written temporary directory) can belong to a live writer."""
+    import filelock
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # No soft fallback: a marker file left by a killed holder would block every later caller forever.
+    lock = filelock.FileLock(str(path), fallback_to_soft=False)
+    try:
+        lock.acquire()
+        held = True
+    except OSError:  # flock refused (ENOSYS, ENOLCK, ...); filelock.Timeout cannot occur without a timeout
+        held = False
+    if not held:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()

@@ -1,4 +1,4 @@
-"""Prepare token shards (see experiments/data.py for the format).
+"""Prepare token shards (the format: experiments/data/format.py; the sources: experiments/data/sources.py).
 
     python -m experiments.prepare_data stdlib [--tokenizer bytes|bpe] [--cache-dir D]   # the built-in default
     python -m experiments.prepare_data files <paths...> --out D [--tokenizer bytes|bpe]

@@ -135,23 +135,12 @@ def locked(table: str | Path) -> Iterator[None]:
     """Exclusive advisory lock on ``<table>.lock`` while the table is rebuilt: it only saves concurrent writers
     duplicate work. Where the file system has no working ``flock`` (some network file systems) the block runs
     unlocked, which is still correct (see rebuild_table)."""
+    # Imported here: filelock loads only when a table is rebuilt, so importing records stays free.
+    from .locks import exclusive_lock
+
     table = Path(table)
-    table.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl  # POSIX only
-    except ImportError:  # pragma: no cover - Windows
+    with exclusive_lock(table.with_name(table.name + ".lock")):
         yield
-        return
-    with open(table.with_name(table.name + ".lock"), "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError:
-            yield
-            return
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _row_line(header: list[str], record: Mapping[str, Any]) -> str:

@@ -1,8 +1,9 @@
-"""Tests of the data layer (experiments/data.py, experiments/prepare_data.py). Small slices, a few seconds."""
+"""Tests of the data layer (experiments/data/, experiments/prepare_data.py). Small slices, a few seconds."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from experiments import data
+from experiments.data import publish, reader
 from experiments.data import (
     ShardHeader,
     TokenShards,
@@ -48,6 +50,11 @@ def independent_split(keys: list[str], fraction: float) -> list[str]:
     if "val" not in out:
         out[min(range(len(u)), key=u.__getitem__)] = "val"
     return out
+
+
+def _no_flock(fd, operation):
+    """fcntl.flock on a file system that has none (some network file systems)."""
+    raise OSError(errno.ENOSYS, "Function not implemented")
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +134,8 @@ def test_cache_is_reused_and_rebuilt_when_damaged(small: TokenShards, tmp_path: 
     stale.mkdir()
 
     calls = []
-    real_build = data._build_shards
-    monkeypatch.setattr(data, "_build_shards", lambda *a, **k: calls.append(1) or real_build(*a, **k))
+    real_build = publish.build_shards
+    monkeypatch.setattr(publish, "build_shards", lambda *a, **k: calls.append(1) or real_build(*a, **k))
     assert prepare_stdlib(cache, max_bytes=60_000, progress=False) == path
     assert calls == [] and stale.exists()  # cached: no work, no lock, nothing touched
 
@@ -143,10 +150,23 @@ def test_cache_is_reused_and_rebuilt_when_damaged(small: TokenShards, tmp_path: 
     assert [p.name for p in cache.iterdir() if p.name.startswith((".tmp-", ".trash-"))] == []
 
 
+def test_without_flock_a_tmp_dir_beside_the_cache_is_left_alone(tmp_path: Path, monkeypatch) -> None:
+    """Unlocked, a .tmp-* directory may be a live writer's: a rebuild keeps it (with the lock it is removed, above)."""
+    monkeypatch.setattr(pytest.importorskip("fcntl"), "flock", _no_flock)
+    cache = tmp_path / "c"
+    path = prepare_stdlib(cache, max_bytes=60_000, progress=False)
+    live = cache / f".tmp-{path.name}-12345-live"
+    live.mkdir()
+    (path / "header.json").unlink()  # the cached copy is incomplete: rebuilt
+    assert prepare_stdlib(cache, max_bytes=60_000, progress=False) == path
+    assert live.is_dir()
+    TokenShards(path, verify=True)
+
+
 @pytest.mark.parametrize("with_lock", [True, False])
 def test_concurrent_preparation_is_safe(tmp_path: Path, monkeypatch, with_lock: bool) -> None:
-    if not with_lock:  # the no-flock path (Windows): both build, the atomic rename decides
-        monkeypatch.setattr(data, "_file_lock", lambda path: contextlib.nullcontext())
+    if not with_lock:  # a file system without flock: every thread builds, the atomic rename decides
+        monkeypatch.setattr(pytest.importorskip("fcntl"), "flock", _no_flock)
     results, errors = [], []
     barrier = threading.Barrier(3)
 
@@ -182,6 +202,78 @@ def test_load_dataset(small: TokenShards, tmp_path: Path) -> None:
         load_dataset(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="allowed values: bytes, bpe"):
         load_dataset("stdlib", cache_dir=cache, tokenizer="chars")
+
+
+# -------------------------------------------------------------------------------------------- data options
+
+GOOD_DATA = {"name": "stdlib", "tokenizer": "bytes", "bpe_vocab_size": 8192, "max_bytes": None, "cache_dir": None,
+             "vocab_size": None, "num_workers": 0}
+
+
+@pytest.mark.parametrize(
+    "change, pattern",
+    [
+        ({"name": ""}, r"data\.name must be 'stdlib' or the directory of prepared token shards"),
+        ({"tokenizer": "sentencepiece"}, r"data\.tokenizer='sentencepiece'; allowed values: bytes, bpe$"),
+        ({"tokenizer": "bpe", "bpe_vocab_size": 256}, r"data\.bpe_vocab_size=256 must be an integer >= 257"),
+        ({"tokenizer": "bpe", "bpe_vocab_size": "8k"}, r"data\.bpe_vocab_size='8k' must be an integer"),
+        ({"max_bytes": 0}, r"data\.max_bytes=0 must be a positive integer or None"),
+        ({"max_bytes": True}, r"data\.max_bytes=True must be a positive integer or None"),
+        ({"vocab_size": -5}, r"data\.vocab_size=-5 must be a positive integer or None"),
+        ({"num_workers": -1}, r"data\.num_workers=-1 must be an integer >= 0"),
+        ({"num_workers": 1.5}, r"data\.num_workers=1.5 must be an integer >= 0"),
+    ],
+)
+def test_check_data_config_names_the_key_and_what_is_allowed(change: dict, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        data.check_data_config({**GOOD_DATA, **change})
+
+
+def test_check_data_config_accepts_the_shipped_configs() -> None:
+    from omegaconf import OmegaConf
+
+    data.check_data_config(GOOD_DATA)
+    data.check_data_config({**GOOD_DATA, "tokenizer": "bpe", "max_bytes": 100_000, "vocab_size": 300})
+    data.check_data_config({**GOOD_DATA, "name": "/some/shards", "tokenizer": "bpe", "bpe_vocab_size": 257})
+    data.check_data_config(OmegaConf.load(REPO / "conf" / "data" / "stdlib.yaml"))  # cache_dir is never resolved
+
+
+def test_the_preparation_functions_check_their_options_the_same_way(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match=r"^max_bytes=0 must be a positive integer or None$"):
+        prepare_stdlib(tmp_path / "c", max_bytes=0, progress=False)
+    with pytest.raises(ValueError, match=r"^tokenizer='chars'; allowed values: bytes, bpe$"):
+        prepare_stdlib(tmp_path / "c", tokenizer="chars", progress=False)
+    with pytest.raises(ValueError, match=r"^bpe_vocab_size=100 must be an integer >= 257"):
+        prepare_text_files([tmp_path / "a.txt"], tmp_path / "o", tokenizer="bpe", bpe_vocab_size=100, progress=False)
+    with pytest.raises(ValueError, match=r"^split='lines'; allowed values: auto, file, tail$"):
+        prepare_text_files([tmp_path / "a.txt"], tmp_path / "o", split="lines", progress=False)
+    with pytest.raises(ValueError, match=r"^val_fraction=0.7 must be in \(0, 0.5\)$"):
+        prepare_text_files([tmp_path / "a.txt"], tmp_path / "o", val_fraction=0.7, progress=False)
+    with pytest.raises(ValueError, match=r"^max_docs=-1 must be a positive integer or None$"):
+        prepare_hf_dataset("any/name", tmp_path / "o", max_docs=-1, progress=False)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "o").exists()  # nothing read, nothing written
+
+
+def test_the_options_and_format_modules_load_without_numpy_or_torch() -> None:
+    code = (
+        "import sys\n"
+        "from experiments.data import TOKENIZERS, check_data_config, ShardHeader\n"
+        "import experiments.data.options, experiments.data.format\n"
+        "heavy = [m for m in ('numpy', 'torch', 'lightning') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in data.__all__:
+        value = getattr(data, name)
+        assert getattr(value, "__module__", data.__name__).startswith("experiments.data"), name
+    assert {"TokenShards", "TrainBatches", "load_dataset", "val_windows", "check_data_config"} <= set(dir(data))
+    with pytest.raises(AttributeError, match="no attribute 'prepare'"):
+        data.prepare  # noqa: B018 - the attribute access is the test
 
 
 # --------------------------------------------------------------------------------------------------- bad data
@@ -515,8 +607,8 @@ def test_a_same_size_bit_flip_is_caught_at_load_and_a_stamp_spares_rehashing(tmp
 
     assert load().verified == "sha256"  # first load: hashed, stamp written
     calls = []
-    real = data.sha256_file
-    monkeypatch.setattr(data, "sha256_file", lambda p: calls.append(p) or real(p))
+    real = reader.sha256_file
+    monkeypatch.setattr(reader, "sha256_file", lambda p: calls.append(p) or real(p))
     assert load().verified == "stamp" and calls == []  # a later run does not re-hash the corpus
     train_bin = shards / "train.bin"
     st = train_bin.stat()

@@ -1,0 +1,119 @@
+"""experiments/locks.py exclusive_lock (the one flock helper) and its two users: records.locked, an exclusive lock
+around a results-table rebuild, and data.publish.corpus_lock, which also tells whether it holds the lock."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from experiments import records
+from experiments.locks import exclusive_lock
+
+fcntl = pytest.importorskip("fcntl")
+
+# Another process probes the lock file with a plain non-blocking flock: "held" if someone holds it.
+_PROBE = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("free")
+except BlockingIOError:
+    print("held")
+"""
+
+
+def _held_elsewhere(path: Path) -> bool:
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True, timeout=60,
+                         check=True)
+    return out.stdout.strip() == "held"
+
+
+def _no_flock(fd, operation):
+    """fcntl.flock on a file system that has none (some network file systems)."""
+    raise OSError(errno.ENOSYS, "Function not implemented")
+
+
+def test_the_lock_is_a_real_flock_that_other_processes_see(tmp_path):
+    path = tmp_path / "deep" / "dir" / "x.lock"  # parents created
+    with exclusive_lock(path) as held:
+        assert held is True and path.is_file()
+        assert _held_elsewhere(path)
+    assert not _held_elsewhere(path) and path.is_file()  # released; the file stays for the next holder
+
+
+def test_a_second_holder_waits_until_the_first_releases(tmp_path):
+    path = tmp_path / "x.lock"
+    first_in, release, second_in = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with exclusive_lock(path):
+            first_in.set()
+            release.wait(30)
+
+    def second() -> None:
+        first_in.wait(30)
+        with exclusive_lock(path) as held:
+            assert held
+            second_in.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    assert first_in.wait(30)
+    assert not second_in.wait(0.5)  # blocked while the first holds it
+    release.set()
+    assert second_in.wait(30)
+    for t in threads:
+        t.join(30)
+
+
+def test_an_error_in_the_block_propagates_and_releases_the_lock(tmp_path):
+    path = tmp_path / "x.lock"
+    with pytest.raises(KeyError, match="boom"):
+        with exclusive_lock(path):
+            raise KeyError("boom")
+    assert not _held_elsewhere(path)
+
+
+def test_without_flock_the_block_runs_unlocked(tmp_path, monkeypatch):
+    monkeypatch.setattr(fcntl, "flock", _no_flock)
+    ran = []
+    with exclusive_lock(tmp_path / "x.lock") as held:
+        ran.append(held)
+    assert ran == [False]
+    with pytest.raises(KeyError, match="boom"):  # the body's own errors still propagate
+        with exclusive_lock(tmp_path / "x.lock"):
+            raise KeyError("boom")
+
+
+def test_records_locked_holds_the_table_lock_during_a_rebuild(tmp_path):
+    table = tmp_path / "study" / "results.csv"
+    with records.locked(table):
+        assert _held_elsewhere(table.with_name("results.csv.lock"))
+    assert not _held_elsewhere(table.with_name("results.csv.lock"))
+
+
+def test_records_are_published_where_flock_does_not_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(fcntl, "flock", _no_flock)
+    study = tmp_path / "study"
+    for i in range(2):
+        records.add_record(study, records.make_record(run_id=f"r{i}", status="completed", val_loss=2.5,
+                                                      pflops_days=1e-9))
+    assert [r["run_id"] for r in records.read_rows(study / "results.csv")] == ["r0", "r1"]
+
+
+def test_the_corpus_lock_says_whether_it_is_held(tmp_path, monkeypatch):
+    from experiments.data.publish import corpus_lock
+
+    final = tmp_path / "cache" / "stdlib-x"
+    with corpus_lock(final) as held:
+        assert held is True and _held_elsewhere(final.parent / ".stdlib-x.lock")
+    monkeypatch.setattr(fcntl, "flock", _no_flock)
+    with corpus_lock(final) as held:
+        assert held is False
