@@ -20,7 +20,8 @@ from . import records
 # else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
 # is part of the run's identity.
 HASH_EXCLUDE = (
-    "paths", "logger", "callbacks", "hydra", "run_id", "study", "project", "tags", "threads", "force", "fault",
+    "paths", "logger", "callbacks", "hydra", "run_id", "study", "study_kind", "project", "tags", "threads", "force",
+    "fault",
     "tuned_lr",
     "activation_checkpointing", "train.log_every",
     "data.num_workers", "data.cache_dir",
