@@ -73,9 +73,10 @@ def read_table(path: str | Path) -> tuple[list[str], list[tuple[int, dict[str, s
     """(header, [(line number, row)], problems) of a results table; ([], [], []) when there is none.
 
     Physical lines are grouped into CSV records by quote balance. A record that is not valid UTF-8, has another
-    number of fields than the header (a torn row, or two rows glued together), or is malformed (see
-    :func:`analysis.schema.malformed`) is skipped, and a problem naming ``<file>:<line>`` says why. When a multi-line record is
-    rejected, reading resumes at its second line, so an unbalanced quote cannot swallow the rows after it.
+    number of fields than the header (a torn row, or two rows glued together), or is malformed
+    (:func:`analysis.schema.malformed`) is skipped, and a problem naming ``<file>:<line>`` says why. When a
+    multi-line record is rejected, reading resumes at its second line, so an unbalanced quote cannot swallow the
+    rows after it.
     """
     path = Path(path)
     if not path.is_file():

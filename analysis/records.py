@@ -309,8 +309,10 @@ def study_kinds(df: pd.DataFrame) -> pd.Series:
     """Each row's study kind (analysis.schema.study_kind): its ``study_kind``, or for records written before that
     field existed, the kind its study's name implies."""
     cols = [c for c in ("study", "study_kind") if c in df.columns]
-    return pd.Series([schema.study_kind(dict(zip(cols, vals))) for vals in zip(*(df[c] for c in cols))]
-                     if cols else ["scaling"] * len(df), index=df.index, dtype=object)
+    if not cols:
+        return pd.Series("scaling", index=df.index, dtype=object)
+    kinds = [schema.study_kind(dict(zip(cols, values))) for values in zip(*(df[c] for c in cols))]
+    return pd.Series(kinds, index=df.index, dtype=object)
 
 
 def runs_of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:

@@ -576,7 +576,7 @@ def block_size_sweep(df_all: pd.DataFrame, baseline: str = "baseline", full: str
     if "study" not in df_all.columns or "block_size" not in df_all.columns:
         return None
     rows = runs_of_kind(df_all, "block_size")
-    blocks = rows[rows["block_size"].notna() & (rows["variant"] != full)]
+    blocks = rows[rows["block_size"].notna()]
     if blocks.empty:
         return None
     arms = blocks["variant"].value_counts()

@@ -216,9 +216,10 @@ def _sweep_key(sweep: str, key: str, overrides: Sequence[str] = (), cfg: DictCon
     config's value (``cfg``: :func:`sweep_config` of the same sweep and overrides, composed when not given)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    for o in reversed(OverridesParser.create().parse_overrides(list(overrides))):
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    for text, o in reversed(list(zip(overrides, parsed))):
         if o.get_key_element() == key:
-            return o.get_value_element_as_str()
+            return text.split("=", 1)[1]
     cfg = cfg if cfg is not None else sweep_config(sweep, overrides)
     params = cfg.hydra.sweeper.get("params") or {}
     if key in params:

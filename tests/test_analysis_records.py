@@ -346,3 +346,19 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
     a, _ = select_completed(df)
     b, _ = select_completed(df.sample(frac=1.0, random_state=3))
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
+    """Not the variant's name: a sweep of another Block variant is found; two swept Block variants are one too many."""
+    from analysis.report import block_size_sweep
+    from analysis.synthetic import block_size_sweep_records
+
+    df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")
+    renamed = df.assign(variant=df["variant"].replace({"block_attnres": "block_multihead"}))
+    assert block_size_sweep(renamed) == block_size_sweep(df) and len(block_size_sweep(df)["points"]) == 4
+    other = df[df["variant"] == "block_attnres"].assign(variant="block_no_key_norm", val_loss=9.0)
+    other = other[other["block_size"] <= 2]
+    with pytest.warns(AnalysisWarning, match=r"sweeps several variants \(block_attnres, block_no_key_norm\); "
+                                             r"using 'block_attnres'"):
+        assert block_size_sweep(pd.concat([df, other], ignore_index=True)) == block_size_sweep(df)
+

@@ -140,7 +140,7 @@ def test_sweep_config_is_composed_with_the_commands_overrides():
     assert cfg.study == "mine" and cfg.study_kind == "scaling" and cfg.model.variant == "baseline"
     assert study._sweep_key("cpu_ladder", "study", ["study=mine"]) == "mine"
     assert study._sweep_key("cpu_ladder", "seed", ["seed=3,4"]) == "3,4"
-    assert study._sweep_key("cpu_lr", "size.lr") == "0.002,0.00283,0.004,0.00566,0.008,0.0113,0.016,0.0226"
+    assert study._sweep_key("cpu_lr", "size.lr") == "2.0e-3,2.83e-3,4.0e-3,5.66e-3,8.0e-3,1.13e-2,1.6e-2,2.26e-2"
 
 
 @pytest.mark.parametrize("name, analysis", [("lr", "lr"), ("arch", "fit"), ("quick", "fit")])
