@@ -164,7 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(f"model={ARMS[args.arms]}")
     cmd = sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + args.overrides)
     overrides = cmd[len(TRAIN_COMMAND) + 1:]  # what the sweep command sets beyond +sweep=<sweep>
-    cfg = sweep_config(study.sweep, overrides)
+    from hydra.errors import HydraException
+
+    try:
+        cfg = sweep_config(study.sweep, overrides)
+    except HydraException as e:  # a bad override: the sweep would fail the same way
+        print(f"[attnres] error: {e}", file=sys.stderr)
+        return 2
     kind = str(cfg.study_kind)
     if ARMS[args.arms] is not None and kind != "lr":
         ap.error("--arms applies to the lr study only")
