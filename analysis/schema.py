@@ -123,7 +123,6 @@ COLUMN_TYPES: dict[str, type] = {f: _base_type(t) for f, t in typing.get_type_hi
 COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunRecord))
 # Cells that must parse as numbers when they are not empty (a torn or garbled number makes the record malformed).
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if COLUMN_TYPES[c] in (int, float))
-INT_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if COLUMN_TYPES[c] is int)
 STR_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if COLUMN_TYPES[c] is str)
 REQUIRED = ("run_id", "status")
 REQUIRED_IF_COMPLETED = ("val_loss", "pflops_days")

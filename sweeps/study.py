@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from analysis.schema import FitDocument
+from analysis.schema import STUDY_KINDS, FitDocument
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[attnres] error: {e}", file=sys.stderr)
         return 2
     kind = str(cfg.study_kind)
+    if kind not in STUDY_KINDS:
+        print(f"[attnres] error: study_kind={kind!r}; allowed values: {', '.join(STUDY_KINDS)}", file=sys.stderr)
+        return 2
     if ARMS[args.arms] is not None and kind != "lr":
         ap.error("--arms applies to the lr study only")
     study_name = _sweep_key(study.sweep, "study", overrides, cfg)

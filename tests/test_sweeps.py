@@ -162,13 +162,16 @@ def test_study_command_chooses_the_analysis_by_study_kind(tmp_path, monkeypatch,
     assert cmd[1:4] == ["-m", "analysis", analysis]
 
 
-def test_study_command_stops_at_an_override_that_does_not_compose(tmp_path, monkeypatch, capsys):
+def test_study_command_stops_at_a_bad_override_before_any_run(tmp_path, monkeypatch, capsys):
     from sweeps import study
 
     monkeypatch.setattr(study, "run_streaming", lambda cmd, log: pytest.fail("the sweep must not start"))
     assert study.main(["quick", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p"),
                        "nosuchgroup=x"]) == 2
     assert "Could not override 'nosuchgroup'" in capsys.readouterr().err
+    assert study.main(["quick", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p"),
+                       "study_kind=ladder"]) == 2
+    assert "study_kind='ladder'; allowed values: scaling, lr" in capsys.readouterr().err
 
 
 def test_sweep_summary_counts_and_exit_status(tmp_path):
