@@ -20,9 +20,8 @@ from . import records
 # else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
 # is part of the run's identity.
 HASH_EXCLUDE = (
-    "paths", "logger", "callbacks", "hydra", "run_id", "study", "study_kind", "project", "tags", "threads", "force",
-    "fault",
-    "tuned_lr",
+    "paths", "logger", "callbacks", "hydra", "run_id", "study", "project", "tags", "threads", "force", "fault",
+    "tuned_lr", "study_kind",
     "activation_checkpointing", "train.log_every",
     "data.num_workers", "data.cache_dir",
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
