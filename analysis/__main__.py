@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
     f.add_argument("--dataset", help="fit only the runs of this data set (data_fingerprint, a prefix of it, or the dataset "
                    "path); needed when a table holds several")
-    f.add_argument("--study", help="which study to fit as the scaling ladder (default: the only one besides block_size/ablations)")
+    f.add_argument("--study", help="which study to fit as the scaling ladder (default: the one of study_kind scaling)")
     f.add_argument("--compute", default="pflops_days", choices=["pflops_days", "pflops_days_6nd"], help="compute column (default: pflops_days)")
     f.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
     f.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
@@ -93,14 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 form=args.form, skip_incomplete=args.skip_incomplete, make_figures=not args.no_figures,
                 outliers=args.outliers,
             )  # fmt: skip
-            for v, m in doc["multipliers"].items():
-                lo, hi = m["m_ci95"]
-                print(f"{v}: m = {_f(m['m'])} [{_f(lo)}, {_f(hi)}], P(m<=1) = {_f(m['p_m_le_1'])}, "
-                      f"paper M = {_f(m['paper_M'])}, per-size geo-mean = {_f(m['per_size_geomean'])}")  # fmt: skip
-                if m["headline"] == "curve":
-                    c = m["paper_M_curve"]
-                    print(f"  exponents differ significantly: M(C) runs from {_f(c['M'][0])} at C = {c['C'][0]:.3g} "
-                          f"to {_f(c['M'][-1])} at C = {c['C'][-1]:.3g} (see fit.json paper_M_curve)")  # fmt: skip
+            for v, m in doc.multipliers.items():
+                lo, hi = m.m_ci95 or (None, None)
+                print(f"{v}: m = {_f(m.m)} [{_f(lo)}, {_f(hi)}], P(m<=1) = {_f(m.p_m_le_1)}, "
+                      f"paper M = {_f(m.paper_M)}, per-size geo-mean = {_f(m.per_size_geomean)}")  # fmt: skip
+                c = m.paper_M_curve
+                if m.headline == "curve" and c is not None:
+                    print(f"  exponents differ significantly: M(C) runs from {_f(c.M[0])} at C = {c.C[0]:.3g} "
+                          f"to {_f(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)")  # fmt: skip
         elif args.command == "lr":
             from .lr import run_lr
             from .records import check_one_dataset, load_results, select_dataset
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
             print(headline_numbers(doc))
-        print(f"wrote {', '.join(doc['files'])} to {args.out}")
+        print(f"wrote {', '.join(doc.files)} to {args.out}")
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

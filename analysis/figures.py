@@ -25,6 +25,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 
 from .fit import PowerLaw  # noqa: E402
 from .records import AnalysisWarning, resolve_run_dir, size_order  # noqa: E402
+from .schema import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw  # noqa: E402
 
 COLORS = {
     "baseline": "#4d4d4d",
@@ -103,7 +104,7 @@ def _log_compute_axis(ax: plt.Axes, lo: float, hi: float) -> None:
 
 def scaling_figure(
     df: pd.DataFrame,
-    doc: dict[str, Any],
+    doc: FitDocument,
     stem: Path,
     *,
     compute: str = "pflops_days",
@@ -115,16 +116,16 @@ def scaling_figure(
     """Val loss vs compute (log x): runs, per-size means, the paper-form law per variant, and for each variant a
     horizontal arrow from its curve at the largest compute to the baseline curve at the same loss (length M),
     labelled with M and its 95% interval; the joint-fit m with its interval is printed below."""
-    fits = doc.get("variants", {})
+    fits = doc.variants
     variants = [v for v in (variants or list(fits)) if v in fits]
     if not variants:
         warnings.warn("scaling figure skipped: no fitted variants", AnalysisWarning, stacklevel=2)
         return []
-    base = doc["baseline"]
-    mults = {v: doc["multipliers"][v] for v in variants if v in doc.get("multipliers", {})}
+    base = doc.baseline
+    mults = {v: doc.multipliers[v] for v in variants if v in doc.multipliers}
     C_all = df.loc[df["variant"].isin(variants), compute].to_numpy(float)
-    reach = max([min(mm["paper_M"], MAX_ARROW) * mm["paper_M_at_C"] for mm in mults.values()
-                 if np.isfinite(mm["paper_M"] or np.nan)] + [C_all.max()])  # fmt: skip
+    reach = max([min(mm.paper_M, MAX_ARROW) * mm.paper_M_at_C for mm in mults.values()
+                 if np.isfinite(mm.paper_M or np.nan)] + [C_all.max()])  # fmt: skip
     lo, hi = C_all.min() / 1.25, max(reach, C_all.max()) * 1.3
 
     if per_size_panel and mults:
@@ -136,7 +137,7 @@ def scaling_figure(
     flagged_labelled = False
     for v in variants:
         f = fits[v]
-        law = PowerLaw(f["A"], f["alpha"])
+        law = PowerLaw(f.A, f.alpha)
         col = color_of(v, variants)
         d = df[df["variant"] == v]
         ax.scatter(d[compute], d["val_loss"], s=12, color=col, alpha=0.45, lw=0, zorder=3)
@@ -148,25 +149,25 @@ def scaling_figure(
         means = d.groupby("size")[[compute, "val_loss"]].mean()
         ax.scatter(means[compute], means["val_loss"], s=34, color=col, edgecolor="white", lw=0.7, zorder=4)
         ax.plot(grid, law.loss(grid), color=col, lw=1.5, zorder=2,
-                label=f"{label_of(v, labels)}: $L = {f['A']:.3f}\\,C^{{-{f['alpha']:.4f}}}$")  # fmt: skip
+                label=f"{label_of(v, labels)}: $L = {f.A:.3f}\\,C^{{-{f.alpha:.4f}}}$")  # fmt: skip
 
     # Arrows: variant curve at C* -> baseline curve at the same loss, i.e. M x further right.
-    arrows = sorted(((v, mm) for v, mm in mults.items() if mm["paper_M"] and np.isfinite(mm["paper_M"])),
-                    key=lambda t: PowerLaw(fits[t[0]]["A"], fits[t[0]]["alpha"]).loss(t[1]["paper_M_at_C"]))  # fmt: skip
+    arrows = sorted(((v, mm) for v, mm in mults.items() if mm.paper_M and np.isfinite(mm.paper_M)),
+                    key=lambda t: PowerLaw(fits[t[0]].A, fits[t[0]].alpha).loss(t[1].paper_M_at_C))  # fmt: skip
     y_lo, y_hi = _loss_limits(df, variants, grid, fits)
     span = y_hi - y_lo
     last_y = -np.inf
     for v, mm in arrows:
-        C_star = mm["paper_M_at_C"]
-        y = float(PowerLaw(fits[v]["A"], fits[v]["alpha"]).loss(C_star))
+        C_star = mm.paper_M_at_C
+        y = float(PowerLaw(fits[v].A, fits[v].alpha).loss(C_star))
         col = color_of(v, variants)
-        M_drawn = min(mm["paper_M"], MAX_ARROW)  # a longer arrow would stretch the axis past the data: cut it
+        M_drawn = min(mm.paper_M, MAX_ARROW)  # a longer arrow would stretch the axis past the data: cut it
         ax.annotate("", xy=(C_star * M_drawn, y), xytext=(C_star, y),
-                    arrowprops={"arrowstyle": "-|>" if M_drawn == mm["paper_M"] else "-", "color": col, "lw": 1.6,
-                                "shrinkA": 0, "shrinkB": 0, "ls": "-" if M_drawn == mm["paper_M"] else "--"},
+                    arrowprops={"arrowstyle": "-|>" if M_drawn == mm.paper_M else "-", "color": col, "lw": 1.6,
+                                "shrinkA": 0, "shrinkB": 0, "ls": "-" if M_drawn == mm.paper_M else "--"},
                     zorder=5)  # fmt: skip
-        txt = f"M = {mm['paper_M']:.2f}×" + ci_text(mm.get("paper_M_ci95"))
-        if M_drawn < mm["paper_M"]:
+        txt = f"M = {mm.paper_M:.2f}×" + ci_text(mm.paper_M_ci95)
+        if M_drawn < mm.paper_M:
             txt += f" (arrow cut at {MAX_ARROW:g}×)"
         ty = max(y + 0.05 * span, last_y + 0.065 * span)  # keep stacked labels apart
         last_y = ty
@@ -174,15 +175,15 @@ def scaling_figure(
                 bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}, zorder=6)  # fmt: skip
     lines = []
     for v, mm in mults.items():
-        ci = mm["m_ci95"]
-        s = f"{label_of(v, labels)}: m = {mm['m']:.2f}×" + ci_text(ci)
-        if mm.get("p_m_le_1") is not None:
-            s += f", P(m≤1) = {mm['p_m_le_1']:.3f}"
-        if mm.get("headline") == "curve":
+        ci = mm.m_ci95
+        s = f"{label_of(v, labels)}: m = {mm.m:.2f}×" + ci_text(ci)
+        if mm.p_m_le_1 is not None:
+            s += f", P(m≤1) = {mm.p_m_le_1:.3f}"
+        if mm.headline == "curve":
             s += " (exponents differ: read M(C))"
         lines.append(s)
     if lines:
-        form = {m["joint"]["form"] for m in mults.values()}
+        form = {m.joint.form if m.joint else None for m in mults.values()}
         head = "joint fit, shared " + ("E, α" if form == {"saturating"} else "α") + " (95% CI):"
         ax.text(0.02, 0.03, "\n".join([head] + lines), transform=ax.transAxes, fontsize=7.8, va="bottom", ha="left",
                 bbox={"boxstyle": "round,pad=0.35", "fc": "white", "ec": "0.8", "alpha": 0.9}, zorder=6)  # fmt: skip
@@ -201,18 +202,19 @@ def scaling_figure(
     return save(fig, stem)
 
 
-def _multiplier_panel(ax: plt.Axes, mults: dict[str, Any], variants: list[str], labels: dict[str, str] | None, base: str) -> None:
+def _multiplier_panel(ax: plt.Axes, mults: dict[str, Multiplier], variants: list[str], labels: dict[str, str] | None,
+                      base: str) -> None:
     """Per-size multipliers m_s (baseline curve inverted at each variant's loss) with intervals, the joint-fit m
     as a band, and the paper-form M(C) curve: a trend in m_s means the gain is not a constant multiplier."""
     n = len(mults)
     y_lo, y_hi = _multiplier_limits(mults)
     for k, (v, mm) in enumerate(mults.items()):
         col = color_of(v, variants)
-        ps = mm["per_size"]
-        C = np.array([p["C"] for p in ps.values()])
+        ps = mm.per_size
+        C = np.array([p.C for p in ps.values()])
         shift = 1.0 + 0.04 * (k - (n - 1) / 2)  # dodge the markers of different variants
-        y = np.array([p["m"] for p in ps.values()])
-        ci = np.array([[np.nan if b is None else b for b in (p.get("m_ci95") or [None, None])] for p in ps.values()], float)
+        y = np.array([p.m for p in ps.values()])
+        ci = np.array([[np.nan if b is None else b for b in (p.m_ci95 or [None, None])] for p in ps.values()], float)
         ci_clipped = np.clip(ci, y_lo, y_hi)  # an unbounded interval ends at the panel's edge, marked by a caret
         yc = np.clip(y, y_lo, y_hi)
         yerr = np.abs(np.vstack([yc - ci_clipped[:, 0], ci_clipped[:, 1] - yc]))
@@ -222,13 +224,13 @@ def _multiplier_panel(ax: plt.Axes, mults: dict[str, Any], variants: list[str], 
             out = np.isfinite(end) & ((end > edge) if marker == "^" else (end < edge))
             if out.any():
                 ax.scatter(C[out] * shift, np.full(out.sum(), edge), marker=marker, s=30, color=col, zorder=5, clip_on=False)
-        lo_, hi_ = mm["m_ci95"]
+        lo_, hi_ = mm.m_ci95
         if lo_ is not None:
             ax.axhspan(max(lo_, y_lo), min(hi_, y_hi), color=col, alpha=0.12, lw=0)
-        ax.axhline(mm["m"], color=col, lw=1.2, alpha=0.9)
-        cur = mm.get("paper_M_curve")
+        ax.axhline(mm.m, color=col, lw=1.2, alpha=0.9)
+        cur = mm.paper_M_curve
         if cur:
-            ax.plot(cur["C"], cur["M"], color=col, ls="--", lw=1.0, alpha=0.9)
+            ax.plot(cur.C, cur.M, color=col, ls="--", lw=1.0, alpha=0.9)
     ax.axhline(1.0, color="0.3", lw=0.9, ls=":")
     ax.set_yscale("log")
     ax.set_ylim(y_lo, y_hi)
@@ -246,14 +248,14 @@ def _multiplier_panel(ax: plt.Axes, mults: dict[str, Any], variants: list[str], 
     ax.legend(loc="best", frameon=True, framealpha=0.9)
 
 
-def _multiplier_limits(mults: dict[str, Any]) -> tuple[float, float]:
+def _multiplier_limits(mults: dict[str, Multiplier]) -> tuple[float, float]:
     """Log-axis limits that hold every point estimate, 1 and the joint-fit intervals, but never more than
     MAX_ARROW^2 either way: a bootstrap interval that runs to 1e9 must not flatten the points to a line."""
     vals = [1.0]
     for mm in mults.values():
-        vals += [p["m"] for p in mm["per_size"].values() if p.get("m") is not None]
-        vals += [mm["m"]] + [b for b in (mm.get("m_ci95") or []) if b is not None]
-        vals += [b for p in mm["per_size"].values() for b in (p.get("m_ci95") or []) if b is not None]
+        vals += [p.m for p in mm.per_size.values() if p.m is not None]
+        vals += [mm.m] + [b for b in (mm.m_ci95 or []) if b is not None]
+        vals += [b for p in mm.per_size.values() for b in (p.m_ci95 or []) if b is not None]
     vals_arr = np.clip(np.array([v for v in vals if np.isfinite(v) and v > 0], float), 1 / MAX_ARROW**2, MAX_ARROW**2)
     return float(vals_arr.min()) / 1.08, float(vals_arr.max()) * 1.08
 
@@ -268,9 +270,10 @@ def ci_text(ci: Any, bound: float = CI_TEXT_BOUND) -> str:
     return f" [{lo}, {hi}]"
 
 
-def _loss_limits(df: pd.DataFrame, variants: list[str], grid: np.ndarray, fits: dict[str, Any]) -> tuple[float, float]:
+def _loss_limits(df: pd.DataFrame, variants: list[str], grid: np.ndarray,
+                 fits: dict[str, VariantLaw]) -> tuple[float, float]:
     vals = [df.loc[df["variant"].isin(variants), "val_loss"].to_numpy(float)]
-    vals += [PowerLaw(fits[v]["A"], fits[v]["alpha"]).loss(grid[[0, -1]]) for v in variants]
+    vals += [PowerLaw(fits[v].A, fits[v].alpha).loss(grid[[0, -1]]) for v in variants]
     allv = np.concatenate(vals)
     lo, hi = float(np.nanmin(allv)), float(np.nanmax(allv))
     pad = 0.06 * (hi - lo)
@@ -479,32 +482,33 @@ def depth_weights_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None =
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def block_size_figure(sweep: dict[str, Any], stem: Path, title: str | None = None) -> list[Path]:
+def block_size_figure(sweep: BlockSizeSweep, stem: Path, title: str | None = None) -> list[Path]:
     """Fig. 6: Block AttnRes validation loss vs block size S (sublayers), with Full and baseline references."""
-    pts = sweep["points"]
-    S = np.array([p["block_size"] for p in pts], float)
-    y = np.array([p["val_loss"] for p in pts], float)
-    err = np.array([p["val_loss_sd"] or 0.0 for p in pts], float)
+    pts = sweep.points
+    S = np.array([p.block_size for p in pts], float)
+    y = np.array([p.val_loss for p in pts], float)
+    err = np.array([p.val_loss_sd or 0.0 for p in pts], float)
+    refs = {"baseline": sweep.baseline, "full": sweep.full}
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     ax.errorbar(S, y, yerr=err if err.any() else None, color=COLORS["block_attnres"], marker="o", ms=5, lw=1.5, capsize=3,
                 label="Block AttnRes")  # fmt: skip
     for key, name, style in (("baseline", "baseline", "--"), ("full", "full_attnres", ":")):
-        ref = sweep.get(key)
+        ref = refs[key]
         if ref:
-            ax.axhline(ref["val_loss"], color=COLORS[name], ls=style, lw=1.3, label=f"{LABELS[name]} ({ref['val_loss']:.3f})")
+            ax.axhline(ref.val_loss, color=COLORS[name], ls=style, lw=1.3, label=f"{LABELS[name]} ({ref.val_loss:.3f})")
     ax.set_xscale("log", base=2)
     ax.set_xticks(S)
     ax.set_xticklabels([f"{int(s)}" + (" (Full)" if s == 1 else "") for s in S])
     ax.xaxis.set_minor_formatter(NullFormatter())
     for s, v in zip(S, y):
         ax.annotate(f"{v:.3f}", (s, v), textcoords="offset points", xytext=(6, 0), ha="left", va="center", fontsize=7.5)
-    lo = min([y.min()] + [sweep[k]["val_loss"] for k in ("baseline", "full") if sweep.get(k)])
-    hi = max([y.max()] + [sweep[k]["val_loss"] for k in ("baseline", "full") if sweep.get(k)])
+    lo = min([y.min()] + [r.val_loss for r in refs.values() if r])
+    hi = max([y.max()] + [r.val_loss for r in refs.values() if r])
     ax.set_ylim(lo - 0.12 * (hi - lo), hi + 0.12 * (hi - lo))
     ax.set_xlim(S.min() / 1.4, S.max() * 1.6)  # room for the value labels right of each point
     ax.set_xlabel("Block size S (sublayers per block)")
     ax.set_ylabel("Validation loss")
-    ax.set_title(title or f"Block size sweep ({sweep['size']})")
+    ax.set_title(title or f"Block size sweep ({sweep.size})")
     ax.legend(frameon=True, framealpha=0.9, loc="lower right")
     fig.tight_layout()
     return save(fig, stem)
@@ -558,13 +562,13 @@ def architecture_grid_figure(fig7: dict[str, Any], stem: Path) -> list[Path]:
     return _grid_heatmaps(list(fig7["d_over_Lb"]), list(fig7["H_over_Lb"]), panels, stem)
 
 
-def arch_grid_figure(table: dict[str, Any], stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
+def arch_grid_figure(table: ArchGrid, stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
     """Fig. 7 from our runs (report.arch_grid_table): one heat map per variant on a shared colour scale."""
-    panels = [(label_of(v, labels), np.array([[np.nan if c is None else c for c in r] for r in table["val_loss"][v]], float))
-              for v in table["variants"]]  # fmt: skip
-    budget = table.get("flops_budget")
+    panels = [(label_of(v, labels), np.array([[np.nan if c is None else c for c in r] for r in table.val_loss[v]],
+                                             float)) for v in table.variants]  # fmt: skip
+    budget = table.flops_budget
     title = f"Architecture grid at fixed compute" + (f" C = {budget:.3g} FLOPs" if budget else "")
-    return _grid_heatmaps(list(table["d_over_lb"]), list(table["heads_over_lb"]), panels, stem, suptitle=title)
+    return _grid_heatmaps(list(table.d_over_lb), list(table.heads_over_lb), panels, stem, suptitle=title)
 
 
 # ----------------------------------------------------------------------------------------------------------------

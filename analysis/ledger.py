@@ -1,8 +1,8 @@
 """The ledger of a study: how result records are stored, read and checked (docs/results_schema.md §1).
 
 Pure standard library (no pandas, no torch): the writer (experiments.records) and the reader (analysis.records)
-share this module, so both agree on the columns, the statuses, what a malformed record is and which record of a
-run is its last.
+share this module, so both agree on where records live, how a table is read and which record of a run is its
+last. What a record holds and when it is malformed: analysis.schema.
 
 Storage (one study = one directory ``<runs_root>/<study>/``):
   * ``records/<record_id>.json`` — the truth: one immutable file per record, written once by an atomic rename
@@ -22,31 +22,16 @@ import csv
 import hashlib
 import io
 import json
-import math
 import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-# Exactly the columns of docs/results_schema.md §1, in that order (new columns are only ever appended).
-COLUMNS: tuple[str, ...] = (
-    "run_id", "study", "variant", "residual", "size", "seed", "status", "n_layers", "d_model", "n_heads", "d_ff",
-    "block_size", "n_blocks", "seq_len", "batch_size", "params", "params_non_embedding", "tokens",
-    "flops_per_token", "flops", "pflops_days", "flops_6nd", "pflops_days_6nd", "val_loss", "train_loss", "steps",
-    "lr", "wall_time_s", "git_commit", "config_hash", "run_dir", "error", "started_at", "finished_at",
-    "flops_budget", "d_over_lb", "heads_over_lb", "lr_protocol", "health", "dataset", "data_fingerprint",
-    "threads", "record_id",
-)  # fmt: skip
-STATUSES = ("completed", "failed", "diverged", "interrupted")
+from .schema import malformed
+
 RESULTS_TABLE = "results.csv"
 RECORDS_DIR = "records"
-# Cells that must parse as numbers when they are not empty (a torn or garbled number makes the record malformed).
-NUMERIC_COLUMNS = (
-    "seed", "n_layers", "d_model", "n_heads", "d_ff", "block_size", "n_blocks", "seq_len", "batch_size", "params",
-    "params_non_embedding", "tokens", "flops_per_token", "flops", "pflops_days", "flops_6nd", "pflops_days_6nd",
-    "val_loss", "train_loss", "steps", "lr", "wall_time_s", "flops_budget", "d_over_lb", "heads_over_lb", "threads",
-)  # fmt: skip
 _ID_SAFE = re.compile(r"[^A-Za-z0-9._+=-]")
 
 
@@ -81,45 +66,6 @@ def compact_timestamp(iso: str | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Validation
-
-
-def _number(value: Any) -> float | None:
-    """The value as a float, None when empty; raises ValueError when it is not a number."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise ValueError(repr(value))
-    v = float(value)
-    return None if math.isnan(v) else v  # NaN: how a DataFrame holds an empty cell
-
-
-def malformed(record: Mapping[str, Any]) -> str | None:
-    """Why a record breaks the schema (None when it does not): no run_id, an unknown status, a cell that should be
-    a number and is not, an integer seed that is not one, or a ``completed`` record without a positive val_loss
-    and compute (the schema leaves those empty only for runs that did not complete)."""
-    if not str(record.get("run_id") or "").strip():
-        return "no run_id"
-    status = record.get("status")
-    if status not in STATUSES:
-        return f"status={status!r} is not one of {', '.join(STATUSES)}"
-    for col in NUMERIC_COLUMNS:
-        try:
-            v = _number(record.get(col))
-        except (TypeError, ValueError):
-            return f"{col}={record.get(col)!r} is not a number"
-        if col == "seed" and v is not None and v != int(v):
-            return f"seed={record.get(col)!r} is not an integer"
-    if status == "completed":
-        for col in ("val_loss", "pflops_days"):
-            if col in record:  # a table without the column is another error (analysis.records.require_columns)
-                v = _number(record.get(col))
-                if v is None or not math.isfinite(v) or v <= 0:
-                    return f"status='completed' but {col}={record.get(col)!r} (must be a positive number)"
-    return None
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Reading the table (tolerant: a bad byte, a torn or glued row is reported and skipped, never fatal)
 
 
@@ -127,9 +73,10 @@ def read_table(path: str | Path) -> tuple[list[str], list[tuple[int, dict[str, s
     """(header, [(line number, row)], problems) of a results table; ([], [], []) when there is none.
 
     Physical lines are grouped into CSV records by quote balance. A record that is not valid UTF-8, has another
-    number of fields than the header (a torn row, or two rows glued together), or is malformed (see
-    :func:`malformed`) is skipped, and a problem naming ``<file>:<line>`` says why. When a multi-line record is
-    rejected, reading resumes at its second line, so an unbalanced quote cannot swallow the rows after it.
+    number of fields than the header (a torn row, or two rows glued together), or is malformed
+    (:func:`analysis.schema.malformed`) is skipped, and a problem naming ``<file>:<line>`` says why. When a
+    multi-line record is rejected, reading resumes at its second line, so an unbalanced quote cannot swallow the
+    rows after it.
     """
     path = Path(path)
     if not path.is_file():

@@ -17,6 +17,7 @@ from . import figures
 from .bootstrap import DEFAULT_B
 from .fit import PowerLaw, fit_power_law, multiplier_curve
 from .report import ablation_markdown, analyse_scaling, summary_markdown, write_json
+from .schema import FitDocument
 
 PFLOPS_DAY = 1e15 * 86400
 FIG4_VARIANTS = ["baseline", "block_attnres", "full_attnres"]  # the three series of the paper's Fig. 4
@@ -107,46 +108,50 @@ def _paper_markdown(cmp: dict[str, Any], labels: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma: float | None = None) -> dict[str, Any]:
+def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma: float | None = None) -> FitDocument:
     """Refit Table 2, compare with the published laws, draw Fig. 4, 6 and 7 and write Table 4."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paper = load_paper()
     labels = dict(paper["table2"]["variants"])
     df = paper_results(paper)
-    doc = analyse_scaling(df, B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma, source=df.attrs["source"])
-    doc.pop("_frame")  # the analysed runs (for figures); not part of fit.json
-    doc["paper"] = paper_comparison(paper)
+    parts = analyse_scaling(df, B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma,
+                            source=df.attrs["source"])
+    parts.pop("_frame")  # the analysed runs (for figures); not part of fit.json
+    parts["paper"] = paper_comparison(paper)
     f6 = paper["fig6"]
-    doc["block_size_sweep"] = {
+    parts["block_size_sweep"] = {
         "size": f6["size"],
         "points": [{"block_size": s, "val_loss": l, "val_loss_sd": None, "n_runs": 1} for s, l in zip(f6["block_size"], f6["loss"])],
         "baseline": {"val_loss": f6["baseline"], "val_loss_sd": None, "n_runs": 1},
         "full": None,  # S = 1 is Full AttnRes, already a point
     }
     base_loss = next(r["loss"] for r in paper["table4"]["rows"] if r["variant"] == "baseline")
-    doc["ablations"] = [
+    parts["ablations"] = [
         {"variant": r["label"], "val_loss": r["loss"], "val_loss_sd": None, "n_runs": 1,
          "delta_vs_baseline": None if r["variant"] == "baseline" else r["loss"] - base_loss}
         for r in paper["table4"]["rows"]
     ]  # fmt: skip
+    doc = FitDocument.from_dict(parts)
     written = []
     written += figures.scaling_figure(df, doc, out / "fig4_scaling", labels=labels, variants=FIG4_VARIANTS,
                                       title="AttnRes paper, Fig. 4 refit (Table 2 losses)")  # fmt: skip
-    written += figures.block_size_figure(doc["block_size_sweep"], out / "fig6_block_size",
+    written += figures.block_size_figure(doc.block_size_sweep, out / "fig6_block_size",
                                          title="AttnRes paper, Fig. 6: block size (436M model, 32 sublayers)")  # fmt: skip
     written += figures.architecture_grid_figure(paper["fig7"], out / "fig7_architecture")
-    (out / "table4_ablations.md").write_text("\n".join(["# AttnRes paper, Table 4 (436M model)", ""] + ablation_markdown(doc["ablations"])) + "\n")
-    doc["files"] = sorted(str(p.relative_to(out)) for p in written) + ["fit.json", "summary.md", "table4_ablations.md"]
-    write_json(doc, out / "fit.json")
-    md = summary_markdown(doc, title="AttnRes paper numbers, refitted")
-    (out / "summary.md").write_text(md + "\n" + _paper_markdown(doc["paper"], labels))
+    table4 = ["# AttnRes paper, Table 4 (436M model)", ""] + ablation_markdown(doc.ablations)
+    (out / "table4_ablations.md").write_text("\n".join(table4) + "\n")
+    doc.files = sorted(str(p.relative_to(out)) for p in written) + ["fit.json", "summary.md", "table4_ablations.md"]
+    plain = doc.to_dict()
+    write_json(plain, out / "fit.json")
+    md = summary_markdown(plain, title="AttnRes paper numbers, refitted")
+    (out / "summary.md").write_text(md + "\n" + _paper_markdown(doc.paper, labels))
     return doc
 
 
-def headline_numbers(doc: dict[str, Any]) -> str:
+def headline_numbers(doc: FitDocument) -> str:
     """One short text block of the numbers a reader checks first (printed by the CLI)."""
-    cmp = doc["paper"]
+    cmp = doc.paper or {}
     lines = [f"{v}: A = {e['A']:.4f}, alpha = {e['alpha']:.4f}" for v, e in cmp["laws"].items()]
     for v, e in cmp["M"].items():
         pub = f" (published laws: {e['published_laws']:.3f})" if "published_laws" in e else ""

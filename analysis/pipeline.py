@@ -11,8 +11,9 @@ import pandas as pd
 from . import figures
 from .bootstrap import DEFAULT_B
 from .records import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
-from .report import (ablation_markdown, ablation_table, analyse_scaling, arch_grid_markdown, arch_grid_table, block_size_sweep,
-                     summary_markdown, write_json)
+from .report import (SCHEMA_VERSION, ablation_markdown, ablation_table, analyse_scaling, arch_grid_markdown,
+                     arch_grid_table, block_size_sweep, summary_markdown, write_json)
+from .schema import FitDocument
 
 
 def run_fit(
@@ -31,8 +32,10 @@ def run_fit(
     skip_incomplete: bool = False,
     make_figures: bool = True,
     outliers: str = "keep",
-) -> dict[str, Any]:
-    """Fit one results table and write everything under ``out``; returns the fit.json document."""
+) -> FitDocument:
+    """Fit one results table and write everything under ``out`` (fit.json, summary.md, tables, figures); returns
+    the fit document. What is fitted follows each record's study kind: the ``scaling`` study (or ``study``) as a
+    compute ladder, the ``block_size``, ``ablations`` and ``arch_grid`` studies as their sweep and tables."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base_dir = df.attrs.get("base_dir")
@@ -40,48 +43,49 @@ def run_fit(
     ladder = scaling_runs(completed, study)
     if ladder.empty:
         warnings.warn("no scaling-ladder runs: only block-size / ablation / arch-grid outputs are written", AnalysisWarning, stacklevel=2)
-        doc: dict[str, Any] = {"schema_version": 1, "source": df.attrs.get("source"), "baseline": baseline, "compute": compute,
-                               "excluded_runs": excluded, "variants": {}, "multipliers": {}, "losses": [], "sizes": [],
-                               "protocols": {}}  # fmt: skip
+        parts: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "source": df.attrs.get("source"),
+                                 "baseline": baseline, "compute": compute, "excluded_runs": excluded}  # fmt: skip
     else:
-        doc = analyse_scaling(
+        parts = analyse_scaling(
             ladder, baseline=baseline, compute=compute, B=B, seed=seed, bootstrap_mode=bootstrap_mode,
             seed_sigma=seed_sigma, seed_rho=seed_rho, form=form, skip_incomplete=skip_incomplete,
             excluded=excluded, source=df.attrs.get("source"), study=study, outliers=outliers, base_dir=base_dir,
         )  # fmt: skip
-        ladder = doc.pop("_frame")
-    sweep = block_size_sweep(completed, baseline)
-    ablations = ablation_table(completed, baseline)
-    arch = arch_grid_table(completed, baseline)
-    doc["block_size_sweep"] = sweep
-    doc["ablations"] = ablations
-    doc["arch_grid"] = arch
+        ladder = parts.pop("_frame")
+    parts |= {"block_size_sweep": block_size_sweep(completed, baseline),
+              "ablations": ablation_table(completed, baseline),
+              "arch_grid": arch_grid_table(completed, baseline)}
+    doc = FitDocument.from_dict(parts)
     written: list[Path] = []
-    if ablations:
-        (out / "table4_ablations.md").write_text("\n".join(["# Ablations (Table 4 style)", ""] + ablation_markdown(ablations)) + "\n")
+    if doc.ablations:
+        md = ["# Ablations (Table 4 style)", ""] + ablation_markdown(doc.ablations)
+        (out / "table4_ablations.md").write_text("\n".join(md) + "\n")
         written.append(out / "table4_ablations.md")
-    if arch:
-        (out / "fig7_arch_grid.md").write_text("\n".join(["# Architecture grid (Fig. 7 style)", ""] + arch_grid_markdown(arch)) + "\n")
+    if doc.arch_grid:
+        md = ["# Architecture grid (Fig. 7 style)", ""] + arch_grid_markdown(doc.arch_grid.to_dict())
+        (out / "fig7_arch_grid.md").write_text("\n".join(md) + "\n")
         written.append(out / "fig7_arch_grid.md")
     if make_figures:
-        fitted = ladder[ladder["variant"].isin(list(doc["variants"]))] if not ladder.empty else ladder
-        if doc["variants"]:
+        fitted = ladder[ladder["variant"].isin(list(doc.variants))] if not ladder.empty else ladder
+        if doc.variants:
             written += figures.scaling_figure(fitted, doc, out / "fig4_scaling", compute=compute)
         if not fitted.empty:
             written += figures.loss_curves_figure(fitted, out / "loss_curves", base_dir=base_dir, compute=compute)
             written += figures.dynamics_figure(fitted, out / "fig5_dynamics", base_dir=base_dir, compute=compute)
             written += figures.depth_weights_figure(fitted, out / "fig8_depth_weights", base_dir=base_dir, compute=compute)
-        if sweep:
-            written += figures.block_size_figure(sweep, out / "fig6_block_size")
-        if arch:
-            written += figures.arch_grid_figure(arch, out / "fig7_arch_grid")
-    doc["files"] = sorted(str(p.relative_to(out)) for p in written) + ["fit.json", "summary.md"]
-    write_json(doc, out / "fit.json")
-    (out / "summary.md").write_text(summary_markdown(doc))
+        if doc.block_size_sweep:
+            written += figures.block_size_figure(doc.block_size_sweep, out / "fig6_block_size")
+        if doc.arch_grid:
+            written += figures.arch_grid_figure(doc.arch_grid, out / "fig7_arch_grid")
+    doc.files = sorted(str(p.relative_to(out)) for p in written) + ["fit.json", "summary.md"]
+    plain = doc.to_dict()
+    write_json(plain, out / "fit.json")
+    (out / "summary.md").write_text(summary_markdown(plain))
     return doc
 
 
 def load_any(results: str | None, wandb_project: str | None, wandb_group: str | None) -> pd.DataFrame:
+    """The result records of ``--results PATH`` or of ``--wandb ENTITY/PROJECT`` (exactly one of them)."""
     if (results is None) == (wandb_project is None):
         raise ValueError("give exactly one of --results PATH or --wandb ENTITY/PROJECT")
     return load_results(results) if results is not None else load_wandb(wandb_project, wandb_group)

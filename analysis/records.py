@@ -14,28 +14,24 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from . import ledger
+from . import ledger, schema
 
 # The columns a scaling fit cannot do without; the schema has many more (tolerated, some used by figures).
 FIT_COLUMNS = ("run_id", "variant", "size", "seed", "status", "pflops_days", "val_loss")
-# The schema's columns, shared with the writer (experiments.records) through the stdlib module analysis.ledger.
-SCHEMA_COLUMNS = ledger.COLUMNS
-_STR_COLUMNS = ("run_id", "study", "variant", "residual", "size", "status", "git_commit", "config_hash", "run_dir", "error",
-                "lr_protocol", "health", "dataset", "data_fingerprint", "record_id")
 # What makes two runs the same cell of a study (beyond data and seed noise): a second run of one cell is not a seed.
-# Studies that are not compute ladders: they are summarised as a sweep / table, never fitted as a scaling law.
-NON_SCALING_STUDIES = ("block_size", "ablations", "arch_grid")
 CELL_COLUMNS = ("study", "variant", "size", "seed", "lr_protocol", "block_size", "d_over_lb", "heads_over_lb")
+
+
 class AnalysisWarning(UserWarning):
     """Something was skipped or assumed; the message says what."""
 
 
 def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
     df = df.copy()
-    for col in _STR_COLUMNS:
+    for col in schema.STR_COLUMNS:
         if col in df.columns:
             df[col] = df[col].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
-    for col in ledger.NUMERIC_COLUMNS:
+    for col in schema.NUMERIC_COLUMNS:
         if col in df.columns and col != "seed":
             df[col] = pd.to_numeric(df[col], errors="coerce")
     if "seed" in df.columns:  # integers where they are integers (a garbled seed stays, and is reported as malformed)
@@ -142,7 +138,7 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
         nested = summary.get("results") if isinstance(summary.get("results"), dict) else {}
         prefixed = {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("results/")}
         rec: dict[str, Any] = {}
-        for key in SCHEMA_COLUMNS:
+        for key in schema.COLUMNS:
             for src in (nested, prefixed, summary, config):
                 if key in src and src[key] is not None:
                     rec[key] = src[key]
@@ -169,6 +165,7 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
 
 _CONFIG_PATHS = {
     "variant": ("model.variant",), "residual": ("model.residual",), "size": ("size.name",), "study": ("study",),
+    "study_kind": ("study_kind",),
     "seed": ("seed",), "config_hash": ("derived.config_hash",), "flops_per_token": ("derived.flops_per_token",),
     "flops_budget": ("train.flops_budget",), "d_over_lb": ("size.d_over_lb",), "heads_over_lb": ("size.heads_over_lb",),
 }  # fmt: skip
@@ -200,7 +197,7 @@ def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str = "a sca
 def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """Keep only runs that can be fitted; warn once, naming every excluded run and why.
 
-    In this order: malformed records (analysis.ledger.malformed: e.g. an unknown status, a garbled number, a
+    In this order: malformed records (analysis.schema.malformed: e.g. an unknown status, a garbled number, a
     ``completed`` record without a val_loss) are dropped, so that they never stand for their run; then all but the
     last record of a run_id (a re-run's earlier records); then runs whose last record is not ``completed`` or
     lacks a positive val_loss or compute. Completed runs of more than one data set (``data_fingerprint``) are an
@@ -216,7 +213,7 @@ def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd
             excluded.append({"run_id": row["run_id"], "variant": row["variant"], "size": row["size"],
                              "seed": _int(row["seed"]), "status": row["status"], "reason": reason_of(row)})
 
-    reasons = df.apply(lambda r: ledger.malformed(r.to_dict()), axis=1) if len(df) else pd.Series([], dtype=object)
+    reasons = df.apply(lambda r: schema.malformed(r.to_dict()), axis=1) if len(df) else pd.Series([], dtype=object)
     bad = reasons.notna()
     exclude(df[bad], lambda row: f"malformed record ({reasons[row.name]})")
     df = df[~bad]
@@ -308,8 +305,33 @@ def _int(v: Any) -> Any:
         return v
 
 
+def study_kinds(df: pd.DataFrame) -> pd.Series:
+    """Each row's study kind (analysis.schema.study_kind): its ``study_kind``, or for records written before that
+    field existed, the kind its study's name implies."""
+    cols = [c for c in ("study", "study_kind") if c in df.columns]
+    if not cols:
+        return pd.Series("scaling", index=df.index, dtype=object)
+    kinds = [schema.study_kind(dict(zip(cols, values))) for values in zip(*(df[c] for c in cols))]
+    return pd.Series(kinds, index=df.index, dtype=object)
+
+
+def runs_of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The rows of one study of ``kind`` (docs/results_schema.md, "Study kinds"). Several studies of that kind in
+    one table: the one with the most runs is used (ties: the first name), with a warning naming them all."""
+    rows = df[study_kinds(df) == kind]
+    if rows.empty or "study" not in rows.columns:
+        return rows
+    counts = rows["study"].value_counts()
+    if len(counts) > 1:
+        keep = sorted(counts.index, key=lambda s: (-counts[s], s))[0]
+        warnings.warn(f"the results hold several {kind} studies ({', '.join(sorted(counts.index))}); using {keep!r}",
+                      AnalysisWarning, stacklevel=3)  # fmt: skip
+        rows = rows[rows["study"] == keep]
+    return rows
+
+
 def scaling_runs(df: pd.DataFrame, study: str | None = None) -> pd.DataFrame:
-    """The rows of one compute ladder: ``study`` when given, else every study except block-size/ablation sweeps.
+    """The rows of one compute ladder: ``study`` when given, else the one study of kind ``scaling``.
 
     Several ladder studies in one table are ambiguous (which one is "the" scaling law?), so that is an error.
     """
@@ -322,7 +344,7 @@ def scaling_runs(df: pd.DataFrame, study: str | None = None) -> pd.DataFrame:
         if out.empty:
             raise ValueError(f"no completed runs with study == {study!r}; studies present: {', '.join(sorted(set(df['study'])))}")
         return out
-    out = df[~df["study"].isin(NON_SCALING_STUDIES)]
+    out = df[study_kinds(df) == "scaling"]
     studies = sorted(set(out["study"]))
     if len(studies) > 1:
         raise ValueError(f"the results hold several scaling studies ({', '.join(studies)}); choose one with --study")

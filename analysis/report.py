@@ -16,7 +16,7 @@ from scipy import stats
 from . import bootstrap as bs
 from . import health
 from .fit import HUBER_DELTA, PowerLaw, arm_slopes_batch, fit_joint, fit_joint_batch, fit_power_law, multiplier_curve, wls_line
-from .records import AnalysisWarning, size_order
+from .records import AnalysisWarning, runs_of_kind, size_order
 
 SCHEMA_VERSION = 1
 MIN_SIZES = 3
@@ -569,13 +569,22 @@ def _reference(df_all: pd.DataFrame, study_rows: pd.DataFrame, variant: str) -> 
 
 
 def block_size_sweep(df_all: pd.DataFrame, baseline: str = "baseline", full: str = "full_attnres") -> dict[str, Any] | None:
-    """Fig. 6 data: Block AttnRes loss per block size S at one model size (study ``block_size``)."""
+    """Fig. 6 data: Block AttnRes loss per block size S at one model size (the study of kind ``block_size``).
+
+    The swept runs are those with a ``block_size`` (the record leaves it empty for every other residual scheme);
+    ``baseline`` and ``full`` name the reference arms."""
     if "study" not in df_all.columns or "block_size" not in df_all.columns:
         return None
-    rows = df_all[df_all["study"] == "block_size"]
-    blocks = rows[(rows["variant"] == "block_attnres") & rows["block_size"].notna()]
+    rows = runs_of_kind(df_all, "block_size")
+    blocks = rows[rows["block_size"].notna()]
     if blocks.empty:
         return None
+    arms = blocks["variant"].value_counts()
+    if len(arms) > 1:
+        keep = sorted(arms.index, key=lambda v: (-arms[v], v))[0]
+        warnings.warn(f"block-size study sweeps several variants ({', '.join(sorted(arms.index))}); using {keep!r}",
+                      AnalysisWarning, stacklevel=2)  # fmt: skip
+        blocks = blocks[blocks["variant"] == keep]
     sizes = sorted(set(blocks["size"]))
     if len(sizes) > 1:
         warnings.warn(f"block-size study spans several sizes ({', '.join(sizes)}); using the most common", AnalysisWarning, stacklevel=2)
@@ -592,10 +601,11 @@ def block_size_sweep(df_all: pd.DataFrame, baseline: str = "baseline", full: str
 
 
 def ablation_table(df_all: pd.DataFrame, baseline: str = "baseline") -> list[dict[str, Any]] | None:
-    """Table 4 data: one row per variant of study ``ablations`` (mean over seeds), with Δ vs the baseline."""
+    """Table 4 data: one row per variant of the study of kind ``ablations`` (mean over seeds), with Δ vs the
+    baseline."""
     if "study" not in df_all.columns:
         return None
-    rows = df_all[df_all["study"] == "ablations"]
+    rows = runs_of_kind(df_all, "ablations")
     if rows.empty:
         return None
     ref = _reference(df_all, rows, baseline)
@@ -615,11 +625,10 @@ def ablation_table(df_all: pd.DataFrame, baseline: str = "baseline") -> list[dic
     return table
 
 
-ARCH_STUDY = "arch_grid"
-
-
-def arch_grid_table(df_all: pd.DataFrame, baseline: str = "baseline", study: str = ARCH_STUDY) -> dict[str, Any] | None:
-    """Fig. 7 data: final val loss per variant over the (H/L_b rows, d/L_b columns) grid of study ``arch_grid``.
+def arch_grid_table(df_all: pd.DataFrame, baseline: str = "baseline",
+                    study: str | None = None) -> dict[str, Any] | None:
+    """Fig. 7 data: final val loss per variant over the (H/L_b rows, d/L_b columns) grid of the study of kind
+    ``arch_grid`` (or of the study named ``study``).
 
     Cells are the runs' nominal grid coordinates (record columns ``d_over_lb``, ``heads_over_lb``: the size's
     targets); the shapes they were rounded to are kept per cell under ``cells``. Seeds are averaged. Rows run from
@@ -628,9 +637,10 @@ def arch_grid_table(df_all: pd.DataFrame, baseline: str = "baseline", study: str
     """
     if "study" not in df_all.columns:
         return None
-    rows = df_all[df_all["study"] == study]
+    rows = df_all[df_all["study"] == study] if study is not None else runs_of_kind(df_all, "arch_grid")
     if rows.empty:
         return None
+    study = str(rows["study"].iloc[0])
     missing = [c for c in ("d_over_lb", "heads_over_lb") if c not in rows.columns]
     if missing:
         warnings.warn(f"{study} runs lack column(s) {', '.join(missing)} (records written before the arch grid "

@@ -21,7 +21,7 @@ from . import records
 # is part of the run's identity.
 HASH_EXCLUDE = (
     "paths", "logger", "callbacks", "hydra", "run_id", "study", "project", "tags", "threads", "force", "fault",
-    "tuned_lr",
+    "tuned_lr", "study_kind",
     "activation_checkpointing", "train.log_every",
     "data.num_workers", "data.cache_dir",
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",

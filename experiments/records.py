@@ -1,7 +1,7 @@
 """Result records (docs/results_schema.md): the study's ledger, the run's identity (config hash) and provenance.
 
-Pure stdlib (plus analysis.ledger, itself stdlib): importing this costs nothing (no torch, no Lightning), so
-sweep tooling can use it too.
+Pure stdlib (plus analysis.ledger and analysis.schema, themselves stdlib): importing this costs nothing (no torch,
+no Lightning), so sweep tooling can use it too. The record's fields and types: analysis.schema.RunRecord.
 
 The ledger (analysis.ledger has the format): each record is one immutable file ``<study>/records/<record_id>.json``,
 written under a unique name and published by an atomic rename, and ``<study>/results.csv`` is rebuilt from those
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from analysis import ledger
-from analysis.ledger import COLUMNS, RECORDS_DIR, RESULTS_TABLE, STATUSES  # noqa: F401 - re-exported
+from analysis.ledger import RECORDS_DIR, RESULTS_TABLE  # noqa: F401 - re-exported
+from analysis.schema import COLUMNS, STATUSES, RunRecord  # noqa: F401 - re-exported
 
 RESULTS_JSON = "results.json"
 
@@ -79,13 +80,14 @@ def git_commit(cwd: str | Path | None = None) -> str:
 
 
 def make_record(**fields: Any) -> dict[str, Any]:
-    """A record with exactly COLUMNS (missing ones empty); unknown keys are a programming error."""
+    """A record (analysis.schema.RunRecord) as a dict with exactly COLUMNS, missing ones empty.
+
+    Unknown keys are a programming error (KeyError); a status or study_kind outside the schema's values is a
+    ValueError."""
     unknown = set(fields) - set(COLUMNS)
     if unknown:
         raise KeyError(f"not result-record columns: {sorted(unknown)} (see docs/results_schema.md)")
-    if fields.get("status", "completed") not in STATUSES:
-        raise ValueError(f"status={fields.get('status')!r}; allowed values: {', '.join(STATUSES)}")
-    return {c: fields.get(c) for c in COLUMNS}
+    return RunRecord(**fields).to_dict()
 
 
 def _cell(value: Any) -> str:

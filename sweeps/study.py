@@ -19,7 +19,6 @@ running the same command again.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -27,6 +26,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from analysis.schema import STUDY_KINDS, FitDocument
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parent.parent
 ARMS = {"default": None, "all": "baseline,full_attnres,block_attnres"}
@@ -34,11 +39,13 @@ ARMS = {"default": None, "all": "baseline,full_attnres,block_attnres"}
 
 @dataclass(frozen=True)
 class Study:
+    """A named study: its sweep config (whose ``study_kind`` chooses the analysis: ``lr`` runs
+    ``python -m analysis lr``, every other kind ``python -m analysis fit``) and what it adds to the sweep."""
+
     sweep: str  # conf/sweep/<sweep>.yaml
     what: str
     overrides: tuple[str, ...] = ()  # appended to the sweep (before the user's own)
-    kind: str = "fit"  # "fit": python -m analysis fit; "lr": python -m analysis lr (and the tuned config)
-    tuned_config: str | None = None  # kind "lr": where the tuned lrs are written (relative to the repository)
+    tuned_config: str | None = None  # study_kind lr: where the tuned lrs are written (relative to the repository)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -49,21 +56,36 @@ STUDIES = {
     "quick": Study("quick", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
     "per_arm": Study("cpu_ladder", "CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
                      overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres")),
-    "lr": Study("cpu_lr", "LR tuning of the CPU ladder (a log-spaced lr grid per size)", kind="lr",
+    "lr": Study("cpu_lr", "LR tuning of the CPU ladder (a log-spaced lr grid per size)",
                 tuned_config="conf/tuned_lr/cpu.yaml"),
     "arch": Study("cpu_arch_grid", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"),
 }  # fmt: skip
 
 
+TRAIN_COMMAND = (sys.executable, "-m", "experiments.train", "-m")
+
+
 def sweep_command(sweep: str, seeds: str | None, jobs: int, runs_root: str, extra: list[str]) -> list[str]:
     """The multirun command; seeds=None keeps the sweep config's own seed list."""
-    cmd = [sys.executable, "-m", "experiments.train", "-m", f"+sweep={sweep}",
-           f"paths.runs_root={runs_root}", "trainer.enable_progress_bar=false"]
+    cmd = [*TRAIN_COMMAND, f"+sweep={sweep}", f"paths.runs_root={runs_root}", "trainer.enable_progress_bar=false"]
     if seeds is not None:
         cmd.insert(5, f"seed={seeds}")
     if jobs > 1:
         cmd += ["+launcher=parallel", f"hydra.launcher.n_jobs={jobs}"]
     return cmd + extra
+
+
+def sweep_config(sweep: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """conf/train.yaml with ``+sweep=<sweep>`` and ``overrides`` composed by Hydra's compose API, the ``hydra``
+    node (with ``hydra.sweeper.params``) included and nothing resolved. Sweep overrides (``model=a,b``) choose
+    runs, not the study's settings, and are left out: composition takes one value per key."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    single = [text for text, o in zip(overrides, parsed) if not o.is_sweep_override()]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=[f"+sweep={sweep}", *single], return_hydra_config=True)
 
 
 def run_streaming(cmd: list[str], log_path: Path) -> int:
@@ -91,31 +113,30 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
 
 def headline(fit_path: Path) -> list[str]:
     """One line per variant: the compute multiplier vs the baseline with its 95% interval."""
-    fit = json.loads(fit_path.read_text())
+    fit = FitDocument.from_json(fit_path)
     lines = []
-    grid = fit.get("arch_grid") or {}
-    for name, b in (grid.get("best") or {}).items():
-        lines.append(f"  {name}: best val loss {b['val_loss']:.4f} at d/L_b = {b['d_over_lb']:g}, H/L_b = {b['heads_over_lb']:g}"
+    for name, b in (fit.arch_grid.best if fit.arch_grid else {}).items():
+        lines.append(f"  {name}: best val loss {b.val_loss:.4f} at d/L_b = {b.d_over_lb:g}, H/L_b = {b.heads_over_lb:g}"
                      f" (the grid: fig7_arch_grid.md)")
-    for name, m in (fit.get("multipliers") or {}).items():
-        if m.get("m") is None:
+    for name, m in fit.multipliers.items():
+        if m.m is None:
             continue
-        lo, hi = m.get("m_ci95") or (float("nan"), float("nan"))
-        p = m.get("p_m_le_1")
-        lines.append(f"  {name}: compute multiplier m = {m['m']:.3f}x (95% CI {lo:.3f}-{hi:.3f}), "
-                     f"P(m <= 1) = {p:.3f}" + (f", paper-form M at largest C = {m['paper_M']:.3f}x"
-                                               if m.get("paper_M") is not None else ""))
-    for name, p in (fit.get("protocols") or {}).items():
-        lo, hi = p["ratio_ci95"]
-        lines.append(f"  {name}: own-lr / shared-lr multiplier = {p['ratio_own_over_shared']:.3f} (95% CI {lo:.3f}-{hi:.3f})")
-    flagged = (fit.get("outliers") or {}).get("flagged") or []
+        lo, hi = m.m_ci95 or (float("nan"), float("nan"))
+        lines.append(f"  {name}: compute multiplier m = {m.m:.3f}x (95% CI {lo:.3f}-{hi:.3f}), "
+                     f"P(m <= 1) = {m.p_m_le_1:.3f}" + (f", paper-form M at largest C = {m.paper_M:.3f}x"
+                                                        if m.paper_M is not None else ""))
+    for name, p in fit.protocols.items():
+        lo, hi = p.ratio_ci95
+        lines.append(f"  {name}: own-lr / shared-lr multiplier = {p.ratio_own_over_shared:.3f} "
+                     f"(95% CI {lo:.3f}-{hi:.3f})")
+    flagged = fit.outliers.flagged if fit.outliers else []
     if flagged:
         lines.append(f"  note: {len(flagged)} run(s) flagged by the outlier rule (kept, marked; summary.md lists them)")
-    boot = fit.get("bootstrap") or {}
-    if lines and boot.get("mode") == "parametric":
-        seeds = sorted(set((boot.get("seeds_per_size") or {}).values()))
+    boot = fit.bootstrap
+    if lines and boot is not None and boot.mode == "parametric":
+        seeds = sorted(set(boot.seeds_per_size.values()))
         lines.append(f"  note: {'/'.join(map(str, seeds)) or '1'} seed(s) per size, so the intervals come from a parametric "
-                     f"bootstrap with sigma = {boot.get('sigma') or float('nan'):.3g} ({boot.get('sigma_source')}): "
+                     f"bootstrap with sigma = {boot.sigma or float('nan'):.3g} ({boot.sigma_source}): "
                      "a first look, not a claim; run >= 2 seeds (--seeds 0,1) for seed-resampled intervals")
     return lines
 
@@ -140,12 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     study = STUDIES[args.study]
     extra = list(study.overrides)
     if ARMS[args.arms] is not None:
-        if study.kind != "lr":
-            ap.error("--arms applies to the lr study only")
         extra.append(f"model={ARMS[args.arms]}")
     cmd = sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + args.overrides)
-    study_name = _sweep_key(study.sweep, "study")
-    seeds = args.seeds or _sweep_key(study.sweep, "seed")
+    overrides = cmd[len(TRAIN_COMMAND) + 1:]  # what the sweep command sets beyond +sweep=<sweep>
+    from hydra.errors import HydraException
+
+    try:
+        cfg = sweep_config(study.sweep, overrides)
+    except HydraException as e:  # a bad override: the sweep would fail the same way
+        print(f"[attnres] error: {e}", file=sys.stderr)
+        return 2
+    kind = str(cfg.study_kind)
+    if kind not in STUDY_KINDS:
+        print(f"[attnres] error: study_kind={kind!r}; allowed values: {', '.join(STUDY_KINDS)}", file=sys.stderr)
+        return 2
+    if ARMS[args.arms] is not None and kind != "lr":
+        ap.error("--arms applies to the lr study only")
+    study_name = _sweep_key(study.sweep, "study", overrides, cfg)
+    seeds = _sweep_key(study.sweep, "seed", overrides, cfg)
     results = Path(args.runs_root) / study_name / "results.csv"
     report = Path(args.reports_root) / study_name
     t0 = time.time()
@@ -163,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if not results.is_file():
         print(f"[attnres] no results table at {results}: nothing to analyse", file=sys.stderr)
         return sweep_rc or 1
-    if study.kind == "lr":
+    if kind == "lr":
         tuned = REPO / study.tuned_config if study.tuned_config else None
         fit_cmd = [sys.executable, "-m", "analysis", "lr", "--results", str(results), "--out", str(report),
                    "--rule", args.rule]
@@ -186,18 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     return sweep_rc or fit_rc
 
 
-def _sweep_key(sweep: str, key: str) -> str:
-    """`study` (top level) or a swept parameter such as `seed` of conf/sweep/<sweep>.yaml, read without Hydra."""
-    import yaml
+def _sweep_key(sweep: str, key: str, overrides: Sequence[str] = (), cfg: DictConfig | None = None) -> str:
+    """The value a multirun of conf/sweep/<sweep>.yaml gives ``key`` (e.g. ``study``, or ``seed``: "0,1,2"), as
+    text: the last override of it, else the sweep's swept parameter (hydra.sweeper.params), else the composed
+    config's value (``cfg``: :func:`sweep_config` of the same sweep and overrides, composed when not given)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    path = REPO / "conf" / "sweep" / f"{sweep}.yaml"
-    conf = yaml.safe_load(path.read_text()) or {}
-    if key in conf:
-        return str(conf[key])
-    params = (((conf.get("hydra") or {}).get("sweeper") or {}).get("params") or {})
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    for text, o in reversed(list(zip(overrides, parsed))):
+        if o.get_key_element() == key:
+            return text.split("=", 1)[1]
+    cfg = cfg if cfg is not None else sweep_config(sweep, overrides)
+    params = cfg.hydra.sweeper.get("params") or {}
     if key in params:
         return str(params[key])
-    raise ValueError(f"{path} sets no {key}")
+    if key in cfg and key != "hydra":
+        return str(cfg[key])
+    raise ValueError(f"conf/sweep/{sweep}.yaml sets no {key}")
 
 
 if __name__ == "__main__":

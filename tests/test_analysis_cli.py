@@ -174,3 +174,48 @@ def test_loss_curve_panels_of_a_size_zoom_alike(tmp_path: Path, monkeypatch: pyt
     figures.loss_curves_figure(pd.DataFrame(rows), tmp_path / "loss_curves")
     (tokens_lo, tokens_hi), (flops_lo, flops_hi) = limits
     assert tokens_hi == flops_hi == 5.0 and tokens_lo == pytest.approx(flops_lo)
+
+
+@pytest.mark.parametrize("name", ["fit.json", "heldout/fit.json", "pooled/fit.json"])
+def test_committed_fit_documents_load_typed_and_round_trip(name: str) -> None:
+    """The committed study's fit.json files load into the typed document and are written back unchanged."""
+    from analysis.schema import FitDocument, JointLaw, Multiplier, SizeMultiplier
+
+    path = REPO / "docs" / "results" / "cpu_ladder" / name
+    raw = json.loads(path.read_text())
+    doc = FitDocument.from_json(path)
+    assert doc.to_dict() == raw and list(doc.to_dict()) == list(raw)
+    assert doc.baseline == "baseline" and doc.bootstrap.mode == raw["bootstrap"]["mode"]
+    m = doc.multipliers["block_attnres"]
+    assert isinstance(m, Multiplier) and isinstance(m.joint, JointLaw) and m.joint.form in ("saturating", "power_law")
+    block = raw["multipliers"]["block_attnres"]
+    assert m.m == block["m"] and m.paper_M_curve.C == block["paper_M_curve"]["C"]
+    assert all(isinstance(p, SizeMultiplier) and p.m > 0 for p in m.per_size.values())
+    assert doc.variants["baseline"].alpha == raw["variants"]["baseline"]["alpha"]
+    assert all(not part.extra for part in [doc, m, m.joint, m.exponents, doc.bootstrap, *m.per_size.values()])
+
+
+def test_fit_document_keeps_unknown_keys_and_tolerates_missing_ones() -> None:
+    """A document from a newer writer (an extra key anywhere) round-trips; an older or partial one loads with
+    defaults."""
+    from analysis.schema import FitDocument
+
+    raw = {"multipliers": {"v": {"m": 1.2, "m_ci95": [1.0, 1.5], "new_estimator": {"m": 1.1}}}, "new_top": [1]}
+    doc = FitDocument.from_dict(raw)
+    assert doc.multipliers["v"].m == 1.2 and doc.multipliers["v"].extra == {"new_estimator": {"m": 1.1}}
+    assert doc.extra == {"new_top": [1]} and doc.variants == {} and doc.bootstrap is None
+    out = doc.to_dict()
+    assert out["new_top"] == [1] and out["multipliers"]["v"]["new_estimator"] == {"m": 1.1}
+    assert out["multipliers"]["v"]["paper_M"] is None and "without_flagged" not in out and "paper" not in out
+    assert FitDocument.from_dict(out).to_dict() == out
+
+
+def test_the_fit_document_is_what_run_fit_writes(report: tuple[Path, int, list[str]]) -> None:
+    from analysis.schema import FitDocument
+
+    out = report[0]
+    raw = json.loads((out / "fit.json").read_text())
+    doc = FitDocument.from_json(out / "fit.json")
+    assert doc.to_dict() == raw
+    assert doc.block_size_sweep.size == raw["block_size_sweep"]["size"] and doc.block_size_sweep.full.val_loss > 0
+    assert doc.arch_grid is None and doc.files == raw["files"]

@@ -149,15 +149,15 @@ def test_two_lr_protocols_give_both_multipliers_and_their_ratio(tmp_path: Path) 
     df.loc[df.index[own][0], "health"] = "spike@120"  # one flagged own-lr run: the fit without it is a refit
     df.attrs["source"] = "synthetic"
     doc = run_fit(df, tmp_path, B=400, make_figures=True)
-    assert set(doc["multipliers"]) == {"block_attnres", "block_attnres" + OWN_LR}
-    assert set(doc["without_flagged"]) == set(doc["multipliers"])  # the refit does not rename the arms again
-    p = doc["protocols"]["block_attnres"]
-    assert p["shared_lr"]["m"] == pytest.approx(1.15, rel=0.05) and p["own_lr"]["m"] == pytest.approx(1.30, rel=0.05)
-    lo, hi = p["ratio_ci95"]
-    assert lo < p["ratio_own_over_shared"] < hi and lo < 1.30 / 1.15 < hi and lo > 1.0
+    assert set(doc.multipliers) == {"block_attnres", "block_attnres" + OWN_LR}
+    assert set(doc.without_flagged) == set(doc.multipliers)  # the refit does not rename the arms again
+    p = doc.protocols["block_attnres"]
+    assert p.shared_lr["m"] == pytest.approx(1.15, rel=0.05) and p.own_lr["m"] == pytest.approx(1.30, rel=0.05)
+    lo, hi = p.ratio_ci95
+    assert lo < p.ratio_own_over_shared < hi and lo < 1.30 / 1.15 < hi and lo > 1.0
     summary = (tmp_path / "summary.md").read_text()
     assert "## Learning-rate protocols" in summary and "own / shared" in summary
-    assert json.loads((tmp_path / "fit.json").read_text())["protocols"]["block_attnres"]["ratio_ci95"] == pytest.approx(p["ratio_ci95"])
+    assert json.loads((tmp_path / "fit.json").read_text())["protocols"]["block_attnres"]["ratio_ci95"] == pytest.approx(p.ratio_ci95)
     assert (tmp_path / "fig4_scaling.png").is_file()
 
 

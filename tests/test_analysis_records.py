@@ -129,19 +129,128 @@ def test_analysis_never_imports_the_training_stack() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
-def test_schema_columns_match_the_writer_and_the_schema_doc():
-    """One column list (analysis.ledger) for writer and reader, and it is the table of docs/results_schema.md §1."""
+def _documented_columns() -> list[tuple[str, str]]:
+    """(column, documented type) of each row of the table in docs/results_schema.md §1."""
     import re
 
-    from analysis.records import SCHEMA_COLUMNS
-    from experiments.records import COLUMNS
-
-    assert SCHEMA_COLUMNS == COLUMNS
     doc = (REPO / "docs" / "results_schema.md").read_text()
     section = doc.split("## 1.", 1)[1].split("## 2.", 1)[0]
-    documented = [c for line in section.splitlines() if line.startswith("| `")
-                  for c in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])]
-    assert documented == list(COLUMNS)
+    table = section.split("| column | type | meaning |", 1)[1].split("\n\n", 1)[0]
+    return [(c, line.split("|")[2].split()[0]) for line in table.splitlines() if line.startswith("| `")
+            for c in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])]
+
+
+def test_the_record_schema_is_the_documented_table():
+    """One definition (analysis.schema.RunRecord): its fields, in order and with their types, are the table of
+    docs/results_schema.md §1, and the writer's columns are its fields."""
+    from analysis import schema
+    from experiments import records
+
+    assert [c for c, _ in _documented_columns()] == list(schema.COLUMNS)
+    assert {c: t for c, t in _documented_columns()} == {c: schema.COLUMN_TYPES[c].__name__ for c in schema.COLUMNS}
+    assert records.COLUMNS is schema.COLUMNS and records.STATUSES is schema.STATUSES
+    assert set(schema.NUMERIC_COLUMNS) | set(schema.STR_COLUMNS) == set(schema.COLUMNS)
+    assert schema.COLUMNS[-1] == "study_kind"  # new fields are appended, never inserted
+    assert set(schema.REQUIRED + schema.REQUIRED_IF_COMPLETED) <= set(schema.COLUMNS)
+
+
+def test_the_writer_builds_records_through_the_schema():
+    from analysis.schema import COLUMNS
+    from experiments.records import make_record
+
+    rec = make_record(run_id="r", status="completed", study="s", study_kind="ablations", seed=3)
+    assert list(rec) == list(COLUMNS) and rec["study_kind"] == "ablations" and rec["val_loss"] is None
+    with pytest.raises(KeyError, match="not result-record columns: \\['colour'\\]"):
+        make_record(run_id="r", colour="red")
+    with pytest.raises(ValueError, match="status='done'; allowed values: completed, failed"):
+        make_record(run_id="r", status="done")
+    with pytest.raises(ValueError, match="study_kind='ladder'; allowed values: scaling, lr, block_size"):
+        make_record(run_id="r", status="completed", study_kind="ladder")
+
+
+def test_malformed_names_what_breaks_the_schema():
+    from analysis.schema import malformed
+
+    ok = {"run_id": "r", "status": "completed", "val_loss": "2.5", "pflops_days": "1e-9", "seed": "1"}
+    assert malformed(ok) is None
+    assert malformed({**ok, "study_kind": ""}) is None and malformed({**ok, "study_kind": "lr"}) is None
+    assert malformed({**ok, "run_id": " "}) == "no run_id"
+    assert malformed({**ok, "status": "ok"}).startswith("status='ok' is not one of")
+    assert malformed({**ok, "study_kind": "ladder"}).startswith("study_kind='ladder' is not one of scaling")
+    assert malformed({**ok, "tokens": "12x"}) == "tokens='12x' is not a number"
+    assert malformed({**ok, "seed": "1.5"}) == "seed='1.5' is not an integer"
+    assert malformed({**ok, "val_loss": ""}).startswith("status='completed' but val_loss=''")
+    assert malformed({**ok, "status": "failed", "val_loss": ""}) is None
+
+
+def test_study_kind_of_records_with_and_without_the_field():
+    """The field decides; records written before it existed get the kind their study's name implied."""
+    from analysis.schema import study_kind
+
+    assert study_kind({"study": "ablations", "study_kind": "scaling"}) == "scaling"
+    assert study_kind({"study": "my_grid", "study_kind": "arch_grid"}) == "arch_grid"
+    for name, kind in (("block_size", "block_size"), ("ablations", "ablations"), ("arch_grid", "arch_grid"),
+                       ("cpu_ladder", "scaling"), ("cpu_lr", "scaling"), ("", "scaling")):
+        assert study_kind({"study": name}) == kind and study_kind({"study": name, "study_kind": ""}) == kind
+    assert study_kind({"study": "ablations", "study_kind": float("nan")}) == "ablations"  # an empty DataFrame cell
+
+
+def _kinds_table() -> pd.DataFrame:
+    """A ladder, a block-size sweep and an ablation study, named as the analysis knew them before study_kind."""
+    from analysis.synthetic import ablation_records, block_size_sweep_records
+
+    return pd.concat([synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1)), block_size_sweep_records(),
+                      ablation_records()], ignore_index=True)
+
+
+def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
+    """Renamed studies that carry study_kind give the same analysis as the legacy names (which fall back to the
+    name rule); a renamed study without it would have been fitted as a second scaling ladder."""
+    from analysis.pipeline import run_fit
+
+    legacy = _kinds_table()
+    renamed = legacy.copy()
+    renamed["study_kind"] = renamed["study"].map({"cpu_ladder": "scaling", "block_size": "block_size",
+                                                  "ablations": "ablations"})
+    renamed["study"] = renamed["study"].map({"cpu_ladder": "ladder_v2", "block_size": "fig6_cpu",
+                                             "ablations": "table4_cpu"})
+    docs = []
+    for name, df in (("legacy", legacy), ("renamed", renamed)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AnalysisWarning)
+            docs.append(run_fit(df, tmp_path / name, B=50, make_figures=False))
+    a, b = docs
+    assert b.study == "ladder_v2" and a.study == "cpu_ladder"
+    assert b.multipliers["full_attnres"].m == a.multipliers["full_attnres"].m
+    assert b.n_runs == a.n_runs == 20  # the ladder alone: no ablation or block-size run is fitted as a rung
+    assert [p.block_size for p in b.block_size_sweep.points] == [1, 2, 4, 8]
+    assert b.block_size_sweep.to_dict() == a.block_size_sweep.to_dict()
+    assert b.ablations == a.ablations and len(b.ablations) == 12
+    unlabelled = renamed.drop(columns=["study_kind"])  # what the name rule alone makes of the renamed studies
+    with pytest.raises(ValueError, match=r"several scaling studies \(fig6_cpu, ladder_v2, table4_cpu\)"):
+        run_fit(unlabelled, tmp_path / "unlabelled", B=50, make_figures=False)
+
+
+def test_an_lr_study_is_not_a_scaling_ladder() -> None:
+    from analysis.records import runs_of_kind, study_kinds
+
+    ladder = synthetic_ladder(seeds=(0,))
+    grid = synthetic_ladder(seeds=(10,), study="cpu_lr").assign(study_kind="lr")
+    both = pd.concat([ladder, grid], ignore_index=True)
+    assert set(scaling_runs(both)["study"]) == {"cpu_ladder"}
+    assert list(study_kinds(both).unique()) == ["scaling", "lr"]
+    assert set(runs_of_kind(both, "lr")["run_id"]) == set(grid["run_id"])
+
+
+def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
+    from analysis.report import ablation_table
+    from analysis.synthetic import ablation_records
+
+    big = ablation_records(seeds=(0, 1))
+    small = ablation_records(seeds=(5,)).assign(study="ablations_old", study_kind="ablations")
+    with pytest.warns(AnalysisWarning, match=r"several ablations studies \(ablations, ablations_old\); using 'ablations'"):
+        table = ablation_table(pd.concat([small, big], ignore_index=True))
+    assert table == ablation_table(big) and table[0]["n_runs"] == 2
 
 
 # ---- issue 15, items 1, 3, 4 -----------------------------------------------------------------------------------
@@ -237,3 +346,19 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
     a, _ = select_completed(df)
     b, _ = select_completed(df.sample(frac=1.0, random_state=3))
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
+    """Not the variant's name: a sweep of another Block variant is found; two swept Block variants are one too many."""
+    from analysis.report import block_size_sweep
+    from analysis.synthetic import block_size_sweep_records
+
+    df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")
+    renamed = df.assign(variant=df["variant"].replace({"block_attnres": "block_multihead"}))
+    assert block_size_sweep(renamed) == block_size_sweep(df) and len(block_size_sweep(df)["points"]) == 4
+    other = df[df["variant"] == "block_attnres"].assign(variant="block_no_key_norm", val_loss=9.0)
+    other = other[other["block_size"] <= 2]
+    with pytest.warns(AnalysisWarning, match=r"sweeps several variants \(block_attnres, block_no_key_norm\); "
+                                             r"using 'block_attnres'"):
+        assert block_size_sweep(pd.concat([df, other], ignore_index=True)) == block_size_sweep(df)
+

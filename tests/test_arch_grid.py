@@ -282,8 +282,8 @@ def test_arch_grid_table_pivots_records(tmp_path):
     # `python -m analysis fit` on an arch_grid-only table: no scaling fit, the grid table and figure instead
     with pytest.warns(Warning):
         doc = run_fit(df, tmp_path / "report", B=10)
-    assert doc["arch_grid"]["best"]["baseline"]["d_over_lb"] == 4.0 and not doc["multipliers"]
-    assert {"fig7_arch_grid.png", "fig7_arch_grid.pdf", "fig7_arch_grid.md"} <= set(doc["files"])
+    assert doc.arch_grid.best["baseline"].d_over_lb == 4.0 and not doc.multipliers
+    assert {"fig7_arch_grid.png", "fig7_arch_grid.pdf", "fig7_arch_grid.md"} <= set(doc.files)
     assert (tmp_path / "report" / "fig7_arch_grid.png").stat().st_size > 10_000
     assert "## Architecture grid (Fig. 7)" in (tmp_path / "report" / "summary.md").read_text()
 

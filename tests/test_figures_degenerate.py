@@ -10,6 +10,7 @@ import pytest
 
 from analysis import figures
 from analysis.report import analyse_scaling
+from analysis.schema import FitDocument
 from analysis.synthetic import synthetic_ladder
 
 
@@ -38,7 +39,7 @@ def test_fig4_axes_stay_near_the_data_on_a_one_seed_study(tmp_path, monkeypatch,
         return []
 
     monkeypatch.setattr(figures, "save", keep)
-    figures.scaling_figure(frame, doc, tmp_path / "fig4")
+    figures.scaling_figure(frame, FitDocument.from_dict(doc), tmp_path / "fig4")
     main, panel = seen["axes"][:2]
     c_max = float(df["pflops_days"].max())
     assert main.get_xlim()[1] <= c_max * figures.MAX_ARROW * 1.3 * 1.01  # never 30x past the largest point

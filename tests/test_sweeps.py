@@ -109,6 +109,71 @@ def test_every_sweep_config_composes():
             assert (REPO / "conf" / "size" / f"{size}.yaml").is_file(), (path.name, size)
 
 
+SWEEP_KINDS = {"cpu_ladder": "scaling", "paper_ladder": "scaling", "quick": "scaling", "cpu_lr": "lr", "paper_lr": "lr",
+               "block_size": "block_size", "cpu_block_size": "block_size", "ablations": "ablations",
+               "cpu_ablations": "ablations", "arch_grid": "arch_grid", "cpu_arch_grid": "arch_grid"}
+
+
+def test_every_sweep_config_sets_its_study_kind():
+    """study_kind comes from the sweep config (the analysis fits by it, not by the study's name); a plain run is a
+    scaling run, and the kind stays out of the run's identity."""
+    from analysis.schema import STUDY_KINDS
+    from experiments.identity import HASH_EXCLUDE
+    from sweeps.study import sweep_config
+
+    assert {p.stem for p in (REPO / "conf" / "sweep").glob("*.yaml")} == set(SWEEP_KINDS)
+    for sweep, kind in SWEEP_KINDS.items():
+        assert sweep_config(sweep).study_kind == kind in STUDY_KINDS, sweep
+    assert "study_kind" in HASH_EXCLUDE
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        assert compose("train").study_kind == "scaling"
+
+
+def test_sweep_config_is_composed_with_the_commands_overrides():
+    """The study a command writes to is the composed config's: a user's `study=` override moves it; swept values
+    (model=a,b) select runs and are not composed."""
+    from sweeps import study
+
+    cfg = study.sweep_config("cpu_ladder", ["study=mine", "model=baseline,full_attnres", "seed=3,4"])
+    assert cfg.study == "mine" and cfg.study_kind == "scaling" and cfg.model.variant == "baseline"
+    assert study._sweep_key("cpu_ladder", "study", ["study=mine"]) == "mine"
+    assert study._sweep_key("cpu_ladder", "seed", ["seed=3,4"]) == "3,4"
+    assert study._sweep_key("cpu_lr", "size.lr") == "2.0e-3,2.83e-3,4.0e-3,5.66e-3,8.0e-3,1.13e-2,1.6e-2,2.26e-2"
+
+
+@pytest.mark.parametrize("name, analysis", [("lr", "lr"), ("arch", "fit"), ("quick", "fit")])
+def test_study_command_chooses_the_analysis_by_study_kind(tmp_path, monkeypatch, name, analysis):
+    from sweeps import study
+
+    calls = []
+
+    def sweep(cmd, log):  # the sweep "ran": its study's table exists
+        table = tmp_path / "r" / study._sweep_key(study.STUDIES[name].sweep, "study") / "results.csv"
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text("run_id\n")
+        return 0
+
+    monkeypatch.setattr(study, "run_streaming", sweep)
+    monkeypatch.setattr(study.subprocess, "call", lambda cmd: calls.append(cmd) or 1)
+    assert study.main([name, "--jobs", "1", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p")]) == 1
+    (cmd,) = calls
+    assert cmd[1:4] == ["-m", "analysis", analysis]
+
+
+def test_study_command_stops_at_a_bad_override_before_any_run(tmp_path, monkeypatch, capsys):
+    from sweeps import study
+
+    monkeypatch.setattr(study, "run_streaming", lambda cmd, log: pytest.fail("the sweep must not start"))
+    assert study.main(["quick", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p"),
+                       "nosuchgroup=x"]) == 2
+    assert "Could not override 'nosuchgroup'" in capsys.readouterr().err
+    assert study.main(["quick", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p"),
+                       "study_kind=ladder"]) == 2
+    assert "study_kind='ladder'; allowed values: scaling, lr" in capsys.readouterr().err
+
+
 def test_sweep_summary_counts_and_exit_status(tmp_path):
     from sweeps.callbacks import JOB_FILE, collect, summarize
 

@@ -200,3 +200,23 @@ def test_a_legacy_table_is_imported_and_kept(tmp_path):
     assert len(list((study / "records").glob("*.json"))) == 4
     records.rebuild_table(study)  # idempotent: importing again writes no second copy
     assert len(list((study / "records").glob("*.json"))) == 4
+
+
+def test_records_without_the_newer_fields_still_load(tmp_path):
+    """A table from before record_id and study_kind existed: its rows are read, imported and tabled under the
+    current header, the missing fields empty; the analysis reads the same runs and falls back to the name rule."""
+    from analysis.records import load_results, study_kinds
+
+    study = tmp_path / "study"
+    _legacy_table(study / "results.csv", [_done(run_id="a", config_hash="ha", study="ablations"),
+                                          _done(run_id="b", config_hash="hb", study="cpu_ladder")])
+    records.rebuild_table(study)
+    with open(study / "results.csv", newline="") as f:
+        header, *body = list(csv.reader(f))
+    assert header == list(records.COLUMNS) and len(body) == 2
+    assert [r.get("study_kind") for r in records.read_records(study)] == [None, None]
+    df = load_results(study)
+    assert list(df["run_id"]) == ["a", "b"] and list(study_kinds(df)) == ["ablations", "scaling"]
+    records.add_record(study, _done(run_id="c", config_hash="hc", study="renamed", study_kind="ablations"))
+    assert list(study_kinds(load_results(study))) == ["ablations", "scaling", "ablations"]
+

@@ -1,0 +1,449 @@
+"""The result contract between training and analysis (docs/results_schema.md): the run record, the study kinds and
+the fit document (fit.json).
+
+Pure standard library (no pandas, no numpy, no torch), so the writer (experiments.records), the readers
+(analysis.ledger, analysis.records) and the sweep tooling (sweeps.study) all import the one definition.
+
+* :class:`RunRecord` — one row of a study's ledger: its fields are the ledger's columns, in order, with their types.
+  :func:`malformed` says when a stored record breaks the schema.
+* :data:`STUDY_KINDS` and :func:`study_kind` — what kind of study a record belongs to (a scaling ladder, an LR
+  grid, a block-size sweep, ablations, an architecture grid); the analysis chooses what to fit by it.
+* :class:`FitDocument` — ``fit.json``: typed top-level fields and typed parts wherever a reader
+  (figures, CLI, sweeps.study) looks inside; open-ended parts stay dicts. Keys a part does not know are kept in
+  its ``extra`` and written back, so a document from a newer writer loads and round-trips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping, TypeVar
+
+# ---------------------------------------------------------------------------------------------------------
+# Study kinds
+
+STUDY_KINDS = ("scaling", "lr", "block_size", "ablations", "arch_grid")
+# Records written before `study_kind` existed: their kind follows from the study's name, as the analysis decided it
+# then (these three names were the only non-ladder studies; every other study was a scaling ladder).
+LEGACY_KIND_OF_STUDY = {"block_size": "block_size", "ablations": "ablations", "arch_grid": "arch_grid"}
+
+
+def study_kind(record: Mapping[str, Any]) -> str:
+    """The record's study kind: its ``study_kind`` field, or for a record without one (written before the field
+    existed) the kind its study's name implies (LEGACY_KIND_OF_STUDY, else ``scaling``)."""
+    kind = record.get("study_kind")
+    if isinstance(kind, str) and kind:
+        return kind
+    return LEGACY_KIND_OF_STUDY.get(str(record.get("study") or ""), "scaling")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The run record
+
+STATUSES = ("completed", "failed", "diverged", "interrupted")
+
+
+@dataclass
+class RunRecord:
+    """One record of a study's ledger (docs/results_schema.md §1 has each field's meaning).
+
+    Every field may be empty (None) in a stored record except ``run_id`` and ``status`` (:data:`REQUIRED`); a
+    ``completed`` record also needs a positive ``val_loss`` and ``pflops_days`` (:data:`REQUIRED_IF_COMPLETED`).
+    Fields are only ever appended, so older records (and table rows) lack the newer ones and still load.
+    """
+
+    run_id: str | None = None
+    study: str | None = None
+    variant: str | None = None
+    residual: str | None = None
+    size: str | None = None
+    seed: int | None = None
+    status: str | None = None
+    n_layers: int | None = None
+    d_model: int | None = None
+    n_heads: int | None = None
+    d_ff: int | None = None
+    block_size: int | None = None
+    n_blocks: int | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    params: int | None = None
+    params_non_embedding: int | None = None
+    tokens: int | None = None
+    flops_per_token: float | None = None
+    flops: float | None = None
+    pflops_days: float | None = None
+    flops_6nd: float | None = None
+    pflops_days_6nd: float | None = None
+    val_loss: float | None = None
+    train_loss: float | None = None
+    steps: int | None = None
+    lr: float | None = None
+    wall_time_s: float | None = None
+    git_commit: str | None = None
+    config_hash: str | None = None
+    run_dir: str | None = None
+    error: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    flops_budget: float | None = None
+    d_over_lb: float | None = None
+    heads_over_lb: float | None = None
+    lr_protocol: str | None = None
+    health: str | None = None
+    dataset: str | None = None
+    data_fingerprint: str | None = None
+    threads: int | None = None
+    record_id: str | None = None
+    study_kind: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r}; allowed values: {', '.join(STATUSES)}")
+        if self.study_kind and self.study_kind not in STUDY_KINDS:
+            raise ValueError(f"study_kind={self.study_kind!r}; allowed values: {', '.join(STUDY_KINDS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a dict with exactly COLUMNS, in order."""
+        return {c: getattr(self, c) for c in COLUMNS}
+
+
+def _base_type(hint: Any) -> type:
+    """``int`` for ``int | None`` (the one non-None member of a field's type)."""
+    (t,) = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return t
+
+
+COLUMN_TYPES: dict[str, type] = {f: _base_type(t) for f, t in typing.get_type_hints(RunRecord).items()}
+COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunRecord))
+# Cells that must parse as numbers when they are not empty (a torn or garbled number makes the record malformed).
+NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if COLUMN_TYPES[c] in (int, float))
+STR_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if COLUMN_TYPES[c] is str)
+REQUIRED = ("run_id", "status")
+REQUIRED_IF_COMPLETED = ("val_loss", "pflops_days")
+
+
+def _number(value: Any) -> float | None:
+    """The value as a float, None when empty; raises ValueError when it is not a number."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(repr(value))
+    v = float(value)
+    return None if math.isnan(v) else v  # NaN: how a DataFrame holds an empty cell
+
+
+def malformed(record: Mapping[str, Any]) -> str | None:
+    """Why a stored record breaks the schema (None when it does not): no run_id, an unknown status or study_kind, a
+    cell that should be a number and is not, a seed that is not an integer, or a ``completed`` record without a
+    positive val_loss and compute (the schema leaves those empty only for runs that did not complete)."""
+    if not str(record.get("run_id") or "").strip():
+        return "no run_id"
+    status = record.get("status")
+    if status not in STATUSES:
+        return f"status={status!r} is not one of {', '.join(STATUSES)}"
+    kind = record.get("study_kind")
+    if isinstance(kind, str) and kind and kind not in STUDY_KINDS:
+        return f"study_kind={kind!r} is not one of {', '.join(STUDY_KINDS)}"
+    for col in NUMERIC_COLUMNS:
+        try:
+            v = _number(record.get(col))
+        except (TypeError, ValueError):
+            return f"{col}={record.get(col)!r} is not a number"
+        if col == "seed" and v is not None and v != int(v):
+            return f"seed={record.get(col)!r} is not an integer"
+    if status == "completed":
+        for col in REQUIRED_IF_COMPLETED:
+            if col in record:  # a table without the column is another error (analysis.records.require_columns)
+                v = _number(record.get(col))
+                if v is None or not math.isfinite(v) or v <= 0:
+                    return f"status='completed' but {col}={record.get(col)!r} (must be a positive number)"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The fit document: typed parts, loaded from and written to plain JSON-ready dicts
+
+_P = TypeVar("_P", bound="_Part")
+
+
+def _load(hint: Any, value: Any) -> Any:
+    """A JSON value as the type ``hint`` names: parts from dicts, dicts and lists of parts element-wise."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _load(inner[0], value) if len(inner) == 1 else value
+    if isinstance(hint, type) and issubclass(hint, _Part):
+        return hint.from_dict(value) if isinstance(value, Mapping) else value
+    if origin is dict and len(args) == 2 and isinstance(value, Mapping):
+        return {k: _load(args[1], v) for k, v in value.items()}
+    if origin is list and args and isinstance(value, list):
+        return [_load(args[0], v) for v in value]
+    return value
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, _Part):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    return value
+
+
+@dataclass
+class _Part:
+    """A part of the fit document. ``from_dict`` tolerates missing keys (they take the field's default) and keeps
+    unknown ones in ``extra``; ``to_dict`` writes the fields in order, then ``extra``. A field with metadata
+    ``omit_if_none`` is left out of ``to_dict`` while it is None."""
+
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
+
+    @classmethod
+    def from_dict(cls: type[_P], data: Mapping[str, Any]) -> _P:
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+        known = {n: _load(hints[n], data[n]) for n in names if n in data}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (value is None and f.metadata.get("omit_if_none")):
+                continue
+            out[f.name] = _dump(value)
+        return out | _dump(self.extra)
+
+
+Interval = list  # [lo, hi]: a 95% interval, either end None when undefined
+
+
+@dataclass
+class BootstrapInfo(_Part):
+    """How the intervals were resampled (analysis.bootstrap.ResamplePlan and the interval's level)."""
+
+    mode: str | None = None  # "paired_cluster" or "parametric"
+    B: int | None = None
+    seed: int | None = None
+    sigma: float | None = None
+    rho: float | None = None
+    sigma_source: str | None = None
+    seeds_per_size: dict[str, int] = field(default_factory=dict)
+    scale: float | None = None
+    ci_level: float | None = None
+    interval: str | None = None
+
+
+@dataclass
+class VariantLaw(_Part):
+    """One arm's paper-form law L = A C^-alpha (C in PFLOP/s-days) with bootstrap intervals."""
+
+    A: float | None = None
+    A_ci95: Interval | None = None
+    alpha: float | None = None
+    alpha_ci95: Interval | None = None
+    E: float | None = None
+    law: str | None = None
+    sizes: list[str] = field(default_factory=list)
+    n_runs: int | None = None
+    C_min: float | None = None
+    C_max: float | None = None
+    rmse_log: float | None = None
+
+
+@dataclass
+class MultiplierCurve(_Part):
+    """The paper-form multiplier M(C) on a grid of compute C, with its pointwise 95% band."""
+
+    C: list[float] = field(default_factory=list)
+    M: list[float] = field(default_factory=list)
+    ci95_lo: list[float | None] = field(default_factory=list)
+    ci95_hi: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class JointLaw(_Part):
+    """The joint fit L = E + A_arm C^-alpha of baseline and variant (E and alpha shared; E = 0 for power_law)."""
+
+    form: str | None = None  # "saturating" or "power_law"
+    E: float | None = None
+    A_base: float | None = None
+    A_variant: float | None = None
+    alpha: float | None = None
+    m: float | None = None
+    objective: float | None = None
+    C_ref: float | None = None
+    fallback: str | None = None
+    saturating_attempt: dict[str, Any] | None = None
+    alpha_ci95: Interval | None = None
+    E_ci95: Interval | None = None
+    huber_delta: float | None = None
+
+
+@dataclass
+class Exponents(_Part):
+    """The arms' own exponents under the joint fit's E, and whether they differ significantly."""
+
+    E_used: float | None = None
+    alpha_base: float | None = None
+    alpha_variant: float | None = None
+    diff: float | None = None
+    diff_ci95: Interval | None = None
+    significant: bool | None = None
+
+
+@dataclass
+class SizeMultiplier(_Part):
+    """m_s at one size: the baseline curve inverted at the variant's loss there."""
+
+    m: float | None = None
+    m_ci95: Interval | None = None
+    C: float | None = None
+    L_variant: float | None = None
+    n_runs: int | None = None
+
+
+@dataclass
+class Multiplier(_Part):
+    """A variant's compute multiplier vs the baseline, by every estimator (docs/analysis.md)."""
+
+    baseline: str | None = None
+    paper_M: float | None = None
+    paper_M_ci95: Interval | None = None
+    paper_M_at_C: float | None = None
+    paper_M_curve: MultiplierCurve | None = None
+    m: float | None = None
+    m_ci95: Interval | None = None
+    p_m_le_1: float | None = None
+    joint: JointLaw | None = None
+    exponents: Exponents | None = None
+    headline: str | None = None  # "m" (one multiplier), or "curve" (the exponents differ: read M(C))
+    per_size: dict[str, SizeMultiplier] = field(default_factory=dict)
+    per_size_geomean: float | None = None
+    per_size_geomean_ci95: Interval | None = None
+    paired: dict[str, Any] | None = None  # the same-seed paired multiplier: m, m_ci95, per_size, heterogeneity
+    bootstrap_failed: int | None = None
+
+
+@dataclass
+class ProtocolComparison(_Part):
+    """A variant's multiplier at the baseline's lr and at its own tuned lr, and their ratio."""
+
+    shared_lr: dict[str, Any] = field(default_factory=dict)
+    own_lr: dict[str, Any] = field(default_factory=dict)
+    ratio_own_over_shared: float | None = None
+    ratio_ci95: Interval | None = None
+
+
+@dataclass
+class OutlierReport(_Part):
+    """The outlier rule's verdict (analysis.health): flagged runs, disagreeing cells, the rule's constants."""
+
+    mode: str | None = None  # "keep" or "exclude"
+    flagged: list[dict[str, Any]] = field(default_factory=list)
+    cells_disagreeing: list[dict[str, Any]] = field(default_factory=list)
+    rule: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LossReference(_Part):
+    """Mean final val loss of a group of runs (a sweep point, a reference arm)."""
+
+    val_loss: float | None = None
+    val_loss_sd: float | None = None
+    n_runs: int | None = None
+    size: str | None = field(default=None, metadata={"omit_if_none": True})
+
+
+@dataclass
+class BlockSizePoint(_Part):
+    block_size: int | None = None
+    val_loss: float | None = None
+    val_loss_sd: float | None = None
+    n_runs: int | None = None
+
+
+@dataclass
+class BlockSizeSweep(_Part):
+    """Fig. 6: Block AttnRes loss per block size S at one model size, with the baseline and Full as references."""
+
+    size: str | None = None
+    points: list[BlockSizePoint] = field(default_factory=list)
+    baseline: LossReference | None = None
+    full: LossReference | None = None
+
+
+@dataclass
+class ArchBest(_Part):
+    val_loss: float | None = None
+    d_over_lb: float | None = None
+    heads_over_lb: float | None = None
+
+
+@dataclass
+class ArchGrid(_Part):
+    """Fig. 7: final val loss per variant on the (H/L_b rows, largest first; d/L_b columns) grid at fixed compute."""
+
+    study: str | None = None
+    baseline: str | None = None
+    flops_budget: float | None = None
+    d_over_lb: list[float] = field(default_factory=list)
+    heads_over_lb: list[float] = field(default_factory=list)
+    variants: list[str] = field(default_factory=list)
+    val_loss: dict[str, list[list[float | None]]] = field(default_factory=dict)
+    val_loss_sd: dict[str, list[list[float | None]]] = field(default_factory=dict)
+    n_runs: dict[str, list[list[int]]] = field(default_factory=dict)
+    delta_vs_baseline: dict[str, list[list[float | None]]] | None = None
+    best: dict[str, ArchBest] = field(default_factory=dict)
+    cells: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class FitDocument(_Part):
+    """``fit.json`` of ``python -m analysis fit`` (and ``paper``); docs/analysis.md describes every part.
+
+    Every top-level key is written (null, or an empty list/dict, where a part does not apply: e.g. the scaling
+    parts of a study that holds only an ablation table), except ``without_flagged`` and ``paper``, which are
+    present only when they apply."""
+
+    schema_version: int | None = None
+    created: str | None = None
+    source: str | None = None
+    study: str | None = None
+    baseline: str | None = None
+    compute: str | None = None  # the compute column fitted: pflops_days or pflops_days_6nd
+    compute_units: str | None = None
+    n_runs: int | None = None
+    sizes: list[str] = field(default_factory=list)
+    excluded_runs: list[dict[str, Any]] = field(default_factory=list)
+    bootstrap: BootstrapInfo | None = None
+    variants: dict[str, VariantLaw] = field(default_factory=dict)
+    multipliers: dict[str, Multiplier] = field(default_factory=dict)
+    losses: list[dict[str, Any]] = field(default_factory=list)
+    paired_deltas: list[dict[str, Any]] = field(default_factory=list)
+    outliers: OutlierReport | None = None
+    protocols: dict[str, ProtocolComparison] = field(default_factory=dict)
+    # The multipliers refitted without the runs the outlier rule flagged (or {"error": ...}); only when it flagged any.
+    without_flagged: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    precision: dict[str, Any] | None = None
+    # `python -m analysis paper` only: the refit vs the paper's published laws.
+    paper: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    block_size_sweep: BlockSizeSweep | None = None
+    ablations: list[dict[str, Any]] | None = None
+    arch_grid: ArchGrid | None = None
+    files: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str]) -> FitDocument:
+        """Load a fit.json file (any version: missing keys take their defaults, unknown ones are kept)."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
