@@ -17,6 +17,7 @@ python -m ruff check . || failed+=("ruff check")
 python -m ruff format --check . || failed+=("ruff format --check")
 python -m mypy || failed+=("mypy")
 if [[ ${#failed[@]} -gt 0 ]]; then
-    echo "scripts/check.sh: failed: ${failed[*]}" >&2
+    printf -v names '%s; ' "${failed[@]}"
+    echo "scripts/check.sh: failed: ${names%; }" >&2
     exit 1
 fi
