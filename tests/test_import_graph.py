@@ -1,0 +1,280 @@
+"""The project's import graph: no cycles, and the layering of docs/DEVELOPING.md.
+
+Every ``.py`` under the project packages is parsed with ``ast`` (nothing is imported), and every ``import`` statement
+counts, wherever it stands: at module level, inside a function (a deferred import still ties the two modules
+together), or under ``if TYPE_CHECKING:``. Relative imports are resolved against the importing module. An edge goes
+to the module that defines what is imported: ``from attnres import peers`` is an edge to ``attnres.peers`` when
+that submodule exists, ``from attnres import Transformer`` an edge to the package ``attnres`` (its ``__init__``).
+Names built at run time (``importlib.import_module``, Hydra ``_target_`` strings) are not imports here.
+
+Packages: importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``, but that adds no edge, so a
+package whose ``__init__`` re-exports its own submodules is not a cycle by itself. A submodule that imports its own
+package (or an ancestor package) back *at import time* (a module-level statement) closes a cycle: it reads a
+namespace that is still half built. The same import inside a function runs after the package is complete and
+adds no edge.
+
+Layering (docs/DEVELOPING.md): ``attnres`` is pure torch (nothing from experiments/analysis/sweeps, no Lightning,
+Hydra, OmegaConf or W&B); ``analysis`` runs without the training stack (no torch, Lightning or triton, nothing from
+attnres/experiments/sweeps); ``experiments`` imports nothing from ``sweeps`` (the study drives the trainer).
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import itertools
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("attnres", "experiments", "analysis", "sweeps")
+
+# top-level distribution names each package must not import (any import: module level, deferred, type-only)
+FORBIDDEN_EXTERNAL = {
+    "attnres": {"lightning", "pytorch_lightning", "hydra", "omegaconf", "wandb"},
+    "analysis": {"torch", "lightning", "pytorch_lightning", "triton"},
+}
+FORBIDDEN_INTERNAL = {
+    "attnres": {"experiments", "analysis", "sweeps"},
+    "analysis": {"attnres", "experiments", "sweeps"},
+    "experiments": {"sweeps"},  # sweeps drive experiments, never the other way
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module as a statement names it, resolved to an absolute dotted name."""
+
+    importer: str  # dotted name of the importing module
+    target: str  # the imported module (for ``from m import name``: ``m.name`` if that is a module, else ``m``)
+    path: Path
+    line: int
+    module_level: bool  # executed when the importer is imported (not inside a function)
+
+    def where(self, root: Path) -> str:
+        kind = "module level" if self.module_level else "in a function"
+        return f"{self.path.relative_to(root)}:{self.line} ({kind})"
+
+
+def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py below the given packages (``pkg/__init__.py`` is ``pkg``)."""
+    files = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join(parts)] = path
+    return files
+
+
+def _function_level_nodes(tree: ast.Module) -> set[int]:
+    """ids of the import nodes that stand inside a function or lambda body (run on call, not on import)."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inside.update(id(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return inside
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute module of ``from <level dots><name> import ...`` written in ``module``."""
+    base = module.split(".") if is_package else module.split(".")[:-1]  # the package the module lives in
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def scan_imports(root: Path, packages: tuple[str, ...]) -> list[Import]:
+    """Every import statement in the packages' files, module-level and deferred, relative ones resolved."""
+    files = module_files(root, packages)
+    found = []
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        deferred = _function_level_nodes(tree)
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = _resolve_relative(module, is_package, node.level, node.module)
+                # `from pkg import sub` loads the submodule pkg.sub; `from pkg import name` reads pkg's namespace
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for target in dict.fromkeys(targets):  # one edge per statement and target
+                found.append(Import(module, target, path, node.lineno, id(node) not in deferred))
+    return found
+
+
+def _is_ancestor(package: str, module: str) -> bool:
+    return module.startswith(package + ".")
+
+
+def internal_graph(imports: list[Import], packages: tuple[str, ...]) -> dict[str, dict[str, Import]]:
+    """importer -> {imported project module -> the statement that ties them}, by the module docstring's rule.
+
+    Of several statements with the same target, the edge names the first module-level one (else the first one).
+    """
+    graph: dict[str, dict[str, Import]] = {}
+    for imp in sorted(imports, key=lambda i: (not i.module_level, i.line)):
+        if imp.target.split(".")[0] not in packages or imp.target == imp.importer:
+            continue
+        if _is_ancestor(imp.target, imp.importer) and not imp.module_level:
+            continue  # a deferred import of the own package runs once the package is complete
+        graph.setdefault(imp.importer, {}).setdefault(imp.target, imp)
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, Import]]) -> list[list[str]]:
+    """Cycles of the graph, each as [m0, m1, ..., m0]: graphlib names one cycle; cut its first edge and ask again."""
+    edges = {node: set(targets) for node, targets in sorted(graph.items())}
+    cycles = []
+    while True:
+        sorter = graphlib.TopologicalSorter({node: sorted(targets) for node, targets in edges.items()})
+        try:
+            sorter.prepare()
+        except graphlib.CycleError as err:
+            # graphlib lists the cycle against the edge direction (each node's predecessor follows it)
+            ring = list(reversed(err.args[1]))[:-1]
+            start = ring.index(min(ring))  # report each cycle from its first module by name
+            cycle = ring[start:] + ring[: start + 1]
+            cycles.append(cycle)
+            edges[cycle[0]].discard(cycle[1])
+        else:
+            return cycles
+
+
+def describe_cycle(cycle: list[str], graph: dict[str, dict[str, Import]], root: Path) -> str:
+    hops = [f"  {a} -> {b}   {graph[a][b].where(root)}" for a, b in itertools.pairwise(cycle)]
+    return " <-> ".join(dict.fromkeys(cycle)) + "\n" + "\n".join(hops)
+
+
+def layering_violations(imports: list[Import], root: Path) -> list[str]:
+    bad = []
+    for imp in imports:
+        package, top = imp.importer.split(".")[0], imp.target.split(".")[0]
+        if top in FORBIDDEN_EXTERNAL.get(package, ()) or top in FORBIDDEN_INTERNAL.get(package, ()):
+            bad.append(f"{imp.importer} imports {imp.target}   {imp.where(root)}")
+    return bad
+
+
+# ---- the project's own tree --------------------------------------------------------------------------------
+def test_every_package_is_scanned():
+    imports = scan_imports(ROOT, PACKAGES)
+    importers = {imp.importer.split(".")[0] for imp in imports}
+    assert importers == set(PACKAGES)
+    graph = internal_graph(imports, PACKAGES)
+    # edges the project has by construction: the package re-exports its model, the trainer builds on the model
+    assert "attnres.model" in graph["attnres"]
+    assert any(t.split(".")[0] == "attnres" for t in graph["experiments.train"])
+
+
+def tangles(cycles: list[list[str]]) -> list[set[str]]:
+    """The cycles' modules grouped into sets of mutually dependent modules (cycles that share a module merge)."""
+    groups: list[set[str]] = []
+    for cycle in cycles:
+        merged = set(cycle)
+        for group in [g for g in groups if g & merged]:
+            merged |= group
+            groups.remove(group)
+        groups.append(merged)
+    return groups
+
+
+def test_no_import_cycles():
+    graph = internal_graph(scan_imports(ROOT, PACKAGES), PACKAGES)
+    cycles = find_cycles(graph)
+    groups = "\n".join("  {" + ", ".join(sorted(g)) + "}" for g in tangles(cycles))
+    report = "\n".join(describe_cycle(c, graph, ROOT) for c in cycles)
+    assert not cycles, f"{len(cycles)} import cycle(s) among these modules:\n{groups}\n{report}"
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN_EXTERNAL.keys() | FORBIDDEN_INTERNAL.keys()))
+def test_layering(package):
+    imports = [imp for imp in scan_imports(ROOT, PACKAGES) if imp.importer.split(".")[0] == package]
+    assert imports, f"no imports found in {package}/"
+    bad = layering_violations(imports, ROOT)
+    assert not bad, f"{package}/ breaks the layering of docs/DEVELOPING.md:\n" + "\n".join(bad)
+
+
+# ---- the checker on small trees with known answers ---------------------------------------------------------
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return tmp_path
+
+
+def _cycles(root: Path, packages: tuple[str, ...]) -> list[list[str]]:
+    return find_cycles(internal_graph(scan_imports(root, packages), packages))
+
+
+def test_checker_finds_a_deferred_relative_cycle(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "p/__init__.py": "",
+            "p/a.py": "from .b import f\n",
+            "p/b.py": "def f():\n    from . import a\n    return a\n",
+        },
+    )
+    assert _cycles(root, ("p",)) == [["p.a", "p.b", "p.a"]]
+    assert internal_graph(scan_imports(root, ("p",)), ("p",))["p.b"]["p.a"].module_level is False
+
+
+def test_checker_finds_cycles_across_packages_and_reports_every_one(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "p/__init__.py": "",
+            "p/a.py": "import q.x\nfrom p import b\n",
+            "p/b.py": "from ..p.a import thing\n",
+            "q/__init__.py": "",
+            "q/x.py": "from p.a import thing\n",
+        },
+    )
+    cycles = _cycles(root, ("p", "q"))
+    assert sorted(sorted(set(c)) for c in cycles) == [["p.a", "p.b"], ["p.a", "q.x"]]
+    for c in cycles:
+        assert c[0] == c[-1]
+
+
+def test_checker_package_init_rule(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "p/__init__.py": "from .a import A\nfrom .b import B\n",
+            "p/a.py": "class A: ...\n",
+            "p/b.py": "from p.a import A\ndef late():\n    from p import A\n    return A\n",
+        },
+    )
+    assert _cycles(root, ("p",)) == []  # re-exports plus a deferred read of the package: no cycle
+    (root / "p" / "b.py").write_text("from p import A\n", encoding="utf-8")  # the package's namespace at import time
+    assert _cycles(root, ("p",)) == [["p", "p.b", "p"]]
+
+
+def test_checker_layering(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "attnres/__init__.py": "import torch\n",
+            "attnres/m.py": "def f():\n    import lightning\n    from experiments import train\n",
+            "analysis/__init__.py": "import pandas\nimport typing\nif typing.TYPE_CHECKING:\n    import torch\n",
+            "experiments/__init__.py": "",
+            "experiments/train.py": "",
+        },
+    )
+    imports = scan_imports(root, ("attnres", "analysis", "experiments"))
+    bad = layering_violations(imports, root)
+    assert sorted(b.split("   ")[0] for b in bad) == [
+        "analysis imports torch",
+        "attnres.m imports experiments.train",
+        "attnres.m imports lightning",
+    ]
