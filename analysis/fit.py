@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
-
-from ._blas import single_threaded_blas
+from threadpoolctl import threadpool_limits
 
 HUBER_DELTA = 1e-3
 ALPHA_BOUNDS = (1e-3, 3.0)  # exponent search range of the saturating fit; an optimum on an edge means "no fit"
@@ -400,7 +399,8 @@ def _polish(
     bounds: list[tuple[float | None, float | None]],
 ) -> tuple[np.ndarray, float]:
     f0, _ = _joint_objective(theta0, lnc, lnL, isv, w, delta)
-    with single_threaded_blas():
+    # L-BFGS-B calls BLAS on 4x4 problems: a BLAS thread pool only adds hand-off latency (docs/analysis.md).
+    with threadpool_limits(limits=1, user_api="blas"):
         res = minimize(
             _joint_objective,
             theta0,
