@@ -79,8 +79,8 @@ def reference_joint_power_law(C: Any, L: Any, is_variant: Any, weights: Any = No
 
 
 def reference_joint_saturating(C: Any, L: Any, is_variant: Any, weights: Any = None, *, delta: float = HUBER_DELTA,
-                               alpha_bounds: tuple[float, float] = ALPHA_BOUNDS, n_alpha: int = 12,
-                               E_starts: tuple[float, ...] = (0.01, 0.5, 0.95)) -> JointFit:  # fmt: skip
+                               alpha_bounds: tuple[float, float] = ALPHA_BOUNDS, n_alpha: int = 4,
+                               E_starts: tuple[float, ...] = (0.01, 0.5)) -> JointFit:  # fmt: skip
     """Saturating joint fit ``L_arm = E + A_arm C^-alpha`` (E and alpha shared), Huber(delta) on log residuals.
 
     Bounds: 0 <= E <= min(L) (the smallest loss with positive weight), alpha within ``alpha_bounds``. Local
@@ -118,8 +118,8 @@ def reference_joint_saturating(C: Any, L: Any, is_variant: Any, weights: Any = N
     return _joint_result("saturating", E, a_b, a_v, alpha, float(best.cost), C_ref)
 
 
-def reference_joint(C: Any, L: Any, is_variant: Any, weights: Any = None, *, form: str,
-                    delta: float = HUBER_DELTA, alpha_bounds: tuple[float, float] = ALPHA_BOUNDS) -> JointFit:  # fmt: skip
+def reference_joint(C: Any, L: Any, is_variant: Any, weights: Any = None, *, form: str, delta: float = HUBER_DELTA,
+                    alpha_bounds: tuple[float, float] = ALPHA_BOUNDS) -> JointFit:  # fmt: skip
     """The reference joint fit of one ``form`` ("saturating" or "power_law"; no fallback between them)."""
     if form == "saturating":
         return reference_joint_saturating(C, L, is_variant, weights, delta=delta, alpha_bounds=alpha_bounds)
