@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
-
-from ._blas import single_threaded_blas
+from threadpoolctl import threadpool_limits
 
 HUBER_DELTA = 1e-3
 ALPHA_BOUNDS = (1e-3, 3.0)  # exponent search range of the saturating fit; an optimum on an edge means "no fit"
@@ -400,7 +399,8 @@ def _polish(
     bounds: list[tuple[float | None, float | None]],
 ) -> tuple[np.ndarray, float]:
     f0, _ = _joint_objective(theta0, lnc, lnL, isv, w, delta)
-    with single_threaded_blas():
+    # L-BFGS-B calls BLAS on 4x4 problems: a BLAS thread pool only adds hand-off latency (docs/analysis.md).
+    with threadpool_limits(limits=1, user_api="blas"):
         res = minimize(
             _joint_objective,
             theta0,
@@ -500,12 +500,12 @@ def fit_joint_batch(
     "power_law"): the replicates reuse the model form chosen on the full data.  The saturating branch stops
     at the zoomed alpha grid (no per-replicate L-BFGS-B polish; the zoomed grid
     resolves alpha to ~1%, and m much better since A_b, A_v are profiled at each alpha).
-    Returns E, alpha and m, each of the batch shape."""
+    Returns E, alpha, m and the Huber objective (``sum W huber(log L - log Lhat)``), each of the batch shape."""
     if form == "power_law":
         p = fit_power_batch(lnc, np.log(L), isv, W, delta)
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             m = np.exp((p["a_b"] - p["a_v"]) / p["alpha"])
-        return {"E": np.zeros_like(p["alpha"]), "alpha": p["alpha"], "m": m}
+        return {"E": np.zeros_like(p["alpha"]), "alpha": p["alpha"], "m": m, "obj": p["obj"]}
     if form != "saturating":
         raise ValueError(f"form={form!r} is unknown; allowed values: saturating, power_law")
     # Coarser than the point estimate's search (32 + 2 x 10 exponents, 8 IRLS steps): on the unresampled data it
@@ -513,4 +513,4 @@ def fit_joint_batch(
     s = search_saturating(lnc, L, isv, W, alpha_bounds, n_coarse=32, n_fine=10, rounds=2, delta=delta, irls_iter=8)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         m = (s["A_b"] / s["A_v"]) ** (1.0 / s["alpha"])
-    return {"E": s["E"], "alpha": s["alpha"], "m": m}
+    return {"E": s["E"], "alpha": s["alpha"], "m": m, "obj": s["obj"]}

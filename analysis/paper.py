@@ -16,7 +16,8 @@ import pandas as pd
 from . import figures
 from .bootstrap import DEFAULT_B
 from .fit import PowerLaw, fit_power_law, multiplier_curve
-from .report import ablation_markdown, analyse_scaling, summary_markdown, write_json
+from .markdown import ablation_markdown, summary_markdown
+from .report import analyse_scaling, write_json
 from .schema import FitDocument
 
 PFLOPS_DAY = 1e15 * 86400

@@ -11,8 +11,8 @@ import pandas as pd
 from . import figures
 from .bootstrap import DEFAULT_B
 from .records import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
-from .report import (SCHEMA_VERSION, ablation_markdown, ablation_table, analyse_scaling, arch_grid_markdown,
-                     arch_grid_table, block_size_sweep, summary_markdown, write_json)
+from .markdown import ablation_markdown, arch_grid_markdown, summary_markdown
+from .report import SCHEMA_VERSION, ablation_table, analyse_scaling, arch_grid_table, block_size_sweep, write_json
 from .schema import FitDocument
 
 

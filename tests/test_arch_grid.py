@@ -263,7 +263,8 @@ def _grid_records(study: str = "arch_grid") -> pd.DataFrame:
 
 def test_arch_grid_table_pivots_records(tmp_path):
     from analysis.pipeline import run_fit
-    from analysis.report import arch_grid_markdown, arch_grid_table
+    from analysis.markdown import arch_grid_markdown
+    from analysis.report import arch_grid_table
 
     df = _grid_records()
     table = arch_grid_table(df)

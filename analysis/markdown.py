@@ -1,0 +1,252 @@
+"""Markdown rendering of the fit document (analysis.report.analyse_scaling, schema: docs/analysis.md).
+
+Pure functions from the document's dicts to text: summary.md, the Table 4 ablations and the Fig. 7 grid. Nothing
+here fits or resamples; every number printed is read from the document.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .report import PAIRED_SD_FLOOR
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
+
+
+def _ci(ci: list[float] | None, digits: int = 3) -> str:
+    if not ci or ci[0] is None or not all(isinstance(c, float) and math.isfinite(c) for c in ci):
+        return "–"
+    return f"[{ci[0]:.{digits}g}, {ci[1]:.{digits}g}]"
+
+
+def _loss_cell(r: dict[str, Any]) -> str:
+    s = f"{r['val_loss']:.4f}"
+    if r.get("val_loss_sd") is not None:
+        s += f" ± {r['val_loss_sd']:.4f}"
+    return s
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") -> str:
+    """The tables a user pastes into a paper: losses per size and variant, fitted laws, multipliers."""
+    lines = [f"# {title}", ""]
+    if doc.get("source"):
+        lines += [f"Source: `{doc['source']}`" + (f", study `{doc['study']}`" if doc.get("study") else "") + ".", ""]
+    variants = list(doc.get("variants", {}))
+    base = doc.get("baseline", "baseline")
+    if doc.get("losses"):
+        lines += ["## Validation loss per size", ""]
+        header = ["size", f"C ({doc.get('compute_units', 'PFLOP/s-days')}, {base})"] + [
+            v if v == base else f"{v} (Δ vs {base})" for v in variants
+        ]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        by = {(r["size"], r["variant"]): r for r in doc["losses"]}
+        for size in doc.get("sizes", []):
+            b = by.get((size, base))
+            cells = [size, _fmt(b["C"], 3) if b else "–"]
+            for v in variants:
+                r = by.get((size, v))
+                if r is None:
+                    cells.append("–")
+                elif v == base or r["delta_vs_baseline"] is None:
+                    cells.append(_loss_cell(r))
+                else:
+                    cells.append(f"{_loss_cell(r)} ({r['delta_vs_baseline']:+.4f})")
+            lines.append("| " + " | ".join(cells) + " |")
+        n_seeds = sorted({r["n_runs"] for r in doc["losses"]})
+        lines += ["", f"Mean ± sd over seeds ({', '.join(map(str, n_seeds))} per cell).", ""]
+    if variants:
+        lines += ["## Fitted laws (paper form, L = A·C^−α, C in PFLOP/s-days)", ""]
+        lines += ["| variant | A [95% CI] | α [95% CI] | sizes | rmse(log L) |", "|---|---|---|---|---|"]
+        for v, f in doc["variants"].items():
+            lines.append(
+                f"| {v} | {f['A']:.4f} {_ci(f['A_ci95'], 4)} | {f['alpha']:.4f} {_ci(f['alpha_ci95'], 3)} | "
+                f"{len(f['sizes'])} | {f['rmse_log']:.2g} |"
+            )
+        lines.append("")
+    if doc.get("multipliers"):
+        lines += [f"## Compute multipliers vs {base}", ""]
+        lines += [
+            "| variant | paper M at C_max [95% CI] | joint-fit m [95% CI] | P(m ≤ 1) | per-size geo-mean m_s [95% CI] | α_v − α_b [95% CI] |",
+            "|---|---|---|---|---|---|",
+        ]
+        for v, mm in doc["multipliers"].items():
+            ex = mm["exponents"]
+            flag = " (differ)" if ex["significant"] else ""
+            lines.append(
+                f"| {v} | {mm['paper_M']:.3f}× {_ci(mm['paper_M_ci95'])} (C = {mm['paper_M_at_C']:.3g}) | "
+                f"{mm['m']:.3f}× {_ci(mm['m_ci95'])} | {_fmt(mm['p_m_le_1'], 3)} | "
+                f"{mm['per_size_geomean']:.3f}× {_ci(mm['per_size_geomean_ci95'])} | "
+                f"{ex['diff']:+.4f} {_ci(ex['diff_ci95'], 2)}{flag} |"
+            )
+        lines.append("")
+        for v, mm in doc["multipliers"].items():
+            j = mm["joint"]
+            form = "L = E + A_arm·C^−α, E and α shared" if j["form"] == "saturating" else "L = A_arm·C^−α, α shared (E = 0)"
+            lines.append(f"- **{v}**: joint fit {form}: E = {_fmt(j['E'])}, α = {j['alpha']:.4f} {_ci(j['alpha_ci95'])}.")
+            if j.get("fallback"):
+                lines.append(f"  Fallback: {j['fallback']}.")
+            if mm["headline"] == "curve":
+                c = mm["paper_M_curve"]
+                pts = ", ".join(
+                    f"M({c['C'][i]:.3g}) = {c['M'][i]:.3f} {_ci([c['ci95_lo'][i], c['ci95_hi'][i]])}" for i in (0, len(c["C"]) // 2, -1)
+                )
+                lines.append(f"  The exponents differ significantly, so the multiplier is a curve, not one number: {pts}.")
+            sizes = ", ".join(f"{s}: {p['m']:.3f}" for s, p in mm["per_size"].items())
+            lines.append(f"  Per-size m_s: {sizes}.")
+        b = doc["bootstrap"]
+        if b["mode"] == "paired_cluster":
+            how = (f"paired, size-stratified cluster bootstrap over seeds (both arms of a size/seed cell together), "
+                   f"deviations scaled by {b['scale']:.3f} = sqrt(mean n/(n−1))")  # fmt: skip
+        else:
+            how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
+        lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
+    pr = doc.get("precision")
+    if pr:
+        sds = [v for v in pr["baseline_seed_sd"].values() if v is not None]
+        lines += ["## Precision", ""]
+        lines += [f"- Baseline seed sd per size: " + ", ".join(f"{k} {_fmt(v, 3)}" for k, v in pr["baseline_seed_sd"].items())
+                  + (f" (largest {max(sds):.4f})" if sds else "") + ".",
+                  f"- Baseline mean loss strictly decreasing with compute: {'yes' if pr['baseline_decreasing'] else '**no**'}.",
+                  f"- Baseline power law rmse(log L): {_fmt(pr['baseline_rmse_log_runs'], 3)} over runs, "
+                  f"{_fmt(pr['baseline_rmse_log_means'], 3)} over size means.",
+                  "- Multiplier 95% half-width / m: " + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in pr["m_half_width_over_m"].items())
+                  + "; paired multiplier: " + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in
+                                                       (pr.get("paired_m_half_width_over_m") or {}).items()) + ".",
+                  ""]  # fmt: skip
+    if doc.get("paired_deltas"):
+        lines += [f"## Paired differences vs {base} (same seed: same initialisation and data order)", ""]
+        lines += ["| size | variant | pairs | mean Δ | sd of Δ | Δ per seed |", "|---|---|---|---|---|---|"]
+        for r in doc["paired_deltas"]:
+            lines.append(f"| {r['size']} | {r['variant']} | {r['n_pairs']} | {r['mean']:+.4f} | {_fmt(r['sd'], 3)} | "
+                         + ", ".join(f"{x:+.4f}" for x in r["diffs"]) + " |")  # fmt: skip
+        lines.append("")
+    paired = {v: m["paired"] for v, m in doc.get("multipliers", {}).items() if (m.get("paired") or {}).get("m")}
+    if paired:
+        lines += ["## Paired multiplier (same-seed differences through the baseline's local slope)", "",
+                  "At each size, ln m_s = −ln(1 + mean Δ / (L_b − E)) / α_b − ln(C_v / C_b): the mean paired difference "
+                  "read through the baseline law at the size's baseline loss. Sizes pooled in ln m, weighted by pairs / max(sd Δ of the size, "
+                  f"pooled over arms, {PAIRED_SD_FLOOR:g})². Same bootstrap replicates as the joint fit. It assumes one constant "
+                  "multiplier, as the joint fit does, and is tight only where an arm's runs stay with their baseline "
+                  "seed-mates. With three seeds its interval can be overconfident (three pairs do not estimate the pair "
+                  "noise): the joint fit is the headline.", "",
+                  "| variant | size | pairs | mean Δ ± sd | m_s [95% CI] | weight |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for v, p in paired.items():
+            for size, r in p["per_size"].items():
+                sd = f" ± {r['delta_sd']:.4f}" if r["delta_sd"] is not None else ""
+                lines.append(f"| {v} | {size} | {r['n_pairs']} | {r['delta']:+.4f}{sd} | {r['m']:.3f}× {_ci(r['m_ci95'])} "
+                             f"| {r['weight']:.2f} |")  # fmt: skip
+            lines.append(f"| **{v}** | **pooled** | | | **{p['m']:.3f}× {_ci(p['m_ci95'])}**, P(m ≤ 1) = "
+                         f"{_fmt(p['p_m_le_1'], 3)} | 1 |")  # fmt: skip
+        lines.append("")
+        for v, p in paired.items():
+            h = p.get("heterogeneity") or {}
+            if h.get("Q") is not None:
+                verdict = "**the sizes disagree: no single multiplier**" if (h["p"] or 1) < 0.05 else "consistent with one multiplier"
+                lines.append(f"- {v}: heterogeneity over sizes Q = {h['Q']:.2f} on {h['dof']} dof, p = {_fmt(h['p'], 3)}, "
+                             f"I² = {_fmt(h['I2'], 2)}, τ(ln m) = {h['tau']:.3f}: {verdict}.")  # fmt: skip
+        lines.append("")
+    if doc.get("protocols"):
+        lines += ["## Learning-rate protocols", "",
+                  "Shared lr: every arm at the baseline's tuned lr (the paper's protocol). Own lr: each arm at its own "
+                  "tuned lr. Both multipliers come from the same bootstrap replicates, so their ratio has its own interval.",
+                  "", "| variant | m, shared lr [95% CI] | m, own lr [95% CI] | own / shared [95% CI] | "
+                  "paired m, shared lr | paired m, own lr |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for v, p in doc["protocols"].items():
+            paired = [f"{q['paired_m']:.3f}× {_ci(q['paired_m_ci95'])}" if q.get("paired_m") else "n/a"
+                      for q in (p["shared_lr"], p["own_lr"])]  # fmt: skip
+            lines.append(f"| {v} | {p['shared_lr']['m']:.3f}× {_ci(p['shared_lr']['m_ci95'])} | "
+                         f"{p['own_lr']['m']:.3f}× {_ci(p['own_lr']['m_ci95'])} | "
+                         f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])} | {paired[0]} | {paired[1]} |")  # fmt: skip
+        lines.append("")
+    o = doc.get("outliers") or {}
+    if o:
+        rule = o["rule"]
+        lines += ["## Outlier rule", ""]
+        lines += [f"A run is flagged when its training loss spikes (the median of {rule['spike_span']} logged values > "
+                  f"{rule['spike_ratio']}× the median of the 10 before them, or an evaluation > {100 * rule['val_rise']:g}% "
+                  f"above the best earlier one, after the first 10% of training), when it plateaus (val loss better by < {100 * rule['plateau_gain']:g}% over the "
+                  f"second half), or when its final loss is > {rule['off_mates_sigmas']:g} pooled seed sds and "
+                  f"> {rule['off_mates_floor']} nats off its cell's median. Cells whose seed sd exceeds "
+                  f"{rule['cell_sd_bound']} nats are listed. Mode: **{o['mode']}** flagged runs.", ""]  # fmt: skip
+        if o.get("flagged"):
+            lines += [f"- `{f['run_id']}` ({f['variant']}/{f['size']}/seed {f['seed']}): val loss {f['val_loss']:.4f}, "
+                      f"flags {f['flags']}" for f in o["flagged"]]  # fmt: skip
+        else:
+            lines.append("- No run is flagged.")
+        for c in o.get("cells_disagreeing", []):
+            lines.append(f"- Seeds disagree: {c['variant']} at {c['size']}, sd {c['sd']:.4f} > {c['bound']} "
+                         f"({', '.join(f'{x:.4f}' for x in c['val_losses'])}).")  # fmt: skip
+        wf = doc.get("without_flagged")
+        if wf:
+            if "error" in wf:
+                lines.append(f"- Without the flagged runs the ladder cannot be fitted: {wf['error']}")
+            else:
+                lines.append("- Without the flagged runs: " + "; ".join(
+                    f"{v} m = {m['m']:.3f}× {_ci(m['m_ci95'])}"
+                    + (f" (paired {m['paired_m']:.3f}× {_ci(m['paired_m_ci95'])})" if m.get("paired_m") else "")
+                    for v, m in wf.items()) + ".")  # fmt: skip
+        lines.append("")
+    if doc.get("excluded_runs"):
+        lines += ["## Excluded runs", ""]
+        lines += [f"- `{e['run_id']}` ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in doc["excluded_runs"]]
+        lines.append("")
+    if doc.get("block_size_sweep"):
+        sw = doc["block_size_sweep"]
+        lines += [f"## Block size sweep (Block AttnRes, size {sw['size']})", "", "| block size S | val loss |", "|---|---|"]
+        lines += [f"| {p['block_size']}{' (Full)' if p['block_size'] == 1 else ''} | {_loss_cell(p)} |" for p in sw["points"]]
+        for key, label in (("full", "Full AttnRes"), ("baseline", "Baseline")):
+            if sw.get(key):
+                lines.append(f"| {label} | {_loss_cell(sw[key])} |")
+        lines.append("")
+    if doc.get("ablations"):
+        lines += ["## Ablations", ""] + ablation_markdown(doc["ablations"]) + [""]
+    if doc.get("arch_grid"):
+        lines += ["## Architecture grid (Fig. 7)", ""] + arch_grid_markdown(doc["arch_grid"]) + [""]
+    return "\n".join(lines)
+
+
+def ablation_markdown(table: list[dict[str, Any]]) -> list[str]:
+    """The Table 4 rows of an ablation table (analysis.report.ablation_table): loss ± sd, Δ vs baseline, runs."""
+    out = ["| variant | val loss | Δ vs baseline | runs |", "|---|---|---|---|"]
+    for r in table:
+        d = "–" if r.get("delta_vs_baseline") is None else f"{r['delta_vs_baseline']:+.4f}"
+        out.append(f"| {r['variant']} | {_loss_cell(r)} | {d} | {r['n_runs']} |")
+    return out
+
+
+def arch_grid_markdown(table: dict[str, Any]) -> list[str]:
+    """The Fig. 7 table: one block of rows per variant (H/L_b, largest first) x d/L_b columns, then Δ vs baseline."""
+    xs, ys = table["d_over_lb"], table["heads_over_lb"]
+    head = ["| variant | H/L_b ↓ · d/L_b → | " + " | ".join(_num(x) for x in xs) + " |", "|---|---|" + "---|" * len(xs)]
+
+    def block(name: str, grid: list[list[float | None]], fmt: str, best: tuple[int, int] | None) -> list[str]:
+        out = []
+        for i, y in enumerate(ys):
+            cells = []
+            for j in range(len(xs)):
+                v = grid[i][j]
+                text = "–" if v is None else format(v, fmt)
+                cells.append(f"**{text}**" if best == (i, j) else text)
+            out.append(f"| {name if i == 0 else ''} | {_num(y)} | " + " | ".join(cells) + " |")
+        return out
+
+    lines = [f"Final validation loss at fixed compute" + (f" C = {table['flops_budget']:.3g} FLOPs" if table.get("flops_budget") else "")
+             + " (mean over seeds; bold: the variant's best cell).", ""] + head  # fmt: skip
+    for v in table["variants"]:
+        b = table["best"].get(v)
+        pos = (ys.index(b["heads_over_lb"]), xs.index(b["d_over_lb"])) if b else None
+        lines += block(v, table["val_loss"][v], ".4f", pos)
+    if table.get("delta_vs_baseline"):
+        lines += ["", f"Δ vs {table['baseline']} (negative: lower loss than the baseline in that cell).", ""] + head
+        for v, grid in table["delta_vs_baseline"].items():
+            lines += block(v, grid, "+.4f", None)
+    return lines
