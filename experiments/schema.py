@@ -1,10 +1,11 @@
 """Structured configs (Hydra ConfigStore) of the ``train`` node and the ``optimizer`` and ``scheduler`` groups.
 
 Each dataclass types its node, so a value of the wrong type (``train.batch_size=abc``) fails when the config is
-composed, with the key named. The YAML files keep every default (conf/train.yaml, conf/optimizer/*.yaml,
-conf/scheduler/*.yaml pull their schema in through their defaults list, ``/schema/<group>/<name>@_here_``); the
-fields here are exactly their keys, so the composed tree, and with it every config_hash, is what the YAML alone
-gives. Range checks live in ``__post_init__`` and run when :func:`experiments.validation.check_config` builds
+composed, with the key named. The YAML files keep every default: conf/optimizer/*.yaml and conf/scheduler/*.yaml
+pull their schema in through their defaults list (``/schema/<group>/<name>@_here_``, before ``_self_``),
+conf/train.yaml pulls ``/schema/train@train`` in after ``_self_`` (so the node keeps its place in the printed
+config); every field here is MISSING (but ``_target_``, ``_partial_``) and the fields are exactly the YAML's
+keys, so the composed tree, and with it every config_hash, is what the YAML alone gives. Range checks live in ``__post_init__`` and run when :func:`experiments.validation.check_config` builds
 the node's object (``OmegaConf.to_object``): a ValueError naming the key and what is allowed.
 
 ``train.tokens`` and ``train.flops_budget`` are typed ``Any``: a size gives an integer or a float (a float type

@@ -351,6 +351,8 @@ def test_schemas_type_exactly_the_yaml_keys():
         else:
             yaml_keys = set(OmegaConf.load(CONF / f"{path}.yaml")) - {"defaults"}
         assert {f.name for f in dataclasses.fields(schema)} == yaml_keys, path
+        # no defaults besides the target: a schema merged after the YAML must not replace its values
+        assert all(f.default == "???" for f in dataclasses.fields(schema) if f.name not in ("_target_", "_partial_"))
     cfg = compose(["experiment=cpu_ladder"])
     for group in ("train", "optimizer", "scheduler"):
         assert dataclasses.is_dataclass(OmegaConf.get_type(cfg[group])), group
