@@ -31,9 +31,8 @@ class ModelConfig:
     block_size: int | None = None  # sublayers per block S; when set it wins over n_blocks
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
-    # every RMSNorm, including AttnRes key norms. Not Kimi's 1e-5: an AttnRes read at init is the mean of its
-    # sources (embedding std 0.02: mean square ~4e-4 / J^2), comparable to 1e-5, which breaks zero-init == baseline
-    # in training and measurably hurt Full AttnRes (docs/results/norm_eps.md)
+    # every RMSNorm, including AttnRes key norms. Small enough that an AttnRes read at init (the mean of its
+    # sources, mean square ~4e-4 / J^2 at embedding std 0.02) keeps zero-init == baseline (docs/results/norm_eps.md)
     norm_eps: float = 1e-8
     init_std: float = 0.02
     # Options of the residual scheme (ablations, peers), as given; ``options`` is their typed, checked form.
