@@ -62,7 +62,7 @@ class ModelConfig:
         self.residual_options = dict(self.residual_options or {})
         if scheme.uses_block_geometry:  # other schemes ignore (and do not check) n_blocks and block_size
             self._check_block_geometry()
-        self.options  # noqa: B018 - parsing the options checks them
+        scheme.Options.parse(self.residual_options, self)  # ValueError naming a bad option
 
     def _check_block_geometry(self) -> None:
         if self.block_size is not None:

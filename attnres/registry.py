@@ -23,10 +23,10 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, ClassVar, Literal, Mapping, TypeVar
+from typing import Any, Callable, ClassVar, Literal, Mapping, TypeVar
 
-T = TypeVar("T")
-O = TypeVar("O", bound="SchemeOptions")
+SchemeT = TypeVar("SchemeT", bound=type)
+OptionsT = TypeVar("OptionsT", bound="SchemeOptions")
 
 # name -> scheme class, in registration order (baseline, full, block, then the peers)
 SCHEMES: dict[str, type] = {}
@@ -37,7 +37,7 @@ def option(default: Any, *, minimum: int | None = None) -> Any:
     return dataclasses.field(default=default, metadata={"minimum": minimum})
 
 
-def key(name: str, value: Any) -> str:
+def option_key(name: str, value: Any) -> str:
     """How messages spell an option and its value: the YAML key, then the ModelConfig spelling."""
     return f"model.residual_options.{name}={value!r} (ModelConfig.residual_options[{name!r}])"
 
@@ -54,7 +54,7 @@ class SchemeOptions:
             _check_value(self.scheme, f.name, getattr(self, f.name), hints[f.name], f.metadata.get("minimum"))
 
     @classmethod
-    def parse(cls: type[O], options: Mapping[str, Any] | None, config: Any = None) -> O:
+    def parse(cls: type[OptionsT], options: Mapping[str, Any] | None, config: Any = None) -> OptionsT:
         """The options from ``model.residual_options`` (defaults for missing keys); with ``config`` (the
         ModelConfig) also the checks that need the model's shape. ValueError naming the key on bad input."""
         options = dict(options or {})
@@ -78,7 +78,7 @@ class SchemeOptions:
 
 
 def _check_value(scheme: str, name: str, value: Any, annotation: Any, minimum: int | None) -> None:
-    where = key(name, value)
+    where = option_key(name, value)
     args = typing.get_args(annotation)
     optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args
     if optional:
@@ -102,10 +102,10 @@ def _check_value(scheme: str, name: str, value: Any, annotation: Any, minimum: i
         raise TypeError(f"option {name}: annotation {annotation!r} is not supported (bool, int, Literal, | None)")
 
 
-def register(name: str):
-    """Class decorator: register a ResidualScheme subclass (with its ``Options``) under ``name``."""
+def register(name: str) -> Callable[[SchemeT], SchemeT]:
+    """Class decorator: register a ResidualScheme subclass (with its own ``Options``) under ``name``."""
 
-    def decorate(cls: type[T]) -> type[T]:
+    def decorate(cls: SchemeT) -> SchemeT:
         if name in SCHEMES:
             raise ValueError(f"residual scheme {name!r} is registered twice ({SCHEMES[name]} and {cls})")
         options = cls.__dict__.get("Options")
@@ -118,11 +118,6 @@ def register(name: str):
         return cls
 
     return decorate
-
-
-def names() -> tuple[str, ...]:
-    """The registered residual names, in registration order."""
-    return tuple(SCHEMES)
 
 
 def get(name: str) -> type:

@@ -35,9 +35,9 @@ import torch.nn as nn
 
 from . import gpu_kernels
 from .config import ModelConfig
-from .registry import SCHEMES, SchemeOptions, get, key, option, register
 from .depth import (attend_batched, key_logits, merge_read, mix_sources, mix_sources_batched, read_dtype, rms_normalize,
                     rmsnorm_unit, track_source)
+from .registry import SCHEMES, SchemeOptions, get, option, option_key, register
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -177,7 +177,7 @@ class AttnResOptions(SchemeOptions):
 
     def check(self, config: ModelConfig) -> None:
         if config.d_model % self.heads:
-            raise ValueError(f"{key('heads', self.heads)} must divide d_model={config.d_model}")
+            raise ValueError(f"{option_key('heads', self.heads)} must divide d_model={config.d_model}")
 
     @property
     def paper_attention(self) -> bool:
