@@ -12,8 +12,8 @@ from .model import KVCache, Transformer
 from .peers import (DenseFormer, DenseFormerOptions, HyperConnections, HyperConnectionsOptions, LAuReL, LAuReLOptions,
                     ManifoldHyperConnections, ManifoldHyperConnectionsOptions)
 from .registry import SchemeOptions
-from .residual import (RESIDUAL_SCHEMES, AttnResOptions, BaselineOptions, BlockAttnRes, BlockAttnResOptions, FullAttnRes,
-                       FullAttnResOptions, PreNormResidual, ResidualScheme, build_residual)
+from .residual import (RESIDUAL_SCHEMES, AttnResOptions, BaselineOptions, BlockAttnRes, BlockAttnResOptions,
+                       FullAttnRes, FullAttnResOptions, PreNormResidual, ResidualScheme, build_residual)
 
 __all__ = [
     "ModelConfig", "Transformer", "KVCache", "depth_attention", "mix_sources", "flops", "FlopCount", "flops_per_token",

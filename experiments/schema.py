@@ -5,8 +5,9 @@ composed, with the key named. The YAML files keep every default: conf/optimizer/
 pull their schema in through their defaults list (``/schema/<group>/<name>@_here_``, before ``_self_``),
 conf/train.yaml pulls ``/schema/train@train`` in after ``_self_`` (so the node keeps its place in the printed
 config); every field here is MISSING (but ``_target_``, ``_partial_``) and the fields are exactly the YAML's
-keys, so the composed tree, and with it every config_hash, is what the YAML alone gives. Range checks live in ``__post_init__`` and run when :func:`experiments.validation.check_config` builds
-the node's object (``OmegaConf.to_object``): a ValueError naming the key and what is allowed.
+keys, so the composed tree, and with it every config_hash, is what the YAML alone gives. Range checks live in
+``__post_init__`` and run when :func:`experiments.validation.check_config` builds the node's object
+(``OmegaConf.to_object``): a ValueError naming the key and what is allowed.
 
 ``train.tokens`` and ``train.flops_budget`` are typed ``Any``: a size gives an integer or a float (a float type
 would turn 540000 into 540000.0 and move the config_hash), and a bad value must fail with the check's message.
