@@ -8,14 +8,15 @@ structured configs (experiments/schema.py: types when composed, ranges when chec
 model by ``attnres.ModelConfig`` (and each residual scheme's options dataclass), the run-level keys, the trainer
 and the data here.
 
-Light on purpose: omegaconf and experiments.sizes at import, torch only where a check needs it (a CUDA device,
-the model config), so ``experiments.train`` runs these before Lightning or torch is imported.
+Light on purpose: omegaconf, Hydra's ConfigStore (experiments.schema) and experiments.sizes at import, torch only
+where a check needs it (a CUDA device, the model config), so ``experiments.train`` runs these before Lightning or
+torch is imported.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,6 +24,9 @@ from . import schema  # noqa: F401 - registers the structured configs before any
 from .schema import number as _number
 from .schema import positive_int as _positive_int
 from .sizes import steps_for, steps_for_budget
+
+if TYPE_CHECKING:
+    from attnres import ModelConfig
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
@@ -112,7 +116,7 @@ def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:
 MODEL_NON_FIELDS = ("_target_", "variant")  # keys of cfg.model that are not ModelConfig fields
 
 
-def build_model_config(cfg: DictConfig):
+def build_model_config(cfg: DictConfig) -> ModelConfig:
     """attnres.ModelConfig (the model node's ``_target_``) instantiated from cfg.model; its ``variant`` is a label,
     not a field. A key that is not a field, or a value ModelConfig refuses, raises ValueError naming it."""
     from hydra.errors import InstantiationException
