@@ -39,7 +39,9 @@ def _check_structured(node: DictConfig, group: str) -> None:
     one (a user's own optimizer file) must at least name a ``_target_``."""
     if dataclasses.is_dataclass(OmegaConf.get_type(node)):
         OmegaConf.to_object(node)
-    elif group != "train" and "_target_" not in node:
+    elif group == "train":
+        raise ValueError("the train node has no schema: conf/train.yaml's defaults must list /schema/train@train")
+    elif "_target_" not in node:
         raise ValueError(f"{group} needs a _target_ (e.g. {group}={'adamw' if group == 'optimizer' else 'cosine'})")
 
 
