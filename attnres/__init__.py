@@ -1,16 +1,24 @@
 """attnres: a Llama-style PreNorm decoder with interchangeable residual schemes (baseline, Full and Block
-Attention Residuals, ablations and peers). Pure torch."""
+Attention Residuals, ablations and peers). Pure torch.
 
-from . import flops
+Importing the package registers every residual scheme (attnres/registry.py): those of attnres.residual, then
+the peers of attnres.peers."""
+
+from . import flops, registry
 from .config import ModelConfig
 from .depth import depth_attention, mix_sources
 from .flops import FlopCount, flops_per_token, to_pflops_days
 from .model import KVCache, Transformer
-from .peers import DenseFormer, HyperConnections, LAuReL, ManifoldHyperConnections
-from .residual import RESIDUAL_SCHEMES, BlockAttnRes, FullAttnRes, PreNormResidual, ResidualScheme, build_residual
+from .peers import (DenseFormer, DenseFormerOptions, HyperConnections, HyperConnectionsOptions, LAuReL, LAuReLOptions,
+                    ManifoldHyperConnections, ManifoldHyperConnectionsOptions)
+from .registry import SchemeOptions
+from .residual import (RESIDUAL_SCHEMES, AttnResOptions, BaselineOptions, BlockAttnRes, BlockAttnResOptions,
+                       FullAttnRes, FullAttnResOptions, PreNormResidual, ResidualScheme, build_residual)
 
 __all__ = [
     "ModelConfig", "Transformer", "KVCache", "depth_attention", "mix_sources", "flops", "FlopCount", "flops_per_token",
-    "to_pflops_days", "RESIDUAL_SCHEMES", "ResidualScheme", "PreNormResidual", "FullAttnRes", "BlockAttnRes",
-    "build_residual", "DenseFormer", "HyperConnections", "ManifoldHyperConnections", "LAuReL",
+    "to_pflops_days", "registry", "RESIDUAL_SCHEMES", "ResidualScheme", "PreNormResidual", "FullAttnRes",
+    "BlockAttnRes", "build_residual", "DenseFormer", "HyperConnections", "ManifoldHyperConnections", "LAuReL",
+    "SchemeOptions", "BaselineOptions", "AttnResOptions", "FullAttnResOptions", "BlockAttnResOptions",
+    "DenseFormerOptions", "HyperConnectionsOptions", "ManifoldHyperConnectionsOptions", "LAuReLOptions",
 ]

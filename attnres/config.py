@@ -13,6 +13,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import registry
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = 256
@@ -23,25 +26,20 @@ class ModelConfig:
     d_ff: int | None = None  # SwiGLU hidden width; default: 8/3 * d_model rounded up to a multiple of 32
     max_seq_len: int = 256
     residual: str = "baseline"
-    n_blocks: int | None = 8  # Block AttnRes: number of blocks N (block size S = ceil(L / N) sublayers)
-    block_size: int | None = None  # Block AttnRes: sublayers per block S; when set it wins over n_blocks
+    # Block geometry, read (and checked) only by schemes with uses_block_geometry (Block AttnRes):
+    n_blocks: int | None = 8  # number of blocks N (block size S = ceil(L / N) sublayers)
+    block_size: int | None = None  # sublayers per block S; when set it wins over n_blocks
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
-    # every RMSNorm, including AttnRes key norms. Not Kimi's 1e-5: an AttnRes read at init is the mean of its
-    # sources (embedding std 0.02: mean square ~4e-4 / J^2), comparable to 1e-5, which breaks zero-init == baseline
-    # in training and measurably hurt Full AttnRes (docs/results/norm_eps.md)
+    # every RMSNorm, including AttnRes key norms. Small enough that an AttnRes read at init (the mean of its
+    # sources, mean square ~4e-4 / J^2 at embedding std 0.02) keeps zero-init == baseline (docs/results/norm_eps.md)
     norm_eps: float = 1e-8
     init_std: float = 0.02
-    # Options of the residual scheme (ablations, peers): validated by the scheme itself.
+    # Options of the residual scheme (ablations, peers), as given; ``options`` is their typed, checked form.
     residual_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from .residual import RESIDUAL_SCHEMES  # the registry is the single list of residual names
-
-        if self.residual not in RESIDUAL_SCHEMES:
-            raise ValueError(
-                f"ModelConfig.residual={self.residual!r} is unknown; allowed values: {', '.join(RESIDUAL_SCHEMES)}"
-            )
+        scheme = registry.get(self.residual)  # ValueError listing the registered names
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -61,26 +59,30 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.d_ff={self.d_ff!r} must be a positive integer")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise ValueError("ModelConfig.norm_eps, init_std and rope_theta must be > 0")
-        if self.residual_options is None:
-            self.residual_options = {}
-        self.residual_options = dict(self.residual_options)
-        # Block geometry only matters (and is only validated) for Block AttnRes.
-        if self.residual != "block":
-            pass
-        elif self.block_size is not None:
+        self.residual_options = dict(self.residual_options or {})
+        if scheme.uses_block_geometry:  # other schemes ignore (and do not check) n_blocks and block_size
+            self._check_block_geometry()
+        scheme.Options.parse(self.residual_options, self)  # ValueError naming a bad option
+
+    def _check_block_geometry(self) -> None:
+        if self.block_size is not None:
             if not isinstance(self.block_size, int) or not 1 <= self.block_size <= self.n_sublayers:
                 raise ValueError(
                     f"ModelConfig.block_size={self.block_size!r} must be an integer in [1, {self.n_sublayers}] "
                     f"(sublayers per block; the model has 2 * n_layers = {self.n_sublayers} sublayers)"
                 )
-        else:
-            if self.n_blocks is None:
-                raise ValueError("ModelConfig: residual='block' needs n_blocks or block_size")
-            if not isinstance(self.n_blocks, int) or not 1 <= self.n_blocks <= self.n_sublayers:
-                raise ValueError(
-                    f"ModelConfig.n_blocks={self.n_blocks!r} must be an integer in [1, {self.n_sublayers}] "
-                    f"(the model has 2 * n_layers = {self.n_sublayers} sublayers)"
-                )
+        elif self.n_blocks is None:
+            raise ValueError(f"ModelConfig: residual={self.residual!r} needs n_blocks or block_size")
+        elif not isinstance(self.n_blocks, int) or not 1 <= self.n_blocks <= self.n_sublayers:
+            raise ValueError(
+                f"ModelConfig.n_blocks={self.n_blocks!r} must be an integer in [1, {self.n_sublayers}] "
+                f"(the model has 2 * n_layers = {self.n_sublayers} sublayers)"
+            )
+
+    @property
+    def options(self) -> registry.SchemeOptions:
+        """The residual scheme's typed options: ``residual_options`` over the scheme's defaults, checked."""
+        return registry.get(self.residual).Options.parse(self.residual_options, self)
 
     # ---- derived quantities -------------------------------------------------------------------------------
     @property

@@ -9,16 +9,17 @@
     laurel       LAuReL (Menghani et al., ICML 2025): learned residual weights (RW) and/or a low-rank term on
                  the residual (LR); init = PreNorm at step 0.
 
-Formulas and initialisations follow /work/shared/reference/peers.md (which cites the papers and reference code).
-Every parameter lives in the scheme module, i.e. under ``residual.`` in the model, where the trainer's weight
-decay default (none) applies. Sublayer index k = l runs over all L = 2 * n_layers sublayers.
+Formulas and initialisations follow the cited papers and their reference code. Each scheme's options are a
+SchemeOptions dataclass next to it (``model.residual_options`` in the configs). Every parameter lives in the
+scheme module, i.e. under ``residual.`` in the model, where the trainer's weight decay default (none) applies.
+Sublayer index k = l runs over all L = 2 * n_layers sublayers.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .depth import mix_sources, rms_normalize
+from .registry import SchemeOptions, option, register
 from .residual import ResidualScheme
 
 
@@ -34,6 +36,16 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DenseFormerOptions(SchemeOptions):
+    """``dilation`` k: a DWA averages the sources j with (i - j) % k == 0; ``period`` p: a DWA follows the blocks
+    i with i % p == 0 (1 x 1 = the dense DenseFormer)."""
+
+    dilation: int = option(1, minimum=1)
+    period: int = option(1, minimum=1)
+
+
+@register("denseformer")
 class DenseFormer(ResidualScheme):
     """DenseFormer: after transformer block i (attention + MLP with their ordinary residual adds), the stream is
     replaced by the depth-weighted average Y_i = sum_j a_ij X_j of the embedding X_0 and the block outputs
@@ -46,7 +58,8 @@ class DenseFormer(ResidualScheme):
     dwa[str(i)]  [n_i]  the weights of the DWA after block i, over its sources in increasing j.
     """
 
-    OPTIONS = {"dilation": 1, "period": 1}
+    Options = DenseFormerOptions
+    options: DenseFormerOptions
 
     @dataclass
     class State:
@@ -55,17 +68,12 @@ class DenseFormer(ResidualScheme):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.dilation, self.period = self.options["dilation"], self.options["period"]
+        self.dilation, self.period = self.options.dilation, self.options.period
         self.dwa = nn.ParameterDict({
             str(i): nn.Parameter(torch.zeros(len(self.dwa_sources(i, self.dilation))))
             for i in self.dwa_blocks(config.n_layers, self.period)
         })
         self.reset_parameters()
-
-    @classmethod
-    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
-        cls._check_int(config, options, "dilation", 1)
-        cls._check_int(config, options, "period", 1)
 
     @staticmethod
     def dwa_blocks(n_layers: int, period: int) -> list[int]:
@@ -86,8 +94,8 @@ class DenseFormer(ResidualScheme):
     @classmethod
     def mixing_flops(cls, config: ModelConfig) -> float:
         """2*D per (DWA, source) pair."""
-        o = cls.resolve_options(config)
-        pairs = sum(len(cls.dwa_sources(i, o["dilation"])) for i in cls.dwa_blocks(config.n_layers, o["period"]))
+        o = config.options
+        pairs = sum(len(cls.dwa_sources(i, o.dilation)) for i in cls.dwa_blocks(config.n_layers, o.period))
         return 2.0 * config.d_model * pairs
 
     def begin(self, embedding: torch.Tensor) -> State:
@@ -124,6 +132,15 @@ class DenseFormer(ResidualScheme):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HyperConnectionsOptions(SchemeOptions):
+    """``n``: the expansion rate (residual streams); ``dynamic``: DHC (True) or SHC (False)."""
+
+    n: int = option(4, minimum=1)
+    dynamic: bool = True
+
+
+@register("hyper")
 class HyperConnections(ResidualScheme):
     """Hyper-Connections (paper §2 and Appendix J). The residual is a hyper hidden matrix H [B, T, n, D] of n
     streams, H_0 = n copies of the embedding. Around sublayer k, with the matrix [[0, B], [A_m, A_r]]:
@@ -147,8 +164,8 @@ class HyperConnections(ResidualScheme):
     norm_weight, norm_bias  [L, D]  the LayerNorm of each sublayer's dynamic branch
     """
 
-    OPTIONS = {"n": 4, "dynamic": True}
-    CHOICES = {"dynamic": (True, False)}
+    Options = HyperConnectionsOptions
+    options: HyperConnectionsOptions
 
     @dataclass
     class State:
@@ -158,8 +175,8 @@ class HyperConnections(ResidualScheme):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        n, L, D = self.options["n"], config.n_sublayers, config.d_model
-        self.n, self.dynamic, self.eps = n, self.options["dynamic"], config.norm_eps
+        n, L, D = self.options.n, config.n_sublayers, config.d_model
+        self.n, self.dynamic, self.eps = n, self.options.dynamic, config.norm_eps
         self.static_alpha = nn.Parameter(torch.empty(L, n, n + 1))
         self.static_beta = nn.Parameter(torch.empty(L, n))
         if self.dynamic:
@@ -169,10 +186,6 @@ class HyperConnections(ResidualScheme):
             self.norm_weight = nn.Parameter(torch.empty(L, D))
             self.norm_bias = nn.Parameter(torch.empty(L, D))
         self.reset_parameters()
-
-    @classmethod
-    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
-        cls._check_int(config, options, "n", 1)
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
@@ -191,10 +204,10 @@ class HyperConnections(ResidualScheme):
     @classmethod
     def mixing_flops(cls, config: ModelConfig) -> float:
         """Per sublayer: A^T H 2n(n+1)D, the write B^T y 2nD; dynamic adds Hbar [W_m|W_r|W_b] 2nD(n+2)."""
-        o = cls.resolve_options(config)
-        n, D = o["n"], config.d_model
+        o = config.options
+        n, D = o.n, config.d_model
         per_sublayer = 2.0 * n * (n + 1) * D + 2.0 * n * D
-        if o["dynamic"]:
+        if o.dynamic:
             per_sublayer += 2.0 * n * D * (n + 2)
         return per_sublayer * config.n_sublayers
 
@@ -237,8 +250,17 @@ def sinkhorn_knopp(logits: torch.Tensor, iters: int) -> torch.Tensor:
     return M
 
 
+@dataclass(frozen=True)
+class ManifoldHyperConnectionsOptions(SchemeOptions):
+    """``n``: residual streams; ``sinkhorn_iters``: Sinkhorn-Knopp iterations t_max of the stream mixer."""
+
+    n: int = option(4, minimum=1)
+    sinkhorn_iters: int = option(20, minimum=1)
+
+
+@register("mhc")
 class ManifoldHyperConnections(ResidualScheme):
-    """mHC (paper Eqs. for H^pre, H^post, H^res; peers.md §4). Streams H [B, T, n, D] (H_0 = n copies of the
+    """mHC (Xie et al. 2025: the equations for H^pre, H^post, H^res). Streams H [B, T, n, D] (H_0 = n copies of the
     embedding, read out as their sum, as in HC). Around sublayer k, from x' = RMSNorm(vec H) [B, T, nD]:
 
         H^pre  = sigmoid(a_pre  * x' phi_pre  + b_pre)          [B, T, n]    the read weights
@@ -246,7 +268,7 @@ class ManifoldHyperConnections(ResidualScheme):
         H^res  = SinkhornKnopp(a_res * mat(x' phi_res) + b_res) [B, T, n, n] doubly stochastic (t_max iterations)
         x_in = H^pre H,      H' = H^res H + H^post^T f_k(x_in)
 
-    Init (the mHC-lite protocol adopted by peers.md, since mHC publishes only a = 0.01): phi = 0, a = 0.01,
+    Init (the mHC-lite protocol, arXiv 2601.05732 §3.3, since mHC publishes only a = 0.01): phi = 0, a = 0.01,
     b_pre = b_post = -1 except +1 on the main stream k mod n, b_res = -8 except 0 on the diagonal (H^res close to
     I). [Assumption: the main stream rotates with k as HC's A_m does.] The RMSNorm has no gain (it folds into phi).
     Not equivalent to PreNorm at step 0, and the paper does not claim it is.
@@ -256,7 +278,8 @@ class ManifoldHyperConnections(ResidualScheme):
     bias  [L, n^2 + 2n]      b_pre | b_post | b_res
     """
 
-    OPTIONS = {"n": 4, "sinkhorn_iters": 20}
+    Options = ManifoldHyperConnectionsOptions
+    options: ManifoldHyperConnectionsOptions
 
     @dataclass
     class State:
@@ -266,17 +289,12 @@ class ManifoldHyperConnections(ResidualScheme):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        n, L, D = self.options["n"], config.n_sublayers, config.d_model
-        self.n, self.iters, self.eps = n, self.options["sinkhorn_iters"], config.norm_eps
+        n, L, D = self.options.n, config.n_sublayers, config.d_model
+        self.n, self.iters, self.eps = n, self.options.sinkhorn_iters, config.norm_eps
         self.phi = nn.Parameter(torch.empty(L, n * D, n * n + 2 * n))
         self.gate = nn.Parameter(torch.empty(L, 3))
         self.bias = nn.Parameter(torch.empty(L, n * n + 2 * n))
         self.reset_parameters()
-
-    @classmethod
-    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
-        cls._check_int(config, options, "n", 1)
-        cls._check_int(config, options, "sinkhorn_iters", 1)
 
     def reset_parameters(self) -> None:
         n = self.n
@@ -295,7 +313,7 @@ class ManifoldHyperConnections(ResidualScheme):
     @classmethod
     def mixing_flops(cls, config: ModelConfig) -> float:
         """Per sublayer: x' phi 2nD(n^2+2n), H^pre H 2nD, H^res H 2n^2 D, the write 2nD."""
-        n, D = cls.resolve_options(config)["n"], config.d_model
+        n, D = config.options.n, config.d_model
         return (2.0 * n * D * (n * n + 2 * n) + 2.0 * n * D + 2.0 * n * n * D + 2.0 * n * D) * config.n_sublayers
 
     def maps(self, H: torch.Tensor, l: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -330,6 +348,15 @@ class ManifoldHyperConnections(ResidualScheme):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LAuReLOptions(SchemeOptions):
+    """``form``: rw (learned residual weights), lr (low-rank term) or rw_lr (both); ``rank``: r of the low-rank term."""
+
+    form: Literal["rw", "lr", "rw_lr"] = "rw_lr"
+    rank: int = option(4, minimum=1)
+
+
+@register("laurel")
 class LAuReL(ResidualScheme):
     """LAuReL (Learned Augmented Residual Layer), per sublayer k, with h the stream entering it (option ``form``):
 
@@ -338,12 +365,12 @@ class LAuReL(ResidualScheme):
         rw_lr:  h' = alpha_k f_k(h) + beta_k (h + (h A_k) B_k)   (the paper's recommended combination)
 
     (alpha_k, beta_k) = 2 softmax(lambda_k) with lambda_k = 0 at init, i.e. (1, 1): the paper asks for bounded
-    weights without fixing the map; this is the HC-factory reading noted in peers.md. B_k = 0 and A_k column-
-    orthogonal (A_ij = 1/sqrt(r D) where i mod r == j), so step 0 is exactly the PreNorm baseline.
+    weights without fixing the map; this is the map of the hyper-connection-factory reference code. B_k = 0 and
+    A_k column-orthogonal (A_ij = 1/sqrt(r D) where i mod r == j), so step 0 is exactly the PreNorm baseline.
     """
 
-    OPTIONS = {"form": "rw_lr", "rank": 4}
-    CHOICES = {"form": ("rw", "lr", "rw_lr")}
+    Options = LAuReLOptions
+    options: LAuReLOptions
 
     @dataclass
     class State:
@@ -351,19 +378,15 @@ class LAuReL(ResidualScheme):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        L, D, r = config.n_sublayers, config.d_model, self.options["rank"]
-        self.reweight = self.options["form"] in ("rw", "rw_lr")
-        self.low_rank = self.options["form"] in ("lr", "rw_lr")
+        L, D, r = config.n_sublayers, config.d_model, self.options.rank
+        self.reweight = self.options.form in ("rw", "rw_lr")
+        self.low_rank = self.options.form in ("lr", "rw_lr")
         if self.reweight:
             self.rw_logits = nn.Parameter(torch.empty(L, 2))
         if self.low_rank:
             self.lr_down = nn.Parameter(torch.empty(L, D, r))  # A
             self.lr_up = nn.Parameter(torch.empty(L, r, D))  # B
         self.reset_parameters()
-
-    @classmethod
-    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
-        cls._check_int(config, options, "rank", 1)
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
@@ -379,11 +402,11 @@ class LAuReL(ResidualScheme):
     @classmethod
     def mixing_flops(cls, config: ModelConfig) -> float:
         """Per sublayer: the low-rank term 4*D*r; the reweighting alpha f + beta g, 2 MACs per channel (4*D)."""
-        o = cls.resolve_options(config)
+        o = config.options
         per_sublayer = 0.0
-        if o["form"] in ("lr", "rw_lr"):
-            per_sublayer += 4.0 * config.d_model * o["rank"]
-        if o["form"] in ("rw", "rw_lr"):
+        if o.form in ("lr", "rw_lr"):
+            per_sublayer += 4.0 * config.d_model * o.rank
+        if o.form in ("rw", "rw_lr"):
             per_sublayer += 4.0 * config.d_model
         return per_sublayer * config.n_sublayers
 

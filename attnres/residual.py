@@ -19,82 +19,48 @@ Depth-weight bookkeeping (paper §2):
   * Block AttnRes sources: b_0 = embedding, completed block sums b_1 .. b_{n-1} (sums of sublayer outputs, never
     cumulative states) and, after the first sublayer of a block, the partial sum of the current block (Eq. 6).
 
-The paper's ablations (Table 4) are options of Full / Block AttnRes (``ModelConfig.residual_options``); the
-peer schemes (DenseFormer, Hyper-Connections, mHC, LAuReL) live in ``attnres/peers.py`` and are registered in
-``RESIDUAL_SCHEMES`` at the bottom of this file.
+The paper's ablations (Table 4) are options of Full / Block AttnRes (``ModelConfig.residual_options``, typed by
+``AttnResOptions`` and its subclasses); the peer schemes (DenseFormer, Hyper-Connections, mHC, LAuReL) live in
+``attnres/peers.py``. Every scheme registers itself with ``@register(name)`` (attnres/registry.py);
+``RESIDUAL_SCHEMES`` is that registry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn as nn
 
-from .config import ModelConfig
 from . import gpu_kernels
+from .config import ModelConfig
 from .depth import (attend_batched, key_logits, merge_read, mix_sources, mix_sources_batched, read_dtype, rms_normalize,
                     rmsnorm_unit, track_source)
+from .registry import SCHEMES, SchemeOptions, get, option, option_key, register
 
 
 def _rms(x: torch.Tensor) -> float:
     return float(x.detach().float().pow(2).mean().sqrt())
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    """Equality that keeps True apart from 1 (YAML booleans must stay booleans)."""
-    return type(a) is type(b) and a == b
-
-
 class ResidualScheme(nn.Module):
-    """Base class. ``record`` turns on diagnostics (depth weights), read back with :meth:`depth_weights`."""
+    """Base class. ``record`` turns on diagnostics (depth weights), read back with :meth:`depth_weights`.
 
-    # Options this scheme accepts in ModelConfig.residual_options, with their defaults.
-    OPTIONS: dict[str, Any] = {}
-    # Allowed values of the enumerated options (other options are checked by ``check_options``).
-    CHOICES: dict[str, tuple] = {}
+    A concrete scheme is registered with ``@register(name)`` and defines ``Options``, the SchemeOptions dataclass
+    of what it accepts in ``ModelConfig.residual_options``; it reads them, typed and checked, as ``self.options``
+    (= ``config.options``)."""
+
+    Options: ClassVar[type[SchemeOptions]] = SchemeOptions
+    # Whether the scheme reads ModelConfig.n_blocks / block_size (only then are they checked)
+    uses_block_geometry: ClassVar[bool] = False
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.options = self.resolve_options(config)
+        self.options = config.options
         self.record = False
         self._weights: list[torch.Tensor | None] = []  # per read: alpha averaged over tokens, [n_sources]
-
-    # ---- options -------------------------------------------------------------------------------------------
-    @classmethod
-    def resolve_options(cls, config: ModelConfig) -> dict[str, Any]:
-        """Defaults merged with ``config.residual_options``; ValueError naming the option on bad input."""
-        unknown = set(config.residual_options) - set(cls.OPTIONS)
-        if unknown:
-            allowed = ", ".join(sorted(cls.OPTIONS)) or "none"
-            raise ValueError(
-                f"ModelConfig.residual_options has {sorted(unknown)} which residual={config.residual!r} does not "
-                f"accept; allowed options: {allowed}"
-            )
-        options = {**cls.OPTIONS, **config.residual_options}
-        for name, allowed_values in cls.CHOICES.items():
-            if not any(_same_value(options[name], a) for a in allowed_values):
-                raise ValueError(
-                    f"ModelConfig.residual_options[{name!r}]={options[name]!r} is not allowed for "
-                    f"residual={config.residual!r}; allowed values: {', '.join(map(repr, allowed_values))}"
-                )
-        cls.check_options(config, options)
-        return options
-
-    @classmethod
-    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
-        """Checks beyond CHOICES (integer ranges, combinations); raise ValueError naming the option."""
-
-    @staticmethod
-    def _check_int(config: ModelConfig, options: dict[str, Any], name: str, minimum: int) -> None:
-        value = options[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(
-                f"ModelConfig.residual_options[{name!r}]={value!r} must be an integer >= {minimum} "
-                f"(residual={config.residual!r})"
-            )
 
     # ---- the interface -------------------------------------------------------------------------------------
     def begin(self, embedding: torch.Tensor) -> Any:
@@ -161,8 +127,16 @@ class ResidualScheme(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BaselineOptions(SchemeOptions):
+    """The baseline has no options."""
+
+
+@register("baseline")
 class PreNormResidual(ResidualScheme):
     """The baseline: h_{l+1} = h_l + f_l(h_l)."""
+
+    Options = BaselineOptions
 
     @dataclass
     class State:
@@ -179,6 +153,55 @@ class PreNormResidual(ResidualScheme):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttnResOptions(SchemeOptions):
+    """Options shared by Full and Block AttnRes: the paper's Table 4 ablations (defaults: the paper's AttnRes).
+    What each does: :class:`_DepthAttentionResidual`."""
+
+    query: Literal["static", "input_dependent"] = "static"
+    mixing: Literal["attention", "static"] = "attention"
+    normalizer: Literal["softmax", "sigmoid"] = "softmax"
+    key_norm: bool = True
+    heads: int = option(1, minimum=1)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mixing == "static":  # no query and no keys: the options about them must keep their defaults
+            clash = [f"{name}={getattr(self, name)!r}" for name, default in
+                     (("query", "static"), ("key_norm", True), ("heads", 1)) if getattr(self, name) != default]
+            if clash:
+                raise ValueError(
+                    f"model.residual_options (ModelConfig.residual_options): mixing='static' has no query and no "
+                    f"keys, so it cannot be combined with {', '.join(clash)}"
+                )
+
+    def check(self, config: ModelConfig) -> None:
+        if config.d_model % self.heads:
+            raise ValueError(f"{option_key('heads', self.heads)} must divide d_model={config.d_model}")
+
+    @property
+    def paper_attention(self) -> bool:
+        """Static queries, one softmax over all channels, attention mixing: what the fast paths need."""
+        return (self.query == "static" and self.mixing == "attention" and self.normalizer == "softmax"
+                and self.heads == 1)
+
+
+@dataclass(frozen=True)
+class FullAttnResOptions(AttnResOptions):
+    """Full AttnRes: the shared options, ``window`` (the SWA ablation; None = every source) and ``read_group``
+    (a speed setting, see :class:`FullAttnRes`)."""
+
+    window: int | None = option(None, minimum=1)
+    read_group: int = option(4, minimum=1)
+
+
+@dataclass(frozen=True)
+class BlockAttnResOptions(AttnResOptions):
+    """Block AttnRes: the shared options and ``two_phase`` (False: the plain per-read reference path)."""
+
+    two_phase: bool = True
+
+
 class _DepthAttentionResidual(ResidualScheme):
     """Parameters shared by Full and Block AttnRes (same names, so one state dict loads into either):
 
@@ -203,46 +226,25 @@ class _DepthAttentionResidual(ResidualScheme):
                              against the RMSNorm of the source's slice (one RMS per group) and has its own softmax.
     """
 
-    OPTIONS = {"query": "static", "mixing": "attention", "normalizer": "softmax", "key_norm": True, "heads": 1}
-    CHOICES = {
-        "query": ("static", "input_dependent"),
-        "mixing": ("attention", "static"),
-        "normalizer": ("softmax", "sigmoid"),
-        "key_norm": (True, False),
-    }
+    Options = AttnResOptions
+    options: AttnResOptions
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         o = self.options
         R, D = config.n_reads, config.d_model
         self.eps = config.norm_eps
-        self.heads = o["heads"]
-        self.static_mixing = o["mixing"] == "static"
-        self.input_dependent = o["query"] == "input_dependent"
+        self.heads = o.heads
+        self.static_mixing = o.mixing == "static"
+        self.input_dependent = o.query == "input_dependent"
         if self.static_mixing:
             self.mixing_logits = nn.Parameter(torch.zeros(R, self.n_source_slots(config)))
         else:
             self.queries = nn.Parameter(torch.zeros(R, D))
-            if o["key_norm"]:
+            if o.key_norm:
                 self.key_norm_weight = nn.Parameter(torch.ones(R, D))
             if self.input_dependent:
                 self.query_proj = nn.Parameter(torch.zeros(R, D, D))  # W_l: q_l = w_l + W_l x
-
-    @classmethod
-    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
-        cls._check_int(config, options, "heads", 1)
-        if config.d_model % options["heads"]:
-            raise ValueError(
-                f"ModelConfig.residual_options['heads']={options['heads']} must divide d_model={config.d_model}"
-            )
-        if options["mixing"] == "static":
-            clash = [name for name, default in (("query", "static"), ("key_norm", True), ("heads", 1))
-                     if not _same_value(options[name], default)]
-            if clash:
-                raise ValueError(
-                    f"ModelConfig.residual_options: mixing='static' has no query and no keys, so it cannot be "
-                    f"combined with {', '.join(f'{n}={options[n]!r}' for n in clash)}"
-                )
 
     def reset_parameters(self) -> None:
         for name in ("queries", "query_proj", "mixing_logits"):
@@ -265,12 +267,12 @@ class _DepthAttentionResidual(ResidualScheme):
     def mixing_flops(cls, config: ModelConfig) -> float:
         """Per (read, visible source) pair: 2*D for the logit and 2*D for the weighted sum (static mixing: the sum
         only); input-dependent queries add the D x D projection, 2*D^2 per read."""
-        options = cls.resolve_options(config)
+        options = config.options
         D, pairs = config.d_model, sum(cls.sources_per_read(config))
-        if options["mixing"] == "static":
+        if options.mixing == "static":
             return 2.0 * D * pairs
         flops = 4.0 * D * pairs
-        if options["query"] == "input_dependent":
+        if options.query == "input_dependent":
             flops += 2.0 * D * D * config.n_reads
         return flops
 
@@ -286,12 +288,12 @@ class _DepthAttentionResidual(ResidualScheme):
         queries) instead of once per source when it is written (the key-logit cache): on CUDA, where the Triton
         kernels read each source once for its logits and its multiply-adds. Needs the paper's RMS-normalised keys,
         and not while recording depth weights (the kernels do not return them)."""
-        return self.options["key_norm"] and not self.record and gpu_kernels.applies(embedding)
+        return self.options.key_norm and not self.record and gpu_kernels.applies(embedding)
 
     def _keys(self, source: torch.Tensor) -> torch.Tensor:
         """[..., D] -> keys [..., D] in fp32: RMSNorm per channel group (no gain), or the raw source."""
         x = source.to(torch.promote_types(source.dtype, torch.float32))
-        if not self.options["key_norm"]:
+        if not self.options.key_norm:
             return x
         return rms_normalize(x.unflatten(-1, (self.heads, -1)), self.eps).flatten(-2)
 
@@ -308,7 +310,7 @@ class _DepthAttentionResidual(ResidualScheme):
 
         The source is normalised once here and scored against every read that will ever see it, so no source
         is re-normalised at later reads."""
-        if self.heads == 1 and self.options["key_norm"]:  # the paper's AttnRes: no normalised key materialised
+        if self.heads == 1 and self.options.key_norm:  # the paper's AttnRes: no normalised key materialised
             return key_logits(source, q, self.eps).unsqueeze(-1)
         with torch.autocast(device_type=source.device.type, enabled=False):
             keys = self._keys(source).unflatten(-1, (self.heads, -1))  # [B, T, H, D/H]
@@ -347,7 +349,7 @@ class _DepthAttentionResidual(ResidualScheme):
         """Weights from logits [S, B, T, H] (softmax over sources, or sigmoid), then the weighted sum of the raw
         values: h [B, T, D] in the values' dtype, computed in fp32 (rmsnorm_unit(h) with ``normalize_eps``)."""
         with torch.autocast(device_type=values[0].device.type, enabled=False):
-            if self.options["normalizer"] == "softmax":
+            if self.options.normalizer == "softmax":
                 alpha = logits.softmax(dim=0)  # [S, B, T, H] sums to 1 over sources, per channel group
             else:
                 alpha = torch.sigmoid(logits)  # [S, B, T, H] independent gates
@@ -363,6 +365,7 @@ class _DepthAttentionResidual(ResidualScheme):
         return h if normalize_eps is None else rmsnorm_unit(h, normalize_eps)
 
 
+@register("full")
 class FullAttnRes(_DepthAttentionResidual):
     """Full AttnRes (Eqs. 1-4): every read attends over the embedding and all earlier sublayer outputs.
 
@@ -381,7 +384,8 @@ class FullAttnRes(_DepthAttentionResidual):
     (static queries, softmax, one head, no window); other ablations always take G = 1.
     """
 
-    OPTIONS = {**_DepthAttentionResidual.OPTIONS, "window": None, "read_group": 4}
+    Options = FullAttnResOptions
+    options: FullAttnResOptions
 
     @dataclass
     class State:
@@ -399,17 +403,8 @@ class FullAttnRes(_DepthAttentionResidual):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         o = self.options
-        self.window = o["window"]
-        grouped = (o["query"] == "static" and o["mixing"] == "attention" and o["normalizer"] == "softmax"
-                   and o["heads"] == 1 and o["window"] is None)
-        self.read_group = o["read_group"] if grouped else 1
-
-    @classmethod
-    def check_options(cls, config: ModelConfig, options: dict[str, Any]) -> None:
-        super().check_options(config, options)
-        if options["window"] is not None:
-            cls._check_int(config, options, "window", 1)
-        cls._check_int(config, options, "read_group", 1)
+        self.window = o.window
+        self.read_group = o.read_group if o.paper_attention and o.window is None else 1
 
     @classmethod
     def _visible(cls, l: int, window: int | None) -> list[int]:
@@ -420,7 +415,7 @@ class FullAttnRes(_DepthAttentionResidual):
 
     @classmethod
     def sources_per_read(cls, config: ModelConfig) -> list[int]:
-        window = cls.resolve_options(config)["window"]
+        window = config.options.window
         return [len(cls._visible(l, window)) for l in range(config.n_reads)]
 
     @classmethod
@@ -514,6 +509,7 @@ class FullAttnRes(_DepthAttentionResidual):
         return ["emb"] + [f"{'attn' if i % 2 == 0 else 'mlp'}{i // 2}" for i in range(self.config.n_sublayers)]
 
 
+@register("block")
 class BlockAttnRes(_DepthAttentionResidual):
     """Block AttnRes (Eqs. 5-6) with the paper's two-phase computation (Algorithm 1).
 
@@ -531,8 +527,9 @@ class BlockAttnRes(_DepthAttentionResidual):
     scheme runs the plain path whatever ``two_phase`` says. key_norm=False keeps the two-phase path.
     """
 
-    OPTIONS = {"two_phase": True, **_DepthAttentionResidual.OPTIONS}
-    CHOICES = {"two_phase": (True, False), **_DepthAttentionResidual.CHOICES}
+    Options = BlockAttnResOptions
+    options: BlockAttnResOptions
+    uses_block_geometry = True
 
     @dataclass
     class State:
@@ -550,9 +547,7 @@ class BlockAttnRes(_DepthAttentionResidual):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.block_size = config.sublayers_per_block
-        o = self.options
-        self.two_phase = (o["two_phase"] and o["query"] == "static" and o["mixing"] == "attention"
-                          and o["normalizer"] == "softmax" and o["heads"] == 1)
+        self.two_phase = self.options.two_phase and self.options.paper_attention
 
     @classmethod
     def sources_per_read(cls, config: ModelConfig) -> list[int]:
@@ -600,7 +595,7 @@ class BlockAttnRes(_DepthAttentionResidual):
             return merge_read(base, None, [], normalize_eps, out_dtype)
         # Phase 2: merge the partial sum by online softmax (exact), with weight sigmoid(its logit - phase-1 lse).
         lse = state.phase1_lse[None, ..., position]  # [1, B, T]
-        if self.options["key_norm"]:  # the key logit q_l . RMSNorm(partial) is computed inside the merge
+        if self.options.key_norm:  # the key logit q_l . RMSNorm(partial) is computed inside the merge
             z, query = -lse, state.q[l: l + 1]
         else:  # raw keys (ablation)
             z, query = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0] - lse, None
@@ -645,26 +640,10 @@ class BlockAttnRes(_DepthAttentionResidual):
         return ["emb"] + [f"block{j}" for j in range(1, n + 1)]
 
 
-# Peer schemes build on the classes above (imported here so that the registry below is the single list).
-from .peers import DenseFormer, HyperConnections, LAuReL, ManifoldHyperConnections  # noqa: E402
-
-RESIDUAL_SCHEMES: dict[str, type[ResidualScheme]] = {
-    "baseline": PreNormResidual,
-    "full": FullAttnRes,
-    "block": BlockAttnRes,
-    "denseformer": DenseFormer,
-    "hyper": HyperConnections,
-    "mhc": ManifoldHyperConnections,
-    "laurel": LAuReL,
-}
+# The registry: every registered scheme by name (the peers join it when attnres.peers is imported).
+RESIDUAL_SCHEMES: dict[str, type[ResidualScheme]] = SCHEMES
 
 
 def build_residual(config: ModelConfig) -> ResidualScheme:
-    try:
-        cls = RESIDUAL_SCHEMES[config.residual]
-    except KeyError:
-        raise ValueError(
-            f"ModelConfig.residual={config.residual!r} has no implementation; allowed values: "
-            f"{', '.join(RESIDUAL_SCHEMES)}"
-        ) from None
-    return cls(config)
+    """The residual scheme ``config.residual`` names, built for ``config``."""
+    return get(config.residual)(config)

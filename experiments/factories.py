@@ -65,7 +65,7 @@ def wandb_logger(
 ):
     """Lightning's WandbLogger, offline unless a key is configured. ``id`` lets a resumed run continue its
     W&B run (``resume="allow"``). ``system_stats`` (W&B's CPU/GPU sampling process): None = on when a GPU is
-    visible, off on CPU-only machines, where its ~10% of a core is taken from training."""
+    visible, off on CPU-only machines (where the sampler takes its CPU time from training)."""
     import torch
     import wandb
     from lightning.pytorch.loggers import WandbLogger

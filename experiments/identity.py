@@ -1,6 +1,7 @@
 """A run's identity: ``config_hash`` = sha256 of the resolved config minus the keys in HASH_EXCLUDE (where files
-go, loggers, callbacks, device/launch settings, fault injection; the seed is included), and from it the run's id
-and directory ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>`` (:func:`run_identity`).
+go, loggers, callbacks, device/launch settings, fault injection; the seed is included), with the block geometry
+of a scheme that does not read it held at fixed values (CANONICAL_BLOCK_GEOMETRY), and from it the run's id and
+directory ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>`` (:func:`run_identity`).
 
 No torch, no Lightning: computed before anything heavy is imported.
 """
@@ -34,6 +35,12 @@ HASH_DROP_IF_NULL = ("train.flops_budget",)
 # Likewise left out while they hold their default: lr_protocol=baseline is what every run did before it existed
 # (the resolved lr itself is always in the hash).
 HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"),)
+# Block geometry is read only by the schemes listed here (attnres: ResidualScheme.uses_block_geometry, checked by
+# tests/test_configs.py). Any other scheme's identity carries these fixed values instead of the configured ones, so
+# model.n_blocks / model.block_size never split its runs; they are the values of the committed cpu_ladder runs
+# (its preset sets n_blocks 4 for every variant), so those keep their config_hash.
+BLOCK_GEOMETRY_SCHEMES = ("block",)
+CANONICAL_BLOCK_GEOMETRY = {"n_blocks": 4, "block_size": None}
 
 
 def _drop(tree: dict[str, Any], dotted: str) -> None:
@@ -70,6 +77,11 @@ def identity_config(container: dict[str, Any]) -> dict[str, Any]:
     for key, default in HASH_DROP_IF_DEFAULT:
         if ident.get(key) == default:
             del ident[key]
+    model = ident.get("model")
+    if isinstance(model, dict) and model.get("residual") not in BLOCK_GEOMETRY_SCHEMES:
+        for key, value in CANONICAL_BLOCK_GEOMETRY.items():
+            if key in model:
+                model[key] = value
     return ident
 
 

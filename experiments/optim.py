@@ -60,8 +60,7 @@ def adamw(
 
     ``fused=None`` picks the fused CUDA kernel on a GPU, except with ``amp_clipping`` (Lightning's mixed-precision
     plugin, ``trainer.precision=*-mixed``, with gradient clipping), which refuses to clip the gradients of an
-    optimizer that unscales them itself (a fused one); torch's multi-tensor (foreach) kernel is used then. The
-    optimizer step is ~1% of a paper-size step on an H200, so the difference is small."""
+    optimizer that unscales them itself (a fused one); torch's multi-tensor (foreach) kernel is used then."""
     if fused is None:
         fused = next(model.parameters()).is_cuda and not amp_clipping
     elif fused and amp_clipping:

@@ -1,19 +1,32 @@
 """Config checks before anything heavy runs: :func:`check_config` (every setting the harness reads, failing with
 a message naming the key and what is allowed), :func:`planned_steps` (a run's step count from its token count or
-FLOP budget, conflicts named) and :func:`build_model_config` (``cfg.model`` as an ``attnres.ModelConfig``).
+FLOP budget, conflicts named) and :func:`build_model_config` (``cfg.model`` instantiated: an
+``attnres.ModelConfig``).
 
-Light on purpose: omegaconf and experiments.sizes at import, torch only where a check needs it (a CUDA device,
-the model config), so ``experiments.train`` runs these before Lightning or torch is imported.
+Each concern is checked in one place: the ``train`` node and the ``optimizer`` and ``scheduler`` groups by their
+structured configs (experiments/schema.py: types when composed, ranges when check_config builds them), the
+model by ``attnres.ModelConfig`` (and each residual scheme's options dataclass), the run-level keys, the trainer
+and the data here.
+
+Light on purpose: omegaconf, Hydra's ConfigStore (experiments.schema) and experiments.sizes at import, torch only
+where a check needs it (a CUDA device, the model config), so ``experiments.train`` runs these before Lightning or
+torch is imported.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import schema  # noqa: F401 - registers the structured configs before anything composes
+from .schema import number as _number
+from .schema import positive_int as _positive_int
 from .sizes import steps_for, steps_for_budget
+
+if TYPE_CHECKING:
+    from attnres import ModelConfig
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
@@ -21,25 +34,20 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fs
 TOKENIZERS = ("bytes", "bpe")  # experiments.data.TOKENIZERS, restated so the checks run before torch is imported
 
 
-def _positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{key}={value!r} must be a positive integer")
-    return value
-
-
-def _number(value: Any, key: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-    if not ok:
-        lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
-        raise ValueError(f"{key}={value!r} must be a number in {lb}{lo}, {hi}{rb}")
-    return float(value)
+def _check_structured(node: DictConfig, group: str) -> None:
+    """Build a node typed by a structured config, which runs its checks (its ``__post_init__``); a node without
+    one (a user's own optimizer file) must at least name a ``_target_``."""
+    if dataclasses.is_dataclass(OmegaConf.get_type(node)):
+        OmegaConf.to_object(node)
+    elif group == "train":
+        raise ValueError("the train node has no schema: conf/train.yaml's defaults must list /schema/train@train")
+    elif "_target_" not in node:
+        raise ValueError(f"{group} needs a _target_ (e.g. {group}={'adamw' if group == 'optimizer' else 'cosine'})")
 
 
 def check_config(cfg: DictConfig) -> None:
     """Fail before training with a message naming the key and what is allowed (the model's own fields are
-    checked by attnres.ModelConfig, the data by experiments.data)."""
+    checked by attnres.ModelConfig when :func:`build_model_config` builds it)."""
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
         raise ValueError(f"seed={cfg.seed!r} must be an integer >= 0")
     if cfg.threads is not None:
@@ -49,43 +57,8 @@ def check_config(cfg: DictConfig) -> None:
             raise ValueError(f"{key}={cfg[key]!r} must be true or false")
     if not cfg.model.get("variant") or not isinstance(cfg.model.variant, str):
         raise ValueError("model.variant must be a non-empty name (the model config's file name)")
-    # train
-    t = cfg.train
-    budget = t.get("flops_budget")
-    if budget is not None:
-        _number(budget, "train.flops_budget (size.flops_budget)", 0, float("inf"), lo_open=True)
-    if t.tokens is not None:
-        _number(t.tokens, "train.tokens (size.tokens)", 0, float("inf"), lo_open=True)
-    elif budget is None:
-        raise ValueError("train.tokens (size.tokens) and train.flops_budget are both null: set a token count "
-                         "(train.tokens=...) or a compute budget in FLOPs (train.flops_budget=...)")
-    for key in ("batch_size", "seq_len", "log_every", "eval_count", "val_sequences", "val_batch_size"):
-        _positive_int(t[key], f"train.{key}")
-    # optimizer
-    o = cfg.optimizer
-    if "_target_" not in o:
-        raise ValueError("optimizer needs a _target_ (e.g. optimizer=adamw)")
-    if "lr" in o:
-        _number(o.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)
-    if "betas" in o:
-        if len(o.betas) != 2:
-            raise ValueError(f"optimizer.betas={list(o.betas)!r} must be two numbers in [0, 1)")
-        for i, b in enumerate(o.betas):
-            _number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
-    for key in ("weight_decay", "connection_weight_decay", "eps"):
-        if key in o:
-            _number(o[key], f"optimizer.{key}", 0, float("inf"))
-    # scheduler
-    s = cfg.scheduler
-    if "_target_" not in s:
-        raise ValueError("scheduler needs a _target_ (e.g. scheduler=cosine)")
-    if "warmup_fraction" in s:
-        _number(s.warmup_fraction, "scheduler.warmup_fraction", 0, 1, hi_open=True)
-    if s.get("warmup_steps") is not None:
-        if isinstance(s.warmup_steps, bool) or not isinstance(s.warmup_steps, int) or s.warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={s.warmup_steps!r} must be an integer >= 0 or null")
-    if "min_lr_ratio" in s:
-        _number(s.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
+    for group in ("train", "optimizer", "scheduler"):
+        _check_structured(cfg[group], group)
     # trainer
     tr = cfg.trainer
     if tr.get("accelerator") not in ACCELERATORS:
@@ -145,18 +118,22 @@ def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:
 MODEL_NON_FIELDS = ("_target_", "variant")  # keys of cfg.model that are not ModelConfig fields
 
 
-def build_model_config(cfg: DictConfig):
-    """attnres.ModelConfig from cfg.model (its `variant` name is a label, not a field)."""
-    import dataclasses
-
-    from hydra.utils import get_class
+def build_model_config(cfg: DictConfig) -> ModelConfig:
+    """attnres.ModelConfig (the model node's ``_target_``) instantiated from cfg.model; its ``variant`` is a label,
+    not a field. A key that is not a field, or a value ModelConfig refuses, raises ValueError naming it."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import get_class, instantiate
 
     node = OmegaConf.to_container(cfg.model, resolve=True)
-    target = get_class(node.get("_target_", "attnres.ModelConfig"))
-    kwargs = {k: v for k, v in node.items() if k not in MODEL_NON_FIELDS}
-    fields = [f.name for f in dataclasses.fields(target)]
-    unknown = sorted(set(kwargs) - set(fields))
+    node.pop("variant", None)
+    node.setdefault("_target_", "attnres.ModelConfig")
+    fields = [f.name for f in dataclasses.fields(get_class(node["_target_"]))]
+    unknown = sorted(set(node) - set(fields) - set(MODEL_NON_FIELDS))
     if unknown:
         raise ValueError(f"model.{unknown[0]} is not a model setting; allowed keys: {', '.join(fields)} (and variant)")
-    return target(**kwargs)
-
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as e:  # Hydra wraps what the target raised: the ModelConfig check's own message
+        if isinstance(e.__cause__, ValueError):
+            raise e.__cause__ from None
+        raise

@@ -428,11 +428,13 @@ def test_flop_count_matches_torch_flop_counter(name):
     ("full", {"mixing": "static", "key_norm": False}, r"mixing='static'.*key_norm=False"),
 ])
 def test_invalid_options_name_the_option_and_allowed_values(residual, options, match):
-    cfg = ModelConfig(**{**TINY, "residual": residual, "residual_options": options, "block_size": 2})
+    kwargs = {**TINY, "residual": residual, "residual_options": options, "block_size": 2}
+    with pytest.raises(ValueError, match=match):  # the config refuses them, so no model or FLOP count sees them
+        ModelConfig(**kwargs)
     with pytest.raises(ValueError, match=match):
-        Transformer(cfg)
+        Transformer(ModelConfig(**kwargs))
     with pytest.raises(ValueError, match=match):  # the FLOP count validates too (it never builds the model)
-        flops_per_token(cfg)
+        flops_per_token(ModelConfig(**kwargs))
 
 
 def test_connection_parameters_live_under_residual():

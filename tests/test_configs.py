@@ -284,3 +284,109 @@ def test_default_training_config_keeps_zero_init_equal_to_baseline():
             losses[variant] = float(model(idx[:, :-1], idx[:, 1:])[1])
     assert losses["full_attnres"] == pytest.approx(losses["baseline"], abs=2e-4)
     assert losses["block_attnres"] == pytest.approx(losses["baseline"], abs=2e-4)
+
+
+# ---- block geometry in a run's identity -----------------------------------------------------------------------
+@pytest.mark.parametrize("variant", ["baseline", "full_attnres", "hyper_static", "denseformer"])
+def test_block_geometry_does_not_split_runs_of_schemes_that_ignore_it(variant):
+    """A scheme that does not read n_blocks / block_size gets one run identity whatever they are set to (the
+    committed cpu_ladder runs carry n_blocks 4, the canonical value, so their hashes stay)."""
+    def chash(*o):
+        return run_identity(compose(["experiment=cpu_ladder", f"model={variant}", *o]))[0]
+
+    assert chash() == chash("model.n_blocks=8") == chash("model.n_blocks=null", "model.block_size=3")
+    assert chash() != chash("seed=1")
+
+
+def test_block_geometry_splits_block_attnres_runs():
+    def chash(*o):
+        return run_identity(compose(["experiment=cpu_ladder", "model=block_attnres", *o]))[0]
+
+    assert len({chash(), chash("model.n_blocks=8"), chash("model.block_size=3")}) == 3
+
+
+def test_canonical_block_geometry_is_what_ignoring_schemes_ignore():
+    """identity.BLOCK_GEOMETRY_SCHEMES restates (without importing torch) which registered schemes read the block
+    geometry; for every other scheme the model is the same whatever n_blocks / block_size say."""
+    from attnres import RESIDUAL_SCHEMES, ModelConfig, Transformer
+    from experiments.identity import BLOCK_GEOMETRY_SCHEMES, CANONICAL_BLOCK_GEOMETRY
+
+    assert set(BLOCK_GEOMETRY_SCHEMES) == {n for n, cls in RESIDUAL_SCHEMES.items() if cls.uses_block_geometry}
+    assert set(CANONICAL_BLOCK_GEOMETRY) == {"n_blocks", "block_size"}
+    idx = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    for name in set(RESIDUAL_SCHEMES) - set(BLOCK_GEOMETRY_SCHEMES):
+        outputs = []
+        for geometry in ({"n_blocks": 4}, {"n_blocks": 8}, {"n_blocks": None, "block_size": 3}, {"n_blocks": 99}):
+            torch.manual_seed(0)
+            model = Transformer(ModelConfig(vocab_size=64, n_layers=2, d_model=16, n_heads=2, max_seq_len=8,
+                                            residual=name, **geometry))
+            with torch.no_grad():
+                outputs.append(model(idx))
+        assert all(torch.equal(outputs[0], o) for o in outputs[1:]), name
+
+
+# ---- structured configs ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override, key", [
+    ("train.batch_size=abc", "train.batch_size"), ("optimizer.lr=fast", "optimizer.lr"),
+    ("scheduler.warmup_steps=1.5", "scheduler.warmup_steps"), ("optimizer.fused=maybe", "optimizer.fused"),
+    ("train.eval_count=2.5", "train.eval_count"), ("optimizer.betas=[0.9,high]", "optimizer.betas"),
+])
+def test_type_errors_fail_at_composition(override, key):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as info:
+        compose(["experiment=cpu_ladder", override])
+    assert key in f"{info.value} {info.value.__cause__}"
+
+
+def test_schemas_type_exactly_the_yaml_keys():
+    """A schema field the YAML lacks would add a key to the composed tree (and move every config_hash)."""
+    import dataclasses
+
+    from experiments.schema import SCHEMAS
+
+    for path, schema in SCHEMAS.items():
+        if path == "train":
+            yaml_keys = set(OmegaConf.load(CONF / "train.yaml").train)
+        else:
+            yaml_keys = set(OmegaConf.load(CONF / f"{path}.yaml")) - {"defaults"}
+        assert {f.name for f in dataclasses.fields(schema)} == yaml_keys, path
+        # no defaults besides the target: a schema merged after the YAML must not replace its values
+        assert all(f.default == "???" for f in dataclasses.fields(schema) if f.name not in ("_target_", "_partial_"))
+    cfg = compose(["experiment=cpu_ladder"])
+    for group in ("train", "optimizer", "scheduler"):
+        assert dataclasses.is_dataclass(OmegaConf.get_type(cfg[group])), group
+
+
+def test_model_config_is_instantiated_from_its_target():
+    from attnres import ModelConfig
+
+    mc = build_model_config(compose(["experiment=cpu_ladder", "model=full_sliding_window", "data.vocab_size=256"]))
+    assert type(mc) is ModelConfig and mc.residual == "full" and mc.options.window == 8
+    assert type(mc.residual_options) is dict  # plain containers, not OmegaConf nodes
+
+
+# ---- import structure -----------------------------------------------------------------------------------------
+def test_config_residual_and_peers_import_no_cycle():
+    """attnres.config looks schemes up in attnres.registry (which imports nothing of attnres); residual does not
+    import peers. No import cycle passes through the configuration, the registry or the schemes."""
+    import ast
+
+    pkg = CONF.parent / "attnres"
+    graph = {}
+    for path in pkg.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnres."):
+                deps.add(node.module.split(".")[1])
+        graph[path.stem] = deps - {"__init__"}
+
+    def reaches(start, goal, seen=()):
+        return any(d == goal or (d not in seen and reaches(d, goal, (*seen, d))) for d in graph.get(start, ()))
+
+    assert graph["registry"] == set()
+    assert "residual" not in graph["config"] and "peers" not in graph["residual"]
+    for module in ("config", "registry", "residual", "peers", "model"):
+        assert not reaches(module, module), module

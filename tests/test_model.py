@@ -429,6 +429,41 @@ def test_invalid_residual_lists_allowed_values():
         ModelConfig(residual="attnres")
 
 
+def test_registry_holds_each_scheme_once_with_its_own_options():
+    import dataclasses
+
+    from attnres import registry
+    from attnres.residual import PreNormResidual
+
+    assert list(RESIDUAL_SCHEMES) == ["baseline", "full", "block", "denseformer", "hyper", "mhc", "laurel"]
+    assert RESIDUAL_SCHEMES is registry.SCHEMES
+    for name, cls in RESIDUAL_SCHEMES.items():
+        assert cls.Options.scheme == name and dataclasses.is_dataclass(cls.Options)
+        assert type(ModelConfig(residual=name, n_layers=2, d_model=32, n_blocks=2).options) is cls.Options
+    with pytest.raises(ValueError, match="'full' is registered twice"):
+        registry.register("full")(FullAttnRes)
+
+    class NoOwnOptions(PreNormResidual):
+        pass
+
+    with pytest.raises(TypeError, match="must define its own Options"):
+        registry.register("no_own_options")(NoOwnOptions)
+    assert "no_own_options" not in RESIDUAL_SCHEMES
+
+
+def test_options_keep_booleans_apart_from_integers():
+    """YAML's true is not 1: a bool option refuses 0/1 and an int option refuses True (messages name the key)."""
+    from attnres import BlockAttnResOptions, FullAttnResOptions
+
+    assert FullAttnResOptions.parse({"window": None}).window is None
+    for options, key in (({"key_norm": 1}, "key_norm"), ({"heads": True}, "heads"), ({"read_group": 2.0}, "read_group"),
+                         ({"query": True}, "query")):
+        with pytest.raises(ValueError, match=rf"model\.residual_options\.{key}=.*\['{key}'\]"):
+            FullAttnResOptions.parse(options)
+    with pytest.raises(ValueError, match=r"two_phase=0 .*allowed values: True, False"):
+        BlockAttnResOptions(two_phase=0)
+
+
 def test_tied_embeddings_and_param_counts():
     model = make("baseline", tie_embeddings=True)
     assert model.lm_head.weight is model.tok_emb.weight

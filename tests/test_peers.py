@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnres import ModelConfig, Transformer, flops_per_token
+from attnres import ModelConfig, Transformer, flops_per_token, registry
 from attnres.peers import sinkhorn_knopp
 
 torch.set_num_threads(1)
@@ -374,8 +374,8 @@ def test_mixing_flops_equal_counted_forward_flops(residual, options):
         counted += 4 * TINY["d_model"] * model.config.n_sublayers
     if residual == "denseformer":  # DWA's weighted sums are element-wise multiply-adds (mix_sources): 2*D per pair
         o = model.residual.options
-        pairs = sum(len(model.residual.dwa_sources(i, o["dilation"]))
-                    for i in model.residual.dwa_blocks(model.config.n_layers, o["period"]))
+        pairs = sum(len(model.residual.dwa_sources(i, o.dilation))
+                    for i in model.residual.dwa_blocks(model.config.n_layers, o.period))
         counted += 2 * TINY["d_model"] * pairs
     assert counted == pytest.approx(type(model.residual).mixing_flops(model.config), rel=1e-9)
 
@@ -467,9 +467,10 @@ def test_connection_parameters_live_under_residual_and_learn(name):
     ("laurel", {"rank": 0}, r"'rank'"),
 ])
 def test_invalid_options_name_the_option(residual, options, match):
-    cfg = ModelConfig(**{**TINY, "residual": residual, "residual_options": options})
+    with pytest.raises(ValueError, match=match):  # the config itself refuses them, before any model is built
+        ModelConfig(**{**TINY, "residual": residual, "residual_options": options})
     with pytest.raises(ValueError, match=match):
-        Transformer(cfg)
+        registry.get(residual).Options.parse(options)
 
 
 def test_registry_lists_the_peers():
@@ -505,8 +506,9 @@ def test_shipped_model_configs_build_and_run(name):
     model = Transformer(cfg)
     residual, options = {**TABLE4, **PEERS}[name]
     assert cfg.residual == residual
-    assert all(model.residual.options[k] == v for k, v in options.items())
-    changed = {k for k, v in model.residual.options.items() if v != type(model.residual).OPTIONS[k]}
+    assert all(getattr(model.residual.options, k) == v for k, v in options.items())
+    defaults = type(model.residual).Options().as_dict()
+    changed = {k for k, v in model.residual.options.as_dict().items() if v != defaults[k]}
     assert changed <= set(options)  # nothing else departs from the scheme's defaults
     idx = tokens()
     assert torch.isfinite(model(idx, idx)[1])

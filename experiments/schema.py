@@ -1,0 +1,121 @@
+"""Structured configs (Hydra ConfigStore) of the ``train`` node and the ``optimizer`` and ``scheduler`` groups.
+
+Each dataclass types its node, so a value of the wrong type (``train.batch_size=abc``) fails when the config is
+composed, with the key named. The YAML files keep every default: conf/optimizer/*.yaml and conf/scheduler/*.yaml
+pull their schema in through their defaults list (``/schema/<group>/<name>@_here_``, before ``_self_``),
+conf/train.yaml pulls ``/schema/train@train`` in after ``_self_`` (so the node keeps its place in the printed
+config); every field here is MISSING (but ``_target_``, ``_partial_``) and the fields are exactly the YAML's
+keys, so the composed tree, and with it every config_hash, is what the YAML alone gives. Range checks live in
+``__post_init__`` and run when :func:`experiments.validation.check_config` builds the node's object
+(``OmegaConf.to_object``): a ValueError naming the key and what is allowed.
+
+``train.tokens`` and ``train.flops_budget`` are typed ``Any``: a size gives an integer or a float (a float type
+would turn 540000 into 540000.0 and move the config_hash), and a bad value must fail with the check's message.
+
+Importing this module registers the schemas (experiments.validation imports it, and experiments.train that).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+def positive_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{key}={value!r} must be a positive integer")
+    return value
+
+
+def number(value: Any, key: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> float:
+    """``value`` as a float when it is a finite number in the interval, else ValueError naming ``key``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise ValueError(f"{key}={value!r} must be a number in {lb}{lo}, {hi}{rb}")
+    return float(value)
+
+
+@dataclass
+class TrainSchema:
+    """``train``: how long a run trains and how it is evaluated (conf/train.yaml)."""
+
+    tokens: Any = MISSING  # int | float | None: size.tokens
+    flops_budget: Any = MISSING  # int | float | None: size.flops_budget
+    batch_size: int = MISSING
+    seq_len: int = MISSING
+    log_every: int = MISSING
+    eval_count: int = MISSING
+    val_sequences: int = MISSING
+    val_batch_size: int = MISSING
+
+    def __post_init__(self) -> None:
+        if self.flops_budget is not None:
+            number(self.flops_budget, "train.flops_budget (size.flops_budget)", 0, float("inf"), lo_open=True)
+        if self.tokens is not None:
+            number(self.tokens, "train.tokens (size.tokens)", 0, float("inf"), lo_open=True)
+        elif self.flops_budget is None:
+            raise ValueError("train.tokens (size.tokens) and train.flops_budget are both null: set a token count "
+                             "(train.tokens=...) or a compute budget in FLOPs (train.flops_budget=...)")
+        for key in ("batch_size", "seq_len", "log_every", "eval_count", "val_sequences", "val_batch_size"):
+            positive_int(getattr(self, key), f"train.{key}")
+
+
+@dataclass
+class AdamWSchema:
+    """``optimizer=adamw``: experiments.optim.adamw, completed with the model in LMModule.configure_optimizers."""
+
+    _target_: str = "experiments.optim.adamw"
+    _partial_: bool = True
+    lr: float = MISSING
+    betas: List[float] = MISSING
+    eps: float = MISSING
+    weight_decay: float = MISSING
+    connection_weight_decay: float = MISSING
+    fused: Optional[bool] = MISSING
+
+    def __post_init__(self) -> None:
+        number(self.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)
+        if len(self.betas) != 2:
+            raise ValueError(f"optimizer.betas={list(self.betas)!r} must be two numbers in [0, 1)")
+        for i, b in enumerate(self.betas):
+            number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
+        for key in ("weight_decay", "connection_weight_decay", "eps"):
+            number(getattr(self, key), f"optimizer.{key}", 0, float("inf"))
+
+
+@dataclass
+class WarmupCosineSchema:
+    """``scheduler=cosine``: experiments.optim.warmup_cosine, completed with the optimizer and the step count."""
+
+    _target_: str = "experiments.optim.warmup_cosine"
+    _partial_: bool = True
+    warmup_fraction: float = MISSING
+    warmup_steps: Optional[int] = MISSING
+    min_lr_ratio: float = MISSING
+
+    def __post_init__(self) -> None:
+        number(self.warmup_fraction, "scheduler.warmup_fraction", 0, 1, hi_open=True)
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"scheduler.warmup_steps={self.warmup_steps!r} must be an integer >= 0 or null")
+        number(self.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
+
+
+SCHEMAS = {"train": TrainSchema, "optimizer/adamw": AdamWSchema, "scheduler/cosine": WarmupCosineSchema}
+
+
+def register() -> None:
+    """Store every schema as ``schema/<group>/<name>`` (``schema/train``) in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    for path, node in SCHEMAS.items():
+        group, _, name = f"schema/{path}".rpartition("/")
+        cs.store(group=group, name=name, node=node)
+
+
+register()
