@@ -4,11 +4,11 @@ FLOP budget, conflicts named) and :func:`build_model_config` (``cfg.model`` inst
 ``attnres.ModelConfig``).
 
 Each concern is checked in one place: the ``train`` node and the ``optimizer`` and ``scheduler`` groups by their
-structured configs (experiments/schema.py: types when composed, ranges when check_config builds them), the
+structured configs (experiments/config_schema.py: types when composed, ranges when check_config builds them), the
 model by ``attnres.ModelConfig`` (and each residual scheme's options dataclass), the run-level keys, the trainer
 and the data here.
 
-Light on purpose: omegaconf, Hydra's ConfigStore (experiments.schema) and experiments.sizes at import, torch only
+Light on purpose: omegaconf, Hydra's ConfigStore (experiments.config_schema) and experiments.sizes at import, torch only
 where a check needs it (a CUDA device, the model config), so ``experiments.train`` runs these before Lightning or
 torch is imported.
 """
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import schema  # noqa: F401 - registers the structured configs before anything composes
-from .schema import number as _number
-from .schema import positive_int as _positive_int
+from . import config_schema  # noqa: F401 - registers the structured configs before anything composes
+from .config_schema import number as _number
+from .config_schema import positive_int as _positive_int
 from .sizes import steps_for, steps_for_budget
 
 if TYPE_CHECKING:

@@ -343,7 +343,7 @@ def test_schemas_type_exactly_the_yaml_keys():
     """A schema field the YAML lacks would add a key to the composed tree (and move every config_hash)."""
     import dataclasses
 
-    from experiments.schema import SCHEMAS
+    from experiments.config_schema import SCHEMAS
 
     for path, schema in SCHEMAS.items():
         if path == "train":
