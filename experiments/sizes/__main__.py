@@ -4,7 +4,7 @@ shapes of the arch-grid sweeps (paper Fig. 7), each cell composed as its run wou
 
 from __future__ import annotations
 
-from ..compose import compose, sweep_cells
+from ..compose import compose, conf_dir, sweep_cells
 from ..validation import build_model_config, planned_steps
 from .. import sizes
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printou
                          "Kimi tokenizer; use your shards' vocabulary)")
     args = ap.parse_args(argv)
 
-    conf = Path(__file__).resolve().parents[1] / "conf" / "size"
+    conf = Path(conf_dir()) / "size"
     print("Sizes given by shape (FLOPs/token at vocabulary 256):")
     print(f"{'size':12s} {'L_b':>3s} {'d':>5s} {'H':>3s} {'hd':>4s} {'d_ff':>5s} {'N_target':>12s} {'N_base':>12s} "
           f"{'err%':>6s} {'T':>5s} {'batch':>5s} {'steps':>6s} {'tokens':>14s} {'tok/N':>6s} {'MFLOP/tok':>10s} {'C (FLOPs)':>10s}")
