@@ -46,6 +46,19 @@ class RunRecord:
         """Optimizer steps done so far (0 before a trainer exists)."""
         return int(self.trainer.global_step) if self.trainer is not None else 0
 
+    def derived(self) -> dict[str, Any]:
+        """The run's planned size and compute (``derived/<key>``, logged with the config as hyperparameters);
+        needs ``module``."""
+        plan, tokens = self.plan, self.plan.steps * self.tokens_per_step
+        return {
+            "derived/params": self.module.num_params(),
+            "derived/params_non_embedding": self.module.num_params(non_embedding=True),
+            "derived/flops_per_token": plan.flops_per_token, "derived/steps": plan.steps, "derived/tokens": tokens,
+            "derived/flops": plan.flops_per_token * tokens, "derived/flops_budget": self.cfg.train.get("flops_budget"),
+            "derived/config_hash": self.chash, "derived/dataset": plan.dataset,
+            "derived/data_fingerprint": plan.data_fingerprint,
+        }
+
     def record(self, status: str, error: str = "") -> dict[str, Any]:
         """The result record as of now, with ``status`` (records.STATUSES) and ``error`` (empty unless failed)."""
         from attnres import flops_per_token

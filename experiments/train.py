@@ -30,9 +30,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from . import records, resolvers
 from .compose import conf_dir
-from .errors import RunBusy, RunInterrupted, SetupError
+from .errors import SetupError
 from .identity import resolved_container, run_identity
-from .job_summary import run_id_or_guess, write_job_summary
+from .job import run_job
 from .locks import acquire_run_lock
 from .run_env import environment, is_rank_zero, quiet_lightning
 from .run_plan import plan_run
@@ -131,15 +131,7 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
         loggers = instantiate_loggers(cfg, wandb_run_id(run.run_dir, resuming) if rank_zero else "")
         run.trainer = trainer = instantiate_trainer(cfg, plan, callbacks, loggers, run.run_dir)
 
-        tokens = plan.steps * run.tokens_per_step
-        derived = {
-            "derived/params": module.num_params(),
-            "derived/params_non_embedding": module.num_params(non_embedding=True),
-            "derived/flops_per_token": plan.flops_per_token, "derived/steps": plan.steps, "derived/tokens": tokens,
-            "derived/flops": plan.flops_per_token * tokens, "derived/flops_budget": cfg.train.get("flops_budget"),
-            "derived/config_hash": run.chash, "derived/dataset": plan.dataset,
-            "derived/data_fingerprint": plan.data_fingerprint,
-        }
+        derived = run.derived()
         log_hyperparameters(loggers, {**container, **derived}, rank_zero)
         if rank_zero:
             state = f"resuming from {ckpt}" if resuming else "starting"
@@ -167,44 +159,9 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
-    """One run. In a multirun a failed run is recorded and reported, not raised, so the sweep goes on and
-    ends with a summary (sweeps.callbacks.SweepSummary) whose exit status says whether every run was fine.
-    A config or data error (SetupError) prints one line (exit status 2 for a single run); a run another process
-    is training (RunBusy) is skipped with a message (exit status 3 for a single run); an interrupt stops the
-    run and, in a multirun, the sweep (exit status 128 + the signal number). Returns the run's val_loss (the
-    metric a Hydra sweeper optimizes)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    try:
-        record = train(cfg)
-    except RunInterrupted as e:
-        write_job_summary({"status": "interrupted", "run_id": run_id_or_guess(cfg), "error": str(e)})
-        raise SystemExit(e.exit_code) from None
-    except (SetupError, RunBusy) as e:
-        kind, status, code = ("config error", "failed", 2) if isinstance(e, SetupError) else ("busy", "skipped", 3)
-        print(f"[attnres] {run_id_or_guess(cfg)}: {kind}: {e}", file=sys.stderr, flush=True)
-        write_job_summary({"status": status, "run_id": run_id_or_guess(cfg), "error": f"{kind}: {e}"})
-        if not multirun:
-            raise SystemExit(code) from None
-        return None
-    except Exception as e:  # noqa: BLE001 - train() already wrote the failed/diverged record
-        if not multirun:
-            raise
-        from .module import DivergedError
-
-        status, run_id = "diverged" if isinstance(e, DivergedError) else "failed", run_id_or_guess(cfg)
-        print(f"[attnres] {run_id}: {status}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        write_job_summary({"status": status, "run_id": run_id, "error": f"{type(e).__name__}: {e}"})
-        return None
-    status = "skipped" if record.get("skipped") else str(record.get("status", "completed"))
-    write_job_summary({"status": status, "run_id": record.get("run_id"), "val_loss": record.get("val_loss")})
-    val = record.get("val_loss")
-    try:
-        return float(val) if val not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
+    """One run as a Hydra job (exit statuses and the sweep's per-job summary: experiments/job.py); returns its
+    val_loss, the metric a Hydra sweeper optimizes."""
+    return run_job(train, cfg)
 
 
 def main() -> None:
