@@ -1,18 +1,20 @@
 """Lightning's overhead as a number: optimizer steps of ``experiments.train`` against a plain PyTorch loop.
 
 Both sides train the same model (attnres.Transformer of the size, baseline residual) on the same data
-(TrainBatches of the same TokenDataModule) with the same work per step: forward, cross-entropy, backward,
-global-norm gradient clipping (trainer.gradient_clip_val), AdamW with the harness' parameter groups, the
-warm-up/cosine schedule, zero_grad, and reading the loss back to the host (the harness checks it is finite
-and records it every step).
+(TrainBatches of the same TokenDataModule, experiments.run_plan) with the same trainer settings
+(experiments.instantiators) and the same work per step: forward, cross-entropy, backward (of each micro-batch
+under gradient accumulation), global-norm gradient clipping (trainer.gradient_clip_val), AdamW with the harness'
+parameter groups, the warm-up/cosine schedule, zero_grad, and reading the loss back to the host (the harness
+checks it is finite and records it every step).
 
 The harness side is the real ``experiments.train.train`` with its run recorder, checkpoint callback and the
 chosen logger; a StepTimer callback (added through ``+callbacks.bench_timer``) stamps the start of every
 training batch. A step's time is the gap between consecutive batch starts, so it includes fetching the
 next batch and every per-step callback, exactly as in the plain loop, whose stamps are taken at the same
 point. A run of K steps gives K - 1 gaps; the first two are warm-up, so K - 3 steps are timed. Validation runs
-only after the last step (eval_count=1) and is not inside any gap. Harness and plain runs alternate (the order flips every round); the ratio is taken
-per round between the medians of the two runs, and summarised by median and IQR over rounds.
+only after the last step (eval_count=1) and is not inside any gap. Harness and plain runs alternate (the order
+flips every round); the ratio is taken per round between the medians of the two runs, and summarised by median
+and IQR over rounds.
 
 Lightning is imported here only, so ``python -m experiments.bench --harness off`` never imports it.
 """
@@ -29,8 +31,11 @@ from typing import Any, Callable
 
 import lightning.pytorch as pl
 import torch
+from omegaconf import DictConfig
 
-from .bench import REPO, BenchSize, CoreMonitor, summarize
+from .bench_common import BenchSize, CoreMonitor, summarize
+from .compose import compose
+from .run_plan import RunPlan
 
 WARMUP_STEPS = 2
 
@@ -88,18 +93,6 @@ def _overrides(size: BenchSize, args: argparse.Namespace, device: torch.device, 
     return o
 
 
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from . import train as _train  # noqa: F401 - registers the attnres_pid resolver
-
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name="train", overrides=overrides)
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
-
-
 def harness_run(cfg) -> list[float]:
     """Step times of one experiments.train run (gaps between batch starts, warm-up dropped)."""
     from .train import train
@@ -111,28 +104,32 @@ def harness_run(cfg) -> list[float]:
     return gaps[WARMUP_STEPS:]
 
 
-def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
-    """The same steps as the harness, written as a plain loop (no Lightning in the loop)."""
-    from hydra.utils import instantiate
-    from omegaconf import open_dict
+def plain_trainer(cfg: DictConfig, plan: RunPlan) -> pl.Trainer:
+    """The trainer ``experiments.train`` builds for ``cfg`` (experiments.instantiators), never fitted: the plain
+    loop reads its settings (steps, accumulation, clipping, precision) from it."""
+    from .instantiators import instantiate_trainer
 
-    from attnres import Transformer, flops_per_token
+    return instantiate_trainer(cfg, plan, callbacks=[], loggers=[], root_dir=Path(cfg.paths.runs_root))
+
+
+def plain_run(cfg: DictConfig, device: torch.device) -> list[float]:
+    """The same steps as the harness, written as a plain loop (no Lightning in the loop): the data and schedule of
+    experiments.run_plan.plan_run, the settings of :func:`plain_trainer`."""
+    from hydra.utils import instantiate
+
+    from attnres import Transformer
 
     from .optim import amp_clipping
-    from .validation import build_model_config, planned_steps
+    from .run_plan import plan_run
 
-    datamodule = instantiate(
-        cfg.data, seq_len=int(cfg.train.seq_len), batch_size=int(cfg.train.batch_size), seed=int(cfg.seed),
-        val_sequences=int(cfg.train.val_sequences), val_batch_size=int(cfg.train.val_batch_size), _recursive_=False,
-    )
-    datamodule.load(progress=False)
-    with open_dict(cfg):
-        if cfg.data.vocab_size is None:
-            cfg.data.vocab_size = datamodule.dataset_vocab_size
-    model_config = build_model_config(cfg)
-    total = planned_steps(cfg.train, flops_per_token(model_config, int(cfg.train.seq_len)).total)
+    plan = plan_run(cfg, progress=False)
+    trainer = plain_trainer(cfg, plan)
+    if trainer.precision not in ("32-true", "bf16-mixed"):
+        raise ValueError(f"the plain loop runs trainer.precision 32-true or bf16-mixed, not {trainer.precision!r}")
+    bf16 = trainer.precision == "bf16-mixed"  # autocast, as Lightning's mixed-precision plugin
+    clip, accumulate, total = trainer.gradient_clip_val, trainer.accumulate_grad_batches, trainer.max_steps
     torch.manual_seed(int(cfg.seed))
-    model = Transformer(model_config).to(device)
+    model = Transformer(plan.model_config).to(device)
     if cfg.activation_checkpointing:
         model.set_activation_checkpointing(True)
     forward = model
@@ -143,29 +140,28 @@ def plain_run(cfg, device: torch.device, bf16: bool) -> list[float]:
             model.compile_regions()
         else:
             forward = torch.compile(model)
-    # the harness' optimizer choice (foreach instead of fused under mixed precision with clipping), so both
-    # sides run the same optimizer kernel
-    optimizer = instantiate(cfg.optimizer)(
-        model=model, amp_clipping=amp_clipping(cfg.trainer.precision, cfg.trainer.get("gradient_clip_val")))
+    # the optimizer LMModule.configure_optimizers builds (foreach instead of fused under mixed precision with
+    # clipping), so both sides run the same optimizer kernel
+    optimizer = instantiate(cfg.optimizer)(model=model, amp_clipping=amp_clipping(trainer.precision, clip))
     scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total)
-    clip = cfg.trainer.get("gradient_clip_val")
     stamps: list[float] = []
     model.train()
-    for step, (x, y) in enumerate(datamodule.train_dataloader()):
-        if step == total:
+    for micro_step, (x, y) in enumerate(plan.datamodule.train_dataloader()):  # micro-batches, as Lightning's
+        if micro_step == total * accumulate:
             break
         if device.type == "cuda":
             torch.cuda.synchronize()
-        stamps.append(time.perf_counter())  # as StepTimer: after the fetch of this step's batch
+        stamps.append(time.perf_counter())  # as StepTimer: after the fetch of this micro-batch
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             _, loss = forward(x, y)
-        loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        (loss / accumulate if accumulate > 1 else loss).backward()  # Lightning scales micro-batch losses so
+        if (micro_step + 1) % accumulate == 0:
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss.detach()):
             raise RuntimeError("plain loop: loss is not finite")
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
@@ -183,12 +179,12 @@ def compare_harness(size: BenchSize, args: argparse.Namespace, device: torch.dev
     with tempfile.TemporaryDirectory(prefix="attnres_bench_") as tmp:
         for rnd in range(args.harness_rounds):
             timer_path = Path(tmp) / f"timer_{rnd}.json"
-            cfg = _compose(_overrides(size, args, device, Path(tmp) / f"round{rnd}", args.seed + rnd, timer_path, steps))
+            cfg = compose(_overrides(size, args, device, Path(tmp) / f"round{rnd}", args.seed + rnd, timer_path, steps))
             monitor.start()
             sides = ("harness", "plain") if rnd % 2 == 0 else ("plain", "harness")
             got: dict[str, list[float]] = {}
             for side in sides:
-                got[side] = harness_run(cfg) if side == "harness" else plain_run(cfg, device, args.bf16)
+                got[side] = harness_run(cfg) if side == "harness" else plain_run(cfg, device)
             load = monitor.stop()
             h, p = statistics.median(got["harness"]), statistics.median(got["plain"])
             harness_med.append(h)

@@ -20,7 +20,6 @@ import csv
 import io
 import json
 import os
-import random
 import signal
 import time
 import warnings
@@ -28,7 +27,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 
 from .errors import RunInterrupted
@@ -226,7 +224,6 @@ class RunRecorder(pl.Callback):
         return {
             "started_at": self.started_at,
             "wall_time_s": self.wall_time_s(),
-            "rng": _rng_state(),
             "threads": torch.get_num_threads(),
         }
 
@@ -239,26 +236,6 @@ class RunRecorder(pl.Callback):
         self.started_at = state_dict.get("started_at", self.started_at)
         self.prior_wall_s = float(state_dict.get("wall_time_s", 0.0))
         self.session_start = time.time()
-        if state_dict.get("rng"):
-            _set_rng_state(state_dict["rng"])
-
-
-def _rng_state() -> dict[str, Any]:
-    """torch / numpy / Python RNG states in types that `torch.load(weights_only=True)` accepts.
-
-    Nothing in training draws random numbers today (no dropout; batches are a function of (seed, step)); the
-    states are saved and restored so that anything added later resumes exactly too."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
-            "python": list(random.getstate()[1]), "python_version": random.getstate()[0],
-            "python_gauss": random.getstate()[2]}
-
-
-def _set_rng_state(rng: dict[str, Any]) -> None:
-    torch.set_rng_state(rng["torch"])
-    kind, keys, pos, has_gauss, gauss = rng["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    random.setstate((rng["python_version"], tuple(rng["python"]), rng["python_gauss"]))
 
 
 # ---- graceful interrupt ---------------------------------------------------------------------------------------

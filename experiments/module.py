@@ -32,10 +32,8 @@ COMPILE_ENV = "ATTNRES_COMPILE"  # how compile=true compiles: "whole" or "region
 def compile_mode(device_type: str) -> str:
     """How ``compile=true`` compiles the model: "whole" (torch.compile of the Transformer: one graph, the residual
     scheme included) or "regional" (Transformer.compile_regions: the attention and MLP sublayers, compiled once and
-    shared by every block; the residual scheme eager, on CUDA its Triton kernels). $ATTNRES_COMPILE picks one.
-    Default: regional on CUDA, where compiling the three paper_194m models whole did not finish in 250 s on an
-    H200 (docs/performance.md; which one steps faster there is not measured yet), whole elsewhere (measured on the
-    CPU)."""
+    shared by every block; the residual scheme eager, on CUDA its Triton kernels). $ATTNRES_COMPILE picks one;
+    the default is regional on CUDA and whole elsewhere (why: docs/performance.md)."""
     mode = os.environ.get(COMPILE_ENV, "").strip().lower() or ("regional" if device_type == "cuda" else "whole")
     if mode not in ("whole", "regional"):
         raise ValueError(f"{COMPILE_ENV}={mode!r}; allowed values: whole, regional")
@@ -55,8 +53,8 @@ def dead_gradients(model: nn.Module) -> list[str]:
 
     At the first step of a randomly initialised model every sublayer weight, norm gain, the embedding and the LM
     head get a gradient; the residual scheme's own parameters may legitimately not (a zero-initialised query
-    makes its key-norm gain's gradient zero), so they are not checked. Found necessary on an H200 (torch 2.11):
-    torch.compile of Full AttnRes returned an all-zero embedding gradient while the loss was right."""
+    makes its key-norm gain's gradient zero), so they are not checked. A compiler that drops a gradient while the
+    loss stays right is caught here (docs/performance.md)."""
     return [name for name, p in model.named_parameters()
             if p.requires_grad and not name.startswith("residual.") and (p.grad is None or not bool(p.grad.any()))]
 

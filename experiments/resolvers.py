@@ -1,7 +1,8 @@
 """The OmegaConf resolvers the configs use, registered explicitly by :func:`register` (idempotent).
 
-``experiments.train`` calls it at import, before ``@hydra.main`` composes a config; anything else that composes
-the configs (tests, the bench, ``experiments.sizes``) calls it too.
+Whatever composes or resolves a config calls it first: ``experiments.compose.compose`` (the tests, the bench,
+``python -m experiments.sizes``), ``experiments.bench_common.conf_size`` and ``experiments.train`` (at import,
+before ``@hydra.main`` composes, also in a launcher's worker process).
 
 * ``${attnres_pid:}`` -- this process's id (keeps concurrent launches' Hydra directories apart);
 * ``${attnres_scale:<value>,<factor>}`` -- an int budget scaled by a factor (the quick study's short runs);

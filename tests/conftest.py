@@ -34,18 +34,17 @@ TEST_MAX_BYTES = 1_500_000
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train", return_hydra_config: bool = False):
     """Compose conf/<config_name>.yaml with overrides, the way `python -m experiments.train` would (with
-    return_hydra_config: also the `hydra` node, e.g. a sweep's hydra.sweeper.params)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    return_hydra_config: also the `hydra` node, e.g. a sweep's hydra.sweeper.params). Hydra stays initialised for
+    the rest of the test (fast repeated composes)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    import experiments.train  # noqa: F401 - registers the attnres_pid resolver
+    from experiments import compose as composing
 
     global _HYDRA
     if _HYDRA is None or not GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-        _HYDRA = initialize_config_dir(config_dir=str(CONF), version_base="1.3")  # kept for the session
-    return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+        composing.initialize()
+        _HYDRA = True
+    return composing.compose(overrides, config_name=config_name, return_hydra_config=return_hydra_config)
 
 
 _HYDRA = None

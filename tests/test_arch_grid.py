@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 
 from conftest import CONF, compose
 from experiments import resolvers
+from experiments.compose import sweep_cells
 from experiments.identity import identity_config, resolved_container, run_identity
-from experiments.sizes import (ArchShape, baseline_non_embedding, derive_arch_shape, steps_for, steps_for_budget,
-                               sweep_cells)
+from experiments.sizes import ArchShape, baseline_non_embedding, derive_arch_shape, steps_for, steps_for_budget
 from experiments.train import train
 from experiments.validation import build_model_config, check_config, planned_steps
 

@@ -210,3 +210,40 @@ def test_the_torch_path_option_runs_without_the_cpu_kernels(monkeypatch):
         runner.train_step()
         assert bool(calls) == (use and cpu_kernels.library() is not None)
         assert not use or not cpu_kernels.library() or {"merge_backward", "mix_backward"} <= set(calls)
+
+
+def test_the_plain_loop_gets_the_trainer_and_data_of_experiments_train(train_cfg, monkeypatch):
+    """The harness benchmark compares like with like only while its plain loop runs with what experiments.train
+    trains with: the trainer settings (accumulation, clipping, precision, steps, evaluation) of the trainer that
+    train() fits, and a datamodule with the same batch geometry; under accumulation it steps once per micro-batches."""
+    import lightning.pytorch as pl
+    import torch
+
+    from experiments import bench_harness
+    from experiments.run_plan import plan_run
+    from experiments.train import train
+
+    fitted = []
+    real_fit = pl.Trainer.fit
+
+    def spy(self, model, *args, datamodule=None, **kwargs):
+        fitted.append((self, datamodule))
+        return real_fit(self, model, *args, datamodule=datamodule, **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "fit", spy)
+    overrides = ("size.tokens=16384", "train.eval_count=1", "trainer.accumulate_grad_batches=2",
+                 "trainer.gradient_clip_val=0.5", "callbacks=none")
+    assert train(train_cfg(*overrides))["status"] == "completed"
+    ((trained, train_data),) = fitted
+    assert trained.accumulate_grad_batches == 2 and trained.gradient_clip_val == 0.5  # the overrides took effect
+    cfg = train_cfg(*overrides)
+    plan = plan_run(cfg, progress=False)
+    plain = bench_harness.plain_trainer(cfg, plan)
+    for key in ("max_steps", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "precision",
+                "val_check_interval", "check_val_every_n_epoch", "log_every_n_steps"):
+        assert getattr(plain, key) == getattr(trained, key), key
+    for key in ("name", "batch_size", "seq_len", "seed", "accumulate", "val_sequences", "val_batch_size"):
+        assert getattr(plan.datamodule, key) == getattr(train_data, key), key
+    torch.set_num_threads(1)
+    gaps = bench_harness.plain_run(cfg, torch.device("cpu"))
+    assert len(gaps) == trained.max_steps * 2 - 1 - bench_harness.WARMUP_STEPS  # one stamp per micro-batch

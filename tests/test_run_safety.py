@@ -20,7 +20,8 @@ from experiments import records
 from experiments.callbacks import read_metrics
 from experiments.errors import RunBusy
 from experiments.identity import run_identity
-from experiments.train import _is_rank_zero, train
+from experiments.run_env import is_rank_zero
+from experiments.train import train
 
 torch.set_num_threads(1)
 
@@ -215,27 +216,27 @@ def test_thread_count_is_recorded_and_a_completed_run_is_skipped_across_thread_c
 def test_rank_zero_under_srun_follows_lightnings_slurm_environment(monkeypatch):
     for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
-    assert _is_rank_zero()
+    assert is_rank_zero()
     slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NAME": "attnres", "SLURM_JOB_ID": "7",
              "SLURM_NODEID": "0", "SLURM_NODELIST": "node1", "SLURM_LOCALID": "1", "SLURM_PROCID": "1"}
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
-    assert not _is_rank_zero()  # task 1 of an srun step: not rank zero, whatever RANK/LOCAL_RANK say
+    assert not is_rank_zero()  # task 1 of an srun step: not rank zero, whatever RANK/LOCAL_RANK say
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_LOCALID", "0")
-    assert _is_rank_zero()
+    assert is_rank_zero()
     for key in slurm:
         monkeypatch.delenv(key)
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("NODE_RANK", "1")  # local rank 0 of the second node
-    assert not _is_rank_zero()
+    assert not is_rank_zero()
 
 
 def test_a_non_zero_rank_writes_no_record(train_cfg, monkeypatch):
     """Under srun every task runs train(); only rank zero may write the record and take the lock."""
     import experiments.train as t
 
-    monkeypatch.setattr(t, "_is_rank_zero", lambda: False)
+    monkeypatch.setattr(t, "is_rank_zero", lambda: False)
     cfg = train_cfg("size.tokens=8192", "train.eval_count=1")
     rec = train(cfg)
     assert rec["status"] == "completed"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnres import RESIDUAL_SCHEMES
 from conftest import TEST_MAX_BYTES, run_cli
 from experiments import records
 from experiments.callbacks import METRIC_COLUMNS, read_metrics
@@ -121,6 +122,39 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, data_cache):
             assert g["val_loss"] == pytest.approx(w["val_loss"], rel=1e-6)
     assert resumed["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-6)
     assert len(records.read_rows(tmp_path / "a" / "smoke" / "results.csv")) == 1
+
+
+@pytest.mark.parametrize("residual", sorted(RESIDUAL_SCHEMES))
+def test_training_and_evaluation_draw_no_random_numbers(residual):
+    """Resume restores no RNG state: after the model's initialisation (which a resumed run replaces by the
+    checkpoint's weights) nothing may draw from the global RNGs. A training step (forward, backward, AdamW) and an
+    evaluation forward with diagnostics leave torch's, numpy's and Python's generators where they were."""
+    import random
+
+    import numpy as np
+
+    from attnres import ModelConfig, Transformer
+    from experiments.optim import adamw
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=2, max_seq_len=16, residual=residual,
+                                    n_blocks=2))
+    optimizer = adamw(model, lr=1e-3)
+    x = torch.randint(0, 64, (2, 16))
+    y = torch.randint(0, 64, (2, 16))
+    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    model.train()
+    _, loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    model.record_diagnostics = True
+    with torch.no_grad():
+        model(x, y)
+    assert model.diagnostics and torch.isfinite(loss)
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert (np.random.get_state()[1] == states[1]).all() and random.getstate() == states[2]
 
 
 def test_wandb_offline_run_dir_and_record(train_cfg, monkeypatch, tmp_path):

@@ -1,0 +1,90 @@
+"""One run as a Hydra job (:func:`run_job`): how each way a run ends becomes an exit status or, in a multirun, a
+line of the sweep's summary (``attnres_job.json`` in the job's Hydra output directory, which
+sweeps.callbacks.SweepSummary reads back at the end of the multirun: :func:`write_job_summary`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+from . import records
+from .errors import RunBusy, RunInterrupted, SetupError
+from .identity import run_identity
+
+JOB_FILE = "attnres_job.json"
+
+
+def run_id_or_guess(cfg: DictConfig) -> str:
+    """The run's id, or ``<variant>_<size>_s<seed>`` for a config that does not even resolve."""
+    try:
+        return run_identity(cfg)[1]
+    except Exception:  # noqa: BLE001 - a config that does not even resolve
+        return f"{cfg.model.get('variant', '?')}_{cfg.size.get('name', '?')}_s{cfg.get('seed')}"
+
+
+def write_job_summary(summary: dict[str, Any]) -> None:
+    """``summary`` (status, run_id, error or val_loss) with the job's number, pid and threads, written to this
+    job's Hydra output directory; nothing outside a Hydra app, nothing on ranks other than zero."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    if "lightning" in sys.modules:  # a run got as far as training: one rank writes
+        from .run_env import is_rank_zero
+
+        if not is_rank_zero():
+            return
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+    summary = {"job_num": hc.job.get("num", 0), "pid": os.getpid(), "threads": threads, **summary}
+    records.atomic_write_text(out / JOB_FILE, json.dumps(summary, default=str) + "\n")
+
+
+def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> float | None:
+    """``train(cfg)`` as one job; returns the run's val_loss (None when it has none).
+
+    In a multirun a failed run is recorded and reported, not raised, so the sweep goes on and ends with a summary
+    (sweeps.callbacks.SweepSummary) whose exit status says whether every run was fine. A config or data error
+    (SetupError) prints one line (exit status 2 for a single run); a run another process is training (RunBusy) is
+    skipped with a message (exit status 3 for a single run); an interrupt stops the run and, in a multirun, the
+    sweep (exit status 128 + the signal number).
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        record = train(cfg)
+    except RunInterrupted as e:
+        write_job_summary({"status": "interrupted", "run_id": run_id_or_guess(cfg), "error": str(e)})
+        raise SystemExit(e.exit_code) from None
+    except (SetupError, RunBusy) as e:
+        kind, status, code = ("config error", "failed", 2) if isinstance(e, SetupError) else ("busy", "skipped", 3)
+        print(f"[attnres] {run_id_or_guess(cfg)}: {kind}: {e}", file=sys.stderr, flush=True)
+        write_job_summary({"status": status, "run_id": run_id_or_guess(cfg), "error": f"{kind}: {e}"})
+        if not multirun:
+            raise SystemExit(code) from None
+        return None
+    except Exception as e:  # noqa: BLE001 - train() already wrote the failed/diverged record
+        if not multirun:
+            raise
+        from .module import DivergedError
+
+        status, run_id = "diverged" if isinstance(e, DivergedError) else "failed", run_id_or_guess(cfg)
+        print(f"[attnres] {run_id}: {status}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        write_job_summary({"status": status, "run_id": run_id, "error": f"{type(e).__name__}: {e}"})
+        return None
+    status = "skipped" if record.get("skipped") else str(record.get("status", "completed"))
+    write_job_summary({"status": status, "run_id": record.get("run_id"), "val_loss": record.get("val_loss")})
+    val = record.get("val_loss")
+    try:
+        return float(val) if val not in (None, "") else None
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,67 @@
+"""What a run will train, found before anything is written: the data loaded and checked, the model config, the
+step count and the evaluation interval (:func:`plan_run`). Training (experiments.train) and the harness benchmark's
+plain loop (experiments.bench_harness) both start from it, so they see the same data and the same schedule.
+
+Torch, no Lightning: the datamodule class is imported only when ``cfg.data`` is instantiated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, open_dict
+
+from analysis.ledger import data_fingerprint
+
+from .validation import build_model_config, planned_steps
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The checked inputs of one run; nothing of it is written anywhere yet."""
+
+    datamodule: Any  # experiments.datamodule.TokenDataModule, loaded and checked against the model
+    model_config: Any  # attnres.ModelConfig
+    steps: int  # optimizer steps
+    flops_per_token: float  # attnres.flops_per_token(model_config, seq_len).total
+    eval_every: int  # optimizer steps between evaluations (the last step is always evaluated)
+    dataset: str  # the shards' path
+    data_fingerprint: str  # analysis.ledger.data_fingerprint of the shards' checksums
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.datamodule.batch_size) * int(self.datamodule.seq_len)
+
+
+def instantiate_datamodule(cfg: DictConfig) -> Any:
+    """``cfg.data`` with the batch geometry of ``cfg.train`` and the trainer's gradient accumulation (not loaded)."""
+    from hydra.utils import instantiate
+
+    return instantiate(
+        cfg.data, seq_len=int(cfg.train.seq_len), batch_size=int(cfg.train.batch_size), seed=int(cfg.seed),
+        val_sequences=int(cfg.train.val_sequences), val_batch_size=int(cfg.train.val_batch_size),
+        accumulate_grad_batches=int(cfg.trainer.get("accumulate_grad_batches", 1)), _recursive_=False,
+    )
+
+
+def plan_run(cfg: DictConfig, progress: bool = True) -> RunPlan:
+    """Load and check the data, build the model config, plan the steps; a ValueError names what to change.
+
+    Data first, so bad data fails before a model config is built. Fills in ``cfg.data.vocab_size`` from the data
+    when it is null (``model.vocab_size`` interpolates it). Writes nothing except the dataset cache.
+    """
+    from attnres import flops_per_token
+
+    datamodule = instantiate_datamodule(cfg)
+    shards = datamodule.load(progress=progress)
+    with open_dict(cfg):
+        if cfg.data.vocab_size is None:
+            cfg.data.vocab_size = datamodule.dataset_vocab_size
+    model_config = build_model_config(cfg)
+    datamodule.check(model_config.vocab_size)
+    fpt = flops_per_token(model_config, int(cfg.train.seq_len)).total
+    steps = planned_steps(cfg.train, fpt)  # a token count, or a FLOP budget's tokens; conflicts fail here
+    return RunPlan(datamodule, model_config, steps, fpt, math.ceil(steps / int(cfg.train.eval_count)),
+                   str(shards.path), data_fingerprint(shards.header.checksum))

@@ -1,0 +1,139 @@
+"""A run's result record: :class:`RunRecord` gathers what the record is made of while the run progresses (so a
+failed run records what it had) and writes it, to the study's ledger and to the run's ``results.json``
+(experiments.records). Before a run starts: :func:`find_completed` (the skip check) and :func:`warn_other_data`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from . import records
+from .run_env import torch_threads
+from .run_plan import RunPlan
+
+
+def _float_or_none(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):  # an invalid setting is recorded as missing; check_config names it
+        return None
+
+
+class RunRecord:
+    """The record of one run in the making. ``module``, ``trainer`` and ``recorder`` (experiments.callbacks.
+    RunRecorder) are set by experiments.train as they are built; :meth:`record` uses whichever exist."""
+
+    def __init__(self, cfg: DictConfig, chash: str, run_id: str, run_dir: Path, study_dir: Path,
+                 plan: RunPlan) -> None:
+        self.cfg, self.chash, self.run_id, self.run_dir, self.study_dir = cfg, chash, run_id, run_dir, study_dir
+        self.plan = plan
+        self.table = study_dir / records.RESULTS_TABLE
+        self.started_at = records.utc_now()
+        self.t0 = time.time()
+        self.module: Any = None
+        self.trainer: Any = None
+        self.recorder: Any = None
+        self.completed: dict[str, Any] | None = None  # the completed record once written; nothing overwrites it
+        self.tokens_per_step = int(cfg.train.batch_size) * int(cfg.train.seq_len)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done so far (0 before a trainer exists)."""
+        return int(self.trainer.global_step) if self.trainer is not None else 0
+
+    def derived(self) -> dict[str, Any]:
+        """The run's planned size and compute (``derived/<key>``, logged with the config as hyperparameters);
+        needs ``module``."""
+        plan, tokens = self.plan, self.plan.steps * self.tokens_per_step
+        return {
+            "derived/params": self.module.num_params(),
+            "derived/params_non_embedding": self.module.num_params(non_embedding=True),
+            "derived/flops_per_token": plan.flops_per_token, "derived/steps": plan.steps, "derived/tokens": tokens,
+            "derived/flops": plan.flops_per_token * tokens, "derived/flops_budget": self.cfg.train.get("flops_budget"),
+            "derived/config_hash": self.chash, "derived/dataset": plan.dataset,
+            "derived/data_fingerprint": plan.data_fingerprint,
+        }
+
+    def record(self, status: str, error: str = "") -> dict[str, Any]:
+        """The result record as of now, with ``status`` (records.STATUSES) and ``error`` (empty unless failed)."""
+        from attnres import flops_per_token
+
+        cfg, mc = self.cfg, self.plan.model_config
+        rec: dict[str, Any] = dict(
+            run_id=self.run_id, study=str(cfg.study), variant=str(cfg.model.variant), residual=str(cfg.model.residual),
+            size=str(cfg.size.name), seed=int(cfg.seed), status=status, seq_len=int(cfg.train.seq_len),
+            batch_size=int(cfg.train.batch_size), lr=float(cfg.optimizer.lr) if "lr" in cfg.optimizer else None,
+            git_commit=records.git_commit(), config_hash=self.chash, run_dir=str(self.run_dir), error=error,
+            started_at=self.started_at, finished_at=records.utc_now(), wall_time_s=round(time.time() - self.t0, 3),
+            flops_budget=_float_or_none(cfg.train.get("flops_budget")),
+            d_over_lb=_float_or_none(cfg.size.get("d_over_lb")),
+            heads_over_lb=_float_or_none(cfg.size.get("heads_over_lb")),
+            lr_protocol=str(cfg.get("lr_protocol") or ""),
+            dataset=self.plan.dataset, data_fingerprint=self.plan.data_fingerprint, threads=torch_threads(),
+        )
+        if mc is not None:
+            import torch
+
+            from attnres import Transformer
+
+            if self.module is not None:
+                params, non_emb = self.module.num_params(), self.module.num_params(non_embedding=True)
+            else:
+                with torch.device("meta"):
+                    m = Transformer(mc)
+                params, non_emb = m.num_params(), m.num_params(non_embedding=True)
+            fpt = flops_per_token(mc, int(cfg.train.seq_len)).total
+            steps = self.step
+            tokens = steps * self.tokens_per_step
+            rec.update(
+                n_layers=mc.n_layers, d_model=mc.d_model, n_heads=mc.n_heads, d_ff=mc.d_ff,
+                block_size=mc.sublayers_per_block if mc.residual == "block" else None,
+                n_blocks=mc.effective_n_blocks if mc.residual == "block" else None,
+                params=params, params_non_embedding=non_emb, tokens=tokens, flops_per_token=fpt,
+                flops=fpt * tokens, pflops_days=fpt * tokens / (1e15 * 86400), flops_6nd=6.0 * non_emb * tokens,
+                pflops_days_6nd=6.0 * non_emb * tokens / (1e15 * 86400), steps=steps,
+            )
+        if self.recorder is not None:
+            rec["started_at"] = self.recorder.started_at  # first launch of a resumed run
+            rec["wall_time_s"] = round(self.recorder.wall_time_s(), 3)
+            rec["train_loss"] = self.recorder.last_train_loss
+            ev = self.recorder.last_eval
+            if status == "completed" and ev is not None and ev["step"] == rec.get("steps"):
+                rec["val_loss"] = ev["val_loss"]
+            if status == "completed":
+                rec["health"] = ",".join(self.recorder.health_flags(self.plan.steps or rec.get("steps") or 0)) or "ok"
+        return records.make_record(**rec)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Add ``record`` to the study's ledger and write it as the run's results.json (its record_id set)."""
+        record["record_id"] = records.add_record(self.study_dir, record)
+        records.write_json(self.run_dir / records.RESULTS_JSON, record)
+
+
+def find_completed(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] | None:
+    """The study's completed record of this config (``skipped`` set, after a message saying so), or None."""
+    done = records.find_completed(study_dir, chash)
+    if done is None:
+        return None
+    print(f"[attnres] skipping {run_id}: {study_dir / records.RESULTS_TABLE} already holds a completed run with "
+          f"config_hash {chash} (val_loss {done.get('val_loss')}); pass force=true to re-run it")
+    return {**done, "skipped": True}
+
+
+def warn_other_data(study_dir: Path, plan: RunPlan) -> None:
+    """Say so when the study already holds completed runs of other data: the analysis will not pool them."""
+    other: dict[str, str] = {}
+    for rec in records.read_records(study_dir):
+        fp = rec.get("data_fingerprint") or ""
+        if rec.get("status") == "completed" and fp and fp != plan.data_fingerprint:
+            other[fp] = str(rec.get("dataset") or "?")
+    if other:
+        print(f"[attnres] warning: study {study_dir.name} already holds completed runs of other data "
+              f"({', '.join(f'{fp} = {name}' for fp, name in sorted(other.items()))}); this run's data is "
+              f"{plan.data_fingerprint} = {plan.dataset}. The analysis never pools data sets: give each its own "
+              f"study (study=<name>)", file=sys.stderr, flush=True)
