@@ -11,7 +11,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
-from . import resolvers
+from . import config_schema, resolvers
 
 VERSION_BASE = "1.3"
 
@@ -52,6 +52,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train", return_hy
     from hydra.core.global_hydra import GlobalHydra
 
     resolvers.register()
+    config_schema.register()
     args = dict(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(**args)

@@ -117,5 +117,3 @@ def register() -> None:
         group, _, name = f"schema/{path}".rpartition("/")
         cs.store(group=group, name=name, node=node)
 
-
-register()

@@ -73,7 +73,7 @@ class RunRecord:
             flops_budget=_float_or_none(cfg.train.get("flops_budget")),
             d_over_lb=_float_or_none(cfg.size.get("d_over_lb")),
             heads_over_lb=_float_or_none(cfg.size.get("heads_over_lb")),
-            lr_protocol=str(cfg.get("lr_protocol") or ""),
+            lr_protocol=str(cfg.get("lr_protocol") or ""), study_kind=str(cfg.get("study_kind") or "scaling"),
             dataset=self.plan.dataset, data_fingerprint=self.plan.data_fingerprint, threads=torch_threads(),
         )
         if mc is not None:

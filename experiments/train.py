@@ -28,7 +28,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from . import records, resolvers
+from . import config_schema, records, resolvers
 from .compose import conf_dir
 from .errors import SetupError
 from .identity import resolved_container, run_identity
@@ -40,8 +40,9 @@ from .run_record import RunRecord, find_completed, warn_other_data
 from .validation import check_config
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
-# job's config (hydra.sweep.dir uses ${attnres_pid:}) without running main().
+# job's config (hydra.sweep.dir uses ${attnres_pid:}) without running main(); conf/ names the structured configs.
 resolvers.register()
+config_schema.register()
 
 
 def _setup_error(e: BaseException) -> SetupError:

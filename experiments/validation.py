@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from . import config_schema  # noqa: F401 - registers the structured configs before anything composes
+from analysis.schema import STUDY_KINDS
+
 from .config_schema import number as _number
 from .config_schema import positive_int as _positive_int
+from .data.options import check_data_config
 from .sizes import steps_for, steps_for_budget
 
 if TYPE_CHECKING:
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "single_device")
-TOKENIZERS = ("bytes", "bpe")  # experiments.data.TOKENIZERS, restated so the checks run before torch is imported
 
 
 def _check_structured(node: DictConfig, group: str) -> None:
@@ -78,16 +79,9 @@ def check_config(cfg: DictConfig) -> None:
     _positive_int(tr.get("accumulate_grad_batches", 1), "trainer.accumulate_grad_batches")
     if tr.get("gradient_clip_val") is not None:
         _number(tr.gradient_clip_val, "trainer.gradient_clip_val", 0, float("inf"))
-    # data
-    d = cfg.data
-    if not d.get("name"):
-        raise ValueError("data.name must be 'stdlib' or the directory of prepared token shards")
-    if d.get("tokenizer") not in TOKENIZERS:
-        raise ValueError(f"data.tokenizer={d.get('tokenizer')!r}; allowed values: {', '.join(TOKENIZERS)}")
-    if d.get("vocab_size") is not None:
-        _positive_int(d.vocab_size, "data.vocab_size")
-    if d.get("num_workers", 0) < 0:
-        raise ValueError(f"data.num_workers={d.num_workers!r} must be >= 0")
+    check_data_config(cfg.data, prefix="data.")
+    if cfg.get("study_kind", "scaling") not in STUDY_KINDS:
+        raise ValueError(f"study_kind={cfg.get('study_kind')!r}; allowed values: {', '.join(STUDY_KINDS)}")
 
 
 def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:

@@ -79,13 +79,13 @@ def sweep_config(sweep: str, overrides: Sequence[str] = ()) -> DictConfig:
     """conf/train.yaml with ``+sweep=<sweep>`` and ``overrides`` composed by Hydra's compose API, the ``hydra``
     node (with ``hydra.sweeper.params``) included and nothing resolved. Sweep overrides (``model=a,b``) choose
     runs, not the study's settings, and are left out: composition takes one value per key."""
-    from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from experiments.compose import compose
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     single = [text for text, o in zip(overrides, parsed) if not o.is_sweep_override()]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=[f"+sweep={sweep}", *single], return_hydra_config=True)
+    return compose([f"+sweep={sweep}", *single], return_hydra_config=True)
 
 
 def run_streaming(cmd: list[str], log_path: Path) -> int:

@@ -98,7 +98,9 @@ def test_slurm_launcher_config_composes():
 def test_every_sweep_config_composes():
     from hydra import compose, initialize_config_dir
 
-    import experiments.config_schema  # noqa: F401 - the structured configs conf/ composes with (Hydra's ConfigStore)
+    from experiments import config_schema
+
+    config_schema.register()  # the structured configs conf/ composes with (Hydra's ConfigStore)
 
     for path in sorted((REPO / "conf" / "sweep").glob("*.yaml")):
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):

@@ -41,6 +41,13 @@ def _assert_valid_record(rec: dict, status: str = "completed") -> None:
         assert rec["params"] > rec["params_non_embedding"] > 0 and rec["wall_time_s"] > 0
 
 
+def test_the_record_carries_the_study_kind_of_its_sweep(train_cfg):
+    assert train(train_cfg())["study_kind"] == "scaling"  # the default: a run outside any sweep
+    assert train(train_cfg("study_kind=block_size", "seed=1"))["study_kind"] == "block_size"
+    with pytest.raises(Exception, match=r"study_kind='ladder'; allowed values: scaling, lr"):
+        train(train_cfg("study_kind=ladder"))
+
+
 @pytest.mark.parametrize("variant", ["baseline", "full_attnres", "block_attnres"])
 def test_smoke_run_each_variant(train_cfg, variant):
     rec = train(train_cfg(f"model={variant}"))
