@@ -32,7 +32,7 @@ from .kernel_switch import KernelSwitch
 ENV_SWITCH = "ATTNRES_CPU_KERNELS"  # "0" / "off" / "false" / "no": never build or use the kernels
 SOURCE = Path(__file__).with_name("csrc") / "depth_mix.c"
 _FLAG_SETS = (  # tried in order: the first that compiles is used
-    ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared"],
+    ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"],
     ["-O3", "-march=native", "-fPIC", "-shared"],  # no OpenMP (e.g. Apple clang): one thread
     ["-O3", "-fPIC", "-shared"],
 )

@@ -1,10 +1,9 @@
 """Triton kernels for the depth mixing on CUDA (depth_mix_triton.py), as torch.library custom ops.
 
-Why: in eager PyTorch on a GPU the depth mixing is memory-bound element-wise work, one [B, T, D] pass per
-(source, read) pair and per operation (docs/performance.md). The kernels read each source once per group of
-reads, score it in the same pass, and keep the read h out of memory (the merge is fused with the PreNorm
-normalisation). They are a speed path only: depth.py's torch code is the reference the tests check them
-against, and it runs wherever they do not apply (no triton, another device, float64, ATTNRES_TRITON=0).
+The kernels read each source once per group of reads, score it in the same pass, and keep the read h out of
+memory (the merge is fused with the PreNorm normalisation). They are a speed path only: depth.py calls them
+through its dispatch functions, its plain-torch references run wherever they do not apply (no triton, another
+device, float64, ATTNRES_TRITON=0 or ``use_kernels(False)``), and the tests check them against those references.
 
 Two ops, as on the CPU (cpu_kernels.py):
   * attend(sources, queries, eps) -> (Q outputs [B, T, D] fp32, lse [B, T, Q]): phase 1 of Q reads with static
@@ -15,7 +14,7 @@ Each is a ``torch.library.custom_op`` (``attnres::attend``, ``attnres::merge`` a
 fake implementation and registered autograd, so torch.compile(fullgraph=True) traces through them as opaque
 kernels. Sources of any mix of fp32 and one low-precision dtype (bf16 or fp16), any D (masked), any strides
 (non-contiguous inputs are copied), accumulation in fp32. In eager mode a tracked source's gradient is
-accumulated into its sink inside the backward kernel (depth.track_source), as the CPU kernels do.
+written or added into its fp32 sink inside the backward kernel (attnres/grad_sinks.py), as on the CPU.
 
 The kernels run on CUDA tensors. Under ``use_kernels(True)`` they also take CPU tensors when the process runs
 Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported): that is how CI tests them

@@ -7,7 +7,8 @@ depth ops' backward adds their terms for it into the sink, and the sink hands th
 reaches the tracked tensor (after every op that used it: they consume the tracked tensor).
 
 The plumbing, all in this module:
-  * ``track_source(value)`` marks a source (the residual schemes call it when a source is written);
+  * ``track_source(value)`` marks a source (the residual schemes call it when a source is written): the tensor
+    it returns is made by a _TrackSource node, which holds the source's sink;
   * ``sinks_of(tensors)`` gives each tensor's sink (None: untracked); the depth ops' dispatch calls it and hands
     the list to their autograd Functions as an explicit argument;
   * a Function's backward adds a tracked source's terms with ``GradSink.add`` (deferred in groups) or has a
@@ -19,8 +20,6 @@ the in-place side effect), ``track_source`` is the identity. Pure torch.
 """
 
 from __future__ import annotations
-
-import weakref
 
 import torch
 
@@ -52,10 +51,9 @@ class GradSink:
     def flush(self) -> torch.Tensor | None:
         """Apply the deferred terms; returns the sum (None while no term has come)."""
         for g, weight in self.pending:
-            if self.grad is None:
-                self.grad = g.float() if weight is None else torch.mul(g, weight).float()
-                if self.grad is g:
-                    self.grad = g.clone()
+            if self.grad is None:  # a fresh contiguous fp32 tensor (a kernel may add into it; g may be shared)
+                first = g if weight is None else torch.mul(g, weight)
+                self.grad = first.to(torch.float32, memory_format=torch.contiguous_format, copy=first is g)
             elif weight is None:
                 self.grad.add_(g)
             else:
@@ -94,23 +92,14 @@ class _TrackSource(torch.autograd.Function):
         return acc.add_(grad.to(acc.dtype)).to(grad.dtype), None
 
 
-_SINKS: dict[int, GradSink] = {}  # id(tracked tensor) -> its sink, while the tensor lives
-
-
 def track_source(value: torch.Tensor) -> torch.Tensor:
-    """Mark a tensor that several depth-mixing reads will use as a source: returns the tensor to read from."""
+    """Mark a tensor that several depth-mixing reads will use as a source: returns the tensor to read from (its
+    autograd node, _TrackSource, holds the sink)."""
     if not (torch.is_grad_enabled() and value.requires_grad) or torch.compiler.is_compiling():
         return value
-    sink = GradSink()
-    out = _TrackSource.apply(value, sink)
-    key = id(out)
-    _SINKS[key] = sink
-    weakref.finalize(out, _SINKS.pop, key, None)
-    return out
+    return _TrackSource.apply(value, GradSink())
 
 
 def sinks_of(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> list[GradSink | None]:
-    """The sink of each tensor (None: not a tracked source)."""
-    if not _SINKS:
-        return [None] * len(tensors)
-    return [_SINKS.get(id(t)) for t in tensors]
+    """The sink of each tensor: that of the _TrackSource node that made it, None for any other tensor."""
+    return [t.grad_fn.sink if type(t.grad_fn) is _TrackSource._backward_cls else None for t in tensors]
