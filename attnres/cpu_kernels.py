@@ -6,7 +6,8 @@ calls them through its dispatch functions (CPU, fp32, eager, built), its referen
 tests check the kernels against them. ``ATTNRES_CPU_KERNELS=0`` (or ``use_kernels(False)``) switches them off.
 
 The shared library is compiled once per machine type into ~/.cache/attnres/kernels (or $ATTNRES_CACHE_DIR) with
-``$CC`` or ``cc``: -O3 -march=native, and OpenMP when the compiler has it (the library then binds to the libgomp
+``$CC`` or ``cc``: -O3 -march=native, no fused multiply-add contraction (the kernels round every product and
+sum as the torch references do), and OpenMP when the compiler has it (the library then binds to the libgomp
 torch already loaded, so the kernels share torch's thread pool and thread count). The file name hashes the source,
 the flags, the compiler's version and the CPU's flags, so a home directory shared by different nodes gets one
 build per CPU type. Pure torch + ctypes: no Lightning, Hydra or W&B.
@@ -33,8 +34,8 @@ ENV_SWITCH = "ATTNRES_CPU_KERNELS"  # "0" / "off" / "false" / "no": never build 
 SOURCE = Path(__file__).with_name("csrc") / "depth_mix.c"
 _FLAG_SETS = (  # tried in order: the first that compiles is used
     ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"],
-    ["-O3", "-march=native", "-fPIC", "-shared"],  # no OpenMP (e.g. Apple clang): one thread
-    ["-O3", "-fPIC", "-shared"],
+    ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared"],  # no OpenMP (e.g. Apple clang): one thread
+    ["-O3", "-ffp-contract=off", "-fPIC", "-shared"],
 )
 
 MAX_EXTRAS = 64  # merge_forward/backward: at most this many extra sources (MAX_EXTRAS in the C file)

@@ -1,8 +1,9 @@
 """Triton kernels for the depth mixing of AttnRes on CUDA (attnres/gpu_kernels.py launches them).
 
 The same ops as depth.py's references (attend_batched_reference, merge_read_reference; the CPU kernels in
-csrc/depth_mix.c use the same algebra), written for a GPU: a program takes BLOCK_T tokens x the whole model width (BLOCK_D, the
-next power of two of D, masked), keeps every row it touches in registers, and accumulates in fp32.
+csrc/depth_mix.c use the same algebra), written for a GPU: a program takes BLOCK_T tokens x the whole model
+width (BLOCK_D, the next power of two of D, masked), keeps every row it touches in registers, and accumulates in
+fp32.
 
 * attend_fwd / attend_bwd: phase 1 of Q reads with static pseudo-queries over S sources (paper Algorithm 1),
   *scoring included*: logit[s, q] = rstd_s (v_s . w_q), rstd_s = (mean v_s^2 + eps)^-1/2, an online softmax over

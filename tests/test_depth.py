@@ -22,7 +22,8 @@ def test_tracked_sources_gradients_match_plain_autograd_and_finite_differences(e
     values = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(4)]
     w1 = torch.rand(2, B, T, dtype=torch.double, requires_grad=True)
     w2 = torch.rand(4, B, T, dtype=torch.double, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda w1, w2, *vs: reads_sharing_sources(vs, w1, w2, True, eps), (w1, w2, *values))
+    assert torch.autograd.gradcheck(lambda w1, w2, *vs: reads_sharing_sources(vs, w1, w2, True, eps),
+                                    (w1, w2, *values))
     plain = torch.autograd.grad(reads_sharing_sources(values, w1, w2, False, eps), [w1, w2, *values])
     out = reads_sharing_sources(values, w1, w2, True, eps)
     g1 = torch.autograd.grad(out, [w1, w2, *values], retain_graph=True)
