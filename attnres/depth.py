@@ -166,12 +166,13 @@ def attend_batched_reference(sources: list[torch.Tensor], queries: torch.Tensor,
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-def _reference(fn: Callable[..., Any], *inputs: torch.Tensor) -> Any:
-    """fn(*inputs), fn a reference, autocast kept out. Under autograd (eager) with a bf16 / fp16 input, fn runs on
-    fp32 copies of the inputs and autograd keeps only the inputs, running fn again in backward (_Recomputed): no
-    fp32 copy of a low-precision source is kept, and its gradient is summed in fp32 over the whole op (and over
-    ops, in its sink, for a tracked source) and rounded once, as the kernels do. Outputs: a tensor or a tuple."""
-    low = any(t.dtype in _LOW_PRECISION for t in inputs)
+def _reference(fn: Callable[..., Any], *inputs: torch.Tensor, recompute: bool = False) -> Any:
+    """fn(*inputs), fn a reference, autocast kept out. Under autograd (eager), with a bf16 / fp16 input or with
+    ``recompute``, fn runs on fp32 copies of the inputs and autograd keeps only the inputs, running fn again in
+    backward (_Recomputed): no fp32 copy of a low-precision source and none of fn's intermediates are kept, and a
+    low-precision input's gradient is summed in fp32 over the whole op (and over ops, in its sink, for a tracked
+    source) and rounded once, as the kernels do. Outputs: a tensor or a tuple."""
+    low = recompute or any(t.dtype in _LOW_PRECISION for t in inputs)
     if low and torch.is_grad_enabled() and not torch.compiler.is_compiling():  # compiled: the compiler decides
         return _Recomputed.apply(fn, sinks_of(inputs), *inputs)
     with torch.autocast(device_type=inputs[0].device.type, enabled=False):
@@ -264,7 +265,7 @@ def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Te
         zz, qq = (rest[0], rest[1] if queries is not None else None) if extras else (None, None)
         return merge_read_reference(b, zz, list(rest[len(small):]), normalize_eps, out_dtype, qq, key_eps)
 
-    return _reference(merged, base, *small, *extras)
+    return _reference(merged, base, *small, *extras, recompute=True)  # keeps neither h nor a product of base
 
 
 def mix_sources(weights: torch.Tensor, values: list[torch.Tensor],
