@@ -1,21 +1,20 @@
 """Compiled CPU kernels for the depth mixing (csrc/depth_mix.c), built on first use with the system C compiler.
 
-Why: on the CPU the torch path of the depth mixing makes one [B, T, D] pass per (source, read) pair and per
-operation, and at 16 x 256 that pass count, not memory traffic, made Block AttnRes' overhead. The kernels take
-every pair of a token in one pass (see the C file). They are a speed path only: the torch path in depth.py is
-the reference the tests check them against, and it runs wherever they do not apply (CUDA, bf16, under
-torch.compile, no C compiler, or ATTNRES_CPU_KERNELS=0).
+The kernels take every token's rows (its sources, reads and gradients: a few KiB) once, in L1, where the torch
+reference makes one [B, T, D] pass per (source, read) pair and per operation. They are a speed path only: depth.py
+calls them through its dispatch functions (CPU, fp32, eager, built), its references run everywhere else, and the
+tests check the kernels against them. ``ATTNRES_CPU_KERNELS=0`` (or ``use_kernels(False)``) switches them off.
 
-The shared library is compiled once per machine type into ~/.cache/attnres/kernels (or $ATTNRES_CACHE_DIR), in
-under a second, with ``$CC`` or ``cc``: -O3 -march=native, and OpenMP when the compiler has it (the library then
-binds to the libgomp torch already loaded, so the kernels share torch's thread pool and thread count). The file
-name hashes the source, the flags, the compiler's version and the CPU's flags, so a home directory shared by
-different nodes gets one build per CPU type. Pure torch + ctypes: no Lightning, Hydra or W&B.
+The shared library is compiled once per machine type into ~/.cache/attnres/kernels (or $ATTNRES_CACHE_DIR) with
+``$CC`` or ``cc``: -O3 -march=native, no fused multiply-add contraction (the kernels round every product and
+sum as the torch references do), and OpenMP when the compiler has it (the library then binds to the libgomp
+torch already loaded, so the kernels share torch's thread pool and thread count). The file name hashes the source,
+the flags, the compiler's version and the CPU's flags, so a home directory shared by different nodes gets one
+build per CPU type. Pure torch + ctypes: no Lightning, Hydra or W&B.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import os
@@ -25,17 +24,18 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from .kernel_switch import KernelSwitch
+
 ENV_SWITCH = "ATTNRES_CPU_KERNELS"  # "0" / "off" / "false" / "no": never build or use the kernels
 SOURCE = Path(__file__).with_name("csrc") / "depth_mix.c"
 _FLAG_SETS = (  # tried in order: the first that compiles is used
-    ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared"],
-    ["-O3", "-march=native", "-fPIC", "-shared"],  # no OpenMP (e.g. Apple clang): one thread
-    ["-O3", "-fPIC", "-shared"],
+    ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"],
+    ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared"],  # no OpenMP (e.g. Apple clang): one thread
+    ["-O3", "-ffp-contract=off", "-fPIC", "-shared"],
 )
 
 MAX_EXTRAS = 64  # merge_forward/backward: at most this many extra sources (MAX_EXTRAS in the C file)
@@ -44,27 +44,8 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib": ctypes.CDLL | None, "status": str
 
 
-_forced: list[bool] = []  # innermost use_kernels() wins over the environment
-
-
-def _switched_off() -> bool:
-    if _forced:
-        return not _forced[-1]
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in {"0", "off", "false", "no"}
-
-
-@contextlib.contextmanager
-def use_kernels(enabled: bool | None) -> Iterator[None]:
-    """Within this block use the kernels (where they apply) or not, whatever ATTNRES_CPU_KERNELS says (the
-    benchmark's `torch-path` option times both in one process); None changes nothing."""
-    if enabled is None:
-        yield
-        return
-    _forced.append(enabled)
-    try:
-        yield
-    finally:
-        _forced.pop()
+_SWITCH = KernelSwitch(ENV_SWITCH)
+use_kernels = _SWITCH.use  # with use_kernels(True / False / None): the kernels on, off, or as the environment says
 
 
 def _cache_dir() -> Path:
@@ -151,7 +132,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, built on the first call; None when switched off or they cannot be built."""
-    if _switched_off():
+    if _SWITCH.off():
         return None
     if "status" not in _state:
         with _lock:
@@ -162,14 +143,15 @@ def library() -> ctypes.CDLL | None:
 
 def status() -> str:
     """'on (flags; path)', 'off (ATTNRES_CPU_KERNELS=...)' or 'unavailable: why'; recorded with every result."""
-    if _switched_off():
-        return "off (use_kernels(False))" if _forced else f"off ({ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
+    if _SWITCH.off():
+        return _SWITCH.off_reason()
     library()
     return str(_state["status"])
 
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether these tensors can take the kernels: CPU, fp32, contiguous, eager, and the kernels built."""
+    """Whether these tensors can take the kernels: CPU, fp32, contiguous, eager, the kernels switched on and
+    built. The entry points below assume it."""
     if torch.compiler.is_compiling():
         return False
     for t in tensors:
@@ -178,53 +160,59 @@ def applies(*tensors: torch.Tensor) -> bool:
     return library() is not None
 
 
+def _lib() -> ctypes.CDLL:
+    """The library applies() loaded (also when the switch changed since: a backward follows its forward)."""
+    return _state["lib"]  # type: ignore[return-value]
+
+
 def _pointers(tensors: list[torch.Tensor | None]) -> ctypes.Array:
     return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
-
-
-def mix_forward(weights: torch.Tensor, values: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-    """outs[q] = sum_s weights[s, :, :, q] * values[s]; weights [S, B, T, Q], values and outs [B, T, D] (fp32,
-    contiguous: check with applies())."""
-    S, Q, D = len(values), len(outs), values[0].shape[-1]
-    library().attnres_mix_forward(S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(),
-                                  _pointers(outs), torch.get_num_threads())
-
-
-def mix_backward(weights: torch.Tensor, values: list[torch.Tensor], grads: list[torch.Tensor | None],
-                 dots: torch.Tensor | None, sinks: list[torch.Tensor | None], modes: list[int]) -> None:
-    """Backward of mix_forward: dots[s, :, :, q] = grads[q] . values[s] (0 for a None grad; dots [S, B, T, Q] or
-    None), and sinks[s] (mode 1: =, mode 2: +=, mode 0: untouched) sum_q weights[s, :, :, q] * grads[q]."""
-    S, Q, D = len(values), len(grads), values[0].shape[-1]
-    library().attnres_mix_backward(S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(),
-                                   _pointers(grads), None if dots is None else dots.data_ptr(), _pointers(sinks),
-                                   (ctypes.c_int * S)(*modes), torch.get_num_threads())
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def mix_forward(weights: torch.Tensor, values: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    """outs[q] = sum_s weights[s, :, :, q] * values[s]; weights [S, B, T, Q], values and outs [B, T, D]."""
+    S, Q, D = len(values), len(outs), values[0].shape[-1]
+    _lib().attnres_mix_forward(S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(),
+                               _pointers(outs), torch.get_num_threads())
+
+
+def mix_backward(weights: torch.Tensor, values: list[torch.Tensor], grads: list[torch.Tensor | None],
+                 grad_weights: torch.Tensor | None, targets: list[torch.Tensor | None], modes: list[int]) -> None:
+    """Backward of mix_forward, from the outputs' gradients grads (None: output unused): grad_weights[s, :, :, q]
+    = grads[q] . values[s] ([S, B, T, Q], or None: skipped), and sum_q weights[s, :, :, q] * grads[q] into
+    targets[s] ([B, T, D]; modes[s] 1: written, 2: added, 0: skipped)."""
+    S, Q, D = len(values), len(grads), values[0].shape[-1]
+    _lib().attnres_mix_backward(S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(),
+                                _pointers(grads), _ptr(grad_weights), _pointers(targets),
+                                (ctypes.c_int * S)(*modes), torch.get_num_threads())
+
+
 def merge_forward(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor], queries: torch.Tensor | None,
                   key_eps: float, eps: float, a: torch.Tensor, rstd: torch.Tensor, logits: torch.Tensor | None,
                   key_rstd: torch.Tensor | None) -> None:
-    """depth._MergeRead's normalised forward, in place into base [B, T, D]: z and logits/key_rstd [K, B, T] (the
-    latter two written, with queries [K, D]), a [K + 1, B, T, 1] and rstd [B, T, 1] written."""
+    """depth.merge_read with normalize_eps, in place into base [B, T, D]: reads z [K, B, T] and queries [K, D]
+    (or None), writes a [K + 1, B, T, 1], rstd [B, T, 1] and, with queries, logits and key_rstd [K, B, T]."""
     D = base.shape[-1]
-    library().attnres_merge_forward(len(extras), base.numel() // D, D, base.data_ptr(), _ptr(z), _pointers(extras),
-                                    _ptr(queries), key_eps, eps, a.data_ptr(), rstd.data_ptr(), _ptr(logits),
-                                    _ptr(key_rstd), torch.get_num_threads())
+    _lib().attnres_merge_forward(len(extras), base.numel() // D, D, base.data_ptr(), _ptr(z), _pointers(extras),
+                                 _ptr(queries), key_eps, eps, a.data_ptr(), rstd.data_ptr(), _ptr(logits),
+                                 _ptr(key_rstd), torch.get_num_threads())
 
 
 def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor, eps: float,
                    extras: list[torch.Tensor], queries: torch.Tensor | None, logits: torch.Tensor | None,
                    key_rstd: torch.Tensor | None, grad_base: torch.Tensor, grad_z: torch.Tensor | None,
                    targets: list[torch.Tensor | None], modes: list[int]) -> torch.Tensor | None:
-    """Backward of merge_forward: writes grad_base, grad_z and the extras' targets (mode 1: =, 2: +=, 0: none);
-    returns the queries' gradient [K, D] (with queries) in fp32."""
+    """Backward of merge_forward: writes grad_base [B, T, D] and grad_z [K, B, T], puts each extra's gradient into
+    targets[k] (modes[k] 1: written, 2: added, 0: skipped); returns the queries' gradient [K, D] (with queries,
+    else None)."""
     K, D, threads = len(extras), y.shape[-1], torch.get_num_threads()
     grad_q = torch.zeros(threads, K, D) if queries is not None else None  # one slice per thread, no races
-    library().attnres_merge_backward(K, y.numel() // D, D, grad_out.data_ptr(), y.data_ptr(), a.data_ptr(),
-                                     rstd.data_ptr(), eps, _pointers(extras), _ptr(queries), _ptr(logits),
-                                     _ptr(key_rstd), grad_base.data_ptr(), _ptr(grad_z), _ptr(grad_q),
-                                     _pointers(targets), (ctypes.c_int * max(K, 1))(*modes), threads)
+    _lib().attnres_merge_backward(K, y.numel() // D, D, grad_out.data_ptr(), y.data_ptr(), a.data_ptr(),
+                                  rstd.data_ptr(), eps, _pointers(extras), _ptr(queries), _ptr(logits),
+                                  _ptr(key_rstd), grad_base.data_ptr(), _ptr(grad_z), _ptr(grad_q),
+                                  _pointers(targets), (ctypes.c_int * max(K, 1))(*modes), threads)
     return None if grad_q is None else grad_q.sum(0)

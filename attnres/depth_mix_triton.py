@@ -1,8 +1,9 @@
 """Triton kernels for the depth mixing of AttnRes on CUDA (attnres/gpu_kernels.py launches them).
 
-The same two hot paths as the CPU kernels (csrc/depth_mix.c), the same algebra (depth.py: _MixSourcesBatched,
-_MergeRead, _KeyLogits), written for a GPU: a program takes BLOCK_T tokens x the whole model width (BLOCK_D, the
-next power of two of D, masked), keeps every row it touches in registers, and accumulates in fp32.
+The same ops as depth.py's references (attend_batched_reference, merge_read_reference; the CPU kernels in
+csrc/depth_mix.c use the same algebra), written for a GPU: a program takes BLOCK_T tokens x the whole model
+width (BLOCK_D, the next power of two of D, masked), keeps every row it touches in registers, and accumulates in
+fp32.
 
 * attend_fwd / attend_bwd: phase 1 of Q reads with static pseudo-queries over S sources (paper Algorithm 1),
   *scoring included*: logit[s, q] = rstd_s (v_s . w_q), rstd_s = (mean v_s^2 + eps)^-1/2, an online softmax over
@@ -11,11 +12,11 @@ next power of two of D, masked), keeps every row it touches in registers, and ac
   over s, c_q = sum_s a g_q.v_s; pass 2: everything else). The gradient flows through lse as well.
 * merge_fwd / merge_bwd: one read's phase 2, the online-softmax merge of K extras into a phase-1 output (with
   queries, the extras' key logits are computed here), fused with the PreNorm normalisation: y = h rstd is
-  stored, h never is; backward takes g.h from the norm's backward (the _MergeRead docstring).
+  stored, h never is; backward takes g.h from the norm's backward (the depth._MergeReadC docstring).
 
 Sources, extras and gradient targets are given as a table of int64 addresses (no stacked copy) with a dtype code
 each: 0 = fp32, 1 = the one low-precision dtype LO (bf16 or fp16) of the call. Each gradient target has a mode:
-0 skip, 1 write, 2 accumulate (a tracked source's fp32 sink; depth._kernel_target). Gradients of the queries
+0 skip, 1 write, 2 accumulate (a tracked source's fp32 sink; grad_sinks.GradSink.target). Gradients of the queries
 are summed per program into a [P, Q, D] buffer that the caller reduces (deterministic, no atomics).
 
 Rules that keep these kernels runnable under the Triton interpreter (TRITON_INTERPRET=1, the CPU tests): every
@@ -113,7 +114,7 @@ def attend_bwd(tab, S, q_ptr, lse_ptr, glse_ptr, dq_ptr, N, D, Q, eps, n_blocks,
             logit = tl.sum(x[None, :, :] * w[:, None, :], axis=2) * r[None, :]
             a = tl.where(qt, tl.exp(logit - lse), 0.0)
             c += a * tl.sum(g * x[None, :, :], axis=2)
-        # pass 2: dL/dlogit = a (g.v - c + dL/dlse); the key logit's backward (_KeyLogits) and the mix term
+        # pass 2: dL/dlogit = a (g.v - c + dL/dlse); the key logit's backward and the mix term
         for s in range(S):
             x = _load(tl.load(tab + s), tl.load(tab + S + s), offs, mask, LO)
             r = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
@@ -198,7 +199,7 @@ def merge_bwd(g_ptr, y_ptr, a_ptr, rstd_ptr, tab, K, q_ptr, logit_ptr, krstd_ptr
         r = tl.load(rstd_ptr + t, mask=tmask, other=0.0)
         mean_gy = tl.sum(g * y, axis=1) / D
         u = g - mean_gy[:, None] * y  # dL/dh = rstd u
-        gh = mean_gy * D * eps * r  # g.h / rstd (_MergeRead docstring)
+        gh = mean_gy * D * eps * r  # g.h / rstd (depth._MergeReadC docstring)
         for k in range(K):
             kN = tl.cast(k, tl.int64) * N
             x = _load(tl.load(tab + k), tl.load(tab + K + k), offs, mask, LO)

@@ -1,10 +1,9 @@
 """Triton kernels for the depth mixing on CUDA (depth_mix_triton.py), as torch.library custom ops.
 
-Why: in eager PyTorch on a GPU the depth mixing is memory-bound element-wise work, one [B, T, D] pass per
-(source, read) pair and per operation (docs/performance.md). The kernels read each source once per group of
-reads, score it in the same pass, and keep the read h out of memory (the merge is fused with the PreNorm
-normalisation). They are a speed path only: depth.py's torch code is the reference the tests check them
-against, and it runs wherever they do not apply (no triton, another device, float64, ATTNRES_TRITON=0).
+The kernels read each source once per group of reads, score it in the same pass, and keep the read h out of
+memory (the merge is fused with the PreNorm normalisation). They are a speed path only: depth.py calls them
+through its dispatch functions, its plain-torch references run wherever they do not apply (no triton, another
+device, float64, ATTNRES_TRITON=0 or ``use_kernels(False)``), and the tests check them against those references.
 
 Two ops, as on the CPU (cpu_kernels.py):
   * attend(sources, queries, eps) -> (Q outputs [B, T, D] fp32, lse [B, T, Q]): phase 1 of Q reads with static
@@ -15,7 +14,7 @@ Each is a ``torch.library.custom_op`` (``attnres::attend``, ``attnres::merge`` a
 fake implementation and registered autograd, so torch.compile(fullgraph=True) traces through them as opaque
 kernels. Sources of any mix of fp32 and one low-precision dtype (bf16 or fp16), any D (masked), any strides
 (non-contiguous inputs are copied), accumulation in fp32. In eager mode a tracked source's gradient is
-accumulated into its sink inside the backward kernel (depth.track_source), as the CPU kernels do.
+written or added into its fp32 sink inside the backward kernel (attnres/grad_sinks.py), as on the CPU.
 
 The kernels run on CUDA tensors. Under ``use_kernels(True)`` they also take CPU tensors when the process runs
 Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported): that is how CI tests them
@@ -24,15 +23,14 @@ Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported): that is
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
 
 import torch
 
-from . import depth
+from .grad_sinks import sinks_of
+from .kernel_switch import KernelSwitch
 
 ENV_SWITCH = "ATTNRES_TRITON"  # "0" / "off" / "false" / "no": never use the Triton kernels
 MAX_READS = 16  # attend: at most this many queries (Q) per call
@@ -42,27 +40,9 @@ _TILE = 8192  # elements of a program's largest register tile (Q_PAD x BLOCK_T x
 _LOW = (torch.bfloat16, torch.float16)
 _FLOATS = (torch.float32, *_LOW)
 
-_forced: list[bool] = []  # innermost use_kernels() wins over the environment
-
-
-@contextlib.contextmanager
-def use_kernels(enabled: bool | None) -> Iterator[None]:
-    """Within this block use the Triton kernels where they apply (True: also on CPU tensors under the Triton
-    interpreter) or never (False), whatever ATTNRES_TRITON says; None changes nothing."""
-    if enabled is None:
-        yield
-        return
-    _forced.append(enabled)
-    try:
-        yield
-    finally:
-        _forced.pop()
-
-
-def _switched_off() -> bool:
-    if _forced:
-        return not _forced[-1]
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in {"0", "off", "false", "no"}
+_SWITCH = KernelSwitch(ENV_SWITCH)
+# with use_kernels(True): also on CPU tensors under the Triton interpreter; False: never; None: as the environment
+use_kernels = _SWITCH.use
 
 
 _INSTALLED = importlib.util.find_spec("triton") is not None  # without importing it (attnres imports it on first use)
@@ -101,8 +81,8 @@ def _interpreting() -> bool:
 
 def status() -> str:
     """'on', 'off (...)' or 'unavailable: why'; recorded with benchmark results."""
-    if _switched_off():
-        return "off (use_kernels(False))" if _forced else f"off ({ENV_SWITCH}={os.environ.get(ENV_SWITCH)})"
+    if _SWITCH.off():
+        return _SWITCH.off_reason()
     why = _triton()
     if why is not None:
         return f"unavailable: {why}"
@@ -115,11 +95,11 @@ def applies(*tensors: torch.Tensor) -> bool:
     """Whether these tensors (a call's sources / extras / base) take the kernels: CUDA (or CPU under the
     interpreter inside use_kernels(True)), fp32 and at most one low-precision float dtype, D <= MAX_WIDTH, and
     triton importable."""
-    if _switched_off() or not tensors:
+    if _SWITCH.off() or not tensors:
         return False
     device = tensors[0].device
     if device.type == "cpu":
-        if not (_forced and _forced[-1] and _interpreting()):
+        if not (_SWITCH.forced() and _interpreting()):
             return False
     elif device.type != "cuda":
         return False
@@ -272,7 +252,7 @@ def _attend_setup(ctx, inputs, output) -> None:
     sources, queries, eps = inputs
     _, lse = output
     ctx.eps = eps
-    ctx.sinks = [getattr(v, "_attnres_sink", None) for v in sources]  # eager only: track_source
+    ctx.sinks = sinks_of(sources)  # eager: tracked sources (attnres/grad_sinks.py); compiled: none
     ctx.source_grad = [v.requires_grad for v in sources]
     ctx.queries_grad, ctx.queries_dtype = queries.requires_grad, queries.dtype
     ctx.save_for_backward(queries, lse, *sources)
@@ -290,19 +270,24 @@ def _attend_grad(ctx, grad_outs, grad_lse):
 attend.register_autograd(_attend_grad, setup_context=_attend_setup)
 
 
-def _targets(sinks: list, needed: list[bool], values: list[torch.Tensor]):
-    """Gradient targets of a backward kernel: a tracked source's sink (depth._kernel_target: written fresh or
-    accumulated into), else a fresh gradient in the source's dtype that backward returns."""
+def _targets(sinks: list, needed: list[bool], values: list[torch.Tensor]
+             ) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor | None]]:
+    """Gradient targets of a backward kernel: (targets, modes, gradients to return), for the sources that need a
+    gradient: a tracked source's fp32 sink (GradSink.target: mode 1 written, 2 added into; nothing returned), else
+    a fresh contiguous gradient in the source's dtype (mode 1) that backward returns; mode 0 for the others."""
     targets, modes, grads = [], [], []
     for sink, need, v in zip(sinks, needed, values):
         grad = None
         if not need:
             modes.append(0)
-        else:
-            like = v if v.is_contiguous() else torch.empty(v.shape, dtype=v.dtype, device=v.device)
-            target, mode, grad = depth._kernel_target(sink, like)
+        elif sink is not None:
+            target, mode = sink.target(v)
             targets.append(target)
             modes.append(mode)
+        else:
+            grad = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            targets.append(grad)
+            modes.append(1)
         grads.append(grad)
     return targets, modes, grads
 
@@ -403,7 +388,7 @@ def _merge_setup(ctx, inputs, output) -> None:
     base, z, extras, queries, key_eps, eps, out_dtype = inputs
     y, a, rstd, logits, key_rstd = output
     ctx.eps, ctx.base_dtype, ctx.z_dtype = eps, base.dtype, None if z is None else z.dtype
-    ctx.sinks = [getattr(e, "_attnres_sink", None) for e in extras]
+    ctx.sinks = sinks_of(extras)
     ctx.extra_grad = [e.requires_grad for e in extras]
     ctx.base_grad = base.requires_grad
     ctx.z_grad = z is not None and z.requires_grad

@@ -1,8 +1,9 @@
-"""The compiled CPU kernels (attnres/cpu_kernels.py, csrc/depth_mix.c) against the torch path of depth.py.
+"""The compiled CPU kernels (attnres/cpu_kernels.py, csrc/depth_mix.c) against the torch references of depth.py.
 
 Each comparison runs the same computation with the kernels on and off (ATTNRES_CPU_KERNELS, read at every call)
-and spies on the kernel entry points, so a test can never compare the torch path with itself. The torch path
-is in turn tested against the paper's definitions in float64 (test_depth.py, test_model.py)."""
+and spies on the kernel entry points, so a test can never compare the reference with itself. The references
+are in turn tested against the paper's definitions in float64 (test_depth.py, test_model.py). The kernels'
+memory contract (the read h never kept, base written in place and never kept) is checked here too."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from depth_cases import merge_case, reads_sharing_sources
 
 from attnres import Transformer, cpu_kernels
 from attnres.config import ModelConfig
-from attnres.depth import merge_read, mix_sources_batched, track_source
+from attnres.depth import merge_read, mix_sources, mix_sources_batched, track_source
+from attnres.kernel_switch import KernelSwitch
 
 torch.set_num_threads(1)
 
@@ -109,13 +112,8 @@ def test_merge_kernel_equals_the_torch_path(monkeypatch, spy, n_extras, track, w
     (tracked extras used twice, so a sink is first written, then accumulated into). eps is large so that the
     g.h = m D eps rstd^2 term matters."""
     torch.set_num_threads(threads)
-    torch.manual_seed(1)
     B, T, D, eps, key_eps = 2, 7, 40, 1e-2, 1e-2
-    base = torch.randn(B, T, D, requires_grad=True)
-    extras = [(torch.randn(B, T, D) * 0.5).requires_grad_() for _ in range(n_extras)]
-    z = (torch.randn(n_extras, B, T) * 2).requires_grad_() if n_extras else None
-    queries = torch.randn(n_extras, D, requires_grad=True) if with_queries else None
-    inputs = [base] + ([z] if n_extras else []) + ([queries] if with_queries else []) + extras
+    base, z, queries, extras, inputs = merge_case(n_extras, B, T, D, with_queries)
     t = track_source if track else (lambda v: v)
 
     def compute():
@@ -142,6 +140,110 @@ def test_merge_kernel_only_takes_the_fused_fp32_read(monkeypatch, spy):
     assert "merge_forward" not in spy
     out = merge_read(base.clone(), z, [e], 1e-6, torch.float32)
     assert spy["merge_forward"] == 1 and out.dtype == torch.float32
+
+
+@needs_compiler
+@pytest.mark.parametrize("eps", [None, 1e-6])
+@pytest.mark.parametrize("track", [False, True])
+def test_single_reads_on_the_kernels_equal_the_torch_path(monkeypatch, spy, eps, track):
+    """mix_sources (the batched kernel with Q = 1, then the merge kernel with K = 0 when normalised): several reads
+    sharing sources, one source made from an earlier read, tracked or not; values and every gradient."""
+    torch.manual_seed(0)
+    B, T, D = 2, 3, 21
+    values = [torch.randn(B, T, D, requires_grad=True) for _ in range(4)]
+    w1 = torch.rand(2, B, T).softmax(0).requires_grad_()
+    w2 = torch.rand(4, B, T).softmax(0).requires_grad_()
+
+    def compute():
+        loss = reads_sharing_sources(values, w1, w2, track, eps)
+        return [loss, *torch.autograd.grad(loss, [w1, w2, *values])]
+
+    on, off = run_both(monkeypatch, compute)
+    assert spy["mix_forward"] == spy["mix_backward"] == 6
+    assert spy.get("merge_forward", 0) == spy.get("merge_backward", 0) == (6 if eps else 0)
+    assert_close_all(on, off)
+
+
+@needs_compiler
+def test_the_fused_single_read_keeps_only_its_output_and_the_sources(spy):
+    """On the kernels the read h = sum w v is not kept for backward: only the normalised output, rstd, the weights
+    and the sources (tracked or not)."""
+    torch.manual_seed(6)
+    B, T, D, eps = 2, 3, 8, 1e-6
+    vs = [torch.randn(B, T, D, requires_grad=True) for _ in range(3)]
+    w = torch.rand(3, B, T).softmax(0).requires_grad_()
+    for sources in (vs, [track_source(v) for v in vs]):
+        saved: list[torch.Tensor] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda x, saved=saved: saved.append(x) or x, lambda x: x):
+            out = mix_sources(w, sources, eps)
+        big = {x.data_ptr() for x in saved if x.numel() >= B * T * D}
+        assert big == {v.data_ptr() for v in vs} | {out.data_ptr()}
+    assert spy == {"mix_forward": 2, "merge_forward": 2}
+
+
+@needs_compiler
+@pytest.mark.parametrize("eps", [None, 1e-3])
+@pytest.mark.parametrize("n_extras,with_queries", [(0, False), (1, False), (3, False), (2, True)])
+def test_the_merge_kernel_writes_into_base_and_never_keeps_it(spy, eps, n_extras, with_queries):
+    """Fused in fp32 (the kernel): the result is written into base (no new [B, T, D]) and backward keeps the
+    output, the extras and the weights, never base. Unfused, or in another dtype (the reference), base is left
+    alone."""
+    B, T, D, key_eps = 2, 3, 6, 1e-2
+    base, z, queries, extras, _ = merge_case(n_extras, B, T, D, with_queries)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        before, consumed = base.detach().clone(), base * 1.0
+        saved: list[torch.Tensor] = []
+        calls = spy.get("merge_forward", 0)
+        with torch.autograd.graph.saved_tensors_hooks(lambda x, saved=saved: saved.append(x) or x, lambda x: x):
+            out = merge_read(consumed, z, extras, eps, out_dtype, queries, key_eps)
+        in_place = eps is not None and out_dtype == torch.float32
+        assert spy.get("merge_forward", 0) == calls + in_place
+        assert out.dtype == out_dtype and (out.data_ptr() == consumed.data_ptr()) == in_place
+        assert in_place or torch.equal(consumed, before)
+        if in_place:
+            big = {x.data_ptr() for x in saved if x.numel() == base.numel()}
+            assert big <= {out.data_ptr()} | {e.data_ptr() for e in extras}
+
+
+@needs_compiler
+def test_a_backward_follows_its_forward_whatever_the_switch_says(spy):
+    """The kernel or the reference is chosen per forward call: a kernel forward gets the kernel backward also when
+    the kernels are switched off before backward runs."""
+    torch.manual_seed(2)
+    vs = [torch.randn(2, 3, 8, requires_grad=True) for _ in range(3)]
+    w = torch.rand(3, 2, 3).softmax(0).requires_grad_()
+    out = mix_sources(w, vs, 1e-6)
+    with cpu_kernels.use_kernels(False):
+        grads = torch.autograd.grad(out.pow(2).sum(), [w, *vs])
+        assert spy["mix_backward"] == spy["merge_backward"] == 1
+        out = mix_sources(w, vs, 1e-6)
+        expected = torch.autograd.grad(out.pow(2).sum(), [w, *vs])
+    assert spy["mix_forward"] == spy["mix_backward"] == 1
+    assert_close_all(grads, expected)
+
+
+def test_the_kernel_switch(monkeypatch):
+    """One switch per kernel family (CPU and Triton): the environment variable, overridden by use() blocks, the
+    innermost first."""
+    from attnres import gpu_kernels
+
+    assert cpu_kernels.use_kernels.__self__ is not gpu_kernels.use_kernels.__self__
+    switch = KernelSwitch("ATTNRES_TEST_SWITCH")
+    monkeypatch.delenv("ATTNRES_TEST_SWITCH", raising=False)
+    assert not switch.off() and switch.forced() is None
+    for value in ("0", "off", " False ", "no"):
+        monkeypatch.setenv("ATTNRES_TEST_SWITCH", value)
+        assert switch.off() and switch.off_reason() == f"off (ATTNRES_TEST_SWITCH={value})"
+    with switch.use(True):
+        assert not switch.off() and switch.forced() is True
+        with switch.use(False):
+            assert switch.off() and switch.off_reason() == "off (use_kernels(False))"
+            with switch.use(None):
+                assert switch.off()
+        assert not switch.off()
+    assert switch.off() and switch.forced() is None
+    monkeypatch.setenv("ATTNRES_TEST_SWITCH", "1")
+    assert not switch.off()
 
 
 def _model(scheme: str, n_blocks: int | None = 8, block_size: int | None = None, **options) -> Transformer:

@@ -1,30 +1,18 @@
-"""The depth-mixing kernels (mix_sources with tracked sources, key_logits) against plain autograd, in float64."""
+"""The depth-mixing ops (attnres/depth.py) with tracked sources against plain autograd and their definitions, in
+float64, where every op runs its plain-torch reference (the fused kernels, and their memory contract, are checked
+against these references in tests/test_cpu_kernels.py and tests/test_triton_kernels.py)."""
 
 import gc
 import weakref
 
 import pytest
 import torch
+from depth_cases import reads_sharing_sources
 
-from attnres.depth import (_mix_sources_traced, attend_batched, key_logits, merge_read, mix_sources, mix_sources_batched,
-                           rms_normalize, rmsnorm_unit, track_source)
+from attnres.depth import (attend_batched, key_logits, merge_read, mix_sources, mix_sources_batched,
+                           mix_sources_reference, rms_normalize, rmsnorm_unit, track_source)
 
 torch.set_num_threads(1)
-
-
-def _reads(vs, w1, w2, track: bool, eps: float | None = None):
-    """Sources mixed by several reads, one source depending on an earlier read (as in Full AttnRes). With eps the
-    reads are fused with the PreNorm normalisation (the model's path, where sinks defer their terms)."""
-    t = track_source if track else (lambda v: v)
-    a, b = t(vs[0]), t(vs[1] * 2)
-    o1 = mix_sources(w1, [a, b], eps)
-    c, d = t(vs[2] + o1), t(vs[3])
-    o2 = mix_sources(w2, [a, b, c, d], eps)
-    o3 = mix_sources(w1, [d, a], eps)
-    o4 = mix_sources(w2, [d, c, b, a], eps)  # more reads of a than a sink's group: a flush before the hand-over
-    o5 = mix_sources(w1, [a, d], eps)
-    o6 = mix_sources(w1, [b, a], eps)
-    return o1.sum() * 0.3 + (o2 * o2).sum() + o1.pow(2).sum() + (o3 * o2).sum() + (o4 * o5).sum() + o6.sum()
 
 
 @pytest.mark.parametrize("eps", [None, 1e-6])
@@ -34,9 +22,10 @@ def test_tracked_sources_gradients_match_plain_autograd_and_finite_differences(e
     values = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(4)]
     w1 = torch.rand(2, B, T, dtype=torch.double, requires_grad=True)
     w2 = torch.rand(4, B, T, dtype=torch.double, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda w1, w2, *vs: _reads(vs, w1, w2, True, eps), (w1, w2, *values))
-    plain = torch.autograd.grad(_reads(values, w1, w2, False, eps), [w1, w2, *values])
-    out = _reads(values, w1, w2, True, eps)
+    assert torch.autograd.gradcheck(lambda w1, w2, *vs: reads_sharing_sources(vs, w1, w2, True, eps),
+                                    (w1, w2, *values))
+    plain = torch.autograd.grad(reads_sharing_sources(values, w1, w2, False, eps), [w1, w2, *values])
+    out = reads_sharing_sources(values, w1, w2, True, eps)
     g1 = torch.autograd.grad(out, [w1, w2, *values], retain_graph=True)
     g2 = torch.autograd.grad(out, [w1, w2, *values])  # a retained graph: the sinks start from zero again
     for p, a, b in zip(plain, g1, g2):
@@ -45,17 +34,16 @@ def test_tracked_sources_gradients_match_plain_autograd_and_finite_differences(e
 
 def test_sinks_do_not_outlive_backward():
     """Regression guard (the SourceBank it replaces once leaked every step through an autograd cycle)."""
-    from attnres import ModelConfig, Transformer
-    from attnres import depth
+    from attnres import ModelConfig, Transformer, grad_sinks
 
     alive: weakref.WeakSet = weakref.WeakSet()
-    original = depth._GradSink.__init__
+    original = grad_sinks.GradSink.__init__
 
     def tracking_init(self):
         original(self)
         alive.add(self)
 
-    depth._GradSink.__init__ = tracking_init
+    grad_sinks.GradSink.__init__ = tracking_init
     try:
         for residual in ("full", "block"):
             model = Transformer(ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8,
@@ -66,7 +54,7 @@ def test_sinks_do_not_outlive_backward():
             gc.collect()
             assert len(alive) == 0, residual
     finally:
-        depth._GradSink.__init__ = original
+        grad_sinks.GradSink.__init__ = original
 
 
 def test_track_source_is_the_identity_without_autograd():
@@ -162,29 +150,17 @@ def test_merge_read_matches_its_definition_and_finite_differences(eps, n_extras,
     for a, b in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(loss_ref, inputs)):
         assert torch.allclose(a, b)
     assert torch.autograd.gradcheck(lambda *x: merged(x[0], x[1] if n_extras else None, *x[2:])[0], tuple(inputs))
-    # fused: the result is written into base (no new [B, T, D]); unfused, or in another dtype, base is left alone
-    for out_dtype in (torch.double, torch.float):
-        before, consumed = base.detach().clone(), base * 1.0
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
-            out = merge_read(consumed, z, extras, eps, out_dtype, queries, key_eps)
+    for out_dtype in (torch.double, torch.float):  # (base written in place, never kept: test_cpu_kernels.py)
+        out = merge_read(base * 1.0, z, extras, eps, out_dtype, queries, key_eps)
         assert out.dtype == out_dtype and torch.allclose(out.double(), ref, atol=1e-6)
-        in_place = eps is not None and out_dtype == torch.double
-        assert (out.data_ptr() == consumed.data_ptr()) == in_place
-        assert in_place or torch.equal(consumed, before)
-        # saved: the output (fused) or the read (unfused), the extras and the weights; never base
-        big = {x.data_ptr() for x in saved if x.numel() == base.numel()}
-        if eps is not None:
-            assert big <= {out.data_ptr()} | {e.data_ptr() for e in extras}
-        else:
-            assert consumed.data_ptr() not in big
     with pytest.raises(ValueError, match=r"z must be \[K, B, T\]"):
         merge_read(base * 1.0, torch.zeros(n_extras + 1, B, T, dtype=torch.double), extras, eps, torch.double)
 
 
 def test_mix_sources_fused_with_the_prenorm_normalisation_equals_the_two_steps():
     """normalize_eps returns rmsnorm_unit of the read; values and every gradient (tracked sources included) are
-    those of the unfused two steps, and of the compile path's plain ops."""
+    those of the unfused two steps, and of the reference (what torch.compile traces). (That the fused kernels keep
+    only the normalised output, rstd, the weights and the sources: test_cpu_kernels.py.)"""
     torch.manual_seed(6)
     B, T, D, eps = 2, 3, 8, 1e-6
     vs = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(3)]
@@ -194,17 +170,11 @@ def test_mix_sources_fused_with_the_prenorm_normalisation_equals_the_two_steps()
         t = track_source if track else (lambda v: v)
         fused = mix_sources(w, [t(v) for v in vs], eps)
         unfused = rmsnorm_unit(mix_sources(w, list(vs)), eps)
-        traced = _mix_sources_traced(w, list(vs), eps)
+        traced = mix_sources_reference(w, list(vs), eps)
         assert torch.allclose(fused, unfused) and torch.allclose(fused, traced)
         g = torch.randn_like(fused)
         for a, b in zip(torch.autograd.grad(fused, [w, *vs], g), torch.autograd.grad(unfused, [w, *vs], g)):
             assert torch.allclose(a, b)
-    # the read h = sum w v is not kept for backward: only the normalised output, rstd, weights and the sources
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
-        out = mix_sources(w, vs, eps)
-    big = {x.data_ptr() for x in saved if x.numel() >= B * T * D}
-    assert big == {v.data_ptr() for v in vs} | {out.data_ptr()}
 
 
 def test_mix_sources_with_bf16_sources_accumulates_in_fp32():

@@ -2,10 +2,8 @@
  *
  * Plain C, fp32, contiguous rows of D floats, one token per OpenMP iteration: every row a kernel touches for a
  * token (S sources, Q reads, their gradients and sinks: a few KiB) is loaded once and stays in L1 for all the
- * token's multiply-adds and dot products. The torch path in depth.py makes one [B, T, D] pass per (source, read)
- * pair and per operation instead, and at 16 x 256 on the CPU that pass count, not DRAM traffic, is what
- * Block AttnRes' overhead was made of (docs/performance.md). The torch path stays the reference: tests check
- * these kernels against it, and it runs wherever they do not apply (GPU, bf16, torch.compile).
+ * token's multiply-adds and dot products. depth.py's torch references are what these kernels compute (the tests
+ * check them against each other); design and measurements: docs/depth_ops.md. Sinks: attnres/grad_sinks.py.
  *
  * Weights are indexed [S, N, Q] (the caller's [S, B, T, Q] with N = B * T tokens), rows of source/read/grad
  * tensors are [N, D]. No allocation here: the caller owns every buffer.
@@ -89,7 +87,7 @@ void attnres_mix_backward(int S, int Q, long N, int D, const float *const *v, co
 
 #define MAX_EXTRAS 64
 
-/* One read's phase 2 (paper Algorithm 1) fused with the PreNorm normalisation, in place (depth.py: _MergeRead):
+/* One read's phase 2 (paper Algorithm 1) fused with the PreNorm normalisation, in place (depth.merge_read):
  *   with queries: logit_k = key_rstd_k (e_k . q_k), key_rstd_k = (mean e_k^2 + key_eps)^-1/2, z_k += logit_k
  *   a = softmax([0, z_1 .. z_K]),  h = a_0 base + sum_k a_k e_k,  rstd = (mean h^2 + eps)^-1/2,  base <- h rstd
  * Saves a [K + 1, N], rstd [N] and, with queries, logits and key_rstd [K, N]. */
@@ -133,7 +131,7 @@ void attnres_merge_forward(int K, long N, int D, float *base, const float *z, co
     }
 }
 
-/* Its backward, from g = dL/dy and y = the normalised read (class docstring of _MergeRead for the algebra):
+/* Its backward, from g = dL/dy and y = the normalised read (docstring of depth._MergeReadC for the algebra):
  *   m = mean(g y), u = g - m y (dL/dh = rstd u), g.h = m D eps rstd (in units of u)
  *   grad_z_k = rstd a_k (u . e_k - g.h),  grad_base = rstd a_0 u
  *   extra k (into targets[k], mode 1: =, 2: +=): rstd a_k u, and with queries the key logit's terms
