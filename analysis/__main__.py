@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,45 +21,90 @@ def _parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fit", help="fit a results table and write fit.json, summary.md and figures")
     src = f.add_mutually_exclusive_group(required=True)
-    src.add_argument("--results", help="results.csv, a results.json, or a study/run directory (results.csv or results.json files below it)")
-    src.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the same records from W&B (needs wandb and network)")
+    src.add_argument(
+        "--results",
+        help="results.csv, a results.json, or a study/run directory (results.csv or results.json files below it)",
+    )
+    src.add_argument(
+        "--wandb", metavar="ENTITY/PROJECT", help="read the same records from W&B (needs wandb and network)"
+    )
     f.add_argument("--wandb-group", help="W&B group (study) to read, with --wandb")
     f.add_argument("--out", required=True, help="output directory")
     f.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
-    f.add_argument("--dataset", help="fit only the runs of this data set (data_fingerprint, a prefix of it, or the dataset "
-                   "path); needed when a table holds several")
+    f.add_argument(
+        "--dataset",
+        help="fit only the runs of this data set (data_fingerprint, a prefix of it, or the dataset "
+        "path); needed when a table holds several",
+    )
     f.add_argument("--study", help="which study to fit as the scaling ladder (default: the one of study_kind scaling)")
-    f.add_argument("--compute", default="pflops_days", choices=["pflops_days", "pflops_days_6nd"], help="compute column (default: pflops_days)")
+    f.add_argument(
+        "--compute",
+        default="pflops_days",
+        choices=["pflops_days", "pflops_days_6nd"],
+        help="compute column (default: pflops_days)",
+    )
     f.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
     f.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
-    f.add_argument("--bootstrap-mode", default="auto", choices=["auto", "cluster", "parametric"],
-                   help="auto: paired cluster bootstrap over seeds when every size has >= 2 seeds, else parametric")  # fmt: skip
-    f.add_argument("--seed-sigma", type=float, help="seed-noise sd of one run's final val loss, for the parametric bootstrap")
-    f.add_argument("--seed-rho", type=float, default=0.0, help="share of seed noise common to both arms of a cell (default: 0)")
-    f.add_argument("--form", default="auto", choices=["auto", "saturating", "power_law"],
-                   help="joint-fit form: auto = E + A C^-alpha, falling back to E = 0 when E hits a bound")  # fmt: skip
-    f.add_argument("--outliers", default="keep", choices=["keep", "exclude"],
-                   help="runs the outlier rule flags: keep them in the fit (default; the fit without them is reported too) or exclude them")  # fmt: skip
-    f.add_argument("--skip-incomplete", action="store_true", help="skip (with a warning) variants with fewer than 3 sizes instead of failing")
+    f.add_argument(
+        "--bootstrap-mode",
+        default="auto",
+        choices=["auto", "cluster", "parametric"],
+        help="auto: paired cluster bootstrap over seeds when every size has >= 2 seeds, else parametric",
+    )
+    f.add_argument(
+        "--seed-sigma", type=float, help="seed-noise sd of one run's final val loss, for the parametric bootstrap"
+    )
+    f.add_argument(
+        "--seed-rho", type=float, default=0.0, help="share of seed noise common to both arms of a cell (default: 0)"
+    )
+    f.add_argument(
+        "--form",
+        default="auto",
+        choices=["auto", "saturating", "power_law"],
+        help="joint-fit form: auto = E + A C^-alpha, falling back to E = 0 when E hits a bound",
+    )
+    f.add_argument(
+        "--outliers",
+        default="keep",
+        choices=["keep", "exclude"],
+        help="runs the outlier rule flags: keep them in the fit (default; the fit without them is reported too) or exclude them",
+    )
+    f.add_argument(
+        "--skip-incomplete",
+        action="store_true",
+        help="skip (with a warning) variants with fewer than 3 sizes instead of failing",
+    )
     f.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
 
-    r = sub.add_parser("lr", help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read")
+    r = sub.add_parser(
+        "lr", help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read"
+    )
     r.add_argument("--results", required=True, help="the LR study's results.csv (or a study directory)")
     r.add_argument("--out", required=True, help="output directory (lr.json, lr_summary.md, fig_lr.png)")
-    r.add_argument("--dataset", help="only the runs of this data set (data_fingerprint, a prefix of it, or the dataset path)")
-    r.add_argument("--write-config", metavar="PATH", help="also write the tuned lrs as a config, e.g. conf/tuned_lr/cpu.yaml")
+    r.add_argument(
+        "--dataset", help="only the runs of this data set (data_fingerprint, a prefix of it, or the dataset path)"
+    )
+    r.add_argument(
+        "--write-config", metavar="PATH", help="also write the tuned lrs as a config, e.g. conf/tuned_lr/cpu.yaml"
+    )
     r.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
     r.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
     r.add_argument("--seed-sigma", type=float, help="seed-noise sd of one run's val loss, for single-seed curves")
-    r.add_argument("--rule", default="per_size", choices=["per_size", "trend"],
-                   help="lr written per size: each size's own optimum (default), or the arm's power law in N over sizes")  # fmt: skip
+    r.add_argument(
+        "--rule",
+        default="per_size",
+        choices=["per_size", "trend"],
+        help="lr written per size: each size's own optimum (default), or the arm's power law in N over sizes",
+    )
     r.add_argument("--no-figures", action="store_true", help="write lr.json and lr_summary.md only")
 
     q = sub.add_parser("paper", help="refit the paper's published numbers and draw its figures")
     q.add_argument("--out", required=True, help="output directory")
     q.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
     q.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
-    q.add_argument("--seed-sigma", type=float, help="seed-noise sd for the parametric bootstrap (default: fit residual sd)")
+    q.add_argument(
+        "--seed-sigma", type=float, help="seed-noise sd for the parametric bootstrap (default: fit residual sd)"
+    )
     return p
 
 
@@ -71,7 +116,7 @@ def _f3(x: float | None) -> str:
     return "n/a" if x is None or x != x else f"{x:.3g}"
 
 
-def _format_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
+def _format_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"  # no file:line noise for a CLI user
 
 
@@ -88,19 +133,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.dataset:
                 df = select_dataset(df, args.dataset)
             doc = run_fit(
-                df, args.out, baseline=args.baseline, study=args.study, compute=args.compute, B=args.bootstrap,
-                seed=args.seed, bootstrap_mode=args.bootstrap_mode, seed_sigma=args.seed_sigma, seed_rho=args.seed_rho,
-                form=args.form, skip_incomplete=args.skip_incomplete, make_figures=not args.no_figures,
+                df,
+                args.out,
+                baseline=args.baseline,
+                study=args.study,
+                compute=args.compute,
+                B=args.bootstrap,
+                seed=args.seed,
+                bootstrap_mode=args.bootstrap_mode,
+                seed_sigma=args.seed_sigma,
+                seed_rho=args.seed_rho,
+                form=args.form,
+                skip_incomplete=args.skip_incomplete,
+                make_figures=not args.no_figures,
                 outliers=args.outliers,
-            )  # fmt: skip
+            )
             for v, m in doc.multipliers.items():
                 lo, hi = m.m_ci95 or (None, None)
-                print(f"{v}: m = {_f(m.m)} [{_f(lo)}, {_f(hi)}], P(m<=1) = {_f(m.p_m_le_1)}, "
-                      f"paper M = {_f(m.paper_M)}, per-size geo-mean = {_f(m.per_size_geomean)}")  # fmt: skip
+                print(
+                    f"{v}: m = {_f(m.m)} [{_f(lo)}, {_f(hi)}], P(m<=1) = {_f(m.p_m_le_1)}, "
+                    f"paper M = {_f(m.paper_M)}, per-size geo-mean = {_f(m.per_size_geomean)}"
+                )
                 c = m.paper_M_curve
                 if m.headline == "curve" and c is not None:
-                    print(f"  exponents differ significantly: M(C) runs from {_f(c.M[0])} at C = {c.C[0]:.3g} "
-                          f"to {_f(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)")  # fmt: skip
+                    print(
+                        f"  exponents differ significantly: M(C) runs from {_f(c.M[0])} at C = {c.C[0]:.3g} "
+                        f"to {_f(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
+                    )
         elif args.command == "lr":
             from .lr import run_lr
             from .records import check_one_dataset, load_results, select_dataset
@@ -110,9 +169,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.dataset:
                 df = select_dataset(df, args.dataset)
             check_one_dataset(df[df["status"].isin(["completed", "diverged"])] if "status" in df.columns else df)
-            doc = run_lr(df, args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma,
-                         write_config=args.write_config, command=command, make_figures=not args.no_figures,
-                         rule=args.rule)  # fmt: skip
+            doc = run_lr(
+                df,
+                args.out,
+                B=args.bootstrap,
+                seed=args.seed,
+                seed_sigma=args.seed_sigma,
+                write_config=args.write_config,
+                command=command,
+                make_figures=not args.no_figures,
+                rule=args.rule,
+            )
             for r in doc["table"].itertuples():
                 lo, hi = r.ci95
                 edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""

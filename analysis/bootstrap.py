@@ -61,7 +61,9 @@ def plan_resampling(
     all_multi = min(n_seeds.values()) >= 2
     if mode == "cluster" and not all_multi:
         single = sorted(s for s, k in n_seeds.items() if k < 2)
-        raise ValueError(f"the cluster bootstrap needs >= 2 seeds at every size; single-seed sizes: {', '.join(single)}")
+        raise ValueError(
+            f"the cluster bootstrap needs >= 2 seeds at every size; single-seed sizes: {', '.join(single)}"
+        )
     if mode == "cluster" or (mode == "auto" and all_multi):
         # Percentile intervals from n resampled seeds are too narrow by ~sqrt((n-1)/n); undo that per stratum.
         ratio = np.mean([k / (k - 1) for k in n_seeds.values()])
@@ -115,7 +117,9 @@ def draw(df: pd.DataFrame, plan: ResamplePlan, rng: np.random.Generator) -> tupl
     return L0 + noise, np.ones((plan.B, n))
 
 
-def interval(est: float, samples: np.ndarray, plan: ResamplePlan, log: bool = False, level: float = CI_LEVEL) -> list[float]:
+def interval(
+    est: float, samples: np.ndarray, plan: ResamplePlan, log: bool = False, level: float = CI_LEVEL
+) -> list[float]:
     """Percentile interval of ``samples`` (deviations from ``est`` scaled by plan.scale), optionally in log space."""
     s = np.asarray(samples, float)
     if log:

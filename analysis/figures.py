@@ -17,15 +17,15 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never a display
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker as mticker  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from .fit import PowerLaw  # noqa: E402
-from .records import AnalysisWarning, resolve_run_dir, size_order  # noqa: E402
-from .schema import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw  # noqa: E402
+from .fit import PowerLaw
+from .records import AnalysisWarning, resolve_run_dir, size_order
+from .schema import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw
 
 COLORS = {
     "baseline": "#4d4d4d",
@@ -41,11 +41,21 @@ MAX_ARROW = 4.0  # fig4: multiplier arrows longer than this are cut (and say so)
 CI_TEXT_BOUND = 20.0  # interval ends beyond [1/20, 20] print as "<0.05" / ">20"
 _FALLBACK = ["#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
 
-plt.rcParams.update({
-    "figure.dpi": 110, "savefig.dpi": 160, "font.size": 9.5, "axes.titlesize": 10, "axes.labelsize": 9.5,
-    "legend.fontsize": 8.5, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.25, "grid.linewidth": 0.6,
-})  # fmt: skip
+plt.rcParams.update(
+    {
+        "figure.dpi": 110,
+        "savefig.dpi": 160,
+        "font.size": 9.5,
+        "axes.titlesize": 10,
+        "axes.labelsize": 9.5,
+        "legend.fontsize": 8.5,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.25,
+        "grid.linewidth": 0.6,
+    }
+)
 
 
 OWN_LR = "@own_lr"  # analysis.report.OWN_LR: an arm trained at its own tuned lr
@@ -124,8 +134,10 @@ def scaling_figure(
     base = doc.baseline
     mults = {v: doc.multipliers[v] for v in variants if v in doc.multipliers}
     C_all = df.loc[df["variant"].isin(variants), compute].to_numpy(float)
-    reach = max([min(mm.paper_M, MAX_ARROW) * mm.paper_M_at_C for mm in mults.values()
-                 if np.isfinite(mm.paper_M or np.nan)] + [C_all.max()])  # fmt: skip
+    reach = max(
+        [min(mm.paper_M, MAX_ARROW) * mm.paper_M_at_C for mm in mults.values() if np.isfinite(mm.paper_M or np.nan)]
+        + [C_all.max()]
+    )
     lo, hi = C_all.min() / 1.25, max(reach, C_all.max()) * 1.3
 
     if per_size_panel and mults:
@@ -143,17 +155,33 @@ def scaling_figure(
         ax.scatter(d[compute], d["val_loss"], s=12, color=col, alpha=0.45, lw=0, zorder=3)
         if "flags" in d.columns and (d["flags"] != "").any():  # the outlier rule's flagged runs: a ring
             odd = d[d["flags"] != ""]
-            ax.scatter(odd[compute], odd["val_loss"], s=70, facecolors="none", edgecolors=FLAG_COLOR, lw=1.2, zorder=6,
-                       label=None if flagged_labelled else "flagged run (outlier rule)")
+            ax.scatter(
+                odd[compute],
+                odd["val_loss"],
+                s=70,
+                facecolors="none",
+                edgecolors=FLAG_COLOR,
+                lw=1.2,
+                zorder=6,
+                label=None if flagged_labelled else "flagged run (outlier rule)",
+            )
             flagged_labelled = True
         means = d.groupby("size")[[compute, "val_loss"]].mean()
         ax.scatter(means[compute], means["val_loss"], s=34, color=col, edgecolor="white", lw=0.7, zorder=4)
-        ax.plot(grid, law.loss(grid), color=col, lw=1.5, zorder=2,
-                label=f"{label_of(v, labels)}: $L = {f.A:.3f}\\,C^{{-{f.alpha:.4f}}}$")  # fmt: skip
+        ax.plot(
+            grid,
+            law.loss(grid),
+            color=col,
+            lw=1.5,
+            zorder=2,
+            label=f"{label_of(v, labels)}: $L = {f.A:.3f}\\,C^{{-{f.alpha:.4f}}}$",
+        )
 
     # Arrows: variant curve at C* -> baseline curve at the same loss, i.e. M x further right.
-    arrows = sorted(((v, mm) for v, mm in mults.items() if mm.paper_M and np.isfinite(mm.paper_M)),
-                    key=lambda t: PowerLaw(fits[t[0]].A, fits[t[0]].alpha).loss(t[1].paper_M_at_C))  # fmt: skip
+    arrows = sorted(
+        ((v, mm) for v, mm in mults.items() if mm.paper_M and np.isfinite(mm.paper_M)),
+        key=lambda t: PowerLaw(fits[t[0]].A, fits[t[0]].alpha).loss(t[1].paper_M_at_C),
+    )
     y_lo, y_hi = _loss_limits(df, variants, grid, fits)
     span = y_hi - y_lo
     last_y = -np.inf
@@ -162,17 +190,36 @@ def scaling_figure(
         y = float(PowerLaw(fits[v].A, fits[v].alpha).loss(C_star))
         col = color_of(v, variants)
         M_drawn = min(mm.paper_M, MAX_ARROW)  # a longer arrow would stretch the axis past the data: cut it
-        ax.annotate("", xy=(C_star * M_drawn, y), xytext=(C_star, y),
-                    arrowprops={"arrowstyle": "-|>" if M_drawn == mm.paper_M else "-", "color": col, "lw": 1.6,
-                                "shrinkA": 0, "shrinkB": 0, "ls": "-" if M_drawn == mm.paper_M else "--"},
-                    zorder=5)  # fmt: skip
+        ax.annotate(
+            "",
+            xy=(C_star * M_drawn, y),
+            xytext=(C_star, y),
+            arrowprops={
+                "arrowstyle": "-|>" if M_drawn == mm.paper_M else "-",
+                "color": col,
+                "lw": 1.6,
+                "shrinkA": 0,
+                "shrinkB": 0,
+                "ls": "-" if M_drawn == mm.paper_M else "--",
+            },
+            zorder=5,
+        )
         txt = f"M = {mm.paper_M:.2f}×" + ci_text(mm.paper_M_ci95)
         if M_drawn < mm.paper_M:
             txt += f" (arrow cut at {MAX_ARROW:g}×)"
         ty = max(y + 0.05 * span, last_y + 0.065 * span)  # keep stacked labels apart
         last_y = ty
-        ax.text(C_star * M_drawn, ty, txt, color=col, ha="right", va="bottom", fontsize=8.5,
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}, zorder=6)  # fmt: skip
+        ax.text(
+            C_star * M_drawn,
+            ty,
+            txt,
+            color=col,
+            ha="right",
+            va="bottom",
+            fontsize=8.5,
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
+            zorder=6,
+        )
     lines = []
     for v, mm in mults.items():
         ci = mm.m_ci95
@@ -185,8 +232,17 @@ def scaling_figure(
     if lines:
         form = {m.joint.form if m.joint else None for m in mults.values()}
         head = "joint fit, shared " + ("E, α" if form == {"saturating"} else "α") + " (95% CI):"
-        ax.text(0.02, 0.03, "\n".join([head] + lines), transform=ax.transAxes, fontsize=7.8, va="bottom", ha="left",
-                bbox={"boxstyle": "round,pad=0.35", "fc": "white", "ec": "0.8", "alpha": 0.9}, zorder=6)  # fmt: skip
+        ax.text(
+            0.02,
+            0.03,
+            "\n".join([head, *lines]),
+            transform=ax.transAxes,
+            fontsize=7.8,
+            va="bottom",
+            ha="left",
+            bbox={"boxstyle": "round,pad=0.35", "fc": "white", "ec": "0.8", "alpha": 0.9},
+            zorder=6,
+        )
     _log_compute_axis(ax, lo, hi)
     ax.set_ylim(y_lo - (0.06 + 0.045 * len(lines)) * span if lines else y_lo, y_hi)
     xlabel = "Compute (PFLOP/s-days)" + ("" if compute == "pflops_days" else f"  [{compute}]")
@@ -202,8 +258,9 @@ def scaling_figure(
     return save(fig, stem)
 
 
-def _multiplier_panel(ax: plt.Axes, mults: dict[str, Multiplier], variants: list[str], labels: dict[str, str] | None,
-                      base: str) -> None:
+def _multiplier_panel(
+    ax: plt.Axes, mults: dict[str, Multiplier], variants: list[str], labels: dict[str, str] | None, base: str
+) -> None:
     """Per-size multipliers m_s (baseline curve inverted at each variant's loss) with intervals, the joint-fit m
     as a band, and the paper-form M(C) curve: a trend in m_s means the gain is not a constant multiplier."""
     n = len(mults)
@@ -218,12 +275,24 @@ def _multiplier_panel(ax: plt.Axes, mults: dict[str, Multiplier], variants: list
         ci_clipped = np.clip(ci, y_lo, y_hi)  # an unbounded interval ends at the panel's edge, marked by a caret
         yc = np.clip(y, y_lo, y_hi)
         yerr = np.abs(np.vstack([yc - ci_clipped[:, 0], ci_clipped[:, 1] - yc]))
-        ax.errorbar(C * shift, yc, yerr=None if np.isnan(yerr).all() else yerr, fmt="o", ms=4.5, color=col, capsize=2.5,
-                    lw=1.1, label=f"{label_of(v, labels)}: $m_s$ per size", zorder=4)  # fmt: skip
+        ax.errorbar(
+            C * shift,
+            yc,
+            yerr=None if np.isnan(yerr).all() else yerr,
+            fmt="o",
+            ms=4.5,
+            color=col,
+            capsize=2.5,
+            lw=1.1,
+            label=f"{label_of(v, labels)}: $m_s$ per size",
+            zorder=4,
+        )
         for end, edge, marker in ((ci[:, 1], y_hi, "^"), (ci[:, 0], y_lo, "v")):
             out = np.isfinite(end) & ((end > edge) if marker == "^" else (end < edge))
             if out.any():
-                ax.scatter(C[out] * shift, np.full(out.sum(), edge), marker=marker, s=30, color=col, zorder=5, clip_on=False)
+                ax.scatter(
+                    C[out] * shift, np.full(out.sum(), edge), marker=marker, s=30, color=col, zorder=5, clip_on=False
+                )
         lo_, hi_ = mm.m_ci95
         if lo_ is not None:
             ax.axhspan(max(lo_, y_lo), min(hi_, y_hi), color=col, alpha=0.12, lw=0)
@@ -244,7 +313,9 @@ def _multiplier_panel(ax: plt.Axes, mults: dict[str, Multiplier], variants: list
     ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda x, _: f"{x:g}×"))
     ax.yaxis.set_minor_formatter(mticker.NullFormatter())
     ax.set_ylabel(f"Compute multiplier vs {label_of(base, labels)}")
-    ax.set_title("Multiplier: $m_s$ per size (points), joint-fit m (line, 95% band),\npaper-form M(C) (dashed)", fontsize=9)
+    ax.set_title(
+        "Multiplier: $m_s$ per size (points), joint-fit m (line, 95% band),\npaper-form M(C) (dashed)", fontsize=9
+    )
     ax.legend(loc="best", frameon=True, framealpha=0.9)
 
 
@@ -270,8 +341,9 @@ def ci_text(ci: Any, bound: float = CI_TEXT_BOUND) -> str:
     return f" [{lo}, {hi}]"
 
 
-def _loss_limits(df: pd.DataFrame, variants: list[str], grid: np.ndarray,
-                 fits: dict[str, VariantLaw]) -> tuple[float, float]:
+def _loss_limits(
+    df: pd.DataFrame, variants: list[str], grid: np.ndarray, fits: dict[str, VariantLaw]
+) -> tuple[float, float]:
     vals = [df.loc[df["variant"].isin(variants), "val_loss"].to_numpy(float)]
     vals += [PowerLaw(fits[v].A, fits[v].alpha).loss(grid[[0, -1]]) for v in variants]
     allv = np.concatenate(vals)
@@ -297,8 +369,14 @@ def _read_run_file(row: pd.Series, base_dir: str | None, name: str) -> Path | No
     return d / name
 
 
-def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days",
-                       labels: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+def loss_curves_figure(
+    df: pd.DataFrame,
+    stem: Path,
+    *,
+    base_dir: str | None = None,
+    compute: str = "pflops_days",
+    labels: dict[str, str] | None = None,
+) -> list[Path]:
     """Val loss vs tokens (top) and vs FLOPs (bottom), one panel per size, one line per variant (mean over
     seeds at each evaluation step).  Runs without a metrics.csv are skipped with one warning naming them."""
     curves, missing = [], []
@@ -312,11 +390,20 @@ def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = N
             missing.append(f"{row['run_id']} (metrics.csv lacks tokens/flops/val_loss)")
             continue
         m = m.dropna(subset=["val_loss"])
-        m = m.assign(variant=row["variant"], size=row["size"], seed=row["seed"], run_id=row["run_id"],
-                     flagged=bool(str(row.get("flags", "") or "")))  # the outlier rule's flag (analysis.report)
+        m = m.assign(
+            variant=row["variant"],
+            size=row["size"],
+            seed=row["seed"],
+            run_id=row["run_id"],
+            flagged=bool(str(row.get("flags", "") or "")),
+        )  # the outlier rule's flag (analysis.report)
         curves.append(m[["step", "tokens", "flops", "val_loss", "variant", "size", "seed", "run_id", "flagged"]])
     if missing:
-        warnings.warn(f"loss curves: no usable metrics.csv for {len(missing)} run(s): {_names(missing)}", AnalysisWarning, stacklevel=2)
+        warnings.warn(
+            f"loss curves: no usable metrics.csv for {len(missing)} run(s): {_names(missing)}",
+            AnalysisWarning,
+            stacklevel=2,
+        )
     if not curves:
         return []
     c = pd.concat(curves, ignore_index=True)
@@ -339,8 +426,15 @@ def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = N
                 ax.plot(mean[xcol], mean["val_loss"], color=color_of(v, variants), lw=1.3, label=label_of(v, labels))
                 for _, run in cv[cv["flagged"]].groupby("run_id"):  # a flagged run: its own curve, dashed
                     run = run[run[xcol] > 0]
-                    ax.plot(run[xcol], run["val_loss"], color=FLAG_COLOR, ls="--", lw=0.9, alpha=0.85,
-                            label=None if flagged_labelled else "flagged run (outlier rule)")  # fmt: skip
+                    ax.plot(
+                        run[xcol],
+                        run["val_loss"],
+                        color=FLAG_COLOR,
+                        ls="--",
+                        lw=0.9,
+                        alpha=0.85,
+                        label=None if flagged_labelled else "flagged run (outlier rule)",
+                    )
                     flagged_labelled = True
             ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))  # one "1e8" offset instead of long labels
             # Zoom on the part that separates the variants: from just under the final losses to the loss reached
@@ -362,7 +456,14 @@ def loss_curves_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = N
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
     handles, labs = list(seen.values()), list(seen)
-    fig.legend(handles, labs, loc="upper center", ncol=min(len(labs), 2 * ncol + 1), frameon=False, bbox_to_anchor=(0.5, 1.04 + 0.035 * (len(labs) > 2 * ncol + 1)))
+    fig.legend(
+        handles,
+        labs,
+        loc="upper center",
+        ncol=min(len(labs), 2 * ncol + 1),
+        frameon=False,
+        bbox_to_anchor=(0.5, 1.04 + 0.035 * (len(labs) > 2 * ncol + 1)),
+    )
     fig.tight_layout()
     return save(fig, stem)
 
@@ -380,7 +481,9 @@ def _diagnostics(df: pd.DataFrame, base_dir: str | None) -> tuple[list[dict[str,
             missing.append(str(row["run_id"]))
             continue
         d = json.loads(path.read_text())
-        d.update(variant=row["variant"], size=row["size"], seed=row["seed"], residual=row.get("residual", d.get("residual")))
+        d.update(
+            variant=row["variant"], size=row["size"], seed=row["seed"], residual=row.get("residual", d.get("residual"))
+        )
         out.append(d)
     return out, missing
 
@@ -393,13 +496,23 @@ def _largest_size_with(diags: list[dict[str, Any]], df: pd.DataFrame, key: str, 
     return None
 
 
-def dynamics_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days",
-                    labels: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+def dynamics_figure(
+    df: pd.DataFrame,
+    stem: Path,
+    *,
+    base_dir: str | None = None,
+    compute: str = "pflops_days",
+    labels: dict[str, str] | None = None,
+) -> list[Path]:
     """Fig. 5b/c: output RMS and gradient norm per transformer block at the end of training, baseline vs AttnRes
     (largest size with diagnostics, mean over seeds)."""
     diags, missing = _diagnostics(df, base_dir)
     if missing:
-        warnings.warn(f"training dynamics: no diagnostics.json for {len(missing)} run(s): {_names(missing)}", AnalysisWarning, stacklevel=2)
+        warnings.warn(
+            f"training dynamics: no diagnostics.json for {len(missing)} run(s): {_names(missing)}",
+            AnalysisWarning,
+            stacklevel=2,
+        )
     size = _largest_size_with(diags, df, "block_output_rms", compute)
     if size is None:
         return []
@@ -411,7 +524,9 @@ def dynamics_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = None
             if not rows or len({r.size for r in rows}) != 1:
                 continue
             y = np.mean(rows, axis=0)
-            ax.plot(np.arange(y.size), y, marker="o", ms=3.5, lw=1.4, color=color_of(v, variants), label=label_of(v, labels))
+            ax.plot(
+                np.arange(y.size), y, marker="o", ms=3.5, lw=1.4, color=color_of(v, variants), label=label_of(v, labels)
+            )
         ax.set_xlabel("Transformer block")
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
@@ -423,8 +538,14 @@ def dynamics_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = None
     return save(fig, stem)
 
 
-def depth_weights_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days",
-                         labels: dict[str, str] | None = None) -> list[Path]:  # fmt: skip
+def depth_weights_figure(
+    df: pd.DataFrame,
+    stem: Path,
+    *,
+    base_dir: str | None = None,
+    compute: str = "pflops_days",
+    labels: dict[str, str] | None = None,
+) -> list[Path]:
     """Fig. 8: depth-attention weights (rows: reads, columns: sources) for Full and Block AttnRes, pre-attention
     and pre-MLP reads in separate panels (largest size with weights, mean over seeds; blank = not visible)."""
     diags, _ = _diagnostics(df, base_dir)
@@ -449,7 +570,11 @@ def depth_weights_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None =
         srcs = list(runs[0]["source_labels"])
         panels.append((runs[0]["variant"], size, W, kinds, srcs))
     if not panels:
-        warnings.warn("depth-weight heatmaps skipped: no diagnostics.json with depth_weights (Full/Block AttnRes)", AnalysisWarning, stacklevel=2)
+        warnings.warn(
+            "depth-weight heatmaps skipped: no diagnostics.json with depth_weights (Full/Block AttnRes)",
+            AnalysisWarning,
+            stacklevel=2,
+        )
         return []
     vmax = max(float(np.nanmax(p[2])) for p in panels)
     fig, axes = plt.subplots(len(panels), 2, figsize=(9.0, 3.4 * len(panels) + 0.3), squeeze=False)
@@ -465,7 +590,9 @@ def depth_weights_figure(df: pd.DataFrame, stem: Path, *, base_dir: str | None =
             ax.grid(False)
             step = max(1, math.ceil(len(srcs) / 17))
             ax.set_xticks(range(0, len(srcs), step))
-            ax.set_xticklabels([srcs[k] for k in range(0, len(srcs), step)], rotation=90 if len(srcs) > 12 else 0, fontsize=7.5)
+            ax.set_xticklabels(
+                [srcs[k] for k in range(0, len(srcs), step)], rotation=90 if len(srcs) > 12 else 0, fontsize=7.5
+            )
             rstep = max(1, math.ceil(len(rows) / 16))
             ax.set_yticks(range(0, len(rows), rstep))
             ax.set_yticklabels([str(k + 1) for k in range(0, len(rows), rstep)], fontsize=7.5)
@@ -490,8 +617,17 @@ def block_size_figure(sweep: BlockSizeSweep, stem: Path, title: str | None = Non
     err = np.array([p.val_loss_sd or 0.0 for p in pts], float)
     refs = {"baseline": sweep.baseline, "full": sweep.full}
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    ax.errorbar(S, y, yerr=err if err.any() else None, color=COLORS["block_attnres"], marker="o", ms=5, lw=1.5, capsize=3,
-                label="Block AttnRes")  # fmt: skip
+    ax.errorbar(
+        S,
+        y,
+        yerr=err if err.any() else None,
+        color=COLORS["block_attnres"],
+        marker="o",
+        ms=5,
+        lw=1.5,
+        capsize=3,
+        label="Block AttnRes",
+    )
     for key, name, style in (("baseline", "baseline", "--"), ("full", "full_attnres", ":")):
         ref = refs[key]
         if ref:
@@ -514,8 +650,9 @@ def block_size_figure(sweep: BlockSizeSweep, stem: Path, title: str | None = Non
     return save(fig, stem)
 
 
-def _grid_heatmaps(xs: list[Any], ys: list[Any], panels: list[tuple[str, np.ndarray]], stem: Path,
-                   suptitle: str | None = None) -> list[Path]:
+def _grid_heatmaps(
+    xs: list[Any], ys: list[Any], panels: list[tuple[str, np.ndarray]], stem: Path, suptitle: str | None = None
+) -> list[Path]:
     """Side-by-side heat maps of loss over (d_model/L_b columns, H/L_b rows) on one colour scale; each panel's
     best cell outlined in red; missing cells (NaN) left blank."""
     finite = np.concatenate([g[np.isfinite(g)] for _, g in panels])
@@ -540,8 +677,16 @@ def _grid_heatmaps(xs: list[Any], ys: list[Any], panels: list[tuple[str, np.ndar
                     ax.text(c, r, "–", ha="center", va="center", fontsize=8, color="0.5")
                     continue
                 shade = (g[r, c] - vmin) / span
-                ax.text(c, r, f"{g[r, c]:.3f}", ha="center", va="center", fontsize=8,
-                        color="black" if shade < 0.55 else "white", fontweight="bold" if (r, c) == (i, j) else None)  # fmt: skip
+                ax.text(
+                    c,
+                    r,
+                    f"{g[r, c]:.3f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="black" if shade < 0.55 else "white",
+                    fontweight="bold" if (r, c) == (i, j) else None,
+                )
         ax.set_xticks(range(len(xs)))
         ax.set_xticklabels([f"{x:g}" for x in xs])
         ax.set_yticks(range(len(ys)))
@@ -564,10 +709,12 @@ def architecture_grid_figure(fig7: dict[str, Any], stem: Path) -> list[Path]:
 
 def arch_grid_figure(table: ArchGrid, stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
     """Fig. 7 from our runs (report.arch_grid_table): one heat map per variant on a shared colour scale."""
-    panels = [(label_of(v, labels), np.array([[np.nan if c is None else c for c in r] for r in table.val_loss[v]],
-                                             float)) for v in table.variants]  # fmt: skip
+    panels = [
+        (label_of(v, labels), np.array([[np.nan if c is None else c for c in r] for r in table.val_loss[v]], float))
+        for v in table.variants
+    ]
     budget = table.flops_budget
-    title = f"Architecture grid at fixed compute" + (f" C = {budget:.3g} FLOPs" if budget else "")
+    title = "Architecture grid at fixed compute" + (f" C = {budget:.3g} FLOPs" if budget else "")
     return _grid_heatmaps(list(table.d_over_lb), list(table.heads_over_lb), panels, stem, suptitle=title)
 
 
@@ -576,8 +723,14 @@ def arch_grid_figure(table: ArchGrid, stem: Path, labels: dict[str, str] | None 
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[str, str] | None = None,
-              tuned: dict[str, dict[str, float]] | None = None, rule: str = "per_size") -> list[Path]:  # fmt: skip
+def lr_figure(
+    runs: pd.DataFrame,
+    table: pd.DataFrame,
+    stem: Path,
+    labels: dict[str, str] | None = None,
+    tuned: dict[str, dict[str, float]] | None = None,
+    rule: str = "per_size",
+) -> list[Path]:
     """Validation loss vs learning rate (log x), one panel per arm, one curve per size (mean over seeds; single
     runs as faint dots), the fitted optimum as a star with its 95% interval as a bar; diverged runs as crosses on
     the panel's top edge; an optimum on a grid edge is labelled "edge". ``tuned`` (``lr[variant][size]``, the lrs
@@ -613,16 +766,38 @@ def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[
             if np.isfinite(r["lr"]):
                 lo, hi = r["ci95"]
                 xerr = None if not (np.isfinite(lo) and np.isfinite(hi)) else [[r["lr"] - lo], [hi - r["lr"]]]
-                ax.errorbar([r["lr"]], [r["loss_at_optimum"]], xerr=xerr, fmt="*", ms=11, color=col, mec="black",
-                            mew=0.6, capsize=3, lw=1.2, zorder=5)  # fmt: skip
+                ax.errorbar(
+                    [r["lr"]],
+                    [r["loss_at_optimum"]],
+                    xerr=xerr,
+                    fmt="*",
+                    ms=11,
+                    color=col,
+                    mec="black",
+                    mew=0.6,
+                    capsize=3,
+                    lw=1.2,
+                    zorder=5,
+                )
                 lr_out = ((tuned or {}).get(str(v)) or {}).get(str(s))
                 if lr_out is not None and not np.isclose(lr_out, r["lr"], rtol=1e-3):
                     ok_pts = np.isfinite(mean)
-                    y_out = np.interp(np.log(lr_out), np.log(grid[ok_pts]), mean[ok_pts]) if ok_pts.any() else r["loss_at_optimum"]
+                    y_out = (
+                        np.interp(np.log(lr_out), np.log(grid[ok_pts]), mean[ok_pts])
+                        if ok_pts.any()
+                        else r["loss_at_optimum"]
+                    )
                     ax.plot([lr_out], [y_out], "D", ms=6.5, mfc="white", mec=col, mew=1.6, zorder=6)
                 if r["on_edge"]:
-                    ax.annotate("edge", (r["lr"], r["loss_at_optimum"]), textcoords="offset points", xytext=(0, -13),
-                                ha="center", fontsize=7.5, color="red")  # fmt: skip
+                    ax.annotate(
+                        "edge",
+                        (r["lr"], r["loss_at_optimum"]),
+                        textcoords="offset points",
+                        xytext=(0, -13),
+                        ha="center",
+                        fontsize=7.5,
+                        color="red",
+                    )
         ax.set_xscale("log")
         grid_all = np.unique(np.concatenate([np.asarray(g, float) for g in table.loc[table["variant"] == v, "grid"]]))
         step = max(1, int(np.ceil(len(grid_all) / 6)))  # at most ~6 labels: no overlap at this width
@@ -636,7 +811,11 @@ def lr_figure(runs: pd.DataFrame, table: pd.DataFrame, stem: Path, labels: dict[
     axes[0][0].set_ylabel("Validation loss")
     axes[0][-1].legend(title="size", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     written = "; ◇ lr written (power-law trend over sizes)" if rule == "trend" and tuned else ""
-    fig.suptitle("Learning-rate tuning: mean loss per grid point (dots: runs),\nfitted optimum (★) with 95% interval"
-                 + written + "; × diverged", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        "Learning-rate tuning: mean loss per grid point (dots: runs),\nfitted optimum (★) with 95% interval"
+        + written
+        + "; × diverged",
+        fontsize=9,
+    )
     fig.tight_layout()
     return save(fig, stem)

@@ -175,7 +175,7 @@ def nnls3(
         for E, Ab, Av in cands:
             # With G beta = h on the support, beta^T G beta - 2 beta^T h = -beta^T h.
             q = -(E * h0 + Ab * hb + Av * hv)
-            ok = (q < best_q) & (E >= 0) & (Ab >= 0) & (Av >= 0) & (E <= E_max)  # NaN compares False
+            ok = (q < best_q) & (E >= 0) & (Ab >= 0) & (Av >= 0) & (E_max >= E)  # NaN compares False
             best_q = np.where(ok, q, best_q)
             bE = np.where(ok, E, bE)
             bA = np.where(ok, Ab, bA)
@@ -221,7 +221,11 @@ def profile_saturating(
         hb, hv = uxL[..., :nb].sum(-1), uxL[..., nb:].sum(-1)
         E, Ab, Av = nnls3(S1, Sxb, Sxv, Sxxb, Sxxv, uL.sum(-1), hb, hv, E_max)
         Lhat = E[..., None] + x * np.concatenate(
-            [np.broadcast_to(Ab[..., None], Ab.shape + (nb,)), np.broadcast_to(Av[..., None], Av.shape + (x.shape[-1] - nb,))], -1
+            [
+                np.broadcast_to(Ab[..., None], (*Ab.shape, nb)),
+                np.broadcast_to(Av[..., None], (*Av.shape, x.shape[-1] - nb)),
+            ],
+            -1,
         )
         r = lnL - np.log(np.maximum(Lhat, _TINY))
         u = Wl * _irls_weights(r, delta)
@@ -247,7 +251,7 @@ def search_saturating(
     """
     lo, hi = alpha_bounds
     batch = L.shape[:-1]
-    grid = np.broadcast_to(np.geomspace(lo, hi, n_coarse), batch + (n_coarse,))
+    grid = np.broadcast_to(np.geomspace(lo, hi, n_coarse), (*batch, n_coarse))
     step = (hi / lo) ** (1.0 / (n_coarse - 1))  # multiplicative spacing of the current grid
     for k in range(rounds + 1):
         prof = profile_saturating(lnc, L, isv, W, grid, delta, irls_iter)
@@ -447,19 +451,26 @@ def fit_joint(
     fallback = None
     attempt = None
     if form in ("auto", "saturating"):
-        s = search_saturating(lnc, L, isv, w, alpha_bounds, n_coarse=160, n_fine=16, rounds=3, delta=delta, irls_iter=20)
+        s = search_saturating(
+            lnc, L, isv, w, alpha_bounds, n_coarse=160, n_fine=16, rounds=3, delta=delta, irls_iter=20
+        )
         E_max = float(L[w > 0].min())
         theta0 = np.array(
-            [float(s["E"]), math.log(max(float(s["A_b"]), 1e-300)), math.log(max(float(s["A_v"]), 1e-300)), float(s["alpha"])]
+            [
+                float(s["E"]),
+                math.log(max(float(s["A_b"]), 1e-300)),
+                math.log(max(float(s["A_v"]), 1e-300)),
+                float(s["alpha"]),
+            ]
         )
         theta, obj = _polish(theta0, lnc, lnL, isv, w, delta, [(0.0, E_max), (None, None), (None, None), alpha_bounds])
         E, a_b, a_v, alpha = (float(t) for t in theta)
         obj *= delta * delta
         sat = _joint_result("saturating", E, a_b, a_v, alpha, obj, C_ref)
         reasons = []
-        if E <= 1e-6 * E_max:
+        if 1e-6 * E_max >= E:
             reasons.append("E hit its lower bound 0 (no saturation visible in this compute range)")
-        if E >= E_max * (1 - 1e-4):
+        if E_max * (1 - 1e-4) <= E:
             reasons.append(f"E hit its upper bound min(L) = {E_max:.4g}")
         if alpha <= alpha_bounds[0] * (1 + 1e-3) or alpha >= alpha_bounds[1] * (1 - 1e-3):
             reasons.append(f"alpha = {alpha:.4g} is at the edge of the search range {alpha_bounds}")

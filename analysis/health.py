@@ -29,7 +29,7 @@ A cell whose seeds disagree beyond ``CELL_SD_BOUND`` nats (sample sd) is warned 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -53,8 +53,13 @@ def _finite(steps: Sequence[float], values: Sequence[float | None]) -> tuple[np.
     return s[ok][order], v[ok][order]
 
 
-def spike_step(steps: Sequence[float], train_loss: Sequence[float | None], val_steps: Sequence[float],
-               val_loss: Sequence[float | None], total_steps: float) -> int | None:  # fmt: skip
+def spike_step(
+    steps: Sequence[float],
+    train_loss: Sequence[float | None],
+    val_steps: Sequence[float],
+    val_loss: Sequence[float | None],
+    total_steps: float,
+) -> int | None:
     """The first step that spikes (see the module docstring), or None."""
     start = WARMUP_SHARE * total_steps
     s, v = _finite(steps, train_loss)
@@ -82,8 +87,13 @@ def plateaued(val_steps: Sequence[float], val_loss: Sequence[float | None], tota
     return bool(v[-1] > mid * (1 - PLATEAU_GAIN))
 
 
-def curve_flags(steps: Sequence[float], train_loss: Sequence[float | None], val_steps: Sequence[float],
-                val_loss: Sequence[float | None], total_steps: float) -> list[str]:  # fmt: skip
+def curve_flags(
+    steps: Sequence[float],
+    train_loss: Sequence[float | None],
+    val_steps: Sequence[float],
+    val_loss: Sequence[float | None],
+    total_steps: float,
+) -> list[str]:
     """The curve flags of one run, e.g. ["spike@1200", "plateau"]; [] for a healthy run."""
     flags = []
     at = spike_step(steps, train_loss, val_steps, val_loss, total_steps)
@@ -107,6 +117,10 @@ def off_seed_mates(losses: Sequence[float], sigma: float | None) -> list[bool]:
     x = np.asarray(losses, float)
     if len(x) < 3:
         return [False] * len(x)
-    bound = max(OFF_MATES_SIGMAS * sigma, OFF_MATES_FLOOR) if sigma is not None and math.isfinite(sigma) else OFF_MATES_FLOOR
+    bound = (
+        max(OFF_MATES_SIGMAS * sigma, OFF_MATES_FLOOR)
+        if sigma is not None and math.isfinite(sigma)
+        else OFF_MATES_FLOOR
+    )
     med = float(np.median(x))
     return [bool(abs(v - med) > bound) for v in x]

@@ -24,9 +24,10 @@ import io
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .schema import malformed
 
@@ -115,8 +116,9 @@ def read_table(path: str | Path) -> tuple[list[str], list[tuple[int, dict[str, s
                 reason = f"not a CSV row ({e})"
             else:
                 if len(fields) != len(header):
-                    reason = (f"{len(fields)} fields where the header has {len(header)} (a torn row, or rows run "
-                              "together)")
+                    reason = (
+                        f"{len(fields)} fields where the header has {len(header)} (a torn row, or rows run together)"
+                    )
                 else:
                     row = dict(zip(header, fields))
                     reason = malformed(row)

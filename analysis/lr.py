@@ -116,8 +116,9 @@ def reference_optimum(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> flo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "covariance could not be estimated" on exact fits: only the fit is used
         (a, b, c), _ = curve_fit(lambda t, a, b, c: a + b * t + c * t * t, xs, ys, p0=(float(ys.mean()), 0.0, 1.0))
-    res = minimize_scalar(lambda t: a + b * t + c * t * t, bounds=(xs.min(), xs.max()), method="bounded",
-                          options={"xatol": 1e-10})  # fmt: skip
+    res = minimize_scalar(
+        lambda t: a + b * t + c * t * t, bounds=(xs.min(), xs.max()), method="bounded", options={"xatol": 1e-10}
+    )
     return float(res.x)
 
 
@@ -133,7 +134,7 @@ def _edge(y: np.ndarray) -> str | None:
         return "low"
     if k == len(y) - 1:
         return "high"
-    if k == len(y) - 1 - int(np.argmax(finite[::-1])) and np.isposinf(y[k + 1:]).any():
+    if k == len(y) - 1 - int(np.argmax(finite[::-1])) and np.isposinf(y[k + 1 :]).any():
         return "divergence"
     return None
 
@@ -147,8 +148,10 @@ def lr_runs(df: pd.DataFrame) -> pd.DataFrame:
     """The runs an LR analysis uses: completed or diverged, with an lr; diverged ones get val_loss = +inf."""
     missing = [c for c in LR_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{df.attrs.get('source', 'the results table')} lacks column(s) needed for an LR analysis: "
-                         f"{', '.join(missing)} (contract: docs/results_schema.md)")  # fmt: skip
+        raise ValueError(
+            f"{df.attrs.get('source', 'the results table')} lacks column(s) needed for an LR analysis: "
+            f"{', '.join(missing)} (contract: docs/results_schema.md)"
+        )
     d = df.copy()
     d["lr"] = pd.to_numeric(d["lr"], errors="coerce")
     d["val_loss"] = pd.to_numeric(d["val_loss"], errors="coerce")
@@ -157,8 +160,12 @@ def lr_runs(df: pd.DataFrame) -> pd.DataFrame:
     dropped = d[~keep]
     if len(dropped):
         names = ", ".join(f"{r.run_id} ({r.status})" for r in dropped.itertuples())
-        warnings.warn(f"LR analysis: {len(dropped)} run(s) neither completed nor diverged, or without lr/val_loss, "
-                      f"left out: {names}", AnalysisWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"LR analysis: {len(dropped)} run(s) neither completed nor diverged, or without lr/val_loss, "
+            f"left out: {names}",
+            AnalysisWarning,
+            stacklevel=2,
+        )
     d = d[keep].copy()
     d.loc[d["status"] == "diverged", "val_loss"] = np.inf
     d["seed"] = pd.to_numeric(d["seed"], errors="coerce").astype(int)
@@ -215,7 +222,12 @@ def _pooled_seed_sigma(curves: dict[tuple[str, str], tuple[np.ndarray, list[int]
 
 
 def lr_optima(
-    df: pd.DataFrame, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma: float | None = None, window: int = WINDOW,
+    df: pd.DataFrame,
+    *,
+    B: int = DEFAULT_B,
+    seed: int = 0,
+    seed_sigma: float | None = None,
+    window: int = WINDOW,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The tuned lr of every (size, variant) curve of an LR study, with bootstrap intervals.
 
@@ -267,16 +279,32 @@ def lr_optima(
         else:
             ci = [float("nan"), float("nan")]
         g = d[(d["size"] == size) & (d["variant"] == variant)]
-        n_params = pd.to_numeric(g.get("params_non_embedding"), errors="coerce").median() if "params_non_embedding" in g else None
+        n_params = (
+            pd.to_numeric(g.get("params_non_embedding"), errors="coerce").median()
+            if "params_non_embedding" in g
+            else None
+        )
         k = int(np.argmin(np.where(np.isfinite(y), y, np.inf))) if np.isfinite(y).any() else 0
-        rows.append(LrOptimum(
-            size=size, variant=variant, lr=float(np.exp(x_opt)) if np.isfinite(x_opt) else float("nan"), ci95=ci,
-            grid_best_lr=float(lrs[k]), loss_at_optimum=y_opt, on_edge=edge in ("low", "high"), edge=edge,
-            curvature=c, n_grid=int(np.isfinite(y).sum()), n_seeds=n_seeds, n_diverged=int((g["status"] == "diverged").sum()),
-            params_non_embedding=None if n_params is None or not np.isfinite(n_params) else float(n_params),
-            interval_method=method, grid=[float(v) for v in lrs],
-            mean_loss=[None if not np.isfinite(v) else float(v) for v in y],
-        ).to_dict())  # fmt: skip
+        rows.append(
+            LrOptimum(
+                size=size,
+                variant=variant,
+                lr=float(np.exp(x_opt)) if np.isfinite(x_opt) else float("nan"),
+                ci95=ci,
+                grid_best_lr=float(lrs[k]),
+                loss_at_optimum=y_opt,
+                on_edge=edge in ("low", "high"),
+                edge=edge,
+                curvature=c,
+                n_grid=int(np.isfinite(y).sum()),
+                n_seeds=n_seeds,
+                n_diverged=int((g["status"] == "diverged").sum()),
+                params_non_embedding=None if n_params is None or not np.isfinite(n_params) else float(n_params),
+                interval_method=method,
+                grid=[float(v) for v in lrs],
+                mean_loss=[None if not np.isfinite(v) else float(v) for v in y],
+            ).to_dict()
+        )
     table = pd.DataFrame(rows)
     order = table.groupby("size")["params_non_embedding"].median().sort_values(na_position="last").index.tolist()
     table["_o"] = table["size"].map({s: i for i, s in enumerate(order)})
@@ -284,19 +312,37 @@ def lr_optima(
     for r in table.itertuples():
         if r.on_edge:
             where = "below the lowest" if r.edge == "low" else "above the highest"
-            warnings.warn(f"LR optimum of {r.variant} at {r.size} lies at the {r.edge} edge of the grid "
-                          f"(best grid lr {r.grid_best_lr:.3g}, grid {min(r.grid):.3g}..{max(r.grid):.3g}): extend the "
-                          f"grid {where} point", AnalysisWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"LR optimum of {r.variant} at {r.size} lies at the {r.edge} edge of the grid "
+                f"(best grid lr {r.grid_best_lr:.3g}, grid {min(r.grid):.3g}..{max(r.grid):.3g}): extend the "
+                f"grid {where} point",
+                AnalysisWarning,
+                stacklevel=2,
+            )
         elif r.edge == "divergence":
-            warnings.warn(f"LR optimum of {r.variant} at {r.size} is the highest lr that did not diverge "
-                          f"({r.grid_best_lr:.3g}): the optimum may lie between it and the next grid point; refine the "
-                          "grid there", AnalysisWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"LR optimum of {r.variant} at {r.size} is the highest lr that did not diverge "
+                f"({r.grid_best_lr:.3g}): the optimum may lie between it and the next grid point; refine the "
+                "grid there",
+                AnalysisWarning,
+                stacklevel=2,
+            )
         elif not r.curvature > 0:
-            warnings.warn(f"LR curve of {r.variant} at {r.size} shows no minimum around its best grid lr "
-                          f"{r.grid_best_lr:.3g} (curvature {r.curvature:.3g}); reported that grid point", AnalysisWarning,
-                          stacklevel=2)  # fmt: skip
-    info = {"B": B, "seed": seed, "window": window, "ci_level": CI_LEVEL, "sigma": sigma, "sigma_source": sigma_source,
-            "pooled_seed_sd": pooled_seed}  # fmt: skip
+            warnings.warn(
+                f"LR curve of {r.variant} at {r.size} shows no minimum around its best grid lr "
+                f"{r.grid_best_lr:.3g} (curvature {r.curvature:.3g}); reported that grid point",
+                AnalysisWarning,
+                stacklevel=2,
+            )
+    info = {
+        "B": B,
+        "seed": seed,
+        "window": window,
+        "ci_level": CI_LEVEL,
+        "sigma": sigma,
+        "sigma_source": sigma_source,
+        "pooled_seed_sd": pooled_seed,
+    }
     return table, info
 
 
@@ -309,7 +355,7 @@ def lr_trend(table: pd.DataFrame) -> dict[str, dict[str, float]]:
         if g["params_non_embedding"].nunique() < 2:
             continue
         b, ln_a = np.polyfit(np.log(g["params_non_embedding"].astype(float)), np.log(g["lr"]), 1)
-        out[str(variant)] = {"a": float(math.exp(ln_a)), "b": float(b), "n_sizes": int(len(g))}
+        out[str(variant)] = {"a": float(math.exp(ln_a)), "b": float(b), "n_sizes": len(g)}
     return out
 
 
@@ -328,8 +374,13 @@ TUNED_HEADER = """\
 RULES = ("per_size", "trend")
 
 
-def tuned_document(table: pd.DataFrame, info: dict[str, Any], provenance: dict[str, Any], rule: str = "per_size",
-                   trend: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
+def tuned_document(
+    table: pd.DataFrame,
+    info: dict[str, Any],
+    provenance: dict[str, Any],
+    rule: str = "per_size",
+    trend: dict[str, dict[str, float]] | None = None,
+) -> dict[str, Any]:
     """The generated config: ``lr[variant][size]`` plus intervals, edge flags and where the numbers came from.
 
     rule "per_size" writes each curve's own optimum; "trend" writes the arm's power law lr* = a N^b (fitted over
@@ -338,10 +389,17 @@ def tuned_document(table: pd.DataFrame, info: dict[str, Any], provenance: dict[s
     if rule not in RULES:
         raise ValueError(f"rule={rule!r}; allowed values: {', '.join(RULES)}")
     trend = lr_trend(table) if trend is None else trend
-    doc: dict[str, Any] = {"provenance": {**provenance, "rule": rule, "method": (
-        f"quadratic in ln(lr) over the grid points within {info['window']} steps of the grid minimum; "
-        f"{int(100 * info['ci_level'])}% bootstrap interval (B = {info['B']}, seed {info['seed']})"
-        + ("; lr = the arm's power law a * N^b over sizes at each size's N" if rule == "trend" else ""))}}  # fmt: skip
+    doc: dict[str, Any] = {
+        "provenance": {
+            **provenance,
+            "rule": rule,
+            "method": (
+                f"quadratic in ln(lr) over the grid points within {info['window']} steps of the grid minimum; "
+                f"{int(100 * info['ci_level'])}% bootstrap interval (B = {info['B']}, seed {info['seed']})"
+                + ("; lr = the arm's power law a * N^b over sizes at each size's N" if rule == "trend" else "")
+            ),
+        }
+    }
     for key in ("lr", "lr_per_size", "lr_trend", "ci95", "on_edge"):
         doc[key] = {}
     for r in table.itertuples():
@@ -368,7 +426,9 @@ def write_tuned_config(doc: dict[str, Any], path: str | Path, command: str) -> P
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = TUNED_HEADER.format(command=command) + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110)
+    text = TUNED_HEADER.format(command=command) + yaml.safe_dump(
+        doc, sort_keys=False, default_flow_style=None, width=110
+    )
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
         f.write(text)
@@ -381,13 +441,26 @@ def _fmt(x: float) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3g}"
 
 
-def lr_markdown(table: pd.DataFrame, info: dict[str, Any], trend: dict[str, Any], source: str | None,
-                tuned: dict[str, dict[str, float]] | None = None, rule: str = "per_size") -> str:  # fmt: skip
+def lr_markdown(
+    table: pd.DataFrame,
+    info: dict[str, Any],
+    trend: dict[str, Any],
+    source: str | None,
+    tuned: dict[str, dict[str, float]] | None = None,
+    rule: str = "per_size",
+) -> str:
     """The LR study's summary table; ``tuned`` (``lr[variant][size]``) is what the sizes read under ``rule``."""
-    lines = ["# Learning-rate tuning", "", f"Source: `{source}`." if source else "", "",
-             f"| arm | size | N | optimum [95% CI] | lr written (rule {rule}) | best grid lr | loss at optimum | "
-             "grid points | seeds | flags |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Learning-rate tuning",
+        "",
+        f"Source: `{source}`." if source else "",
+        "",
+        (
+            f"| arm | size | N | optimum [95% CI] | lr written (rule {rule}) | best grid lr | loss at optimum | "
+            "grid points | seeds | flags |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in table.itertuples():
         flags = []
         if r.on_edge:
@@ -400,21 +473,37 @@ def lr_markdown(table: pd.DataFrame, info: dict[str, Any], trend: dict[str, Any]
             flags.append(f"{r.n_diverged} diverged")
         n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
         out_lr = ((tuned or {}).get(str(r.variant)) or {}).get(str(r.size))
-        lines.append(f"| {r.variant} | {r.size} | {n} | {_fmt(r.lr)} [{_fmt(r.ci95[0])}, {_fmt(r.ci95[1])}] | "
-                     f"{_fmt(out_lr)} | {_fmt(r.grid_best_lr)} | {_fmt(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | {', '.join(flags)} |")  # fmt: skip
-    lines += ["", f"Optimum: vertex of a least-squares parabola in ln(lr) through the grid points within {info['window']} "
-              "steps of the grid minimum (kept inside that window); a diverged run counts as worse than every completed "
-              f"one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, B = {info['B']}; single-seed curves "
-              f"use a parametric bootstrap with sigma = {_fmt(info['sigma'])} ({info['sigma_source']})."]  # fmt: skip
+        lines.append(
+            f"| {r.variant} | {r.size} | {n} | {_fmt(r.lr)} [{_fmt(r.ci95[0])}, {_fmt(r.ci95[1])}] | "
+            f"{_fmt(out_lr)} | {_fmt(r.grid_best_lr)} | {_fmt(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | {', '.join(flags)} |"
+        )
+    lines += [
+        "",
+        (
+            f"Optimum: vertex of a least-squares parabola in ln(lr) through the grid points within {info['window']} "
+            "steps of the grid minimum (kept inside that window); a diverged run counts as worse than every completed "
+            f"one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, B = {info['B']}; single-seed curves "
+            f"use a parametric bootstrap with sigma = {_fmt(info['sigma'])} ({info['sigma_source']})."
+        ),
+    ]
     if trend:
         lines += ["", "Scaling of the tuned lr with non-embedding parameters N (least squares in log-log):", ""]
         lines += [f"- {v}: lr* = {t['a']:.3g} · N^{t['b']:.3f} over {t['n_sizes']} sizes" for v, t in trend.items()]
     return "\n".join(lines) + "\n"
 
 
-def run_lr(df: pd.DataFrame, out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma: float | None = None,
-           write_config: str | Path | None = None, command: str = "python -m analysis lr",
-           make_figures: bool = True, rule: str = "per_size") -> dict[str, Any]:  # fmt: skip
+def run_lr(
+    df: pd.DataFrame,
+    out: str | Path,
+    *,
+    B: int = DEFAULT_B,
+    seed: int = 0,
+    seed_sigma: float | None = None,
+    write_config: str | Path | None = None,
+    command: str = "python -m analysis lr",
+    make_figures: bool = True,
+    rule: str = "per_size",
+) -> dict[str, Any]:
     """`python -m analysis lr`: lr.json, lr_summary.md, fig_lr.{png,pdf} in ``out``, and the generated config."""
     import json
     from datetime import datetime, timezone
@@ -428,12 +517,21 @@ def run_lr(df: pd.DataFrame, out: str | Path, *, B: int = DEFAULT_B, seed: int =
     runs = lr_runs(df)
     commits = sorted({str(c) for c in df.get("git_commit", pd.Series(dtype=str)).dropna() if str(c)})
     studies = sorted({str(s) for s in df.get("study", pd.Series(dtype=str)).dropna() if str(s)})
-    provenance = {"study": ",".join(studies) or None, "source": df.attrs.get("source"),
-                  "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "git_commits": commits, "n_runs": int(len(runs)),
-                  "n_diverged": int((runs["status"] == "diverged").sum())}  # fmt: skip
-    doc = {"schema_version": 1, "provenance": provenance, "info": info, "trend": trend,
-           "optima": json.loads(table.to_json(orient="records"))}  # fmt: skip
+    provenance = {
+        "study": ",".join(studies) or None,
+        "source": df.attrs.get("source"),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commits": commits,
+        "n_runs": len(runs),
+        "n_diverged": int((runs["status"] == "diverged").sum()),
+    }
+    doc = {
+        "schema_version": 1,
+        "provenance": provenance,
+        "info": info,
+        "trend": trend,
+        "optima": json.loads(table.to_json(orient="records")),
+    }
     try:
         tuned: dict[str, Any] | None = tuned_document(table, info, provenance, rule, trend)
     except ValueError:

@@ -90,22 +90,33 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
         lines.append("")
         for v, mm in doc["multipliers"].items():
             j = mm["joint"]
-            form = "L = E + A_arm·C^−α, E and α shared" if j["form"] == "saturating" else "L = A_arm·C^−α, α shared (E = 0)"
-            lines.append(f"- **{v}**: joint fit {form}: E = {_fmt(j['E'])}, α = {j['alpha']:.4f} {_ci(j['alpha_ci95'])}.")
+            form = (
+                "L = E + A_arm·C^−α, E and α shared"
+                if j["form"] == "saturating"
+                else "L = A_arm·C^−α, α shared (E = 0)"
+            )
+            lines.append(
+                f"- **{v}**: joint fit {form}: E = {_fmt(j['E'])}, α = {j['alpha']:.4f} {_ci(j['alpha_ci95'])}."
+            )
             if j.get("fallback"):
                 lines.append(f"  Fallback: {j['fallback']}.")
             if mm["headline"] == "curve":
                 c = mm["paper_M_curve"]
                 pts = ", ".join(
-                    f"M({c['C'][i]:.3g}) = {c['M'][i]:.3f} {_ci([c['ci95_lo'][i], c['ci95_hi'][i]])}" for i in (0, len(c["C"]) // 2, -1)
+                    f"M({c['C'][i]:.3g}) = {c['M'][i]:.3f} {_ci([c['ci95_lo'][i], c['ci95_hi'][i]])}"
+                    for i in (0, len(c["C"]) // 2, -1)
                 )
-                lines.append(f"  The exponents differ significantly, so the multiplier is a curve, not one number: {pts}.")
+                lines.append(
+                    f"  The exponents differ significantly, so the multiplier is a curve, not one number: {pts}."
+                )
             sizes = ", ".join(f"{s}: {p['m']:.3f}" for s, p in mm["per_size"].items())
             lines.append(f"  Per-size m_s: {sizes}.")
         b = doc["bootstrap"]
         if b["mode"] == "paired_cluster":
-            how = (f"paired, size-stratified cluster bootstrap over seeds (both arms of a size/seed cell together), "
-                   f"deviations scaled by {b['scale']:.3f} = sqrt(mean n/(n−1))")  # fmt: skip
+            how = (
+                f"paired, size-stratified cluster bootstrap over seeds (both arms of a size/seed cell together), "
+                f"deviations scaled by {b['scale']:.3f} = sqrt(mean n/(n−1))"
+            )
         else:
             how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
         lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
@@ -113,104 +124,170 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
     if pr:
         sds = [v for v in pr["baseline_seed_sd"].values() if v is not None]
         lines += ["## Precision", ""]
-        lines += [f"- Baseline seed sd per size: " + ", ".join(f"{k} {_fmt(v, 3)}" for k, v in pr["baseline_seed_sd"].items())
-                  + (f" (largest {max(sds):.4f})" if sds else "") + ".",
-                  f"- Baseline mean loss strictly decreasing with compute: {'yes' if pr['baseline_decreasing'] else '**no**'}.",
-                  f"- Baseline power law rmse(log L): {_fmt(pr['baseline_rmse_log_runs'], 3)} over runs, "
-                  f"{_fmt(pr['baseline_rmse_log_means'], 3)} over size means.",
-                  "- Multiplier 95% half-width / m: " + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in pr["m_half_width_over_m"].items())
-                  + "; paired multiplier: " + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in
-                                                       (pr.get("paired_m_half_width_over_m") or {}).items()) + ".",
-                  ""]  # fmt: skip
+        lines += [
+            "- Baseline seed sd per size: "
+            + ", ".join(f"{k} {_fmt(v, 3)}" for k, v in pr["baseline_seed_sd"].items())
+            + (f" (largest {max(sds):.4f})" if sds else "")
+            + ".",
+            f"- Baseline mean loss strictly decreasing with compute: {'yes' if pr['baseline_decreasing'] else '**no**'}.",
+            (
+                f"- Baseline power law rmse(log L): {_fmt(pr['baseline_rmse_log_runs'], 3)} over runs, "
+                f"{_fmt(pr['baseline_rmse_log_means'], 3)} over size means."
+            ),
+            "- Multiplier 95% half-width / m: "
+            + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in pr["m_half_width_over_m"].items())
+            + "; paired multiplier: "
+            + ", ".join(f"{v} {_fmt(h, 3)}" for v, h in (pr.get("paired_m_half_width_over_m") or {}).items())
+            + ".",
+            "",
+        ]
     if doc.get("paired_deltas"):
         lines += [f"## Paired differences vs {base} (same seed: same initialisation and data order)", ""]
         lines += ["| size | variant | pairs | mean Δ | sd of Δ | Δ per seed |", "|---|---|---|---|---|---|"]
         for r in doc["paired_deltas"]:
-            lines.append(f"| {r['size']} | {r['variant']} | {r['n_pairs']} | {r['mean']:+.4f} | {_fmt(r['sd'], 3)} | "
-                         + ", ".join(f"{x:+.4f}" for x in r["diffs"]) + " |")  # fmt: skip
+            lines.append(
+                f"| {r['size']} | {r['variant']} | {r['n_pairs']} | {r['mean']:+.4f} | {_fmt(r['sd'], 3)} | "
+                + ", ".join(f"{x:+.4f}" for x in r["diffs"])
+                + " |"
+            )
         lines.append("")
     paired = {v: m["paired"] for v, m in doc.get("multipliers", {}).items() if (m.get("paired") or {}).get("m")}
     if paired:
-        lines += ["## Paired multiplier (same-seed differences through the baseline's local slope)", "",
-                  "At each size, ln m_s = −ln(1 + mean Δ / (L_b − E)) / α_b − ln(C_v / C_b): the mean paired difference "
-                  "read through the baseline law at the size's baseline loss. Sizes pooled in ln m, weighted by pairs / max(sd Δ of the size, "
-                  f"pooled over arms, {PAIRED_SD_FLOOR:g})². Same bootstrap replicates as the joint fit. It assumes one constant "
-                  "multiplier, as the joint fit does, and is tight only where an arm's runs stay with their baseline "
-                  "seed-mates. With three seeds its interval can be overconfident (three pairs do not estimate the pair "
-                  "noise): the joint fit is the headline.", "",
-                  "| variant | size | pairs | mean Δ ± sd | m_s [95% CI] | weight |", "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "## Paired multiplier (same-seed differences through the baseline's local slope)",
+            "",
+            (
+                "At each size, ln m_s = −ln(1 + mean Δ / (L_b − E)) / α_b − ln(C_v / C_b): the mean paired difference "
+                "read through the baseline law at the size's baseline loss. Sizes pooled in ln m, weighted by pairs / max(sd Δ of the size, "
+                f"pooled over arms, {PAIRED_SD_FLOOR:g})². Same bootstrap replicates as the joint fit. It assumes one constant "
+                "multiplier, as the joint fit does, and is tight only where an arm's runs stay with their baseline "
+                "seed-mates. With three seeds its interval can be overconfident (three pairs do not estimate the pair "
+                "noise): the joint fit is the headline."
+            ),
+            "",
+            "| variant | size | pairs | mean Δ ± sd | m_s [95% CI] | weight |",
+            "|---|---|---|---|---|---|",
+        ]
         for v, p in paired.items():
             for size, r in p["per_size"].items():
                 sd = f" ± {r['delta_sd']:.4f}" if r["delta_sd"] is not None else ""
-                lines.append(f"| {v} | {size} | {r['n_pairs']} | {r['delta']:+.4f}{sd} | {r['m']:.3f}× {_ci(r['m_ci95'])} "
-                             f"| {r['weight']:.2f} |")  # fmt: skip
-            lines.append(f"| **{v}** | **pooled** | | | **{p['m']:.3f}× {_ci(p['m_ci95'])}**, P(m ≤ 1) = "
-                         f"{_fmt(p['p_m_le_1'], 3)} | 1 |")  # fmt: skip
+                lines.append(
+                    f"| {v} | {size} | {r['n_pairs']} | {r['delta']:+.4f}{sd} | {r['m']:.3f}× {_ci(r['m_ci95'])} "
+                    f"| {r['weight']:.2f} |"
+                )
+            lines.append(
+                f"| **{v}** | **pooled** | | | **{p['m']:.3f}× {_ci(p['m_ci95'])}**, P(m ≤ 1) = "
+                f"{_fmt(p['p_m_le_1'], 3)} | 1 |"
+            )
         lines.append("")
         for v, p in paired.items():
             h = p.get("heterogeneity") or {}
             if h.get("Q") is not None:
-                verdict = "**the sizes disagree: no single multiplier**" if (h["p"] or 1) < 0.05 else "consistent with one multiplier"
-                lines.append(f"- {v}: heterogeneity over sizes Q = {h['Q']:.2f} on {h['dof']} dof, p = {_fmt(h['p'], 3)}, "
-                             f"I² = {_fmt(h['I2'], 2)}, τ(ln m) = {h['tau']:.3f}: {verdict}.")  # fmt: skip
+                verdict = (
+                    "**the sizes disagree: no single multiplier**"
+                    if (h["p"] or 1) < 0.05
+                    else "consistent with one multiplier"
+                )
+                lines.append(
+                    f"- {v}: heterogeneity over sizes Q = {h['Q']:.2f} on {h['dof']} dof, p = {_fmt(h['p'], 3)}, "
+                    f"I² = {_fmt(h['I2'], 2)}, τ(ln m) = {h['tau']:.3f}: {verdict}."
+                )
         lines.append("")
     if doc.get("protocols"):
-        lines += ["## Learning-rate protocols", "",
-                  "Shared lr: every arm at the baseline's tuned lr (the paper's protocol). Own lr: each arm at its own "
-                  "tuned lr. Both multipliers come from the same bootstrap replicates, so their ratio has its own interval.",
-                  "", "| variant | m, shared lr [95% CI] | m, own lr [95% CI] | own / shared [95% CI] | "
-                  "paired m, shared lr | paired m, own lr |", "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "## Learning-rate protocols",
+            "",
+            (
+                "Shared lr: every arm at the baseline's tuned lr (the paper's protocol). Own lr: each arm at its own "
+                "tuned lr. Both multipliers come from the same bootstrap replicates, so their ratio has its own interval."
+            ),
+            "",
+            (
+                "| variant | m, shared lr [95% CI] | m, own lr [95% CI] | own / shared [95% CI] | "
+                "paired m, shared lr | paired m, own lr |"
+            ),
+            "|---|---|---|---|---|---|",
+        ]
         for v, p in doc["protocols"].items():
-            paired = [f"{q['paired_m']:.3f}× {_ci(q['paired_m_ci95'])}" if q.get("paired_m") else "n/a"
-                      for q in (p["shared_lr"], p["own_lr"])]  # fmt: skip
-            lines.append(f"| {v} | {p['shared_lr']['m']:.3f}× {_ci(p['shared_lr']['m_ci95'])} | "
-                         f"{p['own_lr']['m']:.3f}× {_ci(p['own_lr']['m_ci95'])} | "
-                         f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])} | {paired[0]} | {paired[1]} |")  # fmt: skip
+            paired = [
+                f"{q['paired_m']:.3f}× {_ci(q['paired_m_ci95'])}" if q.get("paired_m") else "n/a"
+                for q in (p["shared_lr"], p["own_lr"])
+            ]
+            lines.append(
+                f"| {v} | {p['shared_lr']['m']:.3f}× {_ci(p['shared_lr']['m_ci95'])} | "
+                f"{p['own_lr']['m']:.3f}× {_ci(p['own_lr']['m_ci95'])} | "
+                f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])} | {paired[0]} | {paired[1]} |"
+            )
         lines.append("")
     o = doc.get("outliers") or {}
     if o:
         rule = o["rule"]
         lines += ["## Outlier rule", ""]
-        lines += [f"A run is flagged when its training loss spikes (the median of {rule['spike_span']} logged values > "
-                  f"{rule['spike_ratio']}× the median of the 10 before them, or an evaluation > {100 * rule['val_rise']:g}% "
-                  f"above the best earlier one, after the first 10% of training), when it plateaus (val loss better by < {100 * rule['plateau_gain']:g}% over the "
-                  f"second half), or when its final loss is > {rule['off_mates_sigmas']:g} pooled seed sds and "
-                  f"> {rule['off_mates_floor']} nats off its cell's median. Cells whose seed sd exceeds "
-                  f"{rule['cell_sd_bound']} nats are listed. Mode: **{o['mode']}** flagged runs.", ""]  # fmt: skip
+        lines += [
+            (
+                f"A run is flagged when its training loss spikes (the median of {rule['spike_span']} logged values > "
+                f"{rule['spike_ratio']}× the median of the 10 before them, or an evaluation > {100 * rule['val_rise']:g}% "
+                f"above the best earlier one, after the first 10% of training), when it plateaus (val loss better by < {100 * rule['plateau_gain']:g}% over the "
+                f"second half), or when its final loss is > {rule['off_mates_sigmas']:g} pooled seed sds and "
+                f"> {rule['off_mates_floor']} nats off its cell's median. Cells whose seed sd exceeds "
+                f"{rule['cell_sd_bound']} nats are listed. Mode: **{o['mode']}** flagged runs."
+            ),
+            "",
+        ]
         if o.get("flagged"):
-            lines += [f"- `{f['run_id']}` ({f['variant']}/{f['size']}/seed {f['seed']}): val loss {f['val_loss']:.4f}, "
-                      f"flags {f['flags']}" for f in o["flagged"]]  # fmt: skip
+            lines += [
+                f"- `{f['run_id']}` ({f['variant']}/{f['size']}/seed {f['seed']}): val loss {f['val_loss']:.4f}, "
+                f"flags {f['flags']}"
+                for f in o["flagged"]
+            ]
         else:
             lines.append("- No run is flagged.")
         for c in o.get("cells_disagreeing", []):
-            lines.append(f"- Seeds disagree: {c['variant']} at {c['size']}, sd {c['sd']:.4f} > {c['bound']} "
-                         f"({', '.join(f'{x:.4f}' for x in c['val_losses'])}).")  # fmt: skip
+            lines.append(
+                f"- Seeds disagree: {c['variant']} at {c['size']}, sd {c['sd']:.4f} > {c['bound']} "
+                f"({', '.join(f'{x:.4f}' for x in c['val_losses'])})."
+            )
         wf = doc.get("without_flagged")
         if wf:
             if "error" in wf:
                 lines.append(f"- Without the flagged runs the ladder cannot be fitted: {wf['error']}")
             else:
-                lines.append("- Without the flagged runs: " + "; ".join(
-                    f"{v} m = {m['m']:.3f}× {_ci(m['m_ci95'])}"
-                    + (f" (paired {m['paired_m']:.3f}× {_ci(m['paired_m_ci95'])})" if m.get("paired_m") else "")
-                    for v, m in wf.items()) + ".")  # fmt: skip
+                lines.append(
+                    "- Without the flagged runs: "
+                    + "; ".join(
+                        f"{v} m = {m['m']:.3f}× {_ci(m['m_ci95'])}"
+                        + (f" (paired {m['paired_m']:.3f}× {_ci(m['paired_m_ci95'])})" if m.get("paired_m") else "")
+                        for v, m in wf.items()
+                    )
+                    + "."
+                )
         lines.append("")
     if doc.get("excluded_runs"):
         lines += ["## Excluded runs", ""]
-        lines += [f"- `{e['run_id']}` ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in doc["excluded_runs"]]
+        lines += [
+            f"- `{e['run_id']}` ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}"
+            for e in doc["excluded_runs"]
+        ]
         lines.append("")
     if doc.get("block_size_sweep"):
         sw = doc["block_size_sweep"]
-        lines += [f"## Block size sweep (Block AttnRes, size {sw['size']})", "", "| block size S | val loss |", "|---|---|"]
-        lines += [f"| {p['block_size']}{' (Full)' if p['block_size'] == 1 else ''} | {_loss_cell(p)} |" for p in sw["points"]]
+        lines += [
+            f"## Block size sweep (Block AttnRes, size {sw['size']})",
+            "",
+            "| block size S | val loss |",
+            "|---|---|",
+        ]
+        lines += [
+            f"| {p['block_size']}{' (Full)' if p['block_size'] == 1 else ''} | {_loss_cell(p)} |" for p in sw["points"]
+        ]
         for key, label in (("full", "Full AttnRes"), ("baseline", "Baseline")):
             if sw.get(key):
                 lines.append(f"| {label} | {_loss_cell(sw[key])} |")
         lines.append("")
     if doc.get("ablations"):
-        lines += ["## Ablations", ""] + ablation_markdown(doc["ablations"]) + [""]
+        lines += ["## Ablations", "", *ablation_markdown(doc["ablations"]), ""]
     if doc.get("arch_grid"):
-        lines += ["## Architecture grid (Fig. 7)", ""] + arch_grid_markdown(doc["arch_grid"]) + [""]
+        lines += ["## Architecture grid (Fig. 7)", "", *arch_grid_markdown(doc["arch_grid"]), ""]
     return "\n".join(lines)
 
 
@@ -239,14 +316,19 @@ def arch_grid_markdown(table: dict[str, Any]) -> list[str]:
             out.append(f"| {name if i == 0 else ''} | {_num(y)} | " + " | ".join(cells) + " |")
         return out
 
-    lines = [f"Final validation loss at fixed compute" + (f" C = {table['flops_budget']:.3g} FLOPs" if table.get("flops_budget") else "")
-             + " (mean over seeds; bold: the variant's best cell).", ""] + head  # fmt: skip
+    lines = [
+        "Final validation loss at fixed compute"
+        + (f" C = {table['flops_budget']:.3g} FLOPs" if table.get("flops_budget") else "")
+        + " (mean over seeds; bold: the variant's best cell).",
+        "",
+        *head,
+    ]
     for v in table["variants"]:
         b = table["best"].get(v)
         pos = (ys.index(b["heads_over_lb"]), xs.index(b["d_over_lb"])) if b else None
         lines += block(v, table["val_loss"][v], ".4f", pos)
     if table.get("delta_vs_baseline"):
-        lines += ["", f"Δ vs {table['baseline']} (negative: lower loss than the baseline in that cell).", ""] + head
+        lines += ["", f"Δ vs {table['baseline']} (negative: lower loss than the baseline in that cell).", "", *head]
         for v, grid in table["delta_vs_baseline"].items():
             lines += block(v, grid, "+.4f", None)
     return lines

@@ -28,7 +28,9 @@ def load_paper() -> dict[str, Any]:
     return json.loads(resources.files("analysis").joinpath("data/paper.json").read_text())
 
 
-def paper_compute(act_params: float, tokens: float, n_layers: int, n_heads: int, paper: dict[str, Any] | None = None) -> float:
+def paper_compute(
+    act_params: float, tokens: float, n_layers: int, n_heads: int, paper: dict[str, Any] | None = None
+) -> float:
     """C = 6 N_act D + 3 L_b T (H * head_dim) D in PFLOP/s-days (the reconstruction stated in paper.json)."""
     c = (paper or load_paper())["compute"]
     flops = 6.0 * act_params * tokens + 3.0 * n_layers * c["T"] * (n_heads * c["head_dim"]) * tokens
@@ -45,14 +47,32 @@ def paper_results(paper: dict[str, Any] | None = None) -> pd.DataFrame:
         N, D = r["act_params_M"] * 1e6, r["tokens_B"] * 1e9
         C = paper_compute(N, D, r["L_b"], r["H"], paper)
         for variant in t["variants"]:
-            rows.append({
-                "run_id": f"paper-{variant}-{r['size']}", "study": "paper_scaling", "variant": variant,
-                "residual": {"baseline": "baseline", "block_attnres": "block", "full_attnres": "full"}.get(variant, "mhc"),
-                "size": r["size"], "seed": 0, "status": "completed", "n_layers": r["L_b"], "d_model": r["d_model"],
-                "n_heads": r["H"], "d_ff": r["d_ff"], "params_non_embedding": N, "tokens": D, "lr": r["lr"],
-                "batch_size": r["batch_size"], "flops": C * PFLOPS_DAY, "pflops_days": C, "val_loss": r[variant],
-                "run_dir": "", "error": "",
-            })  # fmt: skip
+            rows.append(
+                {
+                    "run_id": f"paper-{variant}-{r['size']}",
+                    "study": "paper_scaling",
+                    "variant": variant,
+                    "residual": {"baseline": "baseline", "block_attnres": "block", "full_attnres": "full"}.get(
+                        variant, "mhc"
+                    ),
+                    "size": r["size"],
+                    "seed": 0,
+                    "status": "completed",
+                    "n_layers": r["L_b"],
+                    "d_model": r["d_model"],
+                    "n_heads": r["H"],
+                    "d_ff": r["d_ff"],
+                    "params_non_embedding": N,
+                    "tokens": D,
+                    "lr": r["lr"],
+                    "batch_size": r["batch_size"],
+                    "flops": C * PFLOPS_DAY,
+                    "pflops_days": C,
+                    "val_loss": r[variant],
+                    "run_dir": "",
+                    "error": "",
+                }
+            )
     df = pd.DataFrame(rows)
     df.attrs["source"] = "analysis/data/paper.json (AttnRes Table 2)"
     return df
@@ -90,10 +110,15 @@ def paper_comparison(paper: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def _paper_markdown(cmp: dict[str, Any], labels: dict[str, str]) -> str:
-    lines = ["## Refit vs the paper's published laws", "",
-             f"Compute: `{cmp['compute']['formula']}` (T = {cmp['compute']['T']}, head_dim = {cmp['compute']['head_dim']}), "
-             "in PFLOP/s-days: " + ", ".join(f"{s} {c:.3f}" for s, c in cmp["C"].items()) + ".", "",
-             "| variant | refit A | refit α | paper A | paper α |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "## Refit vs the paper's published laws",
+        "",
+        f"Compute: `{cmp['compute']['formula']}` (T = {cmp['compute']['T']}, head_dim = {cmp['compute']['head_dim']}), "
+        "in PFLOP/s-days: " + ", ".join(f"{s} {c:.3f}" for s, c in cmp["C"].items()) + ".",
+        "",
+        "| variant | refit A | refit α | paper A | paper α |",
+        "|---|---|---|---|---|",
+    ]
     for v, e in cmp["laws"].items():
         pa = f"{e['A_published']:.3f}" if "A_published" in e else "–"
         pal = f"{e['alpha_published']:.3f}" if "alpha_published" in e else "–"
@@ -105,7 +130,7 @@ def _paper_markdown(cmp: dict[str, Any], labels: dict[str, str]) -> str:
             s += f"; from the published laws {e['published_laws']:.3f}×"
         lines.append(s)
     h = cmp["headline"]
-    lines += ["", f"The paper: \"{h['text']}\".", ""]
+    lines += ["", f'The paper: "{h["text"]}".', ""]
     return "\n".join(lines)
 
 
@@ -116,33 +141,51 @@ def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma:
     paper = load_paper()
     labels = dict(paper["table2"]["variants"])
     df = paper_results(paper)
-    parts = analyse_scaling(df, B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma,
-                            source=df.attrs["source"])
+    parts = analyse_scaling(
+        df, B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma, source=df.attrs["source"]
+    )
     parts.pop("_frame")  # the analysed runs (for figures); not part of fit.json
     parts["paper"] = paper_comparison(paper)
     f6 = paper["fig6"]
     parts["block_size_sweep"] = {
         "size": f6["size"],
-        "points": [{"block_size": s, "val_loss": l, "val_loss_sd": None, "n_runs": 1} for s, l in zip(f6["block_size"], f6["loss"])],
+        "points": [
+            {"block_size": s, "val_loss": l, "val_loss_sd": None, "n_runs": 1}
+            for s, l in zip(f6["block_size"], f6["loss"])
+        ],
         "baseline": {"val_loss": f6["baseline"], "val_loss_sd": None, "n_runs": 1},
         "full": None,  # S = 1 is Full AttnRes, already a point
     }
     base_loss = next(r["loss"] for r in paper["table4"]["rows"] if r["variant"] == "baseline")
     parts["ablations"] = [
-        {"variant": r["label"], "val_loss": r["loss"], "val_loss_sd": None, "n_runs": 1,
-         "delta_vs_baseline": None if r["variant"] == "baseline" else r["loss"] - base_loss}
+        {
+            "variant": r["label"],
+            "val_loss": r["loss"],
+            "val_loss_sd": None,
+            "n_runs": 1,
+            "delta_vs_baseline": None if r["variant"] == "baseline" else r["loss"] - base_loss,
+        }
         for r in paper["table4"]["rows"]
-    ]  # fmt: skip
+    ]
     doc = FitDocument.from_dict(parts)
     written = []
-    written += figures.scaling_figure(df, doc, out / "fig4_scaling", labels=labels, variants=FIG4_VARIANTS,
-                                      title="AttnRes paper, Fig. 4 refit (Table 2 losses)")  # fmt: skip
-    written += figures.block_size_figure(doc.block_size_sweep, out / "fig6_block_size",
-                                         title="AttnRes paper, Fig. 6: block size (436M model, 32 sublayers)")  # fmt: skip
+    written += figures.scaling_figure(
+        df,
+        doc,
+        out / "fig4_scaling",
+        labels=labels,
+        variants=FIG4_VARIANTS,
+        title="AttnRes paper, Fig. 4 refit (Table 2 losses)",
+    )
+    written += figures.block_size_figure(
+        doc.block_size_sweep,
+        out / "fig6_block_size",
+        title="AttnRes paper, Fig. 6: block size (436M model, 32 sublayers)",
+    )
     written += figures.architecture_grid_figure(paper["fig7"], out / "fig7_architecture")
-    table4 = ["# AttnRes paper, Table 4 (436M model)", ""] + ablation_markdown(doc.ablations)
+    table4 = ["# AttnRes paper, Table 4 (436M model)", "", *ablation_markdown(doc.ablations)]
     (out / "table4_ablations.md").write_text("\n".join(table4) + "\n")
-    doc.files = sorted(str(p.relative_to(out)) for p in written) + ["fit.json", "summary.md", "table4_ablations.md"]
+    doc.files = [*sorted(str(p.relative_to(out)) for p in written), "fit.json", "summary.md", "table4_ablations.md"]
     plain = doc.to_dict()
     write_json(plain, out / "fit.json")
     md = summary_markdown(plain, title="AttnRes paper numbers, refitted")

@@ -10,8 +10,8 @@ import pandas as pd
 
 from . import figures
 from .bootstrap import DEFAULT_B
-from .records import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
 from .markdown import ablation_markdown, arch_grid_markdown, summary_markdown
+from .records import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
 from .report import SCHEMA_VERSION, ablation_table, analyse_scaling, arch_grid_table, block_size_sweep, write_json
 from .schema import FitDocument
 
@@ -42,27 +42,50 @@ def run_fit(
     completed, excluded = select_completed(df, compute)
     ladder = scaling_runs(completed, study)
     if ladder.empty:
-        warnings.warn("no scaling-ladder runs: only block-size / ablation / arch-grid outputs are written", AnalysisWarning, stacklevel=2)
-        parts: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "source": df.attrs.get("source"),
-                                 "baseline": baseline, "compute": compute, "excluded_runs": excluded}  # fmt: skip
+        warnings.warn(
+            "no scaling-ladder runs: only block-size / ablation / arch-grid outputs are written",
+            AnalysisWarning,
+            stacklevel=2,
+        )
+        parts: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "source": df.attrs.get("source"),
+            "baseline": baseline,
+            "compute": compute,
+            "excluded_runs": excluded,
+        }
     else:
         parts = analyse_scaling(
-            ladder, baseline=baseline, compute=compute, B=B, seed=seed, bootstrap_mode=bootstrap_mode,
-            seed_sigma=seed_sigma, seed_rho=seed_rho, form=form, skip_incomplete=skip_incomplete,
-            excluded=excluded, source=df.attrs.get("source"), study=study, outliers=outliers, base_dir=base_dir,
-        )  # fmt: skip
+            ladder,
+            baseline=baseline,
+            compute=compute,
+            B=B,
+            seed=seed,
+            bootstrap_mode=bootstrap_mode,
+            seed_sigma=seed_sigma,
+            seed_rho=seed_rho,
+            form=form,
+            skip_incomplete=skip_incomplete,
+            excluded=excluded,
+            source=df.attrs.get("source"),
+            study=study,
+            outliers=outliers,
+            base_dir=base_dir,
+        )
         ladder = parts.pop("_frame")
-    parts |= {"block_size_sweep": block_size_sweep(completed, baseline),
-              "ablations": ablation_table(completed, baseline),
-              "arch_grid": arch_grid_table(completed, baseline)}
+    parts |= {
+        "block_size_sweep": block_size_sweep(completed, baseline),
+        "ablations": ablation_table(completed, baseline),
+        "arch_grid": arch_grid_table(completed, baseline),
+    }
     doc = FitDocument.from_dict(parts)
     written: list[Path] = []
     if doc.ablations:
-        md = ["# Ablations (Table 4 style)", ""] + ablation_markdown(doc.ablations)
+        md = ["# Ablations (Table 4 style)", "", *ablation_markdown(doc.ablations)]
         (out / "table4_ablations.md").write_text("\n".join(md) + "\n")
         written.append(out / "table4_ablations.md")
     if doc.arch_grid:
-        md = ["# Architecture grid (Fig. 7 style)", ""] + arch_grid_markdown(doc.arch_grid.to_dict())
+        md = ["# Architecture grid (Fig. 7 style)", "", *arch_grid_markdown(doc.arch_grid.to_dict())]
         (out / "fig7_arch_grid.md").write_text("\n".join(md) + "\n")
         written.append(out / "fig7_arch_grid.md")
     if make_figures:
@@ -72,12 +95,14 @@ def run_fit(
         if not fitted.empty:
             written += figures.loss_curves_figure(fitted, out / "loss_curves", base_dir=base_dir, compute=compute)
             written += figures.dynamics_figure(fitted, out / "fig5_dynamics", base_dir=base_dir, compute=compute)
-            written += figures.depth_weights_figure(fitted, out / "fig8_depth_weights", base_dir=base_dir, compute=compute)
+            written += figures.depth_weights_figure(
+                fitted, out / "fig8_depth_weights", base_dir=base_dir, compute=compute
+            )
         if doc.block_size_sweep:
             written += figures.block_size_figure(doc.block_size_sweep, out / "fig6_block_size")
         if doc.arch_grid:
             written += figures.arch_grid_figure(doc.arch_grid, out / "fig7_arch_grid")
-    doc.files = sorted(str(p.relative_to(out)) for p in written) + ["fit.json", "summary.md"]
+    doc.files = [*sorted(str(p.relative_to(out)) for p in written), "fit.json", "summary.md"]
     plain = doc.to_dict()
     write_json(plain, out / "fit.json")
     (out / "summary.md").write_text(summary_markdown(plain))

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -164,11 +165,18 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
 
 
 _CONFIG_PATHS = {
-    "variant": ("model.variant",), "residual": ("model.residual",), "size": ("size.name",), "study": ("study",),
+    "variant": ("model.variant",),
+    "residual": ("model.residual",),
+    "size": ("size.name",),
+    "study": ("study",),
     "study_kind": ("study_kind",),
-    "seed": ("seed",), "config_hash": ("derived.config_hash",), "flops_per_token": ("derived.flops_per_token",),
-    "flops_budget": ("train.flops_budget",), "d_over_lb": ("size.d_over_lb",), "heads_over_lb": ("size.heads_over_lb",),
-}  # fmt: skip
+    "seed": ("seed",),
+    "config_hash": ("derived.config_hash",),
+    "flops_per_token": ("derived.flops_per_token",),
+    "flops_budget": ("train.flops_budget",),
+    "d_over_lb": ("size.d_over_lb",),
+    "heads_over_lb": ("size.heads_over_lb",),
+}
 
 
 def _config_get(config: dict[str, Any], path: str) -> Any:
@@ -210,8 +218,16 @@ def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd
 
     def exclude(rows: pd.DataFrame, reason_of) -> None:
         for _, row in rows.iterrows():
-            excluded.append({"run_id": row["run_id"], "variant": row["variant"], "size": row["size"],
-                             "seed": _int(row["seed"]), "status": row["status"], "reason": reason_of(row)})
+            excluded.append(
+                {
+                    "run_id": row["run_id"],
+                    "variant": row["variant"],
+                    "size": row["size"],
+                    "seed": _int(row["seed"]),
+                    "status": row["status"],
+                    "reason": reason_of(row),
+                }
+            )
 
     reasons = df.apply(lambda r: schema.malformed(r.to_dict()), axis=1) if len(df) else pd.Series([], dtype=object)
     bad = reasons.notna()
@@ -231,7 +247,9 @@ def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd
     exclude(df[bad_value], lambda row: f"val_loss or {compute} missing or <= 0")
     df = df[~bad_status & ~bad_value]
     if excluded:
-        names = "; ".join(f"{e['run_id']} ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in excluded)
+        names = "; ".join(
+            f"{e['run_id']} ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in excluded
+        )
         warnings.warn(f"excluded {len(excluded)} run(s) from the analysis: {names}", AnalysisWarning, stacklevel=2)
     check_one_dataset(df)
     warn_duplicate_cells(df)
@@ -260,9 +278,11 @@ def check_one_dataset(df: pd.DataFrame) -> None:
     for fp, g in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         names = sorted({str(n) for n in g.get("dataset", pd.Series(dtype=str)) if str(n)})
         parts.append(f"{fp} ({len(g)} run(s){', ' + ', '.join(names) if names else ''})")
-    raise ValueError(f"the results hold runs of {len(groups)} different data sets: {'; '.join(parts)}. A fit never "
-                     "pools data sets: choose one with --dataset <fingerprint or dataset>, or keep each data set in "
-                     "its own study (study=<name>)")
+    raise ValueError(
+        f"the results hold runs of {len(groups)} different data sets: {'; '.join(parts)}. A fit never "
+        "pools data sets: choose one with --dataset <fingerprint or dataset>, or keep each data set in "
+        "its own study (study=<name>)"
+    )
 
 
 def select_dataset(df: pd.DataFrame, which: str) -> pd.DataFrame:
@@ -272,7 +292,9 @@ def select_dataset(df: pd.DataFrame, which: str) -> pd.DataFrame:
     out = df[(fp == which) | (name == which) | ((fp != "") & fp.str.startswith(which))]
     if out.empty:
         known = sorted({f"{f} ({n})" for f, n in zip(fp, name) if f})
-        raise ValueError(f"--dataset {which!r} matches no run; data sets present: {', '.join(known) or 'none recorded'}")
+        raise ValueError(
+            f"--dataset {which!r} matches no run; data sets present: {', '.join(known) or 'none recorded'}"
+        )
     out = out.copy()
     out.attrs = dict(df.attrs)
     return out
@@ -293,9 +315,12 @@ def warn_duplicate_cells(df: pd.DataFrame) -> None:
         ids = sorted(df.loc[key == k, "run_id"].astype(str))
         row = df[key == k].iloc[0]
         lines.append(f"{row['variant']}/{row['size']}/seed {_int(row['seed'])}: {', '.join(ids)}")
-    warnings.warn(f"{len(dups)} cell(s) hold more than one run, which the fit would average as if they were seeds "
-                  f"(different configs or data with the same arm, size and seed): {'; '.join(lines)}",
-                  AnalysisWarning, stacklevel=3)
+    warnings.warn(
+        f"{len(dups)} cell(s) hold more than one run, which the fit would average as if they were seeds "
+        f"(different configs or data with the same arm, size and seed): {'; '.join(lines)}",
+        AnalysisWarning,
+        stacklevel=3,
+    )
 
 
 def _int(v: Any) -> Any:
@@ -324,8 +349,11 @@ def runs_of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     counts = rows["study"].value_counts()
     if len(counts) > 1:
         keep = sorted(counts.index, key=lambda s: (-counts[s], s))[0]
-        warnings.warn(f"the results hold several {kind} studies ({', '.join(sorted(counts.index))}); using {keep!r}",
-                      AnalysisWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"the results hold several {kind} studies ({', '.join(sorted(counts.index))}); using {keep!r}",
+            AnalysisWarning,
+            stacklevel=3,
+        )
         rows = rows[rows["study"] == keep]
     return rows
 
@@ -342,7 +370,9 @@ def scaling_runs(df: pd.DataFrame, study: str | None = None) -> pd.DataFrame:
     if study is not None:
         out = df[df["study"] == study]
         if out.empty:
-            raise ValueError(f"no completed runs with study == {study!r}; studies present: {', '.join(sorted(set(df['study'])))}")
+            raise ValueError(
+                f"no completed runs with study == {study!r}; studies present: {', '.join(sorted(set(df['study'])))}"
+            )
         return out
     out = df[study_kinds(df) == "scaling"]
     studies = sorted(set(out["study"]))

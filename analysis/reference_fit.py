@@ -56,8 +56,9 @@ def reference_power_law(C: Any, L: Any, weights: Any = None) -> PowerLaw:
     return PowerLaw(A=float(np.exp(res.x[0])), alpha=float(res.x[1]))
 
 
-def reference_joint_power_law(C: Any, L: Any, is_variant: Any, weights: Any = None, *,
-                              delta: float = HUBER_DELTA) -> JointFit:  # fmt: skip
+def reference_joint_power_law(
+    C: Any, L: Any, is_variant: Any, weights: Any = None, *, delta: float = HUBER_DELTA
+) -> JointFit:
     """Shared-exponent pure power law ``log L = a_arm - alpha log(C / C_ref)`` (E = 0), Huber(delta) in log space.
 
     The problem is convex, so one local solve from the least-squares start is the global optimum."""
@@ -72,15 +73,24 @@ def reference_joint_power_law(C: Any, L: Any, is_variant: Any, weights: Any = No
 
     start = least_squares(resid, np.zeros(3), jac=jac, loss="linear", method="trf")
     with threadpool_limits(limits=1, user_api="blas"):
-        res = least_squares(resid, start.x, jac=jac, loss="huber", f_scale=delta, method="trf",
-                            ftol=_TOL, xtol=_TOL, gtol=_TOL)  # fmt: skip
+        res = least_squares(
+            resid, start.x, jac=jac, loss="huber", f_scale=delta, method="trf", ftol=_TOL, xtol=_TOL, gtol=_TOL
+        )
     a_b, a_v, alpha = (float(t) for t in res.x)
     return _joint_result("power_law", 0.0, a_b, a_v, alpha, float(res.cost), C_ref)
 
 
-def reference_joint_saturating(C: Any, L: Any, is_variant: Any, weights: Any = None, *, delta: float = HUBER_DELTA,
-                               alpha_bounds: tuple[float, float] = ALPHA_BOUNDS, n_alpha: int = 4,
-                               E_starts: tuple[float, ...] = (0.01, 0.5)) -> JointFit:  # fmt: skip
+def reference_joint_saturating(
+    C: Any,
+    L: Any,
+    is_variant: Any,
+    weights: Any = None,
+    *,
+    delta: float = HUBER_DELTA,
+    alpha_bounds: tuple[float, float] = ALPHA_BOUNDS,
+    n_alpha: int = 4,
+    E_starts: tuple[float, ...] = (0.01, 0.5),
+) -> JointFit:
     """Saturating joint fit ``L_arm = E + A_arm C^-alpha`` (E and alpha shared), Huber(delta) on log residuals.
 
     Bounds: 0 <= E <= min(L) (the smallest loss with positive weight), alpha within ``alpha_bounds``. Local
@@ -110,16 +120,35 @@ def reference_joint_saturating(C: Any, L: Any, is_variant: Any, weights: Any = N
                 E0 = frac * E_max
                 y = np.log(L - E0) + alpha0 * lnc
                 x0 = np.array([E0, y[~isv].mean(), y[isv].mean(), alpha0])
-                res = least_squares(resid, x0, jac=jac, bounds=bounds, loss="huber", f_scale=delta, method="trf",
-                                    ftol=_TOL, xtol=_TOL, gtol=_TOL, max_nfev=2000)  # fmt: skip
+                res = least_squares(
+                    resid,
+                    x0,
+                    jac=jac,
+                    bounds=bounds,
+                    loss="huber",
+                    f_scale=delta,
+                    method="trf",
+                    ftol=_TOL,
+                    xtol=_TOL,
+                    gtol=_TOL,
+                    max_nfev=2000,
+                )
                 if best is None or res.cost < best.cost:
                     best = res
     E, a_b, a_v, alpha = (float(t) for t in best.x)
     return _joint_result("saturating", E, a_b, a_v, alpha, float(best.cost), C_ref)
 
 
-def reference_joint(C: Any, L: Any, is_variant: Any, weights: Any = None, *, form: str, delta: float = HUBER_DELTA,
-                    alpha_bounds: tuple[float, float] = ALPHA_BOUNDS) -> JointFit:  # fmt: skip
+def reference_joint(
+    C: Any,
+    L: Any,
+    is_variant: Any,
+    weights: Any = None,
+    *,
+    form: str,
+    delta: float = HUBER_DELTA,
+    alpha_bounds: tuple[float, float] = ALPHA_BOUNDS,
+) -> JointFit:
     """The reference joint fit of one ``form`` ("saturating" or "power_law"; no fallback between them)."""
     if form == "saturating":
         return reference_joint_saturating(C, L, is_variant, weights, delta=delta, alpha_bounds=alpha_bounds)
@@ -128,8 +157,9 @@ def reference_joint(C: Any, L: Any, is_variant: Any, weights: Any = None, *, for
     raise ValueError(f"form={form!r} is unknown; allowed values: saturating, power_law")
 
 
-def huber_objective(fit: JointFit, C: Any, L: Any, is_variant: Any, weights: Any = None,
-                    delta: float = HUBER_DELTA) -> float:  # fmt: skip
+def huber_objective(
+    fit: JointFit, C: Any, L: Any, is_variant: Any, weights: Any = None, delta: float = HUBER_DELTA
+) -> float:
     """``sum_i w_i huber(log L_i - log Lhat_i, delta)`` of a joint fit (A values in original C units)."""
     C = np.asarray(C, dtype=float)
     L = np.asarray(L, dtype=float)
@@ -137,4 +167,3 @@ def huber_objective(fit: JointFit, C: Any, L: Any, is_variant: Any, weights: Any
     w = np.ones_like(L) if weights is None else np.asarray(weights, dtype=float)
     Lhat = np.where(isv, fit.variant_law().loss(C), fit.base_law().loss(C))
     return float((w * huber(np.log(L) - np.log(Lhat), delta)).sum())
-

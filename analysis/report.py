@@ -15,7 +15,16 @@ from scipy import stats
 
 from . import bootstrap as bs
 from . import health
-from .fit import HUBER_DELTA, PowerLaw, arm_slopes_batch, fit_joint, fit_joint_batch, fit_power_law, multiplier_curve, wls_line
+from .fit import (
+    HUBER_DELTA,
+    PowerLaw,
+    arm_slopes_batch,
+    fit_joint,
+    fit_joint_batch,
+    fit_power_law,
+    multiplier_curve,
+    wls_line,
+)
 from .records import AnalysisWarning, runs_of_kind, size_order
 
 SCHEMA_VERSION = 1
@@ -72,15 +81,17 @@ def _loss_table(df: pd.DataFrame, variants: list[str], baseline: str, compute: s
             if d.empty:
                 continue
             mean = float(d["val_loss"].mean())
-            rows.append({
-                "size": size,
-                "variant": v,
-                "C": float(d[compute].mean()),
-                "val_loss": mean,
-                "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
-                "n_runs": int(len(d)),
-                "delta_vs_baseline": mean - float(base[size]) if size in base.index and v != baseline else None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "size": size,
+                    "variant": v,
+                    "C": float(d[compute].mean()),
+                    "val_loss": mean,
+                    "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
+                    "n_runs": len(d),
+                    "delta_vs_baseline": mean - float(base[size]) if size in base.index and v != baseline else None,
+                }
+            )
     return rows
 
 
@@ -98,7 +109,7 @@ def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str
         "E": None,  # the paper form has no E; the joint fit's E is under multipliers.<name>.joint
         "law": law.describe(4),
         "sizes": size_order(d, compute),
-        "n_runs": int(len(d)),
+        "n_runs": len(d),
         "C_min": float(C.min()),
         "C_max": float(C.max()),
         "rmse_log": float(np.sqrt(np.mean(resid**2))),
@@ -106,8 +117,15 @@ def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str
 
 
 def _pair_fit(
-    df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str, delta: float,
-    draws: tuple[np.ndarray, np.ndarray] | None = None, pair_sd: dict[str, float] | None = None,
+    df: pd.DataFrame,
+    baseline: str,
+    variant: str,
+    plan: bs.ResamplePlan,
+    compute: str,
+    form: str,
+    delta: float,
+    draws: tuple[np.ndarray, np.ndarray] | None = None,
+    pair_sd: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The multiplier of ``variant`` vs ``baseline`` with its intervals. ``draws`` = (L, W) replicates of the rows
     [baseline runs, variant runs] in that order (default: drawn here from the pair's own random stream); the
@@ -133,7 +151,9 @@ def _pair_fit(
     sl = arm_slopes_batch(lnc, L, isv, np.ones_like(L), joint.E)
     alpha_diff = float(sl["alpha_v"] - sl["alpha_b"])
     # Baseline curve (with the joint fit's E) inverted at each variant run's loss: m_s needs no variant fit.
-    inv_base = PowerLaw(A=float(np.exp(sl["a_b"])) * C_ref ** float(sl["alpha_b"]), alpha=float(sl["alpha_b"]), E=joint.E)
+    inv_base = PowerLaw(
+        A=float(np.exp(sl["a_b"])) * C_ref ** float(sl["alpha_b"]), alpha=float(sl["alpha_b"]), E=joint.E
+    )
     m_run = inv_base.compute_for_loss(L) / C  # only the variant entries are used
     order = [s for s in size_order(d, compute) if np.any(isv & (sizes == s))]
     per_size_point = {s: float(np.exp(np.mean(np.log(m_run[isv & (sizes == s)])))) for s in order}
@@ -165,8 +185,21 @@ def _pair_fit(
             per_size_boot[s] = np.exp((w * np.where(mask, ln_m, 0.0)).sum(1) / w.sum(1))
         geo_boot = np.exp(np.nanmean(np.log(np.stack(list(per_size_boot.values()), 1)), 1))
 
-    paired = _paired_multiplier(d, isv, L, C, order, Ls, Ws, plan, alpha=float(sl["alpha_b"]), E=joint.E,
-                                alpha_boot=slb["alpha_b"], E_boot=jb["E"], pair_sd=pair_sd)  # fmt: skip
+    paired = _paired_multiplier(
+        d,
+        isv,
+        L,
+        C,
+        order,
+        Ls,
+        Ws,
+        plan,
+        alpha=float(sl["alpha_b"]),
+        E=joint.E,
+        alpha_boot=slb["alpha_b"],
+        E_boot=jb["E"],
+        pair_sd=pair_sd,
+    )
     diff_ci = bs.interval(alpha_diff, diff_b, plan)
     significant = bool(np.isfinite(diff_ci[0]) and (diff_ci[0] > 0 or diff_ci[1] < 0))
     finite_m = np.isfinite(jb["m"]) & (jb["m"] > 0)
@@ -233,10 +266,22 @@ def pooled_pair_sd(paired_deltas: list[dict[str, Any]]) -> dict[str, float]:
     return {s: math.sqrt(v / k) for s, (v, k) in acc.items() if k > 0}
 
 
-def _paired_multiplier(d: pd.DataFrame, isv: np.ndarray, L: np.ndarray, C: np.ndarray, order: list[str],
-                       Ls: np.ndarray, Ws: np.ndarray, plan: bs.ResamplePlan, *, alpha: float, E: float,
-                       alpha_boot: np.ndarray, E_boot: np.ndarray,
-                       pair_sd: dict[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
+def _paired_multiplier(
+    d: pd.DataFrame,
+    isv: np.ndarray,
+    L: np.ndarray,
+    C: np.ndarray,
+    order: list[str],
+    Ls: np.ndarray,
+    Ws: np.ndarray,
+    plan: bs.ResamplePlan,
+    *,
+    alpha: float,
+    E: float,
+    alpha_boot: np.ndarray,
+    E_boot: np.ndarray,
+    pair_sd: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """The multiplier from same-seed differences: at each size, the mean paired difference Delta = L_v - L_b
     (same initialisation seed and data order) read through the baseline law L = E + A C^-alpha at the size's mean
     baseline loss: ln m_s = -ln(1 + Delta / (L_b - E)) / alpha - ln(C_v / C_b) (to first order -Delta / (alpha
@@ -271,9 +316,14 @@ def _paired_multiplier(d: pd.DataFrame, isv: np.ndarray, L: np.ndarray, C: np.nd
         sd_w = (pair_sd or {}).get(s, sd)
         weight[s] = len(delta) / max(sd_w, PAIRED_SD_FLOOR) ** 2 if sd_w is not None else None
         m_s = float(np.exp(ln_point[s]))
-        per_size[s] = {"m": m_s, "m_ci95": bs.interval(m_s, np.exp(ln_boot[s]), plan, log=True),
-                       "delta": float(delta.mean()), "delta_sd": sd, "n_pairs": int(len(delta)),
-                       "L_base": float(L[ib].mean())}  # fmt: skip
+        per_size[s] = {
+            "m": m_s,
+            "m_ci95": bs.interval(m_s, np.exp(ln_boot[s]), plan, log=True),
+            "delta": float(delta.mean()),
+            "delta_sd": sd,
+            "n_pairs": len(delta),
+            "L_base": float(L[ib].mean()),
+        }
     if not per_size:
         return {"m": None, "m_ci95": None, "p_m_le_1": None, "per_size": {}}
     # Random-effects pooling (DerSimonian-Laird): v_s, the pair-noise variance of ln m_s; tau^2, the spread of the
@@ -290,24 +340,36 @@ def _paired_multiplier(d: pd.DataFrame, isv: np.ndarray, L: np.ndarray, C: np.nd
     if Q is not None and k > 1:
         c = sum(w_fe.values()) - sum(x**2 for x in w_fe.values()) / sum(w_fe.values())
         tau2 = max(0.0, (Q - (k - 1)) / c) if c > 0 else 0.0
-    w_re = {s: 1.0 / (v[s] + tau2) for s in v} if not equal else {s: 1.0 for s in v}
+    w_re = {s: 1.0 / (v[s] + tau2) for s in v} if not equal else dict.fromkeys(v, 1.0)
     total = sum(w_re.values())
     share = {s: w / total for s, w in w_re.items()}
     ln_m = sum(share[s] * ln_point[s] for s in share)
     with np.errstate(all="ignore"):
         ln_b = sum(share[s] * ln_boot[s] for s in share)
     if tau2 > 0:  # the between-size part, which resampling seeds within sizes cannot see
-        ln_b = ln_b + math.sqrt(tau2 * sum(x**2 for x in share.values())) * bs.rng_for(plan, "paired-tau").standard_normal(ln_b.shape)
+        ln_b = ln_b + math.sqrt(tau2 * sum(x**2 for x in share.values())) * bs.rng_for(
+            plan, "paired-tau"
+        ).standard_normal(ln_b.shape)
     boot = np.exp(ln_b)
     m = float(np.exp(ln_m))
     for s in per_size:
         per_size[s]["weight"] = share[s]
         per_size[s].pop("L_base")
     p_het = float(stats.chi2.sf(Q, k - 1)) if Q is not None and k > 1 else None
-    return {"m": m, "m_ci95": bs.interval(m, boot, plan, log=True), "p_m_le_1": bs.share_at_most(m, boot, plan, 1.0),
-            "per_size": per_size, "sd_floor": PAIRED_SD_FLOOR,
-            "heterogeneity": {"Q": Q, "dof": k - 1, "p": p_het, "tau": math.sqrt(tau2),
-                              "I2": max(0.0, (Q - (k - 1)) / Q) if Q else None}}  # fmt: skip
+    return {
+        "m": m,
+        "m_ci95": bs.interval(m, boot, plan, log=True),
+        "p_m_le_1": bs.share_at_most(m, boot, plan, 1.0),
+        "per_size": per_size,
+        "sd_floor": PAIRED_SD_FLOOR,
+        "heterogeneity": {
+            "Q": Q,
+            "dof": k - 1,
+            "p": p_het,
+            "tau": math.sqrt(tau2),
+            "I2": max(0.0, (Q - (k - 1)) / Q) if Q else None,
+        },
+    }
 
 
 OWN_LR = "@own_lr"  # arm-name suffix of runs trained at their own tuned lr (lr_protocol=per_arm)
@@ -327,7 +389,9 @@ def split_lr_protocols(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     return df
 
 
-def flag_runs(df: pd.DataFrame, base_dir: str | None = None) -> tuple[pd.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
+def flag_runs(
+    df: pd.DataFrame, base_dir: str | None = None
+) -> tuple[pd.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
     """The outlier rule (analysis.health) on completed runs: adds a ``flags`` column (comma-separated, "" when
     clean) and returns (df, flagged runs, cells whose seeds disagree beyond health.CELL_SD_BOUND).
 
@@ -348,7 +412,9 @@ def flag_runs(df: pd.DataFrame, base_dir: str | None = None) -> tuple[pd.DataFra
         m = pd.read_csv(path)
         val = m.dropna(subset=["val_loss"]) if "val_loss" in m else m.iloc[0:0]
         total = float(row.get("steps") or (m["step"].max() if len(m) else 0))
-        flags.append(health.curve_flags(m["step"], m.get("train_loss", [None] * len(m)), val["step"], val["val_loss"], total))
+        flags.append(
+            health.curve_flags(m["step"], m.get("train_loss", [None] * len(m)), val["step"], val["val_loss"], total)
+        )
     cells = {k: g for k, g in df.groupby(["variant", "size"], sort=False)}
     sigma = health.pooled_seed_sd([g["val_loss"].to_numpy(float) for g in cells.values()])
     index = {idx: i for i, idx in enumerate(df.index)}
@@ -360,18 +426,42 @@ def flag_runs(df: pd.DataFrame, base_dir: str | None = None) -> tuple[pd.DataFra
         if len(g) >= 2:
             sd = float(g["val_loss"].std(ddof=1))
             if sd > health.CELL_SD_BOUND:
-                disagree.append({"variant": variant, "size": size, "sd": sd, "n_runs": int(len(g)),
-                                 "val_losses": [float(v) for v in g["val_loss"]], "bound": health.CELL_SD_BOUND})  # fmt: skip
+                disagree.append(
+                    {
+                        "variant": variant,
+                        "size": size,
+                        "sd": sd,
+                        "n_runs": len(g),
+                        "val_losses": [float(v) for v in g["val_loss"]],
+                        "bound": health.CELL_SD_BOUND,
+                    }
+                )
     df["flags"] = [",".join(f) for f in flags]
-    flagged = [{"run_id": r["run_id"], "variant": r["variant"], "size": r["size"], "seed": r["seed"],
-                "val_loss": float(r["val_loss"]), "flags": r["flags"]} for _, r in df[df["flags"] != ""].iterrows()]  # fmt: skip
+    flagged = [
+        {
+            "run_id": r["run_id"],
+            "variant": r["variant"],
+            "size": r["size"],
+            "seed": r["seed"],
+            "val_loss": float(r["val_loss"]),
+            "flags": r["flags"],
+        }
+        for _, r in df[df["flags"] != ""].iterrows()
+    ]
     for f in flagged:
-        warnings.warn(f"outlier rule: {f['run_id']} ({f['variant']}/{f['size']}/seed {f['seed']}, val loss "
-                      f"{f['val_loss']:.4f}) is flagged {f['flags']}; kept in the fit and marked (docs/analysis.md)",
-                      AnalysisWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"outlier rule: {f['run_id']} ({f['variant']}/{f['size']}/seed {f['seed']}, val loss "
+            f"{f['val_loss']:.4f}) is flagged {f['flags']}; kept in the fit and marked (docs/analysis.md)",
+            AnalysisWarning,
+            stacklevel=2,
+        )
     for c in disagree:
-        warnings.warn(f"seeds disagree: {c['variant']} at {c['size']} has seed sd {c['sd']:.4f} > {c['bound']} nats "
-                      f"({', '.join(f'{v:.4f}' for v in c['val_losses'])})", AnalysisWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"seeds disagree: {c['variant']} at {c['size']} has seed sd {c['sd']:.4f} > {c['bound']} nats "
+            f"({', '.join(f'{v:.4f}' for v in c['val_losses'])})",
+            AnalysisWarning,
+            stacklevel=2,
+        )
     return df, flagged, disagree
 
 
@@ -386,33 +476,55 @@ def _paired_deltas(df: pd.DataFrame, variants: list[str], baseline: str, compute
             d = df[(df["variant"] == v) & (df["size"] == size)].groupby("seed")["val_loss"].mean()
             diffs = [float(d[sd] - base[(size, sd)]) for sd in d.index if (size, sd) in base.index]
             if diffs:
-                rows.append({"size": size, "variant": v, "n_pairs": len(diffs), "mean": float(np.mean(diffs)),
-                             "sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None, "diffs": diffs})  # fmt: skip
+                rows.append(
+                    {
+                        "size": size,
+                        "variant": v,
+                        "n_pairs": len(diffs),
+                        "mean": float(np.mean(diffs)),
+                        "sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
+                        "diffs": diffs,
+                    }
+                )
     return rows
 
 
-def _protocol_comparison(df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str,
-                         delta: float) -> dict[str, Any]:  # fmt: skip
+def _protocol_comparison(
+    df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str, delta: float
+) -> dict[str, Any]:
     """m of ``variant`` at the baseline's lr (the paper's protocol) and at its own tuned lr, both from the same
     bootstrap replicates (cells drawn once for all three arms), and their ratio own / shared with its interval."""
     own = variant + OWN_LR
-    u = pd.concat([df[df["variant"] == baseline], df[df["variant"] == variant], df[df["variant"] == own]], ignore_index=True)
+    u = pd.concat(
+        [df[df["variant"] == baseline], df[df["variant"] == variant], df[df["variant"] == own]], ignore_index=True
+    )
     Lu, Wu = bs.draw(u, plan, bs.rng_for(plan, "protocols:" + variant))
     nb, nv = int((u["variant"] == baseline).sum()), int((u["variant"] == variant).sum())
     idx_shared = np.r_[np.arange(nb), nb + np.arange(nv)]
     idx_own = np.r_[np.arange(nb), nb + nv + np.arange(len(u) - nb - nv)]
     sd = pooled_pair_sd(_paired_deltas(df, [variant, own], baseline, compute))
-    shared = _pair_fit(df, baseline, variant, plan, compute, form, delta, draws=(Lu[:, idx_shared], Wu[:, idx_shared]),
-                       pair_sd=sd)  # fmt: skip
+    shared = _pair_fit(
+        df, baseline, variant, plan, compute, form, delta, draws=(Lu[:, idx_shared], Wu[:, idx_shared]), pair_sd=sd
+    )
     mine = _pair_fit(df, baseline, own, plan, compute, form, delta, draws=(Lu[:, idx_own], Wu[:, idx_own]), pair_sd=sd)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio_boot = mine["_m_boot"] / shared["_m_boot"]
     ratio = mine["m"] / shared["m"]
     return {
-        "shared_lr": {"m": shared["m"], "m_ci95": shared["m_ci95"], "p_m_le_1": shared["p_m_le_1"],
-                      "paired_m": shared["paired"]["m"], "paired_m_ci95": shared["paired"]["m_ci95"]},
-        "own_lr": {"m": mine["m"], "m_ci95": mine["m_ci95"], "p_m_le_1": mine["p_m_le_1"],
-                   "paired_m": mine["paired"]["m"], "paired_m_ci95": mine["paired"]["m_ci95"]},
+        "shared_lr": {
+            "m": shared["m"],
+            "m_ci95": shared["m_ci95"],
+            "p_m_le_1": shared["p_m_le_1"],
+            "paired_m": shared["paired"]["m"],
+            "paired_m_ci95": shared["paired"]["m_ci95"],
+        },
+        "own_lr": {
+            "m": mine["m"],
+            "m_ci95": mine["m_ci95"],
+            "p_m_le_1": mine["p_m_le_1"],
+            "paired_m": mine["paired"]["m"],
+            "paired_m_ci95": mine["paired"]["m_ci95"],
+        },
         "ratio_own_over_shared": ratio,
         "ratio_ci95": bs.interval(ratio, ratio_boot, plan, log=True),
     }
@@ -448,7 +560,7 @@ def analyse_scaling(
     The outlier rule flags runs (:func:`flag_runs`); ``outliers="keep"`` fits them (and adds the fit without them
     as ``without_flagged``), ``"exclude"`` leaves them out and lists them under ``excluded_runs``.
     """
-    if outliers not in OUTLIER_MODES + ("ignore",):
+    if outliers not in (*OUTLIER_MODES, "ignore"):
         raise ValueError(f"outliers={outliers!r}; allowed values: {', '.join(OUTLIER_MODES)}")
     df = split_lr_protocols(df, baseline)
     excluded = list(excluded or [])
@@ -462,20 +574,29 @@ def analyse_scaling(
     variants = check_ladder(df, baseline, skip_incomplete)
     df = df[df["variant"].isin(variants)].reset_index(drop=True)
     plan = bs.plan_resampling(
-        df, B=B, seed=seed, mode=bootstrap_mode, sigma=seed_sigma, rho=seed_rho,
+        df,
+        B=B,
+        seed=seed,
+        mode=bootstrap_mode,
+        sigma=seed_sigma,
+        rho=seed_rho,
         residual_sigma=_residual_sigma(df, variants, compute),
-    )  # fmt: skip
+    )
     if plan.mode == "parametric" and seed_sigma is None:
-        warnings.warn(f"parametric bootstrap with sigma = {plan.sigma:.3g}: {plan.sigma_source}", AnalysisWarning, stacklevel=2)
+        warnings.warn(
+            f"parametric bootstrap with sigma = {plan.sigma:.3g}: {plan.sigma_source}", AnalysisWarning, stacklevel=2
+        )
     out: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": source if source is not None else df.attrs.get("source"),
-        "study": study if study is not None else (sorted(set(df["study"]))[0] if "study" in df.columns and len(df) else None),
+        "study": study
+        if study is not None
+        else (sorted(set(df["study"]))[0] if "study" in df.columns and len(df) else None),
         "baseline": baseline,
         "compute": compute,
         "compute_units": "PFLOP/s-days",
-        "n_runs": int(len(df)),
+        "n_runs": len(df),
         "sizes": size_order(df, compute),
         "excluded_runs": excluded,
         "bootstrap": plan.to_dict() | {"ci_level": bs.CI_LEVEL, "interval": "percentile"},
@@ -483,12 +604,22 @@ def analyse_scaling(
         "multipliers": {},
         "losses": _loss_table(df, variants, baseline, compute),
         "paired_deltas": _paired_deltas(df, variants, baseline, compute),
-        "outliers": {"mode": outliers, "flagged": flagged, "cells_disagreeing": disagree,
-                     "rule": {"spike_ratio": health.SPIKE_RATIO, "spike_span": health.SPIKE_SPAN, "val_rise": health.VAL_RISE,
-                              "plateau_gain": health.PLATEAU_GAIN, "off_mates_sigmas": health.OFF_MATES_SIGMAS,
-                              "off_mates_floor": health.OFF_MATES_FLOOR, "cell_sd_bound": health.CELL_SD_BOUND}},
+        "outliers": {
+            "mode": outliers,
+            "flagged": flagged,
+            "cells_disagreeing": disagree,
+            "rule": {
+                "spike_ratio": health.SPIKE_RATIO,
+                "spike_span": health.SPIKE_SPAN,
+                "val_rise": health.VAL_RISE,
+                "plateau_gain": health.PLATEAU_GAIN,
+                "off_mates_sigmas": health.OFF_MATES_SIGMAS,
+                "off_mates_floor": health.OFF_MATES_FLOOR,
+                "cell_sd_bound": health.CELL_SD_BOUND,
+            },
+        },
         "protocols": {},
-    }  # fmt: skip
+    }
     for v in variants:
         out["variants"][v] = _variant_fit(df[df["variant"] == v], v, plan, compute)
     for v in variants:
@@ -502,12 +633,30 @@ def analyse_scaling(
     if outliers == "keep" and flagged:
         clean = df[df["flags"] == ""].reset_index(drop=True)
         try:
-            sub = analyse_scaling(clean, baseline=baseline, compute=compute, B=B, seed=seed, bootstrap_mode=bootstrap_mode,
-                                  seed_sigma=seed_sigma, seed_rho=seed_rho, form=form, delta=delta, skip_incomplete=True,
-                                  outliers="ignore")  # fmt: skip
-            out["without_flagged"] = {v: {"m": m["m"], "m_ci95": m["m_ci95"], "p_m_le_1": m["p_m_le_1"],
-                                          "paired_m": m["paired"]["m"], "paired_m_ci95": m["paired"]["m_ci95"]}
-                                      for v, m in sub["multipliers"].items()}  # fmt: skip
+            sub = analyse_scaling(
+                clean,
+                baseline=baseline,
+                compute=compute,
+                B=B,
+                seed=seed,
+                bootstrap_mode=bootstrap_mode,
+                seed_sigma=seed_sigma,
+                seed_rho=seed_rho,
+                form=form,
+                delta=delta,
+                skip_incomplete=True,
+                outliers="ignore",
+            )
+            out["without_flagged"] = {
+                v: {
+                    "m": m["m"],
+                    "m_ci95": m["m_ci95"],
+                    "p_m_le_1": m["p_m_le_1"],
+                    "paired_m": m["paired"]["m"],
+                    "paired_m_ci95": m["paired"]["m_ci95"],
+                }
+                for v, m in sub["multipliers"].items()
+            }
         except ValueError as e:  # too few runs left to fit
             out["without_flagged"] = {"error": str(e)}
     out["precision"] = _precision(out, baseline)
@@ -525,7 +674,10 @@ def _precision(doc: dict[str, Any], baseline: str) -> dict[str, Any]:
     rmse_means = None
     if f and len(base) >= 2:
         law = PowerLaw(f["A"], f["alpha"])
-        rmse_means = float(np.sqrt(np.mean([(math.log(r["val_loss"]) - math.log(float(law.loss(r["C"])))) ** 2 for r in base])))
+        rmse_means = float(
+            np.sqrt(np.mean([(math.log(r["val_loss"]) - math.log(float(law.loss(r["C"])))) ** 2 for r in base]))
+        )
+
     def half_width(est: dict[str, Any]) -> float | None:  # 95% half-width / m of {m, m_ci95}
         lo, hi = est.get("m_ci95") or (None, None)
         ok = est.get("m") and lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
@@ -552,7 +704,7 @@ def _mean_sd(d: pd.DataFrame) -> dict[str, Any]:
     return {
         "val_loss": float(d["val_loss"].mean()),
         "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
-        "n_runs": int(len(d)),
+        "n_runs": len(d),
     }
 
 
@@ -568,7 +720,9 @@ def _reference(df_all: pd.DataFrame, study_rows: pd.DataFrame, variant: str) -> 
     return None
 
 
-def block_size_sweep(df_all: pd.DataFrame, baseline: str = "baseline", full: str = "full_attnres") -> dict[str, Any] | None:
+def block_size_sweep(
+    df_all: pd.DataFrame, baseline: str = "baseline", full: str = "full_attnres"
+) -> dict[str, Any] | None:
     """Fig. 6 data: Block AttnRes loss per block size S at one model size (the study of kind ``block_size``).
 
     The swept runs are those with a ``block_size`` (the record leaves it empty for every other residual scheme);
@@ -582,16 +736,21 @@ def block_size_sweep(df_all: pd.DataFrame, baseline: str = "baseline", full: str
     arms = blocks["variant"].value_counts()
     if len(arms) > 1:
         keep = sorted(arms.index, key=lambda v: (-arms[v], v))[0]
-        warnings.warn(f"block-size study sweeps several variants ({', '.join(sorted(arms.index))}); using {keep!r}",
-                      AnalysisWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"block-size study sweeps several variants ({', '.join(sorted(arms.index))}); using {keep!r}",
+            AnalysisWarning,
+            stacklevel=2,
+        )
         blocks = blocks[blocks["variant"] == keep]
     sizes = sorted(set(blocks["size"]))
     if len(sizes) > 1:
-        warnings.warn(f"block-size study spans several sizes ({', '.join(sizes)}); using the most common", AnalysisWarning, stacklevel=2)
+        warnings.warn(
+            f"block-size study spans several sizes ({', '.join(sizes)}); using the most common",
+            AnalysisWarning,
+            stacklevel=2,
+        )
         blocks = blocks[blocks["size"] == blocks["size"].mode().iloc[0]]
-    points = [
-        {"block_size": int(S)} | _mean_sd(g) for S, g in blocks.groupby("block_size", sort=True)
-    ]
+    points = [{"block_size": int(S)} | _mean_sd(g) for S, g in blocks.groupby("block_size", sort=True)]
     return {
         "size": str(blocks["size"].iloc[0]),
         "points": points,
@@ -620,13 +779,23 @@ def ablation_table(df_all: pd.DataFrame, baseline: str = "baseline") -> list[dic
         entry["delta_vs_baseline"] = entry["val_loss"] - ref["val_loss"] if ref is not None and v != baseline else None
         table.append(entry)
     if ref is not None and baseline not in order:
-        table.insert(0, {"variant": baseline, "val_loss": ref["val_loss"], "val_loss_sd": ref["val_loss_sd"],
-                         "n_runs": ref["n_runs"], "delta_vs_baseline": None, "note": "from another study at the same size"})  # fmt: skip
+        table.insert(
+            0,
+            {
+                "variant": baseline,
+                "val_loss": ref["val_loss"],
+                "val_loss_sd": ref["val_loss_sd"],
+                "n_runs": ref["n_runs"],
+                "delta_vs_baseline": None,
+                "note": "from another study at the same size",
+            },
+        )
     return table
 
 
-def arch_grid_table(df_all: pd.DataFrame, baseline: str = "baseline",
-                    study: str | None = None) -> dict[str, Any] | None:
+def arch_grid_table(
+    df_all: pd.DataFrame, baseline: str = "baseline", study: str | None = None
+) -> dict[str, Any] | None:
     """Fig. 7 data: final val loss per variant over the (H/L_b rows, d/L_b columns) grid of the study of kind
     ``arch_grid`` (or of the study named ``study``).
 
@@ -643,28 +812,51 @@ def arch_grid_table(df_all: pd.DataFrame, baseline: str = "baseline",
     study = str(rows["study"].iloc[0])
     missing = [c for c in ("d_over_lb", "heads_over_lb") if c not in rows.columns]
     if missing:
-        warnings.warn(f"{study} runs lack column(s) {', '.join(missing)} (records written before the arch grid "
-                      "existed?); no architecture-grid table", AnalysisWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{study} runs lack column(s) {', '.join(missing)} (records written before the arch grid "
+            "existed?); no architecture-grid table",
+            AnalysisWarning,
+            stacklevel=2,
+        )
         return None
     rows = rows.copy()
-    for col in ("d_over_lb", "heads_over_lb", "flops_budget", "n_layers", "d_model", "n_heads", "d_ff", "params_non_embedding", "tokens", "flops"):
+    for col in (
+        "d_over_lb",
+        "heads_over_lb",
+        "flops_budget",
+        "n_layers",
+        "d_model",
+        "n_heads",
+        "d_ff",
+        "params_non_embedding",
+        "tokens",
+        "flops",
+    ):
         if col in rows.columns:
             rows[col] = pd.to_numeric(rows[col], errors="coerce")
     off_grid = rows[rows["d_over_lb"].isna() | rows["heads_over_lb"].isna()]
     if not off_grid.empty:
-        warnings.warn(f"{len(off_grid)} {study} run(s) have no grid coordinates (a size not derived from d/L_b, H/L_b) "
-                      f"and are left out: {', '.join(off_grid['run_id'].astype(str))}", AnalysisWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{len(off_grid)} {study} run(s) have no grid coordinates (a size not derived from d/L_b, H/L_b) "
+            f"and are left out: {', '.join(off_grid['run_id'].astype(str))}",
+            AnalysisWarning,
+            stacklevel=2,
+        )
         rows = rows.drop(off_grid.index)
     if rows.empty:
         return None
     budgets = sorted(set(rows["flops_budget"].dropna())) if "flops_budget" in rows.columns else []
     if len(budgets) > 1:
         keep = rows["flops_budget"].mode().iloc[0]
-        warnings.warn(f"{study} holds runs at several compute budgets ({', '.join(f'{b:.3g}' for b in budgets)}); "
-                      f"using the most common, {keep:.3g} FLOPs", AnalysisWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{study} holds runs at several compute budgets ({', '.join(f'{b:.3g}' for b in budgets)}); "
+            f"using the most common, {keep:.3g} FLOPs",
+            AnalysisWarning,
+            stacklevel=2,
+        )
         rows = rows[rows["flops_budget"] == keep]
-    xs = sorted(set(float(x) for x in rows["d_over_lb"]))
-    ys = sorted(set(float(y) for y in rows["heads_over_lb"]), reverse=True)
+    xs = sorted({float(x) for x in rows["d_over_lb"]})
+    ys = sorted({float(y) for y in rows["heads_over_lb"]}, reverse=True)
     variants = list(pd.unique(rows["variant"]))
     if baseline in variants:
         variants.remove(baseline)
@@ -692,9 +884,14 @@ def arch_grid_table(df_all: pd.DataFrame, baseline: str = "baseline",
     delta = None
     if baseline in loss:
         b = np.array(loss[baseline], dtype=float)
-        delta = {v: [[None if np.isnan(c) else float(c) for c in r] for r in np.array(loss[v], dtype=float) - b]
-                 for v in variants if v != baseline}  # fmt: skip
-    shape_cols = [c for c in ("size", "n_layers", "d_model", "n_heads", "d_ff", "params_non_embedding") if c in rows.columns]
+        delta = {
+            v: [[None if np.isnan(c) else float(c) for c in r] for r in np.array(loss[v], dtype=float) - b]
+            for v in variants
+            if v != baseline
+        }
+    shape_cols = [
+        c for c in ("size", "n_layers", "d_model", "n_heads", "d_ff", "params_non_embedding") if c in rows.columns
+    ]
     cells = []
     for (x, y), g in rows.groupby(["d_over_lb", "heads_over_lb"], sort=True):
         first = g[g["variant"] == baseline].iloc[0] if (g["variant"] == baseline).any() else g.iloc[0]

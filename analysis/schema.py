@@ -21,8 +21,9 @@ import math
 import os
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 # ---------------------------------------------------------------------------------------------------------
 # Study kinds

@@ -32,8 +32,14 @@ SIZES = (
     ("cpu_xl", 6, 192, 6),
     ("cpu_xxl", 8, 256, 8),
 )
-RESIDUAL_OF = {"baseline": "baseline", "full_attnres": "full", "block_attnres": "block", "denseformer": "denseformer",
-               "mhc": "mhc", "hyper": "hyper"}  # fmt: skip
+RESIDUAL_OF = {
+    "baseline": "baseline",
+    "full_attnres": "full",
+    "block_attnres": "block",
+    "denseformer": "denseformer",
+    "mhc": "mhc",
+    "hyper": "hyper",
+}
 DEFAULT_MULTIPLIERS = {"full_attnres": 1.25, "block_attnres": 1.15}
 PFLOPS_DAY = 1e15 * 86400
 
@@ -80,8 +86,18 @@ def synthetic_ladder(
     return pd.DataFrame(rows)
 
 
-def _record(variant: str, size: str, seed: int, n_layers: int, d_model: int, n_heads: int, C: float, L: float,
-            study: str, block_size: int | None = None) -> dict[str, Any]:  # fmt: skip
+def _record(
+    variant: str,
+    size: str,
+    seed: int,
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    C: float,
+    L: float,
+    study: str,
+    block_size: int | None = None,
+) -> dict[str, Any]:
     residual = residual_of(variant)
     flops = C * PFLOPS_DAY
     d_ff = 4 * d_model
@@ -96,21 +112,46 @@ def _record(variant: str, size: str, seed: int, n_layers: int, d_model: int, n_h
     tag = f"{variant}-{size}-s{seed}" + (f"-S{block_size}" if study == "block_size" else "")
     run_id = f"{study}-{tag}"
     return {
-        "run_id": run_id, "study": study, "variant": variant, "residual": residual, "size": size, "seed": seed,
-        "status": "completed", "n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "d_ff": d_ff,
-        "block_size": block_size, "n_blocks": n_blocks, "seq_len": 256, "batch_size": 32,
-        "params": params_ne + 256 * d_model, "params_non_embedding": params_ne, "tokens": tokens,
-        "flops_per_token": fpt, "flops": fpt * tokens, "pflops_days": fpt * tokens / PFLOPS_DAY,
-        "flops_6nd": 6.0 * params_ne * tokens, "pflops_days_6nd": 6.0 * params_ne * tokens / PFLOPS_DAY,
-        "val_loss": L, "train_loss": L + 0.02, "steps": max(tokens // (32 * 256), 1), "lr": 3e-3,
-        "wall_time_s": flops / 1e11, "git_commit": "synthetic", "config_hash": hashlib.sha256(run_id.encode()).hexdigest()[:16],
-        "run_dir": f"runs/{run_id}", "error": "", "started_at": "2026-01-01T00:00:00+00:00",
+        "run_id": run_id,
+        "study": study,
+        "variant": variant,
+        "residual": residual,
+        "size": size,
+        "seed": seed,
+        "status": "completed",
+        "n_layers": n_layers,
+        "d_model": d_model,
+        "n_heads": n_heads,
+        "d_ff": d_ff,
+        "block_size": block_size,
+        "n_blocks": n_blocks,
+        "seq_len": 256,
+        "batch_size": 32,
+        "params": params_ne + 256 * d_model,
+        "params_non_embedding": params_ne,
+        "tokens": tokens,
+        "flops_per_token": fpt,
+        "flops": fpt * tokens,
+        "pflops_days": fpt * tokens / PFLOPS_DAY,
+        "flops_6nd": 6.0 * params_ne * tokens,
+        "pflops_days_6nd": 6.0 * params_ne * tokens / PFLOPS_DAY,
+        "val_loss": L,
+        "train_loss": L + 0.02,
+        "steps": max(tokens // (32 * 256), 1),
+        "lr": 3e-3,
+        "wall_time_s": flops / 1e11,
+        "git_commit": "synthetic",
+        "config_hash": hashlib.sha256(run_id.encode()).hexdigest()[:16],
+        "run_dir": f"runs/{run_id}",
+        "error": "",
+        "started_at": "2026-01-01T00:00:00+00:00",
         "finished_at": "2026-01-01T01:00:00+00:00",
-    }  # fmt: skip
+    }
 
 
-def block_size_sweep_records(size_index: int = 2, block_sizes=(1, 2, 4, 8), seeds=(0, 1), sigma: float = 0.005,
-                             rng: int = 1) -> pd.DataFrame:  # fmt: skip
+def block_size_sweep_records(
+    size_index: int = 2, block_sizes=(1, 2, 4, 8), seeds=(0, 1), sigma: float = 0.005, rng: int = 1
+) -> pd.DataFrame:
     """Study ``block_size``: Block AttnRes at one size for several S, plus baseline and Full references."""
     rng = np.random.default_rng(rng)
     name, n_layers, d_model, n_heads = SIZES[size_index]
@@ -121,8 +162,32 @@ def block_size_sweep_records(size_index: int = 2, block_sizes=(1, 2, 4, 8), seed
             # Smaller blocks approach Full AttnRes; the largest approach the baseline.
             L = base - 0.06 * (1 - math.log2(S) / math.log2(2 * n_layers) * 0.8) + sigma * rng.standard_normal()
             rows.append(_record("block_attnres", name, seed, n_layers, d_model, n_heads, 3e-5, L, "block_size", S))
-        rows.append(_record("baseline", name, seed, n_layers, d_model, n_heads, 3e-5, base + sigma * rng.standard_normal(), "block_size"))
-        rows.append(_record("full_attnres", name, seed, n_layers, d_model, n_heads, 3e-5, base - 0.065 + sigma * rng.standard_normal(), "block_size"))
+        rows.append(
+            _record(
+                "baseline",
+                name,
+                seed,
+                n_layers,
+                d_model,
+                n_heads,
+                3e-5,
+                base + sigma * rng.standard_normal(),
+                "block_size",
+            )
+        )
+        rows.append(
+            _record(
+                "full_attnres",
+                name,
+                seed,
+                n_layers,
+                d_model,
+                n_heads,
+                3e-5,
+                base - 0.065 + sigma * rng.standard_normal(),
+                "block_size",
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -130,9 +195,20 @@ def ablation_records(size_index: int = 2, seeds=(0, 1), sigma: float = 0.005, rn
     """Study ``ablations``: one row per (variant, seed) at one size, Table 4 style."""
     rng = np.random.default_rng(rng)
     name, n_layers, d_model, n_heads = SIZES[size_index]
-    deltas = {"baseline": 0.0, "denseformer": 0.001, "mhc": -0.019, "full_attnres": -0.029, "full_input_dependent_query": -0.035,
-              "full_input_independent": -0.017, "full_sigmoid": -0.025, "full_no_rmsnorm": -0.023, "full_swa": -0.002,
-              "block_attnres": -0.020, "block_multihead": -0.014, "block_no_rmsnorm": -0.016}  # fmt: skip
+    deltas = {
+        "baseline": 0.0,
+        "denseformer": 0.001,
+        "mhc": -0.019,
+        "full_attnres": -0.029,
+        "full_input_dependent_query": -0.035,
+        "full_input_independent": -0.017,
+        "full_sigmoid": -0.025,
+        "full_no_rmsnorm": -0.023,
+        "full_swa": -0.002,
+        "block_attnres": -0.020,
+        "block_multihead": -0.014,
+        "block_no_rmsnorm": -0.016,
+    }
     rows = []
     for seed in seeds:
         for v, d in deltas.items():
@@ -152,12 +228,18 @@ def _metrics(row: pd.Series, rng: np.random.Generator, n_evals: int = 12) -> pd.
     val = np.where(np.isin(np.arange(grid.size), np.linspace(0, grid.size - 1, n_evals + 1).astype(int)), curve, np.nan)
     val[-1] = L_end
     lr = 3e-3 * 0.5 * (1 + np.cos(np.pi * grid / steps))
-    return pd.DataFrame({
-        "step": grid, "tokens": (grid * tps).astype(np.int64), "flops": grid * tps * row["flops_per_token"],
-        "train_loss": curve + 0.02 + 0.01 * rng.standard_normal(grid.size), "val_loss": val, "lr": lr,
-        "grad_norm": 0.5 + 0.3 * np.exp(-frac * 5) + 0.02 * rng.standard_normal(grid.size),
-        "tokens_per_s": 2e4 * (1 + 0.02 * rng.standard_normal(grid.size)),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "step": grid,
+            "tokens": (grid * tps).astype(np.int64),
+            "flops": grid * tps * row["flops_per_token"],
+            "train_loss": curve + 0.02 + 0.01 * rng.standard_normal(grid.size),
+            "val_loss": val,
+            "lr": lr,
+            "grad_norm": 0.5 + 0.3 * np.exp(-frac * 5) + 0.02 * rng.standard_normal(grid.size),
+            "tokens_per_s": 2e4 * (1 + 0.02 * rng.standard_normal(grid.size)),
+        }
+    )
 
 
 def _diagnostics(row: pd.Series, rng: np.random.Generator) -> dict[str, Any]:
@@ -168,7 +250,11 @@ def _diagnostics(row: pd.Series, rng: np.random.Generator) -> dict[str, Any]:
         rms = 1.0 + 0.9 * i  # PreNorm: the residual stream grows with depth (Fig. 5b)
         grad = 0.4 + 2.0 * np.exp(-i / 1.5)  # gradients concentrate in the first blocks (Fig. 5c)
     else:
-        S = int(row["block_size"]) // 2 if residual == "block" and row["block_size"] and int(row["block_size"]) >= 2 else 1
+        S = (
+            int(row["block_size"]) // 2
+            if residual == "block" and row["block_size"] and int(row["block_size"]) >= 2
+            else 1
+        )
         rms = 1.0 + 0.6 * (i % max(S, 1)) if residual == "block" else 1.0 + 0.25 * np.sqrt(i)
         grad = 0.8 + 0.1 * np.cos(i)
     out: dict[str, Any] = {
@@ -271,7 +357,7 @@ def synthetic_lr_study(
     by_name = {s[0]: s for s in SIZES}
     rows = []
     for (size, variant), lr_star in optima.items():
-        name, n_layers, d_model, n_heads = by_name[size]
+        _name, n_layers, d_model, n_heads = by_name[size]
         L0 = 2.4 - 0.1 * list(by_name).index(size)
         for lr in grid:
             for seed in seeds:

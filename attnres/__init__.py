@@ -9,16 +9,58 @@ from .config import ModelConfig
 from .depth import depth_attention, mix_sources
 from .flops import FlopCount, flops_per_token, to_pflops_days
 from .model import KVCache, Transformer
-from .peers import (DenseFormer, DenseFormerOptions, HyperConnections, HyperConnectionsOptions, LAuReL, LAuReLOptions,
-                    ManifoldHyperConnections, ManifoldHyperConnectionsOptions)
+from .peers import (
+    DenseFormer,
+    DenseFormerOptions,
+    HyperConnections,
+    HyperConnectionsOptions,
+    LAuReL,
+    LAuReLOptions,
+    ManifoldHyperConnections,
+    ManifoldHyperConnectionsOptions,
+)
 from .registry import SchemeOptions
-from .residual import (RESIDUAL_SCHEMES, AttnResOptions, BaselineOptions, BlockAttnRes, BlockAttnResOptions,
-                       FullAttnRes, FullAttnResOptions, PreNormResidual, ResidualScheme, build_residual)
+from .residual import (
+    RESIDUAL_SCHEMES,
+    AttnResOptions,
+    BaselineOptions,
+    BlockAttnRes,
+    BlockAttnResOptions,
+    FullAttnRes,
+    FullAttnResOptions,
+    PreNormResidual,
+    ResidualScheme,
+    build_residual,
+)
 
 __all__ = [
-    "ModelConfig", "Transformer", "KVCache", "depth_attention", "mix_sources", "flops", "FlopCount", "flops_per_token",
-    "to_pflops_days", "registry", "RESIDUAL_SCHEMES", "ResidualScheme", "PreNormResidual", "FullAttnRes",
-    "BlockAttnRes", "build_residual", "DenseFormer", "HyperConnections", "ManifoldHyperConnections", "LAuReL",
-    "SchemeOptions", "BaselineOptions", "AttnResOptions", "FullAttnResOptions", "BlockAttnResOptions",
-    "DenseFormerOptions", "HyperConnectionsOptions", "ManifoldHyperConnectionsOptions", "LAuReLOptions",
+    "RESIDUAL_SCHEMES",
+    "AttnResOptions",
+    "BaselineOptions",
+    "BlockAttnRes",
+    "BlockAttnResOptions",
+    "DenseFormer",
+    "DenseFormerOptions",
+    "FlopCount",
+    "FullAttnRes",
+    "FullAttnResOptions",
+    "HyperConnections",
+    "HyperConnectionsOptions",
+    "KVCache",
+    "LAuReL",
+    "LAuReLOptions",
+    "ManifoldHyperConnections",
+    "ManifoldHyperConnectionsOptions",
+    "ModelConfig",
+    "PreNormResidual",
+    "ResidualScheme",
+    "SchemeOptions",
+    "Transformer",
+    "build_residual",
+    "depth_attention",
+    "flops",
+    "flops_per_token",
+    "mix_sources",
+    "registry",
+    "to_pflops_days",
 ]

@@ -52,7 +52,9 @@ class ModelConfig:
                 )
             self.head_dim = self.d_model // self.n_heads
         if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim={self.head_dim!r} must be a positive even integer (RoPE rotates pairs)")
+            raise ValueError(
+                f"ModelConfig.head_dim={self.head_dim!r} must be a positive even integer (RoPE rotates pairs)"
+            )
         if self.d_ff is None:
             self.d_ff = 32 * math.ceil(8 * self.d_model / 3 / 32)
         if not isinstance(self.d_ff, int) or self.d_ff <= 0:

@@ -80,8 +80,9 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     version = _compiler_version(cc)
     errors = []
     for flags in _FLAG_SETS:
-        key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), cc.encode(), version.encode(),
-                                         _cpu_signature().encode()])).hexdigest()[:16]
+        key = hashlib.sha256(
+            b"\0".join([source, " ".join(flags).encode(), cc.encode(), version.encode(), _cpu_signature().encode()])
+        ).hexdigest()[:16]
         target = _cache_dir() / f"depth_mix-{key}.so"
         if not target.exists():
             tmp = None
@@ -89,8 +90,9 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # parallel builders: last rename wins
                 os.close(fd)
-                done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
-                                      timeout=120)
+                done = subprocess.run(
+                    [cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120
+                )
                 if done.returncode != 0:
                     errors.append(f"{' '.join(flags)}: {done.stderr.strip()[:300]}")
                     continue
@@ -110,8 +112,11 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         _declare(lib)
         return lib, f"on ({' '.join(flags[:-2])}; {target})"
     reason = "unavailable: " + " | ".join(errors)
-    warnings.warn(f"attnres: the CPU depth-mixing kernels did not build with {cc}; the PyTorch path runs instead "
-                  f"(a few percent slower on the CPU; {ENV_SWITCH}=0 silences this). {reason}", stacklevel=3)
+    warnings.warn(
+        f"attnres: the CPU depth-mixing kernels did not build with {cc}; the PyTorch path runs instead "
+        f"(a few percent slower on the CPU; {ENV_SWITCH}=0 silences this). {reason}",
+        stacklevel=3,
+    )
     return None, reason
 
 
@@ -125,8 +130,26 @@ def _declare(lib: ctypes.CDLL) -> None:
     f32 = ctypes.c_float
     lib.attnres_merge_forward.argtypes = [i32, long_, i32, ptr, ptr, ptrs, ptr, f32, f32, ptr, ptr, ptr, ptr, i32]
     lib.attnres_merge_forward.restype = None
-    lib.attnres_merge_backward.argtypes = [i32, long_, i32, ptr, ptr, ptr, ptr, f32, ptrs, ptr, ptr, ptr, ptr, ptr,
-                                           ptr, ptrs, ctypes.POINTER(i32), i32]
+    lib.attnres_merge_backward.argtypes = [
+        i32,
+        long_,
+        i32,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        f32,
+        ptrs,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptrs,
+        ctypes.POINTER(i32),
+        i32,
+    ]
     lib.attnres_merge_backward.restype = None
 
 
@@ -176,43 +199,109 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def mix_forward(weights: torch.Tensor, values: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
     """outs[q] = sum_s weights[s, :, :, q] * values[s]; weights [S, B, T, Q], values and outs [B, T, D]."""
     S, Q, D = len(values), len(outs), values[0].shape[-1]
-    _lib().attnres_mix_forward(S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(),
-                               _pointers(outs), torch.get_num_threads())
+    _lib().attnres_mix_forward(
+        S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(), _pointers(outs), torch.get_num_threads()
+    )
 
 
-def mix_backward(weights: torch.Tensor, values: list[torch.Tensor], grads: list[torch.Tensor | None],
-                 grad_weights: torch.Tensor | None, targets: list[torch.Tensor | None], modes: list[int]) -> None:
+def mix_backward(
+    weights: torch.Tensor,
+    values: list[torch.Tensor],
+    grads: list[torch.Tensor | None],
+    grad_weights: torch.Tensor | None,
+    targets: list[torch.Tensor | None],
+    modes: list[int],
+) -> None:
     """Backward of mix_forward, from the outputs' gradients grads (None: output unused): grad_weights[s, :, :, q]
     = grads[q] . values[s] ([S, B, T, Q], or None: skipped), and sum_q weights[s, :, :, q] * grads[q] into
     targets[s] ([B, T, D]; modes[s] 1: written, 2: added, 0: skipped)."""
     S, Q, D = len(values), len(grads), values[0].shape[-1]
-    _lib().attnres_mix_backward(S, Q, values[0].numel() // D, D, _pointers(values), weights.data_ptr(),
-                                _pointers(grads), _ptr(grad_weights), _pointers(targets),
-                                (ctypes.c_int * S)(*modes), torch.get_num_threads())
+    _lib().attnres_mix_backward(
+        S,
+        Q,
+        values[0].numel() // D,
+        D,
+        _pointers(values),
+        weights.data_ptr(),
+        _pointers(grads),
+        _ptr(grad_weights),
+        _pointers(targets),
+        (ctypes.c_int * S)(*modes),
+        torch.get_num_threads(),
+    )
 
 
-def merge_forward(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor], queries: torch.Tensor | None,
-                  key_eps: float, eps: float, a: torch.Tensor, rstd: torch.Tensor, logits: torch.Tensor | None,
-                  key_rstd: torch.Tensor | None) -> None:
+def merge_forward(
+    base: torch.Tensor,
+    z: torch.Tensor | None,
+    extras: list[torch.Tensor],
+    queries: torch.Tensor | None,
+    key_eps: float,
+    eps: float,
+    a: torch.Tensor,
+    rstd: torch.Tensor,
+    logits: torch.Tensor | None,
+    key_rstd: torch.Tensor | None,
+) -> None:
     """depth.merge_read with normalize_eps, in place into base [B, T, D]: reads z [K, B, T] and queries [K, D]
     (or None), writes a [K + 1, B, T, 1], rstd [B, T, 1] and, with queries, logits and key_rstd [K, B, T]."""
     D = base.shape[-1]
-    _lib().attnres_merge_forward(len(extras), base.numel() // D, D, base.data_ptr(), _ptr(z), _pointers(extras),
-                                 _ptr(queries), key_eps, eps, a.data_ptr(), rstd.data_ptr(), _ptr(logits),
-                                 _ptr(key_rstd), torch.get_num_threads())
+    _lib().attnres_merge_forward(
+        len(extras),
+        base.numel() // D,
+        D,
+        base.data_ptr(),
+        _ptr(z),
+        _pointers(extras),
+        _ptr(queries),
+        key_eps,
+        eps,
+        a.data_ptr(),
+        rstd.data_ptr(),
+        _ptr(logits),
+        _ptr(key_rstd),
+        torch.get_num_threads(),
+    )
 
 
-def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor, eps: float,
-                   extras: list[torch.Tensor], queries: torch.Tensor | None, logits: torch.Tensor | None,
-                   key_rstd: torch.Tensor | None, grad_base: torch.Tensor, grad_z: torch.Tensor | None,
-                   targets: list[torch.Tensor | None], modes: list[int]) -> torch.Tensor | None:
+def merge_backward(
+    grad_out: torch.Tensor,
+    y: torch.Tensor,
+    a: torch.Tensor,
+    rstd: torch.Tensor,
+    eps: float,
+    extras: list[torch.Tensor],
+    queries: torch.Tensor | None,
+    logits: torch.Tensor | None,
+    key_rstd: torch.Tensor | None,
+    grad_base: torch.Tensor,
+    grad_z: torch.Tensor | None,
+    targets: list[torch.Tensor | None],
+    modes: list[int],
+) -> torch.Tensor | None:
     """Backward of merge_forward: writes grad_base [B, T, D] and grad_z [K, B, T], puts each extra's gradient into
     targets[k] (modes[k] 1: written, 2: added, 0: skipped); returns the queries' gradient [K, D] (with queries,
     else None)."""
     K, D, threads = len(extras), y.shape[-1], torch.get_num_threads()
     grad_q = torch.zeros(threads, K, D) if queries is not None else None  # one slice per thread, no races
-    _lib().attnres_merge_backward(K, y.numel() // D, D, grad_out.data_ptr(), y.data_ptr(), a.data_ptr(),
-                                  rstd.data_ptr(), eps, _pointers(extras), _ptr(queries), _ptr(logits),
-                                  _ptr(key_rstd), grad_base.data_ptr(), _ptr(grad_z), _ptr(grad_q),
-                                  _pointers(targets), (ctypes.c_int * max(K, 1))(*modes), threads)
+    _lib().attnres_merge_backward(
+        K,
+        y.numel() // D,
+        D,
+        grad_out.data_ptr(),
+        y.data_ptr(),
+        a.data_ptr(),
+        rstd.data_ptr(),
+        eps,
+        _pointers(extras),
+        _ptr(queries),
+        _ptr(logits),
+        _ptr(key_rstd),
+        grad_base.data_ptr(),
+        _ptr(grad_z),
+        _ptr(grad_q),
+        _pointers(targets),
+        (ctypes.c_int * max(K, 1))(*modes),
+        threads,
+    )
     return None if grad_q is None else grad_q.sum(0)

@@ -34,8 +34,18 @@ import torch
 from . import cpu_kernels, gpu_kernels
 from .grad_sinks import GradSink, sinks_of, track_source
 
-__all__ = ["attend_batched", "depth_attention", "key_logits", "merge_read", "mix_sources", "mix_sources_batched",
-           "read_dtype", "rms_normalize", "rmsnorm_unit", "track_source"]
+__all__ = [
+    "attend_batched",
+    "depth_attention",
+    "key_logits",
+    "merge_read",
+    "mix_sources",
+    "mix_sources_batched",
+    "read_dtype",
+    "rms_normalize",
+    "rmsnorm_unit",
+    "track_source",
+]
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -57,7 +67,9 @@ def depth_attention(values: torch.Tensor, query: torch.Tensor, eps: float = 1e-5
     Returns [..., D] in the dtype of ``values``.
     """
     if values.dim() < 2 or query.shape != values.shape[-1:]:
-        raise ValueError(f"depth_attention: values must be [S, ..., D] and query [D]; got {tuple(values.shape)} and {tuple(query.shape)}")
+        raise ValueError(
+            f"depth_attention: values must be [S, ..., D] and query [D]; got {tuple(values.shape)} and {tuple(query.shape)}"
+        )
     keys = rms_normalize(values, eps)  # [S, ..., D] fp32
     logits = (keys * query.to(keys.dtype)).sum(-1)  # [S, ...]
     alpha = logits.softmax(dim=0)  # [S, ...] fp32 (or wider), sums to 1 over sources
@@ -117,9 +129,15 @@ def mix_sources_batched_reference(weights: torch.Tensor, values: list[torch.Tens
     return outs
 
 
-def merge_read_reference(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor],
-                         normalize_eps: float | None, out_dtype: torch.dtype,
-                         queries: torch.Tensor | None = None, key_eps: float = 1e-5) -> torch.Tensor:
+def merge_read_reference(
+    base: torch.Tensor,
+    z: torch.Tensor | None,
+    extras: list[torch.Tensor],
+    normalize_eps: float | None,
+    out_dtype: torch.dtype,
+    queries: torch.Tensor | None = None,
+    key_eps: float = 1e-5,
+) -> torch.Tensor:
     """One read's online-softmax merge (paper Algorithm 1, phase 2), then optionally the PreNorm normalisation:
 
         h = a_0 * base + sum_k a_k * extras[k],   a = softmax([0, z_1, .., z_K])   -> h, or rmsnorm_unit(h)
@@ -131,7 +149,7 @@ def merge_read_reference(base: torch.Tensor, z: torch.Tensor | None, extras: lis
     h = base
     if extras:
         if queries is not None:  # [K, B, T]
-            z = z + torch.stack([key_logits(e, queries[k: k + 1], key_eps)[..., 0] for k, e in enumerate(extras)])
+            z = z + torch.stack([key_logits(e, queries[k : k + 1], key_eps)[..., 0] for k, e in enumerate(extras)])
         zeros = torch.zeros_like(z[:1], dtype=base.dtype)
         a = torch.cat([zeros, z.to(base.dtype)]).softmax(0).unsqueeze(-1)  # [K + 1, B, T, 1]
         h = base * a[0]
@@ -142,16 +160,18 @@ def merge_read_reference(base: torch.Tensor, z: torch.Tensor | None, extras: lis
     return h.to(out_dtype, copy=h is base)  # a new tensor: base is left alone
 
 
-def mix_sources_reference(weights: torch.Tensor, values: list[torch.Tensor],
-                          normalize_eps: float | None = None) -> torch.Tensor:
+def mix_sources_reference(
+    weights: torch.Tensor, values: list[torch.Tensor], normalize_eps: float | None = None
+) -> torch.Tensor:
     """One read: sum_s weights[s] * values[s] (rmsnorm_unit of it with ``normalize_eps``), weights [S, B, T],
     values S x [B, T, D] -> [B, T, D] in the values' promoted dtype."""
     base = mix_sources_batched_reference(weights.unsqueeze(-1), values)[0]
     return merge_read_reference(base, None, [], normalize_eps, read_dtype(values))
 
 
-def attend_batched_reference(sources: list[torch.Tensor], queries: torch.Tensor, eps: float
-                             ) -> tuple[list[torch.Tensor], torch.Tensor]:
+def attend_batched_reference(
+    sources: list[torch.Tensor], queries: torch.Tensor, eps: float
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Phase 1 of Q reads with static queries over S sources: (outs Q x [B, T, D] fp32, lse [B, T, Q]) with
     l[s, q] = key_logits(sources[s], queries[q]), lse = logsumexp_s l, out_q = sum_s exp(l[s, q] - lse_q) v_s."""
     logits = torch.stack([key_logits(v, queries, eps) for v in sources])  # [S, B, T, Q] fp32
@@ -228,16 +248,24 @@ def mix_sources_batched(weights: torch.Tensor, values: list[torch.Tensor]) -> li
     out_q = sum_s weights[s, :, :, q] * values[s] (mix_sources_batched_reference). CPU fp32 eager: the C kernel,
     which loads every token's S sources once for all Q reads, in both passes."""
     if weights.dim() != 4 or weights.shape[0] != len(values):
-        raise ValueError(f"mix_sources_batched: weights must be [S, B, T, Q] with S = {len(values)} sources; "
-                         f"got {tuple(weights.shape)}")
+        raise ValueError(
+            f"mix_sources_batched: weights must be [S, B, T, Q] with S = {len(values)} sources; "
+            f"got {tuple(weights.shape)}"
+        )
     if weights.dtype == torch.float32 and cpu_kernels.applies(*values):
         return list(_MixSourcesBatchedC.apply(weights.contiguous(), sinks_of(values), *values))
     return list(_reference(lambda w, *vs: tuple(mix_sources_batched_reference(w, list(vs))), weights, *values))
 
 
-def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor],
-               normalize_eps: float | None, out_dtype: torch.dtype,
-               queries: torch.Tensor | None = None, key_eps: float = 1e-5) -> torch.Tensor:
+def merge_read(
+    base: torch.Tensor,
+    z: torch.Tensor | None,
+    extras: list[torch.Tensor],
+    normalize_eps: float | None,
+    out_dtype: torch.dtype,
+    queries: torch.Tensor | None = None,
+    key_eps: float = 1e-5,
+) -> torch.Tensor:
     """merge_read_reference: a_0 * base + sum_k a_k * extras[k], a = softmax([0, z (+ key logits)]), then
     rmsnorm_unit with ``normalize_eps``, in ``out_dtype``. base [B, T, D] (a phase-1 output, fp32), z [K, B, T],
     queries [K, D] or None.
@@ -246,8 +274,10 @@ def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Te
     result into it. Kernels: CUDA (``normalize_eps``, K <= gpu_kernels.MAX_EXTRAS) and CPU fp32 eager as just said;
     both keep the normalised output and rstd, never h or base."""
     if (z is None and extras) or (z is not None and z.shape[0] != len(extras)):
-        raise ValueError(f"merge_read: z must be [K, B, T] for K = {len(extras)} extra sources; "
-                         f"got {None if z is None else tuple(z.shape)}")
+        raise ValueError(
+            f"merge_read: z must be [K, B, T] for K = {len(extras)} extra sources; "
+            f"got {None if z is None else tuple(z.shape)}"
+        )
     if queries is not None and queries.shape[0] != len(extras):
         raise ValueError(f"merge_read: queries must be [K, D] for K = {len(extras)} extra sources")
     if not extras:
@@ -263,13 +293,12 @@ def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Te
 
     def merged(b: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         zz, qq = (rest[0], rest[1] if queries is not None else None) if extras else (None, None)
-        return merge_read_reference(b, zz, list(rest[len(small):]), normalize_eps, out_dtype, qq, key_eps)
+        return merge_read_reference(b, zz, list(rest[len(small) :]), normalize_eps, out_dtype, qq, key_eps)
 
     return _reference(merged, base, *small, *extras, recompute=True)  # keeps neither h nor a product of base
 
 
-def mix_sources(weights: torch.Tensor, values: list[torch.Tensor],
-                normalize_eps: float | None = None) -> torch.Tensor:
+def mix_sources(weights: torch.Tensor, values: list[torch.Tensor], normalize_eps: float | None = None) -> torch.Tensor:
     """One read: sum_s weights[s] * values[s], weights [S, B, T] and values S x [B, T, D] -> [B, T, D] in the
     values' promoted dtype (accumulated in fp32); with ``normalize_eps``, rmsnorm_unit of it: the read fused with
     the PreNorm normalisation of the sublayer that consumes it (mix_sources_reference).
@@ -277,21 +306,24 @@ def mix_sources(weights: torch.Tensor, values: list[torch.Tensor],
     Computed as mix_sources_batched with Q = 1 followed by merge_read with K = 0, so the CPU kernels apply and
     the un-normalised read is not kept for backward there."""
     if weights.dim() != 3 or weights.shape[0] != len(values):
-        raise ValueError(f"mix_sources: weights must be [S, B, T] with S = {len(values)} sources; "
-                         f"got {tuple(weights.shape)}")
+        raise ValueError(
+            f"mix_sources: weights must be [S, B, T] with S = {len(values)} sources; got {tuple(weights.shape)}"
+        )
     base = mix_sources_batched(weights.unsqueeze(-1), values)[0]  # [B, T, D] fp32
     return merge_read(base, None, [], normalize_eps, read_dtype(values))
 
 
-def attend_batched(sources: list[torch.Tensor], queries: torch.Tensor, eps: float
-                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
+def attend_batched(
+    sources: list[torch.Tensor], queries: torch.Tensor, eps: float
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Phase 1 of Q reads with static queries over the same S sources (paper Algorithm 1), scoring included:
     attend_batched_reference, returning (Q outputs [B, T, D] fp32, lse [B, T, Q]); the gradient flows through
     both (merge_read's z is an extra's logit minus lse). sources S x [B, T, D], queries [Q, D] (gains folded in).
     CUDA: one Triton pass reads each source once for its RMS, its Q logits and its Q multiply-adds."""
     if queries.dim() != 2 or queries.shape[-1] != sources[0].shape[-1]:
-        raise ValueError(f"attend_batched: queries must be [Q, D] with D = {sources[0].shape[-1]}; "
-                         f"got {tuple(queries.shape)}")
+        raise ValueError(
+            f"attend_batched: queries must be [Q, D] with D = {sources[0].shape[-1]}; got {tuple(queries.shape)}"
+        )
     if gpu_kernels.attend_fits(*queries.shape) and gpu_kernels.applies(*sources):
         return gpu_kernels.attend_batched(sources, queries, eps)
     return attend_batched_reference(sources, queries, eps)  # made of ops: key_logits, mix_sources_batched (C)
@@ -316,8 +348,9 @@ class _MixSourcesBatchedC(torch.autograd.Function):
     its sink has no tensor yet and the group has room (GradSink.can_defer), else added by the kernel."""
 
     @staticmethod
-    def forward(ctx, weights: torch.Tensor, sinks: list[GradSink | None], *values: torch.Tensor
-                ) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx, weights: torch.Tensor, sinks: list[GradSink | None], *values: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)  # an unused read hands back None, not a zero [B, T, D]
         ctx.sinks = sinks
         outs = [torch.empty_like(values[0]) for _ in range(weights.shape[-1])]  # Q x [B, T, D]
@@ -358,8 +391,16 @@ class _MergeReadC(torch.autograd.Function):
     A tracked extra's gradient goes into its sink (GradSink.target)."""
 
     @staticmethod
-    def forward(ctx, base: torch.Tensor, z: torch.Tensor | None, queries: torch.Tensor | None, key_eps: float,
-                normalize_eps: float, sinks: list[GradSink | None], *extras: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx,
+        base: torch.Tensor,
+        z: torch.Tensor | None,
+        queries: torch.Tensor | None,
+        key_eps: float,
+        normalize_eps: float,
+        sinks: list[GradSink | None],
+        *extras: torch.Tensor,
+    ) -> torch.Tensor:
         K, lead = len(extras), base.shape[:-1]
         a, rstd = base.new_empty((K + 1, *lead, 1)), base.new_empty((*lead, 1))
         logits = key_rstd = None
@@ -383,8 +424,21 @@ class _MergeReadC(torch.autograd.Function):
         for k, (e, sink) in enumerate(zip(extras, ctx.sinks)):
             if ctx.needs_input_grad[6 + k]:
                 targets[k], modes[k], grad_extras[k] = _target(sink, e)
-        grad_queries = cpu_kernels.merge_backward(grad_out, y, a, rstd, ctx.normalize_eps, extras, queries, logits,
-                                                  key_rstd, grad_base, grad_z, targets, modes)
+        grad_queries = cpu_kernels.merge_backward(
+            grad_out,
+            y,
+            a,
+            rstd,
+            ctx.normalize_eps,
+            extras,
+            queries,
+            logits,
+            key_rstd,
+            grad_base,
+            grad_z,
+            targets,
+            modes,
+        )
         if not ctx.needs_input_grad[2]:
             grad_queries = None
         return grad_base, grad_z, grad_queries, None, None, None, *grad_extras

@@ -53,8 +53,20 @@ def _put(addr, code, mode, offs, mask, val, LO: tl.constexpr):
 
 
 @triton.jit
-def attend_fwd(tab, S, q_ptr, lse_ptr, N, D, Q, eps,
-               LO: tl.constexpr, Q_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+def attend_fwd(
+    tab,
+    S,
+    q_ptr,
+    lse_ptr,
+    N,
+    D,
+    Q,
+    eps,
+    LO: tl.constexpr,
+    Q_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """tab [2 S + Q]: source addresses, their dtype codes, then the addresses of the Q outputs [N, D] fp32;
     q_ptr [Q, D] fp32; lse_ptr [N, Q] fp32."""
     t = tl.cast(tl.program_id(0), tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] token rows
@@ -78,14 +90,31 @@ def attend_fwd(tab, S, q_ptr, lse_ptr, N, D, Q, eps,
         den = den * scale + p
         m = m_new
     out_ptr = tl.load(tab + 2 * S + qi, mask=qmask, other=0).to(tl.pointer_type(tl.float32))  # [QP]
-    tl.store(out_ptr[:, None, None] + offs[None, :, :], acc / den[:, :, None],
-             mask=qmask[:, None, None] & mask[None, :, :])
+    tl.store(
+        out_ptr[:, None, None] + offs[None, :, :], acc / den[:, :, None], mask=qmask[:, None, None] & mask[None, :, :]
+    )
     tl.store(lse_ptr + t[None, :] * Q + qi[:, None], m + tl.log(den), mask=qmask[:, None] & tmask[None, :])
 
 
 @triton.jit
-def attend_bwd(tab, S, q_ptr, lse_ptr, glse_ptr, dq_ptr, N, D, Q, eps, n_blocks, P,
-               LO: tl.constexpr, Q_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+def attend_bwd(
+    tab,
+    S,
+    q_ptr,
+    lse_ptr,
+    glse_ptr,
+    dq_ptr,
+    N,
+    D,
+    Q,
+    eps,
+    n_blocks,
+    P,
+    LO: tl.constexpr,
+    Q_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Backward of attend_fwd. tab [5 S + Q]: source addresses, dtype codes, gradient-target addresses, their
     dtype codes and modes, then the addresses of dL/dout_q [N, D] fp32; glse_ptr [N, Q] fp32; dq_ptr [P, Q, D]
     fp32 (one slice per program). Program pid takes token blocks pid, pid + P, ..."""
@@ -102,8 +131,9 @@ def attend_bwd(tab, S, q_ptr, lse_ptr, glse_ptr, dq_ptr, N, D, Q, eps, n_blocks,
         offs = t[:, None] * D + d[None, :]
         mask = tmask[:, None] & dmask[None, :]
         qt = qmask[:, None] & tmask[None, :]  # [QP, BT]
-        g = tl.load(g_ptr[:, None, None] + offs[None, :, :], mask=qmask[:, None, None] & mask[None, :, :],
-                    other=0.0)  # [QP, BT, BD]
+        g = tl.load(
+            g_ptr[:, None, None] + offs[None, :, :], mask=qmask[:, None, None] & mask[None, :, :], other=0.0
+        )  # [QP, BT, BD]
         lse = tl.load(lse_ptr + t[None, :] * Q + qi[:, None], mask=qt, other=0.0)  # [QP, BT]
         glse = tl.load(glse_ptr + t[None, :] * Q + qi[:, None], mask=qt, other=0.0)
         # pass 1: c_q = sum_s a[s, q] (g_q . v_s) = g_q . out_q (softmax's backward needs it before any dlogit)
@@ -126,17 +156,39 @@ def attend_bwd(tab, S, q_ptr, lse_ptr, glse_ptr, dq_ptr, N, D, Q, eps, n_blocks,
             mode = tl.load(tab + 4 * S + s)
             if mode != 0:
                 coef = tl.sum(gz * logit, axis=0) * r * r / D  # [BT]
-                dx = (tl.sum(a[:, :, None] * g, axis=0) + tl.sum(scaled[:, :, None] * w[:, None, :], axis=0)
-                      - coef[:, None] * x)
+                dx = (
+                    tl.sum(a[:, :, None] * g, axis=0)
+                    + tl.sum(scaled[:, :, None] * w[:, None, :], axis=0)
+                    - coef[:, None] * x
+                )
                 _put(tl.load(tab + 2 * S + s), tl.load(tab + 3 * S + s), mode, offs, mask, dx, LO)
-    tl.store(dq_ptr + tl.cast(pid, tl.int64) * Q * D + qi[:, None] * D + d[None, :], dq,
-             mask=qmask[:, None] & dmask[None, :])
+    tl.store(
+        dq_ptr + tl.cast(pid, tl.int64) * Q * D + qi[:, None] * D + d[None, :], dq, mask=qmask[:, None] & dmask[None, :]
+    )
 
 
 @triton.jit
-def merge_fwd(base_ptr, z_ptr, tab, K, q_ptr, y_ptr, a_ptr, rstd_ptr, logit_ptr, krstd_ptr, N, D, key_eps, eps,
-              HAS_Q: tl.constexpr, LO: tl.constexpr, K_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
-              BLOCK_D: tl.constexpr):
+def merge_fwd(
+    base_ptr,
+    z_ptr,
+    tab,
+    K,
+    q_ptr,
+    y_ptr,
+    a_ptr,
+    rstd_ptr,
+    logit_ptr,
+    krstd_ptr,
+    N,
+    D,
+    key_eps,
+    eps,
+    HAS_Q: tl.constexpr,
+    LO: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """base [N, D] (any float dtype), z [K, N] fp32, tab [2 K]: extra addresses, dtype codes; q_ptr [K, D] fp32
     (HAS_Q); y [N, D] (the output dtype); a [K + 1, N], rstd [N], logits and key_rstd [K, N] (HAS_Q), fp32."""
     t = tl.cast(tl.program_id(0), tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -170,18 +222,39 @@ def merge_fwd(base_ptr, z_ptr, tab, K, q_ptr, y_ptr, a_ptr, rstd_ptr, logit_ptr,
     h = h / den[:, None]
     lse = m + tl.log(den)
     tl.store(a_ptr + t, tl.exp(-lse), mask=tmask)
-    tl.store(a_ptr + (ki[:, None] + 1) * N + t[None, :], tl.exp(zs - lse[None, :]),
-             mask=(ki[:, None] < K) & tmask[None, :])
+    tl.store(
+        a_ptr + (ki[:, None] + 1) * N + t[None, :], tl.exp(zs - lse[None, :]), mask=(ki[:, None] < K) & tmask[None, :]
+    )
     r = tl.rsqrt(tl.sum(h * h, axis=1) / D + eps)
     tl.store(rstd_ptr + t, r, mask=tmask)
     tl.store(y_ptr + offs, (h * r[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def merge_bwd(g_ptr, y_ptr, a_ptr, rstd_ptr, tab, K, q_ptr, logit_ptr, krstd_ptr, gbase_ptr, gz_ptr, dq_ptr,
-              N, D, eps, n_blocks, P,
-              HAS_Q: tl.constexpr, LO: tl.constexpr, K_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
-              BLOCK_D: tl.constexpr):
+def merge_bwd(
+    g_ptr,
+    y_ptr,
+    a_ptr,
+    rstd_ptr,
+    tab,
+    K,
+    q_ptr,
+    logit_ptr,
+    krstd_ptr,
+    gbase_ptr,
+    gz_ptr,
+    dq_ptr,
+    N,
+    D,
+    eps,
+    n_blocks,
+    P,
+    HAS_Q: tl.constexpr,
+    LO: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Backward of merge_fwd from g = dL/dy: tab [5 K] (extras, codes, targets, codes, modes); writes
     grad_base [N, D] (base's dtype), grad_z [K, N] fp32 and this program's dq slice [K, D] (HAS_Q)."""
     pid = tl.program_id(0)
@@ -221,5 +294,8 @@ def merge_bwd(g_ptr, y_ptr, a_ptr, rstd_ptr, tab, K, q_ptr, logit_ptr, krstd_ptr
         a0 = tl.load(a_ptr + t, mask=tmask, other=0.0)
         tl.store(gbase_ptr + offs, ((r * a0)[:, None] * u).to(gbase_ptr.dtype.element_ty), mask=mask)
     if HAS_Q:
-        tl.store(dq_ptr + tl.cast(pid, tl.int64) * K * D + ki[:, None] * D + d[None, :], dq,
-                 mask=(ki[:, None] < K) & dmask[None, :])
+        tl.store(
+            dq_ptr + tl.cast(pid, tl.int64) * K * D + ki[:, None] * D + d[None, :],
+            dq,
+            mask=(ki[:, None] < K) & dmask[None, :],
+        )

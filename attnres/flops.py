@@ -47,9 +47,9 @@ def matmul_params(config: ModelConfig) -> int:
 
 def non_embedding_params(config: ModelConfig) -> int:
     """Kaplan's N: parameters outside the token embedding and LM head (= Transformer.num_params(True))."""
-    from .model import Transformer  # local import: building on the meta device costs no memory
-
     import torch
+
+    from .model import Transformer  # local import: building on the meta device costs no memory
 
     with torch.device("meta"):
         return Transformer(config).num_params(non_embedding=True)

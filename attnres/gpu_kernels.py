@@ -58,6 +58,7 @@ def _triton() -> str | None:
             import triton  # noqa: F401
 
             from . import depth_mix_triton  # noqa: F401
+
             _probe["triton"] = None
         except Exception as err:  # ImportError, or a triton that does not match this torch
             _probe["triton"] = f"{type(err).__name__}: {err}"
@@ -197,22 +198,32 @@ def attend(sources: list[torch.Tensor], queries: torch.Tensor, eps: float) -> tu
     tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs] + [o.data_ptr() for o in outs], device)
     q_pad = _pow2(Q)
     bt, bd, warps = _blocks(q_pad, D)
-    k.attend_fwd[(_cdiv(N, bt),)](tab, len(srcs), w, lse, N, D, Q, eps, LO=_low_dtype(srcs),
-                                  Q_PAD=q_pad, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps)
+    k.attend_fwd[(_cdiv(N, bt),)](
+        tab, len(srcs), w, lse, N, D, Q, eps, LO=_low_dtype(srcs), Q_PAD=q_pad, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps
+    )
     return outs, lse
 
 
 @attend.register_fake
 def _(sources, queries, eps):
     v = sources[0]
-    return ([v.new_empty(v.shape, dtype=torch.float32) for _ in range(queries.shape[0])],
-            v.new_empty((*v.shape[:-1], queries.shape[0]), dtype=torch.float32))
+    return (
+        [v.new_empty(v.shape, dtype=torch.float32) for _ in range(queries.shape[0])],
+        v.new_empty((*v.shape[:-1], queries.shape[0]), dtype=torch.float32),
+    )
 
 
 @torch.library.custom_op("attnres::attend_backward", mutates_args=("targets",))
-def attend_backward(sources: list[torch.Tensor], queries: torch.Tensor, lse: torch.Tensor,
-                    grads: list[torch.Tensor], grad_lse: torch.Tensor, eps: float, targets: list[torch.Tensor],
-                    modes: list[int]) -> torch.Tensor:
+def attend_backward(
+    sources: list[torch.Tensor],
+    queries: torch.Tensor,
+    lse: torch.Tensor,
+    grads: list[torch.Tensor],
+    grad_lse: torch.Tensor,
+    eps: float,
+    targets: list[torch.Tensor],
+    modes: list[int],
+) -> torch.Tensor:
     """Backward of attend: writes (mode 1) or adds into (mode 2) each source's gradient target (targets: one per
     source whose mode is not 0, in order) and returns the queries' gradient [Q, D] fp32."""
     from . import depth_mix_triton as k
@@ -228,18 +239,41 @@ def attend_backward(sources: list[torch.Tensor], queries: torch.Tensor, lse: tor
     for s in range(S):
         if modes[s]:
             tgt[s] = next(it)
-            assert tgt[s].is_contiguous() and (modes[s] == 1 or tgt[s].dtype == torch.float32)
-    tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs]
-                 + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes)
-                 + [g.data_ptr() for g in gs], device)
+            assert tgt[s].is_contiguous()
+            assert modes[s] == 1 or tgt[s].dtype == torch.float32
+    tab = _table(
+        [v.data_ptr() for v in srcs]
+        + [_code(v) for v in srcs]
+        + [0 if t is None else t.data_ptr() for t in tgt]
+        + [_code(t) for t in tgt]
+        + list(modes)
+        + [g.data_ptr() for g in gs],
+        device,
+    )
     q_pad = _pow2(Q)
     bt, bd, warps = _blocks(q_pad, D)
     n_blocks = _cdiv(N, bt)
     P = _programs(n_blocks, device)
     dq = torch.empty((P, Q, D), dtype=torch.float32, device=device)
-    k.attend_bwd[(P,)](tab, S, w, _rows(lse), glse, dq, N, D, Q, eps, n_blocks, P,
-                       LO=_low_dtype(srcs + [t for t in tgt if t is not None]), Q_PAD=q_pad, BLOCK_T=bt,
-                       BLOCK_D=bd, num_warps=warps)
+    k.attend_bwd[(P,)](
+        tab,
+        S,
+        w,
+        _rows(lse),
+        glse,
+        dq,
+        N,
+        D,
+        Q,
+        eps,
+        n_blocks,
+        P,
+        LO=_low_dtype(srcs + [t for t in tgt if t is not None]),
+        Q_PAD=q_pad,
+        BLOCK_T=bt,
+        BLOCK_D=bd,
+        num_warps=warps,
+    )
     return dq.sum(0)
 
 
@@ -270,8 +304,9 @@ def _attend_grad(ctx, grad_outs, grad_lse):
 attend.register_autograd(_attend_grad, setup_context=_attend_setup)
 
 
-def _targets(sinks: list, needed: list[bool], values: list[torch.Tensor]
-             ) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor | None]]:
+def _targets(
+    sinks: list, needed: list[bool], values: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor | None]]:
     """Gradient targets of a backward kernel: (targets, modes, gradients to return), for the sources that need a
     gradient: a tracked source's fp32 sink (GradSink.target: mode 1 written, 2 added into; nothing returned), else
     a fresh contiguous gradient in the source's dtype (mode 1) that backward returns; mode 0 for the others."""
@@ -297,9 +332,15 @@ def _targets(sinks: list, needed: list[bool], values: list[torch.Tensor]
 
 
 @torch.library.custom_op("attnres::merge", mutates_args=())
-def merge(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor], queries: torch.Tensor | None,
-          key_eps: float, eps: float, out_dtype: torch.dtype
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def merge(
+    base: torch.Tensor,
+    z: torch.Tensor | None,
+    extras: list[torch.Tensor],
+    queries: torch.Tensor | None,
+    key_eps: float,
+    eps: float,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = rmsnorm_unit(a_0 base + sum_k a_k extras[k]) in out_dtype, a = softmax([0, z (+ key logits)]).
     Returns (y, a [K + 1, B, T], rstd [B, T], logits, key_rstd [K, B, T] with queries, else empty), all fp32
     but y."""
@@ -321,10 +362,28 @@ def merge(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor]
     # an int64 table even without extras: the kernel's address casts must compile
     tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext] if K else [0], device)
     bt, bd, warps = _blocks(1, D)
-    k.merge_fwd[(_cdiv(N, bt),)](b, zz, tab, K, qq, y, a, rstd, logits if has_q else a,
-                                 key_rstd if has_q else a, N, D, key_eps, eps, HAS_Q=has_q,
-                                 LO=_low_dtype(ext + [b, y]), K_PAD=_pow2(max(K, 1)), BLOCK_T=bt, BLOCK_D=bd,
-                                 num_warps=warps)
+    k.merge_fwd[(_cdiv(N, bt),)](
+        b,
+        zz,
+        tab,
+        K,
+        qq,
+        y,
+        a,
+        rstd,
+        logits if has_q else a,
+        key_rstd if has_q else a,
+        N,
+        D,
+        key_eps,
+        eps,
+        HAS_Q=has_q,
+        LO=_low_dtype([*ext, b, y]),
+        K_PAD=_pow2(max(K, 1)),
+        BLOCK_T=bt,
+        BLOCK_D=bd,
+        num_warps=warps,
+    )
     return y, a, rstd, logits, key_rstd
 
 
@@ -333,16 +392,30 @@ def _(base, z, extras, queries, key_eps, eps, out_dtype):
     K, lead = len(extras), base.shape[:-1]
     has_q = queries is not None and K > 0
     f32 = torch.float32
-    return (base.new_empty(base.shape, dtype=out_dtype), base.new_empty((K + 1, *lead), dtype=f32),
-            base.new_empty(lead, dtype=f32), base.new_empty((K, *lead) if has_q else (0,), dtype=f32),
-            base.new_empty((K, *lead) if has_q else (0,), dtype=f32))
+    return (
+        base.new_empty(base.shape, dtype=out_dtype),
+        base.new_empty((K + 1, *lead), dtype=f32),
+        base.new_empty(lead, dtype=f32),
+        base.new_empty((K, *lead) if has_q else (0,), dtype=f32),
+        base.new_empty((K, *lead) if has_q else (0,), dtype=f32),
+    )
 
 
 @torch.library.custom_op("attnres::merge_backward", mutates_args=("targets",))
-def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor, eps: float,
-                   extras: list[torch.Tensor], queries: torch.Tensor | None, logits: torch.Tensor,
-                   key_rstd: torch.Tensor, base_dtype: torch.dtype, targets: list[torch.Tensor], modes: list[int]
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def merge_backward(
+    grad_out: torch.Tensor,
+    y: torch.Tensor,
+    a: torch.Tensor,
+    rstd: torch.Tensor,
+    eps: float,
+    extras: list[torch.Tensor],
+    queries: torch.Tensor | None,
+    logits: torch.Tensor,
+    key_rstd: torch.Tensor,
+    base_dtype: torch.dtype,
+    targets: list[torch.Tensor],
+    modes: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of merge: (grad_base in base_dtype, grad_z [K, B, T] fp32, grad_queries [K, D] fp32 or empty);
     each extra's gradient goes into its target (mode 1: =, 2: +=; targets: one per extra whose mode is not 0)."""
     from . import depth_mix_triton as k
@@ -359,19 +432,48 @@ def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rst
     for i in range(K):
         if modes[i]:
             tgt[i] = next(it)
-            assert tgt[i].is_contiguous() and (modes[i] == 1 or tgt[i].dtype == torch.float32)
-    tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext]
-                 + [0 if t is None else t.data_ptr() for t in tgt] + [_code(t) for t in tgt] + list(modes)
-                 if K else [0], device)  # int64 even without extras: the kernel's address casts must compile
+            assert tgt[i].is_contiguous()
+            assert modes[i] == 1 or tgt[i].dtype == torch.float32
+    tab = _table(
+        [e.data_ptr() for e in ext]
+        + [_code(e) for e in ext]
+        + [0 if t is None else t.data_ptr() for t in tgt]
+        + [_code(t) for t in tgt]
+        + list(modes)
+        if K
+        else [0],
+        device,
+    )  # int64 even without extras: the kernel's address casts must compile
     bt, bd, warps = _blocks(1, D)
     n_blocks = _cdiv(N, bt)
     P = _programs(n_blocks, device)
     dq = torch.empty((P, K, D) if has_q else (0,), dtype=torch.float32, device=device)
     qq = _rows(queries.to(torch.float32)) if has_q else a
-    k.merge_bwd[(P,)](g, _rows(y), a, rstd, tab, K, qq, logits if has_q else a, key_rstd if has_q else a,
-                      grad_base, grad_z, dq if has_q else a, N, D, eps, n_blocks, P, HAS_Q=has_q,
-                      LO=_low_dtype(ext + [g, y, grad_base] + [t for t in tgt if t is not None]),
-                      K_PAD=_pow2(max(K, 1)), BLOCK_T=bt, BLOCK_D=bd, num_warps=warps)
+    k.merge_bwd[(P,)](
+        g,
+        _rows(y),
+        a,
+        rstd,
+        tab,
+        K,
+        qq,
+        logits if has_q else a,
+        key_rstd if has_q else a,
+        grad_base,
+        grad_z,
+        dq if has_q else a,
+        N,
+        D,
+        eps,
+        n_blocks,
+        P,
+        HAS_Q=has_q,
+        LO=_low_dtype(ext + [g, y, grad_base] + [t for t in tgt if t is not None]),
+        K_PAD=_pow2(max(K, 1)),
+        BLOCK_T=bt,
+        BLOCK_D=bd,
+        num_warps=warps,
+    )
     return grad_base, grad_z, dq.sum(0) if has_q else dq
 
 
@@ -379,13 +481,15 @@ def merge_backward(grad_out: torch.Tensor, y: torch.Tensor, a: torch.Tensor, rst
 def _(grad_out, y, a, rstd, eps, extras, queries, logits, key_rstd, base_dtype, targets, modes):
     K = len(extras)
     has_q = queries is not None and K > 0
-    return (grad_out.new_empty(grad_out.shape, dtype=base_dtype),
-            grad_out.new_empty((K, *grad_out.shape[:-1]), dtype=torch.float32),
-            grad_out.new_empty((K, grad_out.shape[-1]) if has_q else (0,), dtype=torch.float32))
+    return (
+        grad_out.new_empty(grad_out.shape, dtype=base_dtype),
+        grad_out.new_empty((K, *grad_out.shape[:-1]), dtype=torch.float32),
+        grad_out.new_empty((K, grad_out.shape[-1]) if has_q else (0,), dtype=torch.float32),
+    )
 
 
 def _merge_setup(ctx, inputs, output) -> None:
-    base, z, extras, queries, key_eps, eps, out_dtype = inputs
+    base, z, extras, queries, _key_eps, eps, _out_dtype = inputs
     y, a, rstd, logits, key_rstd = output
     ctx.eps, ctx.base_dtype, ctx.z_dtype = eps, base.dtype, None if z is None else z.dtype
     ctx.sinks = sinks_of(extras)
@@ -401,10 +505,18 @@ def _merge_setup(ctx, inputs, output) -> None:
 def _merge_grad(ctx, grad_y, *_unused):
     y, a, rstd, logits, key_rstd, queries, *extras = ctx.saved_tensors
     targets, modes, grads = _targets(ctx.sinks, ctx.extra_grad, extras)
-    grad_base, grad_z, grad_q = merge_backward(grad_y, y, a, rstd, ctx.eps, extras, queries, logits, key_rstd,
-                                               ctx.base_dtype, targets, modes)
-    return (grad_base if ctx.base_grad else None, grad_z.to(ctx.z_dtype) if ctx.z_grad else None, grads,
-            grad_q.to(ctx.queries_dtype) if ctx.queries_grad else None, None, None, None)
+    grad_base, grad_z, grad_q = merge_backward(
+        grad_y, y, a, rstd, ctx.eps, extras, queries, logits, key_rstd, ctx.base_dtype, targets, modes
+    )
+    return (
+        grad_base if ctx.base_grad else None,
+        grad_z.to(ctx.z_dtype) if ctx.z_grad else None,
+        grads,
+        grad_q.to(ctx.queries_dtype) if ctx.queries_grad else None,
+        None,
+        None,
+        None,
+    )
 
 
 merge.register_autograd(_merge_grad, setup_context=_merge_setup)
@@ -414,14 +526,22 @@ merge.register_autograd(_merge_grad, setup_context=_merge_setup)
 # What depth.py calls
 
 
-def attend_batched(sources: list[torch.Tensor], queries: torch.Tensor, eps: float
-                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
+def attend_batched(
+    sources: list[torch.Tensor], queries: torch.Tensor, eps: float
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """depth.attend_batched on the kernels (check applies() first)."""
     return attend(list(sources), queries, float(eps))
 
 
-def merge_read(base: torch.Tensor, z: torch.Tensor | None, extras: list[torch.Tensor], normalize_eps: float,
-               out_dtype: torch.dtype, queries: torch.Tensor | None, key_eps: float) -> torch.Tensor:
+def merge_read(
+    base: torch.Tensor,
+    z: torch.Tensor | None,
+    extras: list[torch.Tensor],
+    normalize_eps: float,
+    out_dtype: torch.dtype,
+    queries: torch.Tensor | None,
+    key_eps: float,
+) -> torch.Tensor:
     """depth.merge_read with normalize_eps on the kernels (check applies() first). Returns a new tensor (base is
     not consumed: its memory goes back to the caching allocator when the caller drops it)."""
     if not extras:

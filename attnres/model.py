@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -77,8 +77,8 @@ class KVCache:
             self.k[layer] = k.new_empty(B, H, self.max_len, hd)
             self.v[layer] = v.new_empty(B, H, self.max_len, hd)
         end = self.length + k.shape[2]
-        self.k[layer][:, :, self.length: end] = k
-        self.v[layer][:, :, self.length: end] = v
+        self.k[layer][:, :, self.length : end] = k
+        self.v[layer][:, :, self.length : end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
@@ -92,18 +92,20 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.attn_dim, bias=False)
         self.out = nn.Linear(config.attn_dim, config.d_model, bias=False)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
-                layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
         return self.from_normalized(rmsnorm_unit(h, self.norm.eps), cos, sin, cache, layer)
 
-    def from_normalized(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
-                        layer: int = 0) -> torch.Tensor:
+    def from_normalized(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
         """The sublayer after its PreNorm's normalisation: x = rmsnorm_unit(h) [B, T, D]. With ``cache``, x holds
         positions cache.length .. + T - 1, which attend to every cached position and causally among themselves."""
         B, T, _ = x.shape
         start = 0 if cache is None else cache.length
         q, k, v = self.qkv(self.norm.scale(x)).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = cos[start: start + T], sin[start: start + T]
+        cos, sin = cos[start : start + T], sin[start : start + T]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [B, H, T, hd]
         if cache is not None:
             k, v = cache.update(layer, k, v)  # [B, H, start + T, hd]
@@ -152,8 +154,15 @@ class TransformerBlock(nn.Module):
             return checkpoint(fn, *args, use_reentrant=False)
         return fn(*args)
 
-    def forward(self, state, residual: ResidualScheme, cos: torch.Tensor, sin: torch.Tensor, probe=None,
-                cache: KVCache | None = None):
+    def forward(
+        self,
+        state,
+        residual: ResidualScheme,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        probe=None,
+        cache: KVCache | None = None,
+    ):
         """Run sublayers 2i (attention) and 2i+1 (MLP); the residual scheme forms their inputs. With ``cache``
         (decoding) the attention reads and extends it, and the sublayers run eagerly."""
         attn, mlp = self.attn.from_normalized, self.mlp.from_normalized
@@ -164,8 +173,9 @@ class TransformerBlock(nn.Module):
         self._sublayer(2 * self.index + 1, self.mlp, mlp, state, residual, probe)
         return state
 
-    def _sublayer(self, l: int, sublayer: nn.Module, from_normalized: Callable, state, residual: ResidualScheme,
-                  probe, *args) -> None:
+    def _sublayer(
+        self, l: int, sublayer: nn.Module, from_normalized: Callable, state, residual: ResidualScheme, probe, *args
+    ) -> None:
         if probe is None:
             # The read and the sublayer's PreNorm normalisation in one step: a depth-mixing scheme then keeps its
             # sources for backward, not the read h as well (attnres.depth.mix_sources).
@@ -218,7 +228,7 @@ class Transformer(nn.Module):
         With ``cache`` (new_cache()), idx continues the tokens the cache holds: positions cache.length .. + T - 1
         (T > 1 at the start: prefill; one token later: decode). Their logits equal those of a forward over all the
         tokens at once (tests/test_model.py)."""
-        B, T = idx.shape
+        _B, T = idx.shape
         start = 0 if cache is None else cache.length
         if start + T > self.config.max_seq_len:
             raise ValueError(f"sequence length {start + T} exceeds ModelConfig.max_seq_len={self.config.max_seq_len}")
@@ -272,8 +282,9 @@ class Transformer(nn.Module):
         return KVCache(self.config.n_layers, max_len or self.config.max_seq_len)
 
     @torch.inference_mode()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """idx [B, T] followed by max_new_tokens tokens, [B, T + max_new_tokens]: greedy at temperature 0, else
         sampled from softmax(logits / temperature). One forward over the prompt fills a KV cache (prefill), then
         one forward per new token (decode)."""

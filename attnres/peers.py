@@ -69,10 +69,12 @@ class DenseFormer(ResidualScheme):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.dilation, self.period = self.options.dilation, self.options.period
-        self.dwa = nn.ParameterDict({
-            str(i): nn.Parameter(torch.zeros(len(self.dwa_sources(i, self.dilation))))
-            for i in self.dwa_blocks(config.n_layers, self.period)
-        })
+        self.dwa = nn.ParameterDict(
+            {
+                str(i): nn.Parameter(torch.zeros(len(self.dwa_sources(i, self.dilation))))
+                for i in self.dwa_blocks(config.n_layers, self.period)
+            }
+        )
         self.reset_parameters()
 
     @staticmethod
@@ -121,8 +123,9 @@ class DenseFormer(ResidualScheme):
         if self.record:
             self._record(l + 1, weights.view(-1, 1, 1), sources=sources)  # read 2i reads Y_i
         B, T, _ = state.x.shape
-        state.x = mix_sources(weights.view(-1, 1, 1).expand(len(sources), B, T),
-                              [state.outputs[j] for j in sources])  # Y_i [B, T, D]
+        state.x = mix_sources(
+            weights.view(-1, 1, 1).expand(len(sources), B, T), [state.outputs[j] for j in sources]
+        )  # Y_i [B, T, D]
 
     def final(self, state: State) -> torch.Tensor:
         return state.x  # Y_{L_b}: the last block is followed by its DWA when L_b % period == 0
@@ -306,7 +309,7 @@ class ManifoldHyperConnections(ResidualScheme):
             for k in range(self.config.n_sublayers):
                 self.bias[k, k % n] = 1.0  # b_pre: the main stream
                 self.bias[k, n + k % n] = 1.0  # b_post: the main stream
-            b_res = self.bias[:, 2 * n:].unflatten(-1, (n, n))  # a view into bias
+            b_res = self.bias[:, 2 * n :].unflatten(-1, (n, n))  # a view into bias
             b_res.fill_(-8.0)
             b_res.diagonal(dim1=-2, dim2=-1).fill_(0.0)
 
@@ -323,8 +326,8 @@ class ManifoldHyperConnections(ResidualScheme):
         a_pre, a_post, a_res = self.gate[l]
         b = self.bias[l]
         pre = torch.sigmoid(a_pre * z[..., :n] + b[:n])
-        post = 2 * torch.sigmoid(a_post * z[..., n: 2 * n] + b[n: 2 * n])
-        res = sinkhorn_knopp((a_res * z[..., 2 * n:] + b[2 * n:]).unflatten(-1, (n, n)), self.iters)
+        post = 2 * torch.sigmoid(a_post * z[..., n : 2 * n] + b[n : 2 * n])
+        res = sinkhorn_knopp((a_res * z[..., 2 * n :] + b[2 * n :]).unflatten(-1, (n, n)), self.iters)
         return pre, post, res
 
     def begin(self, embedding: torch.Tensor) -> State:

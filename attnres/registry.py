@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Callable, ClassVar, Literal, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal, TypeVar
 
 SchemeT = TypeVar("SchemeT", bound=type)
 OptionsT = TypeVar("OptionsT", bound="SchemeOptions")
@@ -88,16 +89,17 @@ def _check_value(scheme: str, name: str, value: Any, annotation: Any, minimum: i
     if typing.get_origin(annotation) is Literal:
         choices = typing.get_args(annotation)
         if not any(type(value) is type(c) and value == c for c in choices):  # True is not 1
-            raise ValueError(f"{where} is not allowed for residual={scheme!r}; allowed values: "
-                             f"{', '.join(map(repr, choices))}{' or None' if optional else ''}")
+            raise ValueError(
+                f"{where} is not allowed for residual={scheme!r}; allowed values: "
+                f"{', '.join(map(repr, choices))}{' or None' if optional else ''}"
+            )
     elif annotation is bool:
         if not isinstance(value, bool):
             raise ValueError(f"{where} is not allowed for residual={scheme!r}; allowed values: True, False")
     elif annotation is int:
         if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
             bound = f" >= {minimum}" if minimum is not None else ""
-            raise ValueError(f"{where} must be an integer{bound}{' or None' if optional else ''} "
-                             f"(residual={scheme!r})")
+            raise ValueError(f"{where} must be an integer{bound}{' or None' if optional else ''} (residual={scheme!r})")
     else:
         raise TypeError(f"option {name}: annotation {annotation!r} is not supported (bool, int, Literal, | None)")
 
@@ -125,6 +127,4 @@ def get(name: str) -> type:
     try:
         return SCHEMES[name]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"ModelConfig.residual={name!r} is unknown; allowed values: {', '.join(SCHEMES)}"
-        ) from None
+        raise ValueError(f"ModelConfig.residual={name!r} is unknown; allowed values: {', '.join(SCHEMES)}") from None

@@ -35,8 +35,17 @@ import torch.nn as nn
 
 from . import gpu_kernels
 from .config import ModelConfig
-from .depth import (attend_batched, key_logits, merge_read, mix_sources, mix_sources_batched, read_dtype, rms_normalize,
-                    rmsnorm_unit, track_source)
+from .depth import (
+    attend_batched,
+    key_logits,
+    merge_read,
+    mix_sources,
+    mix_sources_batched,
+    read_dtype,
+    rms_normalize,
+    rmsnorm_unit,
+    track_source,
+)
 from .registry import SCHEMES, SchemeOptions, get, option, option_key, register
 
 
@@ -167,8 +176,11 @@ class AttnResOptions(SchemeOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.mixing == "static":  # no query and no keys: the options about them must keep their defaults
-            clash = [f"{name}={getattr(self, name)!r}" for name, default in
-                     (("query", "static"), ("key_norm", True), ("heads", 1)) if getattr(self, name) != default]
+            clash = [
+                f"{name}={getattr(self, name)!r}"
+                for name, default in (("query", "static"), ("key_norm", True), ("heads", 1))
+                if getattr(self, name) != default
+            ]
             if clash:
                 raise ValueError(
                     f"model.residual_options (ModelConfig.residual_options): mixing='static' has no query and no "
@@ -182,8 +194,9 @@ class AttnResOptions(SchemeOptions):
     @property
     def paper_attention(self) -> bool:
         """Static queries, one softmax over all channels, attention mixing: what the fast paths need."""
-        return (self.query == "static" and self.mixing == "attention" and self.normalizer == "softmax"
-                and self.heads == 1)
+        return (
+            self.query == "static" and self.mixing == "attention" and self.normalizer == "softmax" and self.heads == 1
+        )
 
 
 @dataclass(frozen=True)
@@ -344,8 +357,14 @@ class _DepthAttentionResidual(ResidualScheme):
     def final_normalized(self, state: Any, eps: float) -> torch.Tensor:
         return self._read(state, self.config.n_sublayers, eps)
 
-    def _attend(self, l: int, logits: torch.Tensor, values: list[torch.Tensor],
-                sources: list[int] | None = None, normalize_eps: float | None = None) -> torch.Tensor:
+    def _attend(
+        self,
+        l: int,
+        logits: torch.Tensor,
+        values: list[torch.Tensor],
+        sources: list[int] | None = None,
+        normalize_eps: float | None = None,
+    ) -> torch.Tensor:
         """Weights from logits [S, B, T, H] (softmax over sources, or sigmoid), then the weighted sum of the raw
         values: h [B, T, D] in the values' dtype, computed in fp32 (rmsnorm_unit(h) with ``normalize_eps``)."""
         with torch.autocast(device_type=values[0].device.type, enabled=False):
@@ -355,7 +374,7 @@ class _DepthAttentionResidual(ResidualScheme):
                 alpha = torch.sigmoid(logits)  # [S, B, T, H] independent gates
             if self.record:
                 self._record(l, alpha.mean(-1), sources)  # averaged over channel groups
-            S, (B, T, D) = len(values), values[0].shape
+            S, (B, T, _D) = len(values), values[0].shape
             if self.heads == 1:
                 return mix_sources(alpha[..., 0].expand(S, B, T), values, normalize_eps)
             # One weighted sum per channel group. This stacks the sources (the fused mix_sources only takes one
@@ -411,7 +430,7 @@ class FullAttnRes(_DepthAttentionResidual):
         """Source indices read l sees: all of 0 .. l, or the embedding and the `window` most recent outputs."""
         if window is None:
             return list(range(l + 1))
-        return [0] + list(range(max(1, l - window + 1), l + 1))
+        return [0, *list(range(max(1, l - window + 1), l + 1))]
 
     @classmethod
     def sources_per_read(cls, config: ModelConfig) -> list[int]:
@@ -431,8 +450,10 @@ class FullAttnRes(_DepthAttentionResidual):
 
     def begin(self, embedding: torch.Tensor) -> State:
         static_query = not (self.static_mixing or self.input_dependent)
-        state = self.State(q=self.effective_queries() if static_query else None,
-                           fused=self.read_group > 1 and self._scores_in_kernels(embedding))
+        state = self.State(
+            q=self.effective_queries() if static_query else None,
+            fused=self.read_group > 1 and self._scores_in_kernels(embedding),
+        )
         self._add_source(state, embedding)
         return state
 
@@ -444,7 +465,7 @@ class FullAttnRes(_DepthAttentionResidual):
             state.cache.append(None)  # scored by the read groups' kernels
         elif state.q is not None:
             reads = self._reads_seeing(i)
-            state.cache.append(self._key_logits(value, state.q[reads.start: reads.stop]))
+            state.cache.append(self._key_logits(value, state.q[reads.start : reads.stop]))
         elif self.input_dependent:
             state.cache.append(self._keys(value))
         else:
@@ -463,8 +484,13 @@ class FullAttnRes(_DepthAttentionResidual):
             with torch.autocast(device_type=state.values[0].device.type, enabled=False):
                 q = self._input_query(l, state.values[-1])  # current hidden state: the latest source
                 logits = self._logits(torch.stack([state.cache[i] for i in visible]), q)  # [S, B, T, H]
-        return self._attend(l, logits, [state.values[i] for i in visible],
-                            sources=visible if self.window is not None else None, normalize_eps=normalize_eps)
+        return self._attend(
+            l,
+            logits,
+            [state.values[i] for i in visible],
+            sources=visible if self.window is not None else None,
+            normalize_eps=normalize_eps,
+        )
 
     def _read_grouped(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
         """Read l as part of its read group (see ``read_group``): the group's phase-1 output merged with the
@@ -473,13 +499,14 @@ class FullAttnRes(_DepthAttentionResidual):
         first = l - position  # the group's first read: it and every later read of the group see v_0 .. v_first
         if position == 0 and state.fused:  # one pass scores and mixes v_0 .. v_first for the group's reads
             reads = range(first, min(first + self.read_group, self.config.n_reads))
-            queries = state.q[reads.start: reads.stop]  # [Q, D]
+            queries = state.q[reads.start : reads.stop]  # [Q, D]
             state.group_out, state.group_lse = attend_batched(state.values[: first + 1], queries, self.eps)
         elif position == 0:
             reads = range(first, min(first + self.read_group, self.config.n_reads))
             # source i's logit for read r sits at column r - i of its cache
-            logits = torch.stack([state.cache[i][:, :, reads.start - i: reads.stop - i, 0]
-                                  for i in range(first + 1)])  # [first + 1, B, T, Q]
+            logits = torch.stack(
+                [state.cache[i][:, :, reads.start - i : reads.stop - i, 0] for i in range(first + 1)]
+            )  # [first + 1, B, T, Q]
             state.group_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
             state.group_alpha = torch.exp(logits - state.group_lse)  # [first + 1, B, T, Q]
             state.group_out = mix_sources_batched(state.group_alpha, state.values[: first + 1])
@@ -489,7 +516,7 @@ class FullAttnRes(_DepthAttentionResidual):
         if state.fused:  # the newer sources' logits (query q_l each) are computed inside the merge
             K = len(newer)
             z = -state.group_lse[None, ..., position].expand(K, -1, -1) if K else None  # [K, B, T]
-            query = state.q[l: l + 1].expand(K, -1) if K else None  # [K, D]
+            query = state.q[l : l + 1].expand(K, -1) if K else None  # [K, D]
             return merge_read(base, z, extras, normalize_eps, out_dtype, query, self.eps)
         z = None
         if newer:  # their logits relative to the log-sum-exp of the group's common sources: [K, B, T]
@@ -560,8 +587,10 @@ class BlockAttnRes(_DepthAttentionResidual):
         return config.effective_n_blocks + 1
 
     def begin(self, embedding: torch.Tensor) -> State:
-        state = self.State(q=None if self.static_mixing else self.effective_queries(),
-                           fused=self.two_phase and self._scores_in_kernels(embedding))
+        state = self.State(
+            q=None if self.static_mixing else self.effective_queries(),
+            fused=self.two_phase and self._scores_in_kernels(embedding),
+        )
         self._commit(state, embedding, first_read=0)
         return state
 
@@ -574,8 +603,9 @@ class BlockAttnRes(_DepthAttentionResidual):
 
     def _completed_logits(self, state: State, reads: range) -> torch.Tensor:
         """[n_blocks, B, T, len(reads)] logits of the given reads against every completed block."""
-        return torch.stack([lg[..., reads.start - f: reads.stop - f]
-                            for lg, f in zip(state.block_logits, state.block_first_read)])
+        return torch.stack(
+            [lg[..., reads.start - f : reads.stop - f] for lg, f in zip(state.block_logits, state.block_first_read)]
+        )
 
     def _read(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
         position = l % self.block_size  # 0 = first read of a block
@@ -588,7 +618,7 @@ class BlockAttnRes(_DepthAttentionResidual):
         if position == 0:
             self._phase1(state, range(l, min(l + self.block_size, self.config.n_reads)))
         base, state.phase1_out[position] = state.phase1_out[position], None  # freed once read
-        out_dtype = read_dtype(state.blocks if state.partial is None else state.blocks + [state.partial])
+        out_dtype = read_dtype(state.blocks if state.partial is None else [*state.blocks, state.partial])
         if state.partial is None:
             if self.record:
                 self._record(l, state.phase1_alpha[..., position])
@@ -596,11 +626,11 @@ class BlockAttnRes(_DepthAttentionResidual):
         # Phase 2: merge the partial sum by online softmax (exact), with weight sigmoid(its logit - phase-1 lse).
         lse = state.phase1_lse[None, ..., position]  # [1, B, T]
         if self.options.key_norm:  # the key logit q_l . RMSNorm(partial) is computed inside the merge
-            z, query = -lse, state.q[l: l + 1]
+            z, query = -lse, state.q[l : l + 1]
         else:  # raw keys (ablation)
-            z, query = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0] - lse, None
+            z, query = self._key_logits(state.partial, state.q[l : l + 1])[..., 0, 0] - lse, None
         if self.record:
-            logit = self._key_logits(state.partial, state.q[l: l + 1])[..., 0, 0]  # [B, T]
+            logit = self._key_logits(state.partial, state.q[l : l + 1])[..., 0, 0]  # [B, T]
             w_partial = torch.sigmoid(logit - state.phase1_lse[..., position])  # e^p / (e^lse + e^p)
             self._record(l, torch.cat([state.phase1_alpha[..., position] * (1 - w_partial), w_partial[None]]))
         return merge_read(base, z, [state.partial], normalize_eps, out_dtype, query, self.eps)
@@ -610,7 +640,7 @@ class BlockAttnRes(_DepthAttentionResidual):
         log-sum-exp [B, T, Q], softmax weights [n, B, T, Q] and the weighted sums (Q x [B, T, D], fp32). Fused (CUDA):
         one kernel scores and mixes the blocks, and returns no weights."""
         if state.fused:
-            queries = state.q[reads.start: reads.stop]  # [Q, D]
+            queries = state.q[reads.start : reads.stop]  # [Q, D]
             state.phase1_out, state.phase1_lse = attend_batched(state.blocks, queries, self.eps)
             return
         logits = self._completed_logits(state, reads)  # [n, B, T, Q]

@@ -43,9 +43,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .bench_common import BUILTIN, REPO, TARGET, TINY, BenchSize, CoreMonitor, resolve_size, summarize
 
@@ -91,8 +92,11 @@ class Runner:
         if self.sdpa != "auto":
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                       "math": SDPBackend.MATH}[self.sdpa]
+            backend = {
+                "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "math": SDPBackend.MATH,
+            }[self.sdpa]
             stack.enter_context(sdpa_kernel(backend))
         return stack
 
@@ -136,8 +140,18 @@ class Runner:
         return statistics.median(times)
 
 
-def build_runner(size: BenchSize, scheme: str, device: Any, seed: int, bf16: bool, compile_model: bool | str | None,
-                 checkpointing: bool, sdpa: str, name: str | None = None, cpu_kernels: bool | None = None) -> Runner:
+def build_runner(
+    size: BenchSize,
+    scheme: str,
+    device: Any,
+    seed: int,
+    bf16: bool,
+    compile_model: bool | str | None,
+    checkpointing: bool,
+    sdpa: str,
+    name: str | None = None,
+    cpu_kernels: bool | None = None,
+) -> Runner:
     """compile_model: None / False (eager), True or "whole" (torch.compile of the model), "regional"
     (Transformer.compile_regions)."""
     import torch
@@ -159,8 +173,9 @@ def build_runner(size: BenchSize, scheme: str, device: Any, seed: int, bf16: boo
         model.compile_regions()
     elif compile_model:
         forward = torch.compile(model)
-    return Runner(name or scheme, model, optimizer, x, y, torch.bfloat16 if bf16 else None, forward, device, sdpa,
-                  cpu_kernels)
+    return Runner(
+        name or scheme, model, optimizer, x, y, torch.bfloat16 if bf16 else None, forward, device, sdpa, cpu_kernels
+    )
 
 
 def _sync(device: Any) -> None:
@@ -170,9 +185,16 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize()
 
 
-def time_round_robin(runners: Sequence[Runner], warmup: int, repeats: int, device: Any,
-                     prefill: bool = True, log: Callable[[str], None] = print,
-                     quiet_wait_s: float = 0.0, decode_tokens: int = 0) -> dict[str, Any]:
+def time_round_robin(
+    runners: Sequence[Runner],
+    warmup: int,
+    repeats: int,
+    device: Any,
+    prefill: bool = True,
+    log: Callable[[str], None] = print,
+    quiet_wait_s: float = 0.0,
+    decode_tokens: int = 0,
+) -> dict[str, Any]:
     """Round r runs one training step of every runner (order rotated by r), then one prefill of every runner,
     then (decode_tokens > 0) one decode measurement of every runner. The first `warmup` rounds are not recorded.
     With `quiet_wait_s` > 0 each round first waits (up to that long) for the other processes on the machine to go
@@ -207,8 +229,11 @@ def time_round_robin(runners: Sequence[Runner], warmup: int, repeats: int, devic
         step_dec = {r.name: r.decode(decode_tokens) for r in order} if decode_tokens else {}
         load = monitor.stop()
         tag = "warm-up" if rnd < warmup else f"round {rnd - warmup + 1}/{repeats}"
-        log(f"  {tag}: " + "  ".join(f"{n} {t:.3f}s" for n, t in step_wall.items())
-            + (f"  (other cores busy {load:.2f})" if load is not None else ""))
+        log(
+            f"  {tag}: "
+            + "  ".join(f"{n} {t:.3f}s" for n, t in step_wall.items())
+            + (f"  (other cores busy {load:.2f})" if load is not None else "")
+        )
         if rnd >= warmup:
             for n in step_wall:
                 wall[n].append(step_wall[n])
@@ -266,8 +291,9 @@ def peak_tensor_step_bytes(runner: Runner) -> int | None:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         runner.train_step()
     try:
-        events = [e for e in prof.profiler.kineto_results.events()
-                  if e.name() == "[memory]" and "CPU" in str(e.device_type())]
+        events = [
+            e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and "CPU" in str(e.device_type())
+        ]
     except AttributeError:
         return None
     live = peak = 0
@@ -328,8 +354,16 @@ def memory_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(int(spec["threads"]))
     size = BenchSize(**spec["size"])
-    runner = build_runner(size, spec["scheme"], torch.device("cpu"), int(spec["seed"]), bool(spec["bf16"]),
-                          False, bool(spec["checkpointing"]), "auto")
+    runner = build_runner(
+        size,
+        spec["scheme"],
+        torch.device("cpu"),
+        int(spec["seed"]),
+        bool(spec["bf16"]),
+        False,
+        bool(spec["checkpointing"]),
+        "auto",
+    )
     runner.train_step()
     gc.collect()
     reset = _reset_peak_rss()
@@ -337,20 +371,42 @@ def memory_child(spec: dict[str, Any]) -> dict[str, Any]:
     for _ in range(int(spec["steps"])):
         runner.train_step()
     peak = _peak_rss_bytes()
-    return {"scheme": spec["scheme"], "rss_before_bytes": before, "peak_rss_bytes": peak,
-            "peak_step_bytes": peak - before, "peak_reset": reset}
+    return {
+        "scheme": spec["scheme"],
+        "rss_before_bytes": before,
+        "peak_rss_bytes": peak,
+        "peak_step_bytes": peak - before,
+        "peak_reset": reset,
+    }
 
 
-def cpu_peak_memory(size: BenchSize, scheme: str, threads: int, seed: int, bf16: bool, checkpointing: bool,
-                    steps: int = 1) -> dict[str, Any]:
-    spec = {"size": size.to_dict(), "scheme": scheme, "threads": threads, "seed": seed, "bf16": bf16,
-            "checkpointing": checkpointing, "steps": steps}
+def cpu_peak_memory(
+    size: BenchSize, scheme: str, threads: int, seed: int, bf16: bool, checkpointing: bool, steps: int = 1
+) -> dict[str, Any]:
+    spec = {
+        "size": size.to_dict(),
+        "scheme": scheme,
+        "threads": threads,
+        "seed": seed,
+        "bf16": bf16,
+        "checkpointing": checkpointing,
+        "steps": steps,
+    }
     # The child imports the same attnres as this process (e.g. a patched copy put first on PYTHONPATH).
     root = str(_attnres_root())
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join([root, str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "experiments.bench", "--memory-child", json.dumps(spec)],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join([root, str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.bench", "--memory-child", json.dumps(spec)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory subprocess for {scheme} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -376,18 +432,23 @@ def block_memory_bound(size: BenchSize, baseline_bytes: float, element_bytes: in
 # One size
 
 
-def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace, device: Any,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_size(
+    size: BenchSize, schemes: Sequence[str], args: argparse.Namespace, device: Any, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     import torch
 
     from attnres import flops_per_token
 
-    log(f"\n== {size.name}: L_b={size.n_layers} ({2 * size.n_layers} sublayers) d={size.d_model} "
+    log(
+        f"\n== {size.name}: L_b={size.n_layers} ({2 * size.n_layers} sublayers) d={size.d_model} "
         f"T={size.seq_len} B={size.batch_size} ({size.batch_size * size.seq_len} tokens/step), device {device}, "
         f"{torch.get_num_threads()} threads, {'bf16 autocast' if args.bf16 else 'fp32'}"
-        f"{f', compiled ({args.compile})' if args.compile else ''}{', checkpointing' if args.checkpointing else ''}")
-    runners = [build_runner(size, s, device, args.seed, args.bf16, args.compile, args.checkpointing, args.sdpa)
-               for s in schemes]
+        f"{f', compiled ({args.compile})' if args.compile else ''}{', checkpointing' if args.checkpointing else ''}"
+    )
+    runners = [
+        build_runner(size, s, device, args.seed, args.bf16, args.compile, args.checkpointing, args.sdpa)
+        for s in schemes
+    ]
     first_step: dict[str, float] = {}
     if args.compile:  # compilation, outside the timed rounds (regional: later models reuse the compiled sublayers)
         for r in runners:
@@ -397,8 +458,16 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
             _sync(device)
             first_step[r.name] = time.perf_counter() - t0
             log(f"  first step (compiling) {r.name}: {first_step[r.name]:.1f} s")
-    timing = time_round_robin(runners, args.warmup, args.repeats, device, prefill=not args.no_prefill, log=log,
-                              quiet_wait_s=args.quiet_wait, decode_tokens=args.decode_tokens)
+    timing = time_round_robin(
+        runners,
+        args.warmup,
+        args.repeats,
+        device,
+        prefill=not args.no_prefill,
+        log=log,
+        quiet_wait_s=args.quiet_wait,
+        decode_tokens=args.decode_tokens,
+    )
     tokens = size.batch_size * size.seq_len
     peak = args.peak_flops
     if peak is None and device.type == "cuda" and args.bf16:
@@ -413,7 +482,8 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
         step = summarize(timing["train_s"][r.name])
         med = step["median"]
         entry: dict[str, Any] = {
-            "params": r.model.num_params(), "params_non_embedding": r.model.num_params(non_embedding=True),
+            "params": r.model.num_params(),
+            "params_non_embedding": r.model.num_params(non_embedding=True),
             "flops_per_token": fpt,
             "train_step_s": step,
             "train_step_cpu_s": summarize(timing["train_cpu_s"][r.name]),
@@ -421,8 +491,9 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
             "flop_per_s": fpt * tokens / med if med else None,
             "mfu": fpt * tokens / med / peak if (med and peak) else None,
             "prefill_s": summarize(timing["prefill_s"][r.name]),
-            "prefill_tokens_per_s": (tokens / statistics.median(timing["prefill_s"][r.name])
-                                     if timing["prefill_s"][r.name] else None),
+            "prefill_tokens_per_s": (
+                tokens / statistics.median(timing["prefill_s"][r.name]) if timing["prefill_s"][r.name] else None
+            ),
         }
         if args.decode_tokens:
             entry["decode_token_s"] = summarize(timing["decode_token_s"][r.name])
@@ -447,8 +518,11 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
         if device.type == "cpu":
             for r in runners:
                 m = cpu_peak_memory(size, r.name, torch.get_num_threads(), args.seed, args.bf16, args.checkpointing)
-                per_scheme[r.name].update(rss_before_bytes=m["rss_before_bytes"], peak_bytes=m["peak_rss_bytes"],
-                                          peak_step_bytes=m["peak_step_bytes"])
+                per_scheme[r.name].update(
+                    rss_before_bytes=m["rss_before_bytes"],
+                    peak_bytes=m["peak_rss_bytes"],
+                    peak_step_bytes=m["peak_step_bytes"],
+                )
     del runners
 
     base = "baseline" if "baseline" in per_scheme else None
@@ -459,8 +533,12 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
         pre_r = paired_ratios(timing["prefill_s"], base) if not args.no_prefill else {}
         dec_r = paired_ratios(timing["decode_token_s"], base) if args.decode_tokens else {}
         for n, e in per_scheme.items():
-            rr: dict[str, Any] = {"train_step": train_r.get(n), "train_step_cpu": cpu_r.get(n),
-                                  "prefill": pre_r.get(n), "decode": dec_r.get(n)}
+            rr: dict[str, Any] = {
+                "train_step": train_r.get(n),
+                "train_step_cpu": cpu_r.get(n),
+                "prefill": pre_r.get(n),
+                "decode": dec_r.get(n),
+            }
             for key in ("saved_activation_bytes", "peak_tensor_step_bytes", "peak_bytes", "peak_step_bytes"):
                 if key in e and per_scheme[base].get(key):
                     rr[key] = e[key] / per_scheme[base][key]
@@ -468,13 +546,27 @@ def bench_size(size: BenchSize, schemes: Sequence[str], args: argparse.Namespace
 
     checks = _checks(size, per_scheme, ratios, element_bytes, args, device.type)
     busy = [b for b in timing["other_cores_busy"] if b is not None]
-    return {"size": size.to_dict(), "device": str(device), "threads": torch.get_num_threads(),
-            "tokens_per_step": tokens, "peak_flops": peak, "schemes": per_scheme, "ratios": ratios,
-            "other_cores_busy": summarize(busy) if busy else None, "checks": checks}
+    return {
+        "size": size.to_dict(),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "tokens_per_step": tokens,
+        "peak_flops": peak,
+        "schemes": per_scheme,
+        "ratios": ratios,
+        "other_cores_busy": summarize(busy) if busy else None,
+        "checks": checks,
+    }
 
 
-def _checks(size: BenchSize, per_scheme: dict[str, Any], ratios: dict[str, Any], element_bytes: int,
-            args: argparse.Namespace, device_type: str = "cpu") -> list[dict[str, Any]]:
+def _checks(
+    size: BenchSize,
+    per_scheme: dict[str, Any],
+    ratios: dict[str, Any],
+    element_bytes: int,
+    args: argparse.Namespace,
+    device_type: str = "cpu",
+) -> list[dict[str, Any]]:
     """The issue's targets, evaluated where they apply (the time targets at the 16 x 256 size only). Memory is
     checked on deterministic measures: saved activations, and the peak of live tensors (CPU: from the profiler;
     CUDA: max_memory_allocated). CPU peak RSS is reported, not checked: it moves with the C allocator."""
@@ -485,21 +577,38 @@ def _checks(size: BenchSize, per_scheme: dict[str, Any], ratios: dict[str, Any],
         for scheme, limit in (("block", 1.05), ("full", 1.15)):
             r = (ratios.get(scheme) or {}).get("train_step")
             if r and r["median"] is not None:
-                out.append({"name": f"{scheme} train step <= {limit}x baseline", "value": r["median"],
-                            "limit": limit, "pass": r["median"] <= limit})
+                out.append(
+                    {
+                        "name": f"{scheme} train step <= {limit}x baseline",
+                        "value": r["median"],
+                        "limit": limit,
+                        "pass": r["median"] <= limit,
+                    }
+                )
     if "block" in per_scheme:
-        peak = ("peak_step_bytes", "peak step memory") if device_type == "cuda" else \
-            ("peak_tensor_step_bytes", "peak step tensor memory")
+        peak = (
+            ("peak_step_bytes", "peak step memory")
+            if device_type == "cuda"
+            else ("peak_tensor_step_bytes", "peak step tensor memory")
+        )
         for key, what in (("saved_activation_bytes", "saved activations"), peak):
             b, k = per_scheme["baseline"].get(key), per_scheme["block"].get(key)
             if b is None or k is None:
                 continue
             bound = block_memory_bound(size, b, element_bytes)
             extra = k - b
-            out.append({"name": f"block {what} - baseline <= (N+1)*B*T*d*{element_bytes} B + 5% of baseline",
-                        "value": extra, "limit": bound["limit_extra_bytes"], "pass": extra <= bound["limit_extra_bytes"],
-                        "baseline": b, "block": k, "block_sums_bytes": bound["block_sums_bytes"],
-                        "extra_in_BTd": extra / (size.batch_size * size.seq_len * size.d_model * element_bytes)})
+            out.append(
+                {
+                    "name": f"block {what} - baseline <= (N+1)*B*T*d*{element_bytes} B + 5% of baseline",
+                    "value": extra,
+                    "limit": bound["limit_extra_bytes"],
+                    "pass": extra <= bound["limit_extra_bytes"],
+                    "baseline": b,
+                    "block": k,
+                    "block_sums_bytes": bound["block_sums_bytes"],
+                    "extra_in_BTd": extra / (size.batch_size * size.seq_len * size.d_model * element_bytes),
+                }
+            )
     return out
 
 
@@ -518,8 +627,14 @@ OPTION_VARIANTS = {
 }
 
 
-def bench_options(size: BenchSize, schemes: Sequence[str], variants: Sequence[str], args: argparse.Namespace,
-                  device: Any, log: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_options(
+    size: BenchSize,
+    schemes: Sequence[str],
+    variants: Sequence[str],
+    args: argparse.Namespace,
+    device: Any,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Step time of every (scheme, option) pair, interleaved; ratios to the same scheme's eager fp32 step and
     to the baseline under the same option."""
     import torch
@@ -528,17 +643,35 @@ def bench_options(size: BenchSize, schemes: Sequence[str], variants: Sequence[st
     runners = []
     for s in schemes:
         for v in variants:
-            kw = {"bf16": False, "compile_model": False, "checkpointing": False, "cpu_kernels": None,
-                  **OPTION_VARIANTS[v]}
-            runners.append(build_runner(size, s, device, args.seed, kw["bf16"], kw["compile_model"],
-                                        kw["checkpointing"], args.sdpa, name=f"{s}/{v}", cpu_kernels=kw["cpu_kernels"]))
+            kw = {
+                "bf16": False,
+                "compile_model": False,
+                "checkpointing": False,
+                "cpu_kernels": None,
+                **OPTION_VARIANTS[v],
+            }
+            runners.append(
+                build_runner(
+                    size,
+                    s,
+                    device,
+                    args.seed,
+                    kw["bf16"],
+                    kw["compile_model"],
+                    kw["checkpointing"],
+                    args.sdpa,
+                    name=f"{s}/{v}",
+                    cpu_kernels=kw["cpu_kernels"],
+                )
+            )
     compile_s: dict[str, float] = {}
     for r in runners:  # first step (compilation) outside the timed rounds
         t0 = time.perf_counter()
         r.train_step()
         compile_s[r.name] = time.perf_counter() - t0
-    timing = time_round_robin(runners, args.warmup, args.repeats, device, prefill=False, log=log,
-                              quiet_wait_s=args.quiet_wait)
+    timing = time_round_robin(
+        runners, args.warmup, args.repeats, device, prefill=False, log=log, quiet_wait_s=args.quiet_wait
+    )
     saved = {r.name: saved_activation_bytes(r) for r in runners if "compile" not in r.name}
     results: dict[str, Any] = {}
     for s in schemes:
@@ -547,16 +680,24 @@ def bench_options(size: BenchSize, schemes: Sequence[str], variants: Sequence[st
             results[n] = {
                 "train_step_s": summarize(timing["train_s"][n]),
                 "first_step_s": compile_s[n],
-                "vs_eager_same_scheme": summarize([a / b for a, b in zip(timing["train_s"][n],
-                                                                         timing["train_s"][f"{s}/eager"])]),
-                "vs_baseline_same_option": (summarize([a / b for a, b in zip(timing["train_s"][n],
-                                                                             timing["train_s"][f"baseline/{v}"])])
-                                            if "baseline" in schemes else None),
+                "vs_eager_same_scheme": summarize(
+                    [a / b for a, b in zip(timing["train_s"][n], timing["train_s"][f"{s}/eager"])]
+                ),
+                "vs_baseline_same_option": (
+                    summarize([a / b for a, b in zip(timing["train_s"][n], timing["train_s"][f"baseline/{v}"])])
+                    if "baseline" in schemes
+                    else None
+                ),
                 "saved_activation_bytes": saved.get(n),
             }
     busy = [b for b in timing["other_cores_busy"] if b is not None]
-    return {"size": size.to_dict(), "threads": torch.get_num_threads(), "variants": list(variants),
-            "results": results, "other_cores_busy": summarize(busy) if busy else None}
+    return {
+        "size": size.to_dict(),
+        "threads": torch.get_num_threads(),
+        "variants": list(variants),
+        "results": results,
+        "other_cores_busy": summarize(busy) if busy else None,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -572,9 +713,11 @@ def _fmt_ratio(r: dict[str, Any] | None) -> str:
 def print_size(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
     name = res["size"]["name"]
     log(f"\n-- {name}: ratios to baseline (median [q1, q3] over rounds)")
-    log(f"  {'scheme':10s} {'step s':>8s} {'tok/s':>9s} {'GFLOP/s':>8s} {'MFU':>6s}  {'train step':>24s}  "
+    log(
+        f"  {'scheme':10s} {'step s':>8s} {'tok/s':>9s} {'GFLOP/s':>8s} {'MFU':>6s}  {'train step':>24s}  "
         f"{'train CPU time':>24s}  {'prefill':>24s}  {'decode/token':>24s}  {'saved act.':>10s}  "
-        f"{'peak tensors':>12s}  {'peak step':>9s}")
+        f"{'peak tensors':>12s}  {'peak step':>9s}"
+    )
     for n, e in res["schemes"].items():
         r = res["ratios"].get(n, {})
         mfu = f"{100 * e['mfu']:5.1f}%" if e.get("mfu") is not None else "   -  "
@@ -582,9 +725,11 @@ def print_size(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
         sab = f"{r['saved_activation_bytes']:10.3f}" if r.get("saved_activation_bytes") else "         -"
         psb = f"{r['peak_step_bytes']:9.3f}" if r.get("peak_step_bytes") else "        -"
         ptb = f"{r['peak_tensor_step_bytes']:12.3f}" if r.get("peak_tensor_step_bytes") else "           -"
-        log(f"  {n:10s} {e['train_step_s']['median']:8.3f} {e['tokens_per_s']:9.0f} {gf} {mfu}  "
+        log(
+            f"  {n:10s} {e['train_step_s']['median']:8.3f} {e['tokens_per_s']:9.0f} {gf} {mfu}  "
             f"{_fmt_ratio(r.get('train_step')):>24s}  {_fmt_ratio(r.get('train_step_cpu')):>24s}  "
-            f"{_fmt_ratio(r.get('prefill')):>24s}  {_fmt_ratio(r.get('decode')):>24s}  {sab}  {ptb}  {psb}")
+            f"{_fmt_ratio(r.get('prefill')):>24s}  {_fmt_ratio(r.get('decode')):>24s}  {sab}  {ptb}  {psb}"
+        )
     for n, e in res["schemes"].items():
         if "saved_activation_bytes" in e:
             extra = ""
@@ -612,12 +757,16 @@ def print_size(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
 
 def print_options(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
     log(f"\n-- options at {res['size']['name']} (step time; ratios median [q1, q3])")
-    log(f"  {'scheme/option':24s} {'step s':>8s} {'first step s':>12s}  {'vs eager (same scheme)':>24s}  "
-        f"{'vs baseline (same option)':>26s}  {'saved act. MiB':>14s}")
+    log(
+        f"  {'scheme/option':24s} {'step s':>8s} {'first step s':>12s}  {'vs eager (same scheme)':>24s}  "
+        f"{'vs baseline (same option)':>26s}  {'saved act. MiB':>14s}"
+    )
     for n, e in res["results"].items():
         sab = f"{e['saved_activation_bytes'] / 2**20:14.1f}" if e.get("saved_activation_bytes") else "             -"
-        log(f"  {n:24s} {e['train_step_s']['median']:8.3f} {e['first_step_s']:12.1f}  "
-            f"{_fmt_ratio(e['vs_eager_same_scheme']):>24s}  {_fmt_ratio(e['vs_baseline_same_option']):>26s}  {sab}")
+        log(
+            f"  {n:24s} {e['train_step_s']['median']:8.3f} {e['first_step_s']:12.1f}  "
+            f"{_fmt_ratio(e['vs_eager_same_scheme']):>24s}  {_fmt_ratio(e['vs_baseline_same_option']):>26s}  {sab}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -625,11 +774,17 @@ def print_options(res: dict[str, Any], log: Callable[[str], None] = print) -> No
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default=None,
-                   help=f"comma-separated sizes: {', '.join(BUILTIN)} or any conf/size/<name> "
-                        "(default: attnres16x256,cpu_xl; --quick: tiny)")
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help=f"comma-separated sizes: {', '.join(BUILTIN)} or any conf/size/<name> "
+        "(default: attnres16x256,cpu_xl; --quick: tiny)",
+    )
     p.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated residual schemes (first: baseline)")
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: per size)")
     p.add_argument("--seq-len", type=int, default=None, help="context (default: per size)")
@@ -638,34 +793,72 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default: 7; --quick: 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default: 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
-                   help="before each timed round, wait up to this long for other processes to use < 0.25 cores "
-                        "(shared machines; default 0: do not wait). The load of every round is recorded either way")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each timed round, wait up to this long for other processes to use < 0.25 cores "
+        "(shared machines; default 0: do not wait). The load of every round is recorded either way",
+    )
     p.add_argument("--bf16", action="store_true", help="torch.autocast to bfloat16 (the GPU default)")
-    p.add_argument("--compile", nargs="?", const="whole", default=None, choices=("whole", "regional"),
-                   help="torch.compile every model: whole (the default of a bare --compile) or regional "
-                        "(Transformer.compile_regions); the first step of each is timed apart")
-    p.add_argument("--decode-tokens", type=int, default=None,
-                   help="decode latency: time this many single-token forwards with a KV cache per round "
-                        "(default 0: off; --quick: 4)")
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="whole",
+        default=None,
+        choices=("whole", "regional"),
+        help="torch.compile every model: whole (the default of a bare --compile) or regional "
+        "(Transformer.compile_regions); the first step of each is timed apart",
+    )
+    p.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=None,
+        help="decode latency: time this many single-token forwards with a KV cache per round "
+        "(default 0: off; --quick: 4)",
+    )
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every sublayer")
-    p.add_argument("--sdpa", default="auto", choices=("auto", "flash", "efficient", "math"),
-                   help="force one scaled_dot_product_attention backend (CUDA: flash)")
-    p.add_argument("--peak-flops", type=float, default=None,
-                   help="peak FLOP/s for MFU (default: known GPUs' dense bf16 peak, e.g. H200 989e12; CPU: none)")
+    p.add_argument(
+        "--sdpa",
+        default="auto",
+        choices=("auto", "flash", "efficient", "math"),
+        help="force one scaled_dot_product_attention backend (CUDA: flash)",
+    )
+    p.add_argument(
+        "--peak-flops",
+        type=float,
+        default=None,
+        help="peak FLOP/s for MFU (default: known GPUs' dense bf16 peak, e.g. H200 989e12; CPU: none)",
+    )
     p.add_argument("--no-prefill", action="store_true", help="skip inference (prefill) timing")
     p.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
-    p.add_argument("--options", action="store_true",
-                   help="also time eager vs compile / bf16 / compile+bf16 / checkpointing at the first size")
+    p.add_argument(
+        "--options",
+        action="store_true",
+        help="also time eager vs compile / bf16 / compile+bf16 / checkpointing at the first size",
+    )
     p.add_argument("--option-variants", default=",".join(OPTION_VARIANTS), help="which --options variants")
-    p.add_argument("--harness", choices=("on", "off"), default="on",
-                   help="time experiments.train (Lightning) against a plain loop (default: on, at the first size)")
+    p.add_argument(
+        "--harness",
+        choices=("on", "off"),
+        default="on",
+        help="time experiments.train (Lightning) against a plain loop (default: on, at the first size)",
+    )
     p.add_argument("--harness-sizes", default=None, help="sizes for the harness comparison (default: the sizes)")
-    p.add_argument("--harness-steps", type=int, default=None,
-                   help="optimizer steps per harness/plain run (default: enough for ~6 s per run, 6 to 40)")
+    p.add_argument(
+        "--harness-steps",
+        type=int,
+        default=None,
+        help="optimizer steps per harness/plain run (default: enough for ~6 s per run, 6 to 40)",
+    )
     p.add_argument("--harness-rounds", type=int, default=None, help="alternations of harness and plain runs")
-    p.add_argument("--harness-logger", default="none", choices=("none", "csv", "wandb"),
-                   help="logger of the timed harness runs (default: none; the run's own metrics.csv is always on)")
+    p.add_argument(
+        "--harness-logger",
+        default="none",
+        choices=("none", "csv", "wandb"),
+        help="logger of the timed harness runs (default: none; the run's own metrics.csv is always on)",
+    )
     p.add_argument("--data-cache", default=None, help="dataset cache dir for the harness (default: the project's)")
     p.add_argument("--data-max-bytes", type=int, default=None, help="stdlib slice for the harness (tests)")
     p.add_argument("--quick", action="store_true", help="<= 30 s smoke of every section on the tiny size")
@@ -680,8 +873,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.harness_rounds = args.harness_rounds or 1
         args.decode_tokens = 4 if args.decode_tokens is None else args.decode_tokens
         if args.options:
-            args.option_variants = args.option_variants if args.option_variants != ",".join(OPTION_VARIANTS) \
+            args.option_variants = (
+                args.option_variants
+                if args.option_variants != ",".join(OPTION_VARIANTS)
                 else "eager,bf16,checkpointing"
+            )
     args.sizes = args.sizes or f"{TARGET.name},cpu_xl"
     args.repeats = args.repeats or 7
     args.warmup = 1 if args.warmup is None else args.warmup
@@ -720,15 +916,31 @@ def environment(args: argparse.Namespace, device: Any) -> dict[str, Any]:
 
     from . import records
 
-    env = {"created": records.utc_now(), "argv": sys.argv, "python": platform.python_version(),
-           "torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
-           "cpu_count": os.cpu_count(), "git_commit": records.git_commit(), "quick": bool(args.quick),
-           "bf16": bool(args.bf16), "compile": args.compile or False, "checkpointing": bool(args.checkpointing),
-           "decode_tokens": args.decode_tokens, "gpu_kernels": gpu_kernels.status(),
-           "sdpa": args.sdpa, "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
-           "quiet_wait_s": args.quiet_wait, "attnres_path": str(_attnres_root() / "attnres"),
-           "host": platform.node(), "processor": platform.processor() or platform.machine(),
-           "cpu_kernels": cpu_kernels.status()}
+    env = {
+        "created": records.utc_now(),
+        "argv": sys.argv,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "git_commit": records.git_commit(),
+        "quick": bool(args.quick),
+        "bf16": bool(args.bf16),
+        "compile": args.compile or False,
+        "checkpointing": bool(args.checkpointing),
+        "decode_tokens": args.decode_tokens,
+        "gpu_kernels": gpu_kernels.status(),
+        "sdpa": args.sdpa,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "quiet_wait_s": args.quiet_wait,
+        "attnres_path": str(_attnres_root() / "attnres"),
+        "host": platform.node(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_kernels": cpu_kernels.status(),
+    }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda
@@ -755,8 +967,13 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         os.environ[COMPILE_ENV] = args.compile
     t_start = time.perf_counter()
     sizes = [resolve_size(n.strip(), args.batch_size, args.seq_len) for n in args.sizes.split(",") if n.strip()]
-    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "meta": environment(args, device), "sizes": [],
-                           "harness": None, "options": None}
+    out: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "meta": environment(args, device),
+        "sizes": [],
+        "harness": None,
+        "options": None,
+    }
     for size in sizes:
         res = bench_size(size, args.schemes, args, device, log=log)
         print_size(res, log=log)
@@ -768,11 +985,16 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     if args.harness == "on":
         from .bench_harness import compare_harness, print_harness
 
-        hsizes = ([resolve_size(n.strip(), args.batch_size, args.seq_len) for n in args.harness_sizes.split(",")]
-                  if args.harness_sizes else sizes)
+        hsizes = (
+            [resolve_size(n.strip(), args.batch_size, args.seq_len) for n in args.harness_sizes.split(",")]
+            if args.harness_sizes
+            else sizes
+        )
         out["harness"] = []
-        step_s = {r["size"]["name"]: r["schemes"].get("baseline", {}).get("train_step_s", {}).get("median")
-                  for r in out["sizes"]}
+        step_s = {
+            r["size"]["name"]: r["schemes"].get("baseline", {}).get("train_step_s", {}).get("median")
+            for r in out["sizes"]
+        }
         for size in hsizes:
             steps = args.harness_steps
             if steps is None:  # ~6 s of timed steps per run, at least 6 steps, at most 40

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from . import resolvers
 
@@ -43,9 +44,17 @@ class BenchSize:
     def model_config(self, residual: str):
         from attnres import ModelConfig
 
-        return ModelConfig(vocab_size=self.vocab_size, n_layers=self.n_layers, d_model=self.d_model,
-                           n_heads=self.n_heads, head_dim=self.head_dim, d_ff=self.d_ff, max_seq_len=self.seq_len,
-                           residual=residual, n_blocks=self.n_blocks if residual == "block" else 8)
+        return ModelConfig(
+            vocab_size=self.vocab_size,
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            d_ff=self.d_ff,
+            max_seq_len=self.seq_len,
+            residual=residual,
+            n_blocks=self.n_blocks if residual == "block" else 8,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -53,11 +62,31 @@ class BenchSize:
 
 # The issue's target: 16 transformer blocks (32 sublayers) x d_model 256 x context 256; N = 8 blocks as in the
 # paper's scaling runs (S = 4 sublayers per block). Batch 8 x 256 = 2,048 tokens keeps one step near 1-2 s.
-TARGET = BenchSize("attnres16x256", n_layers=16, d_model=256, n_heads=4, head_dim=64, d_ff=None, seq_len=256,
-                   batch_size=8, n_blocks=8, note="issue target: 16 layers x d 256 x context 256, N = 8 blocks")
+TARGET = BenchSize(
+    "attnres16x256",
+    n_layers=16,
+    d_model=256,
+    n_heads=4,
+    head_dim=64,
+    d_ff=None,
+    seq_len=256,
+    batch_size=8,
+    n_blocks=8,
+    note="issue target: 16 layers x d 256 x context 256, N = 8 blocks",
+)
 # --quick: seconds, every code path.
-TINY = BenchSize("tiny", n_layers=2, d_model=64, n_heads=2, head_dim=32, d_ff=None, seq_len=64, batch_size=4,
-                 n_blocks=2, note="--quick smoke size")
+TINY = BenchSize(
+    "tiny",
+    n_layers=2,
+    d_model=64,
+    n_heads=2,
+    head_dim=32,
+    d_ff=None,
+    seq_len=64,
+    batch_size=4,
+    n_blocks=2,
+    note="--quick smoke size",
+)
 BUILTIN = {TARGET.name: TARGET, TINY.name: TINY}
 
 
@@ -73,10 +102,18 @@ def conf_size(name: str, batch_size: int | None = None, seq_len: int | None = No
         raise ValueError(f"--sizes: unknown size {name!r}; allowed values: {', '.join(allowed)}")
     s = OmegaConf.load(path)
     paper = name.startswith("paper_")
-    return BenchSize(name, n_layers=int(s.n_layers), d_model=int(s.d_model), n_heads=int(s.n_heads),
-                     head_dim=int(s.head_dim), d_ff=int(s.d_ff), seq_len=int(seq_len or s.seq_len),
-                     batch_size=int(batch_size or (2 if paper else s.batch_size)), n_blocks=8 if paper else 4,
-                     note=f"conf/size/{name}.yaml")
+    return BenchSize(
+        name,
+        n_layers=int(s.n_layers),
+        d_model=int(s.d_model),
+        n_heads=int(s.n_heads),
+        head_dim=int(s.head_dim),
+        d_ff=int(s.d_ff),
+        seq_len=int(seq_len or s.seq_len),
+        batch_size=int(batch_size or (2 if paper else s.batch_size)),
+        n_blocks=8 if paper else 4,
+        note=f"conf/size/{name}.yaml",
+    )
 
 
 def resolve_size(name: str, batch_size: int | None = None, seq_len: int | None = None) -> BenchSize:
@@ -100,8 +137,15 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
         q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
     else:
         q1 = q3 = xs[0]
-    return {"median": statistics.median(xs), "q1": q1, "q3": q3, "min": xs[0], "max": xs[-1], "n": len(xs),
-            "samples": [float(x) for x in samples]}
+    return {
+        "median": statistics.median(xs),
+        "q1": q1,
+        "q3": q3,
+        "min": xs[0],
+        "max": xs[-1],
+        "n": len(xs),
+        "samples": [float(x) for x in samples],
+    }
 
 
 class CoreMonitor:
@@ -116,7 +160,7 @@ class CoreMonitor:
     def _busy_seconds() -> float:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:9]]
-        user, nice, system, idle, iowait, irq, softirq, steal = fields
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
         return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
     @staticmethod

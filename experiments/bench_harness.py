@@ -26,8 +26,9 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -58,21 +59,42 @@ class StepTimer(pl.Callback):
             self.path.write_text(json.dumps({"stamps": self.stamps}))
 
 
-def _overrides(size: BenchSize, args: argparse.Namespace, device: torch.device, runs_root: Path, seed: int,
-               timer_path: Path, steps: int) -> list[str]:
+def _overrides(
+    size: BenchSize,
+    args: argparse.Namespace,
+    device: torch.device,
+    runs_root: Path,
+    seed: int,
+    timer_path: Path,
+    steps: int,
+) -> list[str]:
     tokens = steps * size.batch_size * size.seq_len
 
     def val(v: Any) -> str:
         return "null" if v is None else str(v)
 
     o = [
-        "model=baseline", f"model.n_blocks={size.n_blocks}", f"size.name={size.name}",
-        f"size.n_layers={size.n_layers}", f"size.d_model={size.d_model}", f"size.n_heads={size.n_heads}",
-        f"size.head_dim={val(size.head_dim)}", f"size.d_ff={val(size.d_ff)}", f"size.seq_len={size.seq_len}",
-        f"size.batch_size={size.batch_size}", f"size.tokens={tokens}", "size.lr=1e-3",
-        f"logger={args.harness_logger}", "study=bench", f"seed={seed}", "force=true",
-        f"paths.runs_root={runs_root}", f"paths.hydra_root={runs_root / 'outputs'}",
-        "train.eval_count=1", "train.val_sequences=2", "train.val_batch_size=2",
+        "model=baseline",
+        f"model.n_blocks={size.n_blocks}",
+        f"size.name={size.name}",
+        f"size.n_layers={size.n_layers}",
+        f"size.d_model={size.d_model}",
+        f"size.n_heads={size.n_heads}",
+        f"size.head_dim={val(size.head_dim)}",
+        f"size.d_ff={val(size.d_ff)}",
+        f"size.seq_len={size.seq_len}",
+        f"size.batch_size={size.batch_size}",
+        f"size.tokens={tokens}",
+        "size.lr=1e-3",
+        f"logger={args.harness_logger}",
+        "study=bench",
+        f"seed={seed}",
+        "force=true",
+        f"paths.runs_root={runs_root}",
+        f"paths.hydra_root={runs_root / 'outputs'}",
+        "train.eval_count=1",
+        "train.val_sequences=2",
+        "train.val_batch_size=2",
         "trainer.enable_progress_bar=false",
         "+callbacks.bench_timer._target_=experiments.bench_harness.StepTimer",
         f"+callbacks.bench_timer.path={timer_path}",
@@ -80,8 +102,11 @@ def _overrides(size: BenchSize, args: argparse.Namespace, device: torch.device, 
     if device.type == "cuda":
         o += ["trainer=gpu", f"trainer.precision={'bf16-mixed' if args.bf16 else '32-true'}"]
     else:
-        o += ["trainer=cpu", f"threads={torch.get_num_threads()}",
-              f"trainer.precision={'bf16-mixed' if args.bf16 else '32-true'}"]
+        o += [
+            "trainer=cpu",
+            f"threads={torch.get_num_threads()}",
+            f"trainer.precision={'bf16-mixed' if args.bf16 else '32-true'}",
+        ]
     if args.compile:
         o.append("compile=true")
     if args.checkpointing:
@@ -168,10 +193,13 @@ def plain_run(cfg: DictConfig, device: torch.device) -> list[float]:
     return gaps[WARMUP_STEPS:]
 
 
-def compare_harness(size: BenchSize, args: argparse.Namespace, device: torch.device, steps: int,
-                    log: Callable[[str], None] = print) -> dict[str, Any]:
-    log(f"\n== harness (experiments.train, Lightning) vs plain loop at {size.name}: {args.harness_rounds} rounds x "
-        f"{steps} steps each ({steps - 1 - WARMUP_STEPS} timed per run), logger={args.harness_logger}")
+def compare_harness(
+    size: BenchSize, args: argparse.Namespace, device: torch.device, steps: int, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    log(
+        f"\n== harness (experiments.train, Lightning) vs plain loop at {size.name}: {args.harness_rounds} rounds x "
+        f"{steps} steps each ({steps - 1 - WARMUP_STEPS} timed per run), logger={args.harness_logger}"
+    )
     harness_med, plain_med, ratios, busy = [], [], [], []
     harness_all: list[float] = []
     plain_all: list[float] = []
@@ -193,22 +221,39 @@ def compare_harness(size: BenchSize, args: argparse.Namespace, device: torch.dev
             harness_all += got["harness"]
             plain_all += got["plain"]
             busy.append(load)
-            log(f"  round {rnd + 1}: harness {h:.4f} s/step, plain {p:.4f} s/step, ratio {h / p:.3f}"
-                + (f" (other cores busy {load:.2f})" if load is not None else ""))
+            log(
+                f"  round {rnd + 1}: harness {h:.4f} s/step, plain {p:.4f} s/step, ratio {h / p:.3f}"
+                + (f" (other cores busy {load:.2f})" if load is not None else "")
+            )
     busy_known = [b for b in busy if b is not None]
-    return {"size": size.to_dict(), "steps_per_run": steps, "warmup_steps": WARMUP_STEPS,
-            "rounds": args.harness_rounds, "logger": args.harness_logger, "device": str(device),
-            "threads": torch.get_num_threads(),
-            "harness_step_s": summarize(harness_all), "plain_step_s": summarize(plain_all),
-            "harness_run_median_s": harness_med, "plain_run_median_s": plain_med,
-            "ratio": summarize(ratios), "other_cores_busy": summarize(busy_known) if busy_known else None,
-            "check": {"name": "harness step <= 1.03x plain loop", "value": statistics.median(ratios),
-                      "limit": 1.03, "pass": statistics.median(ratios) <= 1.03}}
+    return {
+        "size": size.to_dict(),
+        "steps_per_run": steps,
+        "warmup_steps": WARMUP_STEPS,
+        "rounds": args.harness_rounds,
+        "logger": args.harness_logger,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "harness_step_s": summarize(harness_all),
+        "plain_step_s": summarize(plain_all),
+        "harness_run_median_s": harness_med,
+        "plain_run_median_s": plain_med,
+        "ratio": summarize(ratios),
+        "other_cores_busy": summarize(busy_known) if busy_known else None,
+        "check": {
+            "name": "harness step <= 1.03x plain loop",
+            "value": statistics.median(ratios),
+            "limit": 1.03,
+            "pass": statistics.median(ratios) <= 1.03,
+        },
+    }
 
 
 def print_harness(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
     r = res["ratio"]
     c = res["check"]
-    log(f"-- harness vs plain at {res['size']['name']}: harness {res['harness_step_s']['median']:.4f} s/step, plain "
-        f"{res['plain_step_s']['median']:.4f} s/step; ratio {r['median']:.3f} [{r['q1']:.3f}, {r['q3']:.3f}]")
+    log(
+        f"-- harness vs plain at {res['size']['name']}: harness {res['harness_step_s']['median']:.4f} s/step, plain "
+        f"{res['plain_step_s']['median']:.4f} s/step; ratio {r['median']:.3f} [{r['q1']:.3f}, {r['q3']:.3f}]"
+    )
     log(f"  [{'PASS' if c['pass'] else 'FAIL'}] {c['name']}: {c['value']:.3f}")

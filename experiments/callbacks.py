@@ -23,8 +23,9 @@ import os
 import signal
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -101,8 +102,9 @@ class RunRecorder(pl.Callback):
             w.writerow([_fmt(self.rows[step].get(c)) for c in METRIC_COLUMNS])
         atomic_write_text(self.metrics_path, buf.getvalue())
         if self.diagnostics:
-            atomic_write_text(self.run_dir / "diagnostics.jsonl",
-                              "".join(json.dumps(d) + "\n" for d in self.diagnostics))
+            atomic_write_text(
+                self.run_dir / "diagnostics.jsonl", "".join(json.dumps(d) + "\n" for d in self.diagnostics)
+            )
             atomic_write_text(self.run_dir / "diagnostics.json", json.dumps(self.diagnostics[-1], indent=1) + "\n")
         self._records_since_flush = 0
 
@@ -126,9 +128,13 @@ class RunRecorder(pl.Callback):
         from analysis.health import curve_flags
 
         rows = [self.rows[s] for s in sorted(self.rows)]
-        return curve_flags([r["step"] for r in rows], [r.get("train_loss") for r in rows],
-                           [r["step"] for r in rows if r.get("val_loss") is not None],
-                           [r["val_loss"] for r in rows if r.get("val_loss") is not None], total_steps)  # fmt: skip
+        return curve_flags(
+            [r["step"] for r in rows],
+            [r.get("train_loss") for r in rows],
+            [r["step"] for r in rows if r.get("val_loss") is not None],
+            [r["val_loss"] for r in rows if r.get("val_loss") is not None],
+            total_steps,
+        )
 
     @property
     def last_train_loss(self) -> float | None:
@@ -174,8 +180,14 @@ class RunRecorder(pl.Callback):
         stats = pl_module.step_stats
         tokens = step * self.tokens_per_step
         row = {
-            "step": step, "tokens": tokens, "flops": tokens * self.flops_per_token, "train_loss": loss_f,
-            "val_loss": None, "lr": stats.get("lr"), "grad_norm": stats.get("grad_norm"), "tokens_per_s": tok_s,
+            "step": step,
+            "tokens": tokens,
+            "flops": tokens * self.flops_per_token,
+            "train_loss": loss_f,
+            "val_loss": None,
+            "lr": stats.get("lr"),
+            "grad_norm": stats.get("grad_norm"),
+            "tokens_per_s": tok_s,
         }
         if bar:
             pl_module.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, on_epoch=False)
@@ -200,16 +212,23 @@ class RunRecorder(pl.Callback):
         diag = {"step": step, "variant": self.variant, "residual": self.residual, "val_loss": ev["val_loss"]}
         diag.update({k: v for k, v in ev.items() if k not in ("step", "val_loss")})
         self.diagnostics = [d for d in self.diagnostics if d["step"] != step] + [diag]
-        metrics: dict[str, float] = {"val/loss": ev["val_loss"], "val/tokens": tokens,
-                                     "val/flops": tokens * self.flops_per_token}
+        metrics: dict[str, float] = {
+            "val/loss": ev["val_loss"],
+            "val/tokens": tokens,
+            "val/flops": tokens * self.flops_per_token,
+        }
         for name in ("block_output_rms", "block_grad_norm"):
             for i, v in enumerate(ev.get(name) or []):
                 metrics[f"diag/{name}/{i}"] = v
         for lg in trainer.loggers:
             lg.log_metrics(metrics, step=step)
             if "depth_weights" in ev and hasattr(lg, "log_table"):  # W&B: the Fig. 8 matrix as a table
-                lg.log_table(key="diag/depth_weights", columns=["read"] + list(ev["source_labels"]),
-                             data=[[k] + row_ for k, row_ in zip(ev["read_kinds"], ev["depth_weights"])], step=step)
+                lg.log_table(
+                    key="diag/depth_weights",
+                    columns=["read", *list(ev["source_labels"])],
+                    data=[[k, *row_] for k, row_ in zip(ev["read_kinds"], ev["depth_weights"])],
+                    step=step,
+                )
         self.flush()
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
@@ -230,9 +249,12 @@ class RunRecorder(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         threads = state_dict.get("threads")
         if threads is not None and threads != torch.get_num_threads():
-            warnings.warn(f"resuming a run checkpointed at {threads} torch thread(s) with {torch.get_num_threads()}: "
-                          "the result differs from an uninterrupted run by rounding (docs/results_schema.md, "
-                          "'Thread count')", stacklevel=2)
+            warnings.warn(
+                f"resuming a run checkpointed at {threads} torch thread(s) with {torch.get_num_threads()}: "
+                "the result differs from an uninterrupted run by rounding (docs/results_schema.md, "
+                "'Thread count')",
+                stacklevel=2,
+            )
         self.started_at = state_dict.get("started_at", self.started_at)
         self.prior_wall_s = float(state_dict.get("wall_time_s", 0.0))
         self.session_start = time.time()

@@ -6,8 +6,8 @@ the configs are. Every caller composes through here (the tests, the bench, ``pyt
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig
 
@@ -29,8 +29,10 @@ def conf_dir() -> str:
     for location in (spec.submodule_search_locations or []) if spec is not None else []:
         if (Path(location) / "train.yaml").is_file():
             return str(Path(location))
-    raise RuntimeError(f"no Hydra configs: neither {repo_conf} nor an installed attnres_conf package has train.yaml "
-                       "(reinstall attnres)")
+    raise RuntimeError(
+        f"no Hydra configs: neither {repo_conf} nor an installed attnres_conf package has train.yaml "
+        "(reinstall attnres)"
+    )
 
 
 def initialize() -> None:
@@ -53,7 +55,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train", return_hy
 
     resolvers.register()
     config_schema.register()
-    args = dict(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+    args = {"config_name": config_name, "overrides": list(overrides), "return_hydra_config": return_hydra_config}
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(**args)
     with initialize_config_dir(config_dir=conf_dir(), version_base=VERSION_BASE):
@@ -68,6 +70,8 @@ def sweep_cells(sweep: str) -> list[dict[str, str]]:
     cfg = compose([f"+sweep={sweep}"], return_hydra_config=True)
     params = cfg.hydra.sweeper.params or {}
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    axes = [[(o.key_or_group, str(v)) for v in (o.sweep_string_iterator() if o.is_sweep_override() else [o.value()])]
-            for o in parsed]
+    axes = [
+        [(o.key_or_group, str(v)) for v in (o.sweep_string_iterator() if o.is_sweep_override() else [o.value()])]
+        for o in parsed
+    ]
     return [dict(point) for point in itertools.product(*axes)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -61,8 +61,10 @@ class TrainSchema:
         if self.tokens is not None:
             number(self.tokens, "train.tokens (size.tokens)", 0, float("inf"), lo_open=True)
         elif self.flops_budget is None:
-            raise ValueError("train.tokens (size.tokens) and train.flops_budget are both null: set a token count "
-                             "(train.tokens=...) or a compute budget in FLOPs (train.flops_budget=...)")
+            raise ValueError(
+                "train.tokens (size.tokens) and train.flops_budget are both null: set a token count "
+                "(train.tokens=...) or a compute budget in FLOPs (train.flops_budget=...)"
+            )
         for key in ("batch_size", "seq_len", "log_every", "eval_count", "val_sequences", "val_batch_size"):
             positive_int(getattr(self, key), f"train.{key}")
 
@@ -74,11 +76,11 @@ class AdamWSchema:
     _target_: str = "experiments.optim.adamw"
     _partial_: bool = True
     lr: float = MISSING
-    betas: List[float] = MISSING
+    betas: list[float] = MISSING
     eps: float = MISSING
     weight_decay: float = MISSING
     connection_weight_decay: float = MISSING
-    fused: Optional[bool] = MISSING
+    fused: bool | None = MISSING
 
     def __post_init__(self) -> None:
         number(self.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)
@@ -97,7 +99,7 @@ class WarmupCosineSchema:
     _target_: str = "experiments.optim.warmup_cosine"
     _partial_: bool = True
     warmup_fraction: float = MISSING
-    warmup_steps: Optional[int] = MISSING
+    warmup_steps: int | None = MISSING
     min_lr_ratio: float = MISSING
 
     def __post_init__(self) -> None:
@@ -116,4 +118,3 @@ def register() -> None:
     for path, node in SCHEMAS.items():
         group, _, name = f"schema/{path}".rpartition("/")
         cs.store(group=group, name=name, node=node)
-

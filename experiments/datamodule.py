@@ -55,8 +55,14 @@ class TokenDataModule(pl.LightningDataModule):
     # ---- loading (called by experiments.train before any model is built, so bad data fails first) --------
     def load(self, progress: bool = True) -> TokenShards:
         if self.shards is None:
-            shards = load_dataset(self.name, cache_dir=self.cache_dir, tokenizer=self.tokenizer,
-                                  bpe_vocab_size=self.bpe_vocab_size, max_bytes=self.max_bytes, progress=progress)
+            shards = load_dataset(
+                self.name,
+                cache_dir=self.cache_dir,
+                tokenizer=self.tokenizer,
+                bpe_vocab_size=self.bpe_vocab_size,
+                max_bytes=self.max_bytes,
+                progress=progress,
+            )
             self.verified = shards.verify_cached()  # the files are the header's (a bit flip fails here)
             self.shards = shards
         return self.shards
@@ -89,17 +95,28 @@ class TokenDataModule(pl.LightningDataModule):
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         step = trainer.global_step if trainer is not None else 0
         # One TrainBatches "step" is one micro-batch; an optimizer step consumes `accumulate` of them.
-        return TrainBatches(self.load(), self.seq_len, self.batch_size // self.accumulate, self.seed,
-                            start_step=step * self.accumulate, rank=rank, world_size=world)
+        return TrainBatches(
+            self.load(),
+            self.seq_len,
+            self.batch_size // self.accumulate,
+            self.seed,
+            start_step=step * self.accumulate,
+            rank=rank,
+            world_size=world,
+        )
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_batches(), batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=False)
+        return DataLoader(self.train_batches(), batch_size=None, num_workers=self.num_workers, persistent_workers=False)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(self.val_set()), batch_size=self.val_batch_size, shuffle=False)
 
     def describe(self) -> dict[str, Any]:
         h = self.load().header
-        return {"path": str(self.load().path), "tokenizer": h.tokenizer, "vocab_size": h.vocab_size,
-                "train_tokens": h.n_tokens["train"], "val_tokens": h.n_tokens["val"]}
+        return {
+            "path": str(self.load().path),
+            "tokenizer": h.tokenizer,
+            "vocab_size": h.vocab_size,
+            "train_tokens": h.n_tokens["train"],
+            "val_tokens": h.n_tokens["val"],
+        }

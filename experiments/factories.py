@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import netrc
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -45,8 +46,11 @@ def resolve_wandb_mode(mode: str = "auto") -> str:
     if mode == "online" and not wandb_api_key_configured():
         import warnings
 
-        warnings.warn("W&B mode 'online' but no API key is configured (WANDB_API_KEY or `wandb login`): "
-                      "logging offline instead; upload later with `wandb sync <run_dir>/wandb/offline-run-*`")
+        warnings.warn(
+            "W&B mode 'online' but no API key is configured (WANDB_API_KEY or `wandb login`): "
+            "logging offline instead; upload later with `wandb sync <run_dir>/wandb/offline-run-*`",
+            stacklevel=2,
+        )
         mode = "offline"
     return mode
 
@@ -78,9 +82,18 @@ def wandb_logger(
     os.environ.setdefault("WANDB_SILENT", "true")
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     logger = WandbLogger(
-        project=project, save_dir=save_dir, name=name, group=group, job_type=job_type,
-        tags=list(tags) if tags else None, offline=(mode == "offline"), mode=mode, id=id, resume="allow",
-        log_model=False, **kwargs,
+        project=project,
+        save_dir=save_dir,
+        name=name,
+        group=group,
+        job_type=job_type,
+        tags=list(tags) if tags else None,
+        offline=(mode == "offline"),
+        mode=mode,
+        id=id,
+        resume="allow",
+        log_model=False,
+        **kwargs,
     )
     # Lightning 2.6 always passes anonymous=None, which wandb 0.31 answers with a deprecation warning per run.
     if logger._wandb_init.get("anonymous") is None:
@@ -99,5 +112,6 @@ def fsdp_strategy(
     from lightning.pytorch.strategies import FSDPStrategy
 
     policy = {get_class(path) for path in auto_wrap}
-    return FSDPStrategy(auto_wrap_policy=policy, sharding_strategy=sharding_strategy,
-                        state_dict_type=state_dict_type, **kwargs)
+    return FSDPStrategy(
+        auto_wrap_policy=policy, sharding_strategy=sharding_strategy, state_dict_type=state_dict_type, **kwargs
+    )

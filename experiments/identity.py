@@ -21,13 +21,33 @@ from . import records
 # else (model, size, data, optimizer, scheduler, train, seed, precision, clipping, accumulation, compile)
 # is part of the run's identity.
 HASH_EXCLUDE = (
-    "paths", "logger", "callbacks", "hydra", "run_id", "study", "project", "tags", "threads", "force", "fault",
-    "tuned_lr", "study_kind",
-    "activation_checkpointing", "train.log_every",
-    "data.num_workers", "data.cache_dir",
-    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
-    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.num_sanity_val_steps",
-    "trainer.use_distributed_sampler", "trainer.deterministic", "trainer.plugins",
+    "paths",
+    "logger",
+    "callbacks",
+    "hydra",
+    "run_id",
+    "study",
+    "project",
+    "tags",
+    "threads",
+    "force",
+    "fault",
+    "tuned_lr",
+    "study_kind",
+    "activation_checkpointing",
+    "train.log_every",
+    "data.num_workers",
+    "data.cache_dir",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.num_sanity_val_steps",
+    "trainer.use_distributed_sampler",
+    "trainer.deterministic",
+    "trainer.plugins",
 )
 # Settings added after runs were recorded: left out of the hash while unset (null), so that every run recorded
 # before they existed keeps its config_hash (and is still found completed on relaunch).
@@ -59,7 +79,9 @@ def resolved_container(cfg: DictConfig) -> dict[str, Any]:
     except MissingMandatoryValue as e:
         key = getattr(e, "full_key", None) or str(e)
         hint = " (data=shards needs data.name=<dir of prepared shards>)" if "data.name" in str(key) else ""
-        raise ValueError(f"config key {key} has no value (???); set it on the command line, e.g. {key}=...{hint}") from None
+        raise ValueError(
+            f"config key {key} has no value (???); set it on the command line, e.g. {key}=...{hint}"
+        ) from None
     except OmegaConfBaseException as e:
         raise ValueError(f"the config does not resolve: {e}") from None
 
@@ -92,4 +114,3 @@ def run_identity(cfg: DictConfig) -> tuple[str, str, Path, Path]:
     run_id = f"{cfg.model.variant}_{cfg.size.name}_s{cfg.seed}_{chash[:8]}"
     study_dir = Path(cfg.paths.runs_root).expanduser().resolve() / str(cfg.study)
     return chash, run_id, study_dir / run_id, study_dir
-

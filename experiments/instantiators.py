@@ -22,8 +22,11 @@ def instantiate_callbacks(cfg: DictConfig) -> list[Any]:
     from hydra.utils import instantiate
 
     bar = cfg.trainer.get("enable_progress_bar", True)
-    return [instantiate(node) for node in (cfg.get("callbacks") or {}).values()
-            if isinstance(node, DictConfig) and "_target_" in node and (bar or "ProgressBar" not in node._target_)]
+    return [
+        instantiate(node)
+        for node in (cfg.get("callbacks") or {}).values()
+        if isinstance(node, DictConfig) and "_target_" in node and (bar or "ProgressBar" not in node._target_)
+    ]
 
 
 def fault_callbacks(cfg: DictConfig) -> list[Any]:
@@ -57,15 +60,25 @@ def instantiate_loggers(cfg: DictConfig, wandb_id: str) -> list[Any]:
 def planned_trainer_kwargs(cfg: DictConfig, plan: RunPlan) -> dict[str, Any]:
     """The trainer settings that come from the plan, not from ``cfg.trainer``: the step count and when to
     evaluate (every ``plan.eval_every`` optimizer steps) and log."""
-    return dict(max_steps=plan.steps, val_check_interval=plan.eval_every, check_val_every_n_epoch=None,
-                log_every_n_steps=int(cfg.train.log_every))
+    return {
+        "max_steps": plan.steps,
+        "val_check_interval": plan.eval_every,
+        "check_val_every_n_epoch": None,
+        "log_every_n_steps": int(cfg.train.log_every),
+    }
 
 
-def instantiate_trainer(cfg: DictConfig, plan: RunPlan, callbacks: list[Any], loggers: list[Any],
-                        root_dir: Path) -> Any:
+def instantiate_trainer(
+    cfg: DictConfig, plan: RunPlan, callbacks: list[Any], loggers: list[Any], root_dir: Path
+) -> Any:
     """The lightning.pytorch.Trainer of ``cfg.trainer`` with the plan's settings, ``callbacks`` and ``loggers``
     (none: no logger), writing under ``root_dir``."""
     from hydra.utils import instantiate
 
-    return instantiate(cfg.trainer, **planned_trainer_kwargs(cfg, plan), callbacks=callbacks,
-                       logger=loggers or False, default_root_dir=str(root_dir))
+    return instantiate(
+        cfg.trainer,
+        **planned_trainer_kwargs(cfg, plan),
+        callbacks=callbacks,
+        logger=loggers or False,
+        default_root_dir=str(root_dir),
+    )

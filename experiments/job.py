@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -72,7 +73,7 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
         if not multirun:
             raise SystemExit(code) from None
         return None
-    except Exception as e:  # noqa: BLE001 - train() already wrote the failed/diverged record
+    except Exception as e:
         if not multirun:
             raise
         from .module import DivergedError

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from .errors import RunBusy
 
@@ -35,8 +36,9 @@ def acquire_run_lock(study_dir: Path, run_id: str) -> filelock.SoftFileLease:
 
     path = study_dir / ".locks" / f"{run_id}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.SoftFileLease(str(path), lease_duration=LOCK_LEASE_S, heartbeat_interval=LOCK_HEARTBEAT_S,
-                                  thread_local=False)
+    lock = filelock.SoftFileLease(
+        str(path), lease_duration=LOCK_LEASE_S, heartbeat_interval=LOCK_HEARTBEAT_S, thread_local=False
+    )
     try:
         lock.acquire(timeout=0)
         return lock
@@ -49,17 +51,22 @@ def acquire_run_lock(study_dir: Path, run_id: str) -> filelock.SoftFileLease:
     if owner is not None and owner.hostname != here and not owner.hostname.startswith(here + "?"):
         # Another node: alive only if its heartbeat moves. Watch it for one lease (a crashed node's marker is then
         # taken over); a live holder keeps it.
-        print(f"[attnres] {run_id}: locked by {owner.hostname} pid {owner.pid}; waiting up to {LOCK_LEASE_S:.0f} s "
-              f"for its heartbeat ({path})", flush=True)
+        print(
+            f"[attnres] {run_id}: locked by {owner.hostname} pid {owner.pid}; waiting up to {LOCK_LEASE_S:.0f} s "
+            f"for its heartbeat ({path})",
+            flush=True,
+        )
         try:
             lock.acquire(timeout=LOCK_LEASE_S + 2 * LOCK_HEARTBEAT_S, poll_interval=min(5.0, LOCK_HEARTBEAT_S))
             return lock
         except filelock.Timeout:
             owner = lock.owner or owner
     who = f"{owner.hostname} pid {owner.pid}" if owner is not None else "another process"
-    raise RunBusy(f"{run_id} is being trained right now by {who} (lock {path}, heartbeat every "
-                  f"{LOCK_HEARTBEAT_S:.0f} s); not starting a second copy. It is released when that run ends; a "
-                  f"holder that died is taken over at once on its own host, after {LOCK_LEASE_S:.0f} s elsewhere")
+    raise RunBusy(
+        f"{run_id} is being trained right now by {who} (lock {path}, heartbeat every "
+        f"{LOCK_HEARTBEAT_S:.0f} s); not starting a second copy. It is released when that run ends; a "
+        f"holder that died is taken over at once on its own host, after {LOCK_LEASE_S:.0f} s elsewhere"
+    )
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -24,7 +25,6 @@ import torch.nn as nn
 from attnres import ModelConfig, Transformer
 
 from .optim import amp_clipping
-
 
 COMPILE_ENV = "ATTNRES_COMPILE"  # how compile=true compiles: "whole" or "regional" (default: compile_mode)
 
@@ -55,8 +55,11 @@ def dead_gradients(model: nn.Module) -> list[str]:
     head get a gradient; the residual scheme's own parameters may legitimately not (a zero-initialised query
     makes its key-norm gain's gradient zero), so they are not checked. A compiler that drops a gradient while the
     loss stays right is caught here (docs/performance.md)."""
-    return [name for name, p in model.named_parameters()
-            if p.requires_grad and not name.startswith("residual.") and (p.grad is None or not bool(p.grad.any()))]
+    return [
+        name
+        for name, p in model.named_parameters()
+        if p.requires_grad and not name.startswith("residual.") and (p.grad is None or not bool(p.grad.any()))
+    ]
 
 
 class LMModule(pl.LightningModule):
@@ -123,8 +126,10 @@ class LMModule(pl.LightningModule):
         forward = self.__dict__.get("_train_forward", self.model)
         _, loss = forward(x, y)
         if not torch.isfinite(loss.detach()):
-            raise DivergedError(f"training loss is {loss.item()} at step {self.global_step + 1} (lr "
-                                f"{self.trainer.optimizers[0].param_groups[0]['lr']:.3g}); the run diverged")
+            raise DivergedError(
+                f"training loss is {loss.item()} at step {self.global_step + 1} (lr "
+                f"{self.trainer.optimizers[0].param_groups[0]['lr']:.3g}); the run diverged"
+            )
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -142,8 +147,11 @@ class LMModule(pl.LightningModule):
             for block in self.model.blocks:
                 sq = [p.grad.detach().float().pow(2).sum() for p in block.parameters() if p.grad is not None]
                 block_sq.append(torch.stack(sq).sum() if sq else torch.zeros((), device=self.device))
-            rest = [p.grad.detach().float().pow(2).sum() for n, p in self.model.named_parameters()
-                    if p.grad is not None and not n.startswith("blocks.")]
+            rest = [
+                p.grad.detach().float().pow(2).sum()
+                for n, p in self.model.named_parameters()
+                if p.grad is not None and not n.startswith("blocks.")
+            ]
             block_sq_t = torch.stack(block_sq)
             total_sq = block_sq_t.sum() + (torch.stack(rest).sum() if rest else 0.0)
             stats["grad_norm"] = float(total_sq.sqrt())  # before clipping
@@ -185,7 +193,9 @@ class LMModule(pl.LightningModule):
             "sublayer_output_rms": diag["sublayer_output_rms"].tolist(),
         }
         if "depth_weights" in diag:
-            out["depth_weights"] = [[None if math.isnan(a) else a for a in row] for row in diag["depth_weights"].tolist()]
+            out["depth_weights"] = [
+                [None if math.isnan(a) else a for a in row] for row in diag["depth_weights"].tolist()
+            ]
             out["read_kinds"] = self.model.read_kinds()
             out["source_labels"] = self.model.residual.source_labels()
         self.last_eval = out

@@ -7,7 +7,8 @@ Pure torch (no Lightning).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -70,7 +71,10 @@ def adamw(
             "gradients. Allowed: optimizer.fused=null (auto) or false, or trainer.gradient_clip_val=0"
         )
     return torch.optim.AdamW(
-        param_groups(model, weight_decay, connection_weight_decay), lr=lr, betas=tuple(betas), eps=eps,
+        param_groups(model, weight_decay, connection_weight_decay),
+        lr=lr,
+        betas=tuple(betas),
+        eps=eps,
         fused=fused or None,
     )
 
@@ -90,7 +94,10 @@ def warmup_cosine_lambda(total_steps: int, warmup_steps: int, min_lr_ratio: floa
 
 
 def warmup_cosine(
-    optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float = 0.05, min_lr_ratio: float = 0.1,
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_fraction: float = 0.05,
+    min_lr_ratio: float = 0.1,
     warmup_steps: int | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up, then cosine decay to ``min_lr_ratio`` x peak at the last step (stepped every optimizer step).
@@ -99,6 +106,4 @@ def warmup_cosine(
     """
     if warmup_steps is None:
         warmup_steps = max(1, round(warmup_fraction * total_steps))
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine_lambda(total_steps, warmup_steps, min_lr_ratio)
-    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine_lambda(total_steps, warmup_steps, min_lr_ratio))

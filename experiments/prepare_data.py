@@ -19,9 +19,13 @@ from pathlib import Path
 
 
 def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", choices=("bytes", "bpe"), default="bytes",
-                   help="bytes: vocab 256, uint8 shards, no dependency (default); bpe: byte-level BPE trained "
-                        "locally with `tokenizers` (pip install 'attnres[bpe]')")
+    p.add_argument(
+        "--tokenizer",
+        choices=("bytes", "bpe"),
+        default="bytes",
+        help="bytes: vocab 256, uint8 shards, no dependency (default); bpe: byte-level BPE trained "
+        "locally with `tokenizers` (pip install 'attnres[bpe]')",
+    )
     p.add_argument("--bpe-vocab-size", type=int, default=8192, help="BPE vocabulary size (default 8192)")
 
 
@@ -35,8 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stdlib", help="the running interpreter's standard-library sources (no download; cached)")
     _add_tokenizer_args(p)
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="where prepared datasets are cached (default: $ATTNRES_DATA_DIR or data/cache/ in the repo)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where prepared datasets are cached (default: $ATTNRES_DATA_DIR or data/cache/ in the repo)",
+    )
     p.add_argument("--max-bytes", type=int, default=None, help="keep only the first files up to this many bytes")
     p.add_argument("--force", action="store_true", help="rebuild even if a matching cached copy exists")
     p.add_argument("--verify", action="store_true", help="recompute checksums after preparing")
@@ -46,9 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="output shard directory")
     _add_tokenizer_args(p)
     p.add_argument("--val-fraction", type=float, default=0.01, help="share held out for validation (default 0.01)")
-    p.add_argument("--split", choices=("auto", "file", "tail"), default="auto",
-                   help="hold out whole files by path hash, or the tail of every file (auto: file when there "
-                        "are enough files)")
+    p.add_argument(
+        "--split",
+        choices=("auto", "file", "tail"),
+        default="auto",
+        help="hold out whole files by path hash, or the tail of every file (auto: file when there are enough files)",
+    )
     p.add_argument("--pattern", default="*", help="glob for files inside directories (default '*')")
 
     p = sub.add_parser("hf", help="a Hugging Face dataset (needs `datasets` and network access)")
@@ -79,16 +90,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "stdlib":
             print(f"standard library: {data.stdlib_root()}", file=sys.stderr)
-            path = data.prepare_stdlib(args.cache_dir, args.tokenizer, args.bpe_vocab_size, args.max_bytes,
-                                       force=args.force, progress=progress)
+            path = data.prepare_stdlib(
+                args.cache_dir, args.tokenizer, args.bpe_vocab_size, args.max_bytes, force=args.force, progress=progress
+            )
         elif args.command == "files":
-            path = data.prepare_text_files(args.paths, args.out, args.tokenizer, args.bpe_vocab_size,
-                                           args.val_fraction, split=args.split, pattern=args.pattern,
-                                           progress=progress)
+            path = data.prepare_text_files(
+                args.paths,
+                args.out,
+                args.tokenizer,
+                args.bpe_vocab_size,
+                args.val_fraction,
+                split=args.split,
+                pattern=args.pattern,
+                progress=progress,
+            )
         elif args.command == "hf":
-            path = data.prepare_hf_dataset(args.name, args.out, args.split, args.text_field, args.tokenizer,
-                                           args.bpe_vocab_size, args.val_fraction, config=args.config,
-                                           max_docs=args.max_docs, progress=progress)
+            path = data.prepare_hf_dataset(
+                args.name,
+                args.out,
+                args.split,
+                args.text_field,
+                args.tokenizer,
+                args.bpe_vocab_size,
+                args.val_fraction,
+                config=args.config,
+                max_docs=args.max_docs,
+                progress=progress,
+            )
         else:
             path = args.path
         shards = data.TokenShards(path, verify=getattr(args, "verify", False))

@@ -24,15 +24,15 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 import warnings
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from analysis import ledger
-from analysis.ledger import RECORDS_DIR, RESULTS_TABLE  # noqa: F401 - re-exported
+from analysis.ledger import RECORDS_DIR, RESULTS_TABLE
 from analysis.schema import COLUMNS, STATUSES, RunRecord  # noqa: F401 - re-exported
 
 RESULTS_JSON = "results.json"
@@ -68,8 +68,13 @@ def git_commit(cwd: str | Path | None = None) -> str:
         if head.returncode != 0:
             return ""
         commit = head.stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                                capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return commit + ("+dirty" if status.returncode == 0 and status.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -199,8 +204,9 @@ def rebuild_table(study_dir: str | Path) -> Path:
                     write_json(path, rec)
             names = ledger.record_names(study_dir)
             header = list(COLUMNS) + sorted({k for r in recs for k in r} - set(COLUMNS))
-            atomic_write_text(table, _row_line(header, dict(zip(header, header)))
-                              + "".join(_row_line(header, r) for r in recs))
+            atomic_write_text(
+                table, _row_line(header, dict(zip(header, header))) + "".join(_row_line(header, r) for r in recs)
+            )
             if ledger.record_names(study_dir) == names:
                 break
     return table
@@ -209,8 +215,13 @@ def rebuild_table(study_dir: str | Path) -> Path:
 def _keep_rejected(table: Path, problems: list[str]) -> None:
     """Append the raw lines of rejected table rows to results.csv.rejected before the table is rewritten."""
     prefix = f"{table}:"
-    lines = sorted({int(p[len(prefix):].split(":", 1)[0]) for p in problems if p.startswith(prefix)
-                    and p[len(prefix):].split(":", 1)[0].isdigit()})
+    lines = sorted(
+        {
+            int(p[len(prefix) :].split(":", 1)[0])
+            for p in problems
+            if p.startswith(prefix) and p[len(prefix) :].split(":", 1)[0].isdigit()
+        }
+    )
     if not lines:
         return
     raw = table.read_bytes().split(b"\n")

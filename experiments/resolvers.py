@@ -26,8 +26,16 @@ LR_PROTOCOLS = ("baseline", "per_arm")
 BASELINE_VARIANT = "baseline"
 
 
-def _arch_field(field: str, target_params: float, d_over_lb: float, heads_over_lb: float, head_dim: int,
-                ff_ratio: float, d_multiple: int, ff_multiple: int) -> int:  # fmt: skip
+def _arch_field(
+    field: str,
+    target_params: float,
+    d_over_lb: float,
+    heads_over_lb: float,
+    head_dim: int,
+    ff_ratio: float,
+    d_multiple: int,
+    ff_multiple: int,
+) -> int:
     if field not in ARCH_SHAPE_FIELDS:
         raise ValueError(f"attnres_arch: unknown field {field!r}; allowed values: {', '.join(ARCH_SHAPE_FIELDS)}")
     shape = derive_arch_shape(target_params, d_over_lb, heads_over_lb, head_dim, ff_ratio, d_multiple, ff_multiple)
@@ -47,14 +55,21 @@ def tuned_lr(table: Any, size: str, variant: str, protocol: str) -> float:
     lrs = (table.get("lr") if table is not None else None) or {}
     arm = BASELINE_VARIANT if protocol == "baseline" else variant
     if arm not in lrs:
-        hint = ("run the LR study for every arm (python -m sweeps.study lr --arms all) or use lr_protocol=baseline"
-                if protocol == "per_arm" else "run the LR study (python -m sweeps.study lr)")  # fmt: skip
-        raise ValueError(f"lr_protocol={protocol}: no tuned lr for arm {arm!r}{source}; tuned arms: "
-                         f"{', '.join(map(str, lrs)) or 'none'}; {hint}, or set size.lr=...")  # fmt: skip
+        hint = (
+            "run the LR study for every arm (python -m sweeps.study lr --arms all) or use lr_protocol=baseline"
+            if protocol == "per_arm"
+            else "run the LR study (python -m sweeps.study lr)"
+        )
+        raise ValueError(
+            f"lr_protocol={protocol}: no tuned lr for arm {arm!r}{source}; tuned arms: "
+            f"{', '.join(map(str, lrs)) or 'none'}; {hint}, or set size.lr=..."
+        )
     by_size = lrs[arm]
     if size not in by_size:
-        raise ValueError(f"no tuned lr for size {size!r} of arm {arm!r}{source}; tuned sizes: "
-                         f"{', '.join(map(str, by_size))}; tune it (python -m sweeps.study lr) or set size.lr=...")  # fmt: skip
+        raise ValueError(
+            f"no tuned lr for size {size!r} of arm {arm!r}{source}; tuned sizes: "
+            f"{', '.join(map(str, by_size))}; tune it (python -m sweeps.study lr) or set size.lr=..."
+        )
     value = float(by_size[size])
     if not value > 0:
         raise ValueError(f"tuned lr of {arm!r} at {size!r} is {value!r}{source}; it must be > 0")
@@ -71,7 +86,7 @@ def register() -> None:
     if not OmegaConf.has_resolver("attnres_pid"):
         OmegaConf.register_new_resolver("attnres_pid", lambda: os.getpid(), use_cache=True)
     if not OmegaConf.has_resolver("attnres_scale"):
-        OmegaConf.register_new_resolver("attnres_scale", lambda value, factor: int(round(float(value) * float(factor))))
+        OmegaConf.register_new_resolver("attnres_scale", lambda value, factor: round(float(value) * float(factor)))
     if not OmegaConf.has_resolver("attnres_arch"):
         OmegaConf.register_new_resolver("attnres_arch", _arch_field)
     if not OmegaConf.has_resolver("attnres_lr"):

@@ -44,13 +44,23 @@ def environment(datamodule: Any) -> dict[str, Any]:
     shards = datamodule.load()
     header = shards.header
     return {
-        "dataset": {"path": str(shards.path), "tokenizer": header.tokenizer, "vocab_size": header.vocab_size,
-                    "n_tokens": header.n_tokens, "checksum": header.checksum, "source": header.source,
-                    "fingerprint": records.ledger.data_fingerprint(header.checksum),
-                    "verified": datamodule.verified},  # the files hashed against the checksums, or a valid stamp
-        "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
-        "git_commit": records.git_commit(), "torch_threads": torch.get_num_threads(),
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None, "host": platform.node(),
+        "dataset": {
+            "path": str(shards.path),
+            "tokenizer": header.tokenizer,
+            "vocab_size": header.vocab_size,
+            "n_tokens": header.n_tokens,
+            "checksum": header.checksum,
+            "source": header.source,
+            "fingerprint": records.ledger.data_fingerprint(header.checksum),
+            "verified": datamodule.verified,
+        },  # the files hashed against the checksums, or a valid stamp
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "git_commit": records.git_commit(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "host": platform.node(),
         "cpu_kernels": cpu_kernels.status(),  # CPU fp32 depth mixing: compiled kernels or the torch path
         "argv": sys.argv,
     }

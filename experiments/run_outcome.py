@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import RunInterrupted
 from .run_record import RunRecord
@@ -40,7 +41,7 @@ def recorded_outcome(run: RunRecord, interrupt: Any, rank_zero: bool) -> Iterato
     try:
         with interrupt.installed():
             yield
-    except BaseException as e:  # noqa: BLE001 - record every way a run can end, then re-raise
+    except BaseException as e:
         if run.completed:  # e.g. a closed stdout after the completed record was written: keep that record
             finish_wandb(exit_code=0)
             raise
@@ -52,14 +53,18 @@ def recorded_outcome(run: RunRecord, interrupt: Any, rank_zero: bool) -> Iterato
             try:
                 run.write(run.record(status, error=message))
             except Exception as write_error:  # noqa: BLE001 - never mask the original error
-                warnings.warn(f"could not write the {status} record of {run.run_id}: {write_error}")
+                warnings.warn(f"could not write the {status} record of {run.run_id}: {write_error}", stacklevel=2)
         finish_wandb(exit_code=1)
         if isinstance(e, RunInterrupted):
             if rank_zero:
-                saved = (f"checkpoint {e.checkpoint} saved at that step" if e.checkpoint
-                         else "no checkpoint at that step")
-                print(f"[attnres] {run.run_id}: {message}; {saved}; recorded as interrupted. Relaunch the same "
-                      "command to resume.", flush=True)
+                saved = (
+                    f"checkpoint {e.checkpoint} saved at that step" if e.checkpoint else "no checkpoint at that step"
+                )
+                print(
+                    f"[attnres] {run.run_id}: {message}; {saved}; recorded as interrupted. Relaunch the same "
+                    "command to resume.",
+                    flush=True,
+                )
             raise e from None
         raise
     finish_wandb(exit_code=0, record=run.completed)

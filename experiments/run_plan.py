@@ -40,9 +40,14 @@ def instantiate_datamodule(cfg: DictConfig) -> Any:
     from hydra.utils import instantiate
 
     return instantiate(
-        cfg.data, seq_len=int(cfg.train.seq_len), batch_size=int(cfg.train.batch_size), seed=int(cfg.seed),
-        val_sequences=int(cfg.train.val_sequences), val_batch_size=int(cfg.train.val_batch_size),
-        accumulate_grad_batches=int(cfg.trainer.get("accumulate_grad_batches", 1)), _recursive_=False,
+        cfg.data,
+        seq_len=int(cfg.train.seq_len),
+        batch_size=int(cfg.train.batch_size),
+        seed=int(cfg.seed),
+        val_sequences=int(cfg.train.val_sequences),
+        val_batch_size=int(cfg.train.val_batch_size),
+        accumulate_grad_batches=int(cfg.trainer.get("accumulate_grad_batches", 1)),
+        _recursive_=False,
     )
 
 
@@ -63,5 +68,12 @@ def plan_run(cfg: DictConfig, progress: bool = True) -> RunPlan:
     datamodule.check(model_config.vocab_size)
     fpt = flops_per_token(model_config, int(cfg.train.seq_len)).total
     steps = planned_steps(cfg.train, fpt)  # a token count, or a FLOP budget's tokens; conflicts fail here
-    return RunPlan(datamodule, model_config, steps, fpt, math.ceil(steps / int(cfg.train.eval_count)),
-                   str(shards.path), data_fingerprint(shards.header.checksum))
+    return RunPlan(
+        datamodule,
+        model_config,
+        steps,
+        fpt,
+        math.ceil(steps / int(cfg.train.eval_count)),
+        str(shards.path),
+        data_fingerprint(shards.header.checksum),
+    )

@@ -28,8 +28,7 @@ class RunRecord:
     """The record of one run in the making. ``module``, ``trainer`` and ``recorder`` (experiments.callbacks.
     RunRecorder) are set by experiments.train as they are built; :meth:`record` uses whichever exist."""
 
-    def __init__(self, cfg: DictConfig, chash: str, run_id: str, run_dir: Path, study_dir: Path,
-                 plan: RunPlan) -> None:
+    def __init__(self, cfg: DictConfig, chash: str, run_id: str, run_dir: Path, study_dir: Path, plan: RunPlan) -> None:
         self.cfg, self.chash, self.run_id, self.run_dir, self.study_dir = cfg, chash, run_id, run_dir, study_dir
         self.plan = plan
         self.table = study_dir / records.RESULTS_TABLE
@@ -53,9 +52,13 @@ class RunRecord:
         return {
             "derived/params": self.module.num_params(),
             "derived/params_non_embedding": self.module.num_params(non_embedding=True),
-            "derived/flops_per_token": plan.flops_per_token, "derived/steps": plan.steps, "derived/tokens": tokens,
-            "derived/flops": plan.flops_per_token * tokens, "derived/flops_budget": self.cfg.train.get("flops_budget"),
-            "derived/config_hash": self.chash, "derived/dataset": plan.dataset,
+            "derived/flops_per_token": plan.flops_per_token,
+            "derived/steps": plan.steps,
+            "derived/tokens": tokens,
+            "derived/flops": plan.flops_per_token * tokens,
+            "derived/flops_budget": self.cfg.train.get("flops_budget"),
+            "derived/config_hash": self.chash,
+            "derived/dataset": plan.dataset,
             "derived/data_fingerprint": plan.data_fingerprint,
         }
 
@@ -64,18 +67,33 @@ class RunRecord:
         from attnres import flops_per_token
 
         cfg, mc = self.cfg, self.plan.model_config
-        rec: dict[str, Any] = dict(
-            run_id=self.run_id, study=str(cfg.study), variant=str(cfg.model.variant), residual=str(cfg.model.residual),
-            size=str(cfg.size.name), seed=int(cfg.seed), status=status, seq_len=int(cfg.train.seq_len),
-            batch_size=int(cfg.train.batch_size), lr=float(cfg.optimizer.lr) if "lr" in cfg.optimizer else None,
-            git_commit=records.git_commit(), config_hash=self.chash, run_dir=str(self.run_dir), error=error,
-            started_at=self.started_at, finished_at=records.utc_now(), wall_time_s=round(time.time() - self.t0, 3),
-            flops_budget=_float_or_none(cfg.train.get("flops_budget")),
-            d_over_lb=_float_or_none(cfg.size.get("d_over_lb")),
-            heads_over_lb=_float_or_none(cfg.size.get("heads_over_lb")),
-            lr_protocol=str(cfg.get("lr_protocol") or ""), study_kind=str(cfg.get("study_kind") or "scaling"),
-            dataset=self.plan.dataset, data_fingerprint=self.plan.data_fingerprint, threads=torch_threads(),
-        )
+        rec: dict[str, Any] = {
+            "run_id": self.run_id,
+            "study": str(cfg.study),
+            "variant": str(cfg.model.variant),
+            "residual": str(cfg.model.residual),
+            "size": str(cfg.size.name),
+            "seed": int(cfg.seed),
+            "status": status,
+            "seq_len": int(cfg.train.seq_len),
+            "batch_size": int(cfg.train.batch_size),
+            "lr": float(cfg.optimizer.lr) if "lr" in cfg.optimizer else None,
+            "git_commit": records.git_commit(),
+            "config_hash": self.chash,
+            "run_dir": str(self.run_dir),
+            "error": error,
+            "started_at": self.started_at,
+            "finished_at": records.utc_now(),
+            "wall_time_s": round(time.time() - self.t0, 3),
+            "flops_budget": _float_or_none(cfg.train.get("flops_budget")),
+            "d_over_lb": _float_or_none(cfg.size.get("d_over_lb")),
+            "heads_over_lb": _float_or_none(cfg.size.get("heads_over_lb")),
+            "lr_protocol": str(cfg.get("lr_protocol") or ""),
+            "study_kind": str(cfg.get("study_kind") or "scaling"),
+            "dataset": self.plan.dataset,
+            "data_fingerprint": self.plan.data_fingerprint,
+            "threads": torch_threads(),
+        }
         if mc is not None:
             import torch
 
@@ -91,12 +109,21 @@ class RunRecord:
             steps = self.step
             tokens = steps * self.tokens_per_step
             rec.update(
-                n_layers=mc.n_layers, d_model=mc.d_model, n_heads=mc.n_heads, d_ff=mc.d_ff,
+                n_layers=mc.n_layers,
+                d_model=mc.d_model,
+                n_heads=mc.n_heads,
+                d_ff=mc.d_ff,
                 block_size=mc.sublayers_per_block if mc.residual == "block" else None,
                 n_blocks=mc.effective_n_blocks if mc.residual == "block" else None,
-                params=params, params_non_embedding=non_emb, tokens=tokens, flops_per_token=fpt,
-                flops=fpt * tokens, pflops_days=fpt * tokens / (1e15 * 86400), flops_6nd=6.0 * non_emb * tokens,
-                pflops_days_6nd=6.0 * non_emb * tokens / (1e15 * 86400), steps=steps,
+                params=params,
+                params_non_embedding=non_emb,
+                tokens=tokens,
+                flops_per_token=fpt,
+                flops=fpt * tokens,
+                pflops_days=fpt * tokens / (1e15 * 86400),
+                flops_6nd=6.0 * non_emb * tokens,
+                pflops_days_6nd=6.0 * non_emb * tokens / (1e15 * 86400),
+                steps=steps,
             )
         if self.recorder is not None:
             rec["started_at"] = self.recorder.started_at  # first launch of a resumed run
@@ -120,8 +147,10 @@ def find_completed(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] |
     done = records.find_completed(study_dir, chash)
     if done is None:
         return None
-    print(f"[attnres] skipping {run_id}: {study_dir / records.RESULTS_TABLE} already holds a completed run with "
-          f"config_hash {chash} (val_loss {done.get('val_loss')}); pass force=true to re-run it")
+    print(
+        f"[attnres] skipping {run_id}: {study_dir / records.RESULTS_TABLE} already holds a completed run with "
+        f"config_hash {chash} (val_loss {done.get('val_loss')}); pass force=true to re-run it"
+    )
     return {**done, "skipped": True}
 
 
@@ -133,7 +162,11 @@ def warn_other_data(study_dir: Path, plan: RunPlan) -> None:
         if rec.get("status") == "completed" and fp and fp != plan.data_fingerprint:
             other[fp] = str(rec.get("dataset") or "?")
     if other:
-        print(f"[attnres] warning: study {study_dir.name} already holds completed runs of other data "
-              f"({', '.join(f'{fp} = {name}' for fp, name in sorted(other.items()))}); this run's data is "
-              f"{plan.data_fingerprint} = {plan.dataset}. The analysis never pools data sets: give each its own "
-              f"study (study=<name>)", file=sys.stderr, flush=True)
+        print(
+            f"[attnres] warning: study {study_dir.name} already holds completed runs of other data "
+            f"({', '.join(f'{fp} = {name}' for fp, name in sorted(other.items()))}); this run's data is "
+            f"{plan.data_fingerprint} = {plan.dataset}. The analysis never pools data sets: give each its own "
+            f"study (study=<name>)",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -119,13 +119,19 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
         quiet_lightning()
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
         module = LMModule(
-            plan.model_config, optimizer=instantiate(cfg.optimizer), scheduler=instantiate(cfg.scheduler),
-            total_steps=plan.steps, log_every=int(cfg.train.log_every), eval_every=plan.eval_every,
-            compile=bool(cfg.compile), activation_checkpointing=bool(cfg.activation_checkpointing),
+            plan.model_config,
+            optimizer=instantiate(cfg.optimizer),
+            scheduler=instantiate(cfg.scheduler),
+            total_steps=plan.steps,
+            log_every=int(cfg.train.log_every),
+            eval_every=plan.eval_every,
+            compile=bool(cfg.compile),
+            activation_checkpointing=bool(cfg.activation_checkpointing),
         )
         run.module = module
-        run.recorder = recorder = RunRecorder(run.run_dir, run.tokens_per_step, plan.flops_per_token,
-                                              str(cfg.model.variant), plan.model_config.residual)
+        run.recorder = recorder = RunRecorder(
+            run.run_dir, run.tokens_per_step, plan.flops_per_token, str(cfg.model.variant), plan.model_config.residual
+        )
         recorder.session_start = run.t0  # this launch's wall time includes data and model setup
         callbacks = [recorder, *instantiate_callbacks(cfg), interrupt, *fault_callbacks(cfg)]
         resuming = ckpt.is_file()
@@ -136,9 +142,11 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
         log_hyperparameters(loggers, {**container, **derived}, rank_zero)
         if rank_zero:
             state = f"resuming from {ckpt}" if resuming else "starting"
-            print(f"[attnres] {run.run_id}: {state}; {plan.steps} steps x {run.tokens_per_step} tokens, "
-                  f"N={derived['derived/params_non_embedding']:,}, C={derived['derived/flops']:.3g} FLOPs -> "
-                  f"{run.run_dir}")
+            print(
+                f"[attnres] {run.run_id}: {state}; {plan.steps} steps x {run.tokens_per_step} tokens, "
+                f"N={derived['derived/params_non_embedding']:,}, C={derived['derived/flops']:.3g} FLOPs -> "
+                f"{run.run_dir}"
+            )
 
         trainer.fit(module, datamodule=plan.datamodule, ckpt_path=str(ckpt) if resuming else None)
         recorder.ensure_loaded(trainer)  # fit returns at once when the checkpoint was already at the last step
@@ -153,8 +161,10 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
             run.write(record)
         run.completed = record
         if rank_zero:
-            print(f"[attnres] {run.run_id}: completed, val_loss {record['val_loss']:.4f} after {record['steps']} "
-                  f"steps ({record['wall_time_s']:.0f} s) -> {run.table}")
+            print(
+                f"[attnres] {run.run_id}: completed, val_loss {record['val_loss']:.4f} after {record['steps']} "
+                f"steps ({record['wall_time_s']:.0f} s) -> {run.table}"
+            )
     return record
 
 
@@ -171,8 +181,12 @@ def main() -> None:
     try:
         hydra_main()
     except KeyboardInterrupt:
-        print("[attnres] interrupted: a run in training saves a checkpoint and is recorded as interrupted (relaunch "
-              "to resume); one that had not started training leaves nothing", file=sys.stderr, flush=True)
+        print(
+            "[attnres] interrupted: a run in training saves a checkpoint and is recorded as interrupted (relaunch "
+            "to resume); one that had not started training leaves nothing",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(130) from None
 
 

@@ -68,14 +68,18 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError(f"trainer.precision={tr.get('precision')!r}; allowed values: {', '.join(PRECISIONS)}")
     strategy = tr.get("strategy")
     if not (isinstance(strategy, DictConfig) and "_target_" in strategy) and strategy not in STRATEGIES:
-        raise ValueError(f"trainer.strategy={strategy!r}; allowed values: {', '.join(STRATEGIES)} or a node with "
-                         "a _target_ (see trainer/fsdp.yaml)")
+        raise ValueError(
+            f"trainer.strategy={strategy!r}; allowed values: {', '.join(STRATEGIES)} or a node with "
+            "a _target_ (see trainer/fsdp.yaml)"
+        )
     if tr.get("accelerator") in ("gpu", "cuda"):
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError(f"trainer.accelerator={tr.accelerator!r} but torch sees no CUDA device; use trainer=cpu "
-                             "(or install a CUDA build of torch on a GPU machine)")
+            raise ValueError(
+                f"trainer.accelerator={tr.accelerator!r} but torch sees no CUDA device; use trainer=cpu "
+                "(or install a CUDA build of torch on a GPU machine)"
+            )
     _positive_int(tr.get("accumulate_grad_batches", 1), "trainer.accumulate_grad_batches")
     if tr.get("gradient_clip_val") is not None:
         _number(tr.gradient_clip_val, "trainer.gradient_clip_val", 0, float("inf"))
@@ -106,7 +110,6 @@ def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:
             "train.flops_budget=null to train for the token count)"
         )
     return by_budget
-
 
 
 MODEL_NON_FIELDS = ("_target_", "variant")  # keys of cfg.model that are not ModelConfig fields

@@ -26,15 +26,27 @@ ROOT = Path(__file__).resolve().parents[1]
 def _cells(table: Path, variants: set[str], sizes: set[str], seeds: set[int], protocol: str) -> list[dict[str, str]]:
     with table.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    return [r for r in rows if r["variant"] in variants and r["size"] in sizes and int(r["seed"]) in seeds
-            and r["lr_protocol"] == protocol]
+    return [
+        r
+        for r in rows
+        if r["variant"] in variants and r["size"] in sizes and int(r["seed"]) in seeds and r["lr_protocol"] == protocol
+    ]
 
 
 def _train(row: dict[str, str], runs_root: Path) -> dict[str, str]:
-    overrides = ["experiment=cpu_ladder", f"model={row['variant']}", f"size={row['size']}", f"seed={row['seed']}",
-                 f"lr_protocol={row['lr_protocol']}", "threads=1", "logger=csv", f"paths.runs_root={runs_root}"]
-    done = subprocess.run([sys.executable, "-m", "experiments.train", *overrides], cwd=ROOT, capture_output=True,
-                          text=True)
+    overrides = [
+        "experiment=cpu_ladder",
+        f"model={row['variant']}",
+        f"size={row['size']}",
+        f"seed={row['seed']}",
+        f"lr_protocol={row['lr_protocol']}",
+        "threads=1",
+        "logger=csv",
+        f"paths.runs_root={runs_root}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.train", *overrides], cwd=ROOT, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise RuntimeError(f"training {row['run_id']} failed (exit {done.returncode}): {done.stderr[-2000:]}")
     with (runs_root / "cpu_ladder" / "results.csv").open(newline="") as f:
@@ -51,11 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="cpu_xs")
     p.add_argument("--seeds", default="0")
     p.add_argument("--lr-protocol", default="baseline", choices=["baseline", "per_arm"])
-    p.add_argument("--tolerance", type=float, default=None,
-                   help="nats allowed for AttnRes arms (default 0: bit for bit); the baseline is always bit for bit")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="nats allowed for AttnRes arms (default 0: bit for bit); the baseline is always bit for bit",
+    )
     args = p.parse_args(argv)
-    cells = _cells(args.runs, set(args.variants.split(",")), set(args.sizes.split(",")),
-                   {int(s) for s in args.seeds.split(",")}, args.lr_protocol)
+    cells = _cells(
+        args.runs,
+        set(args.variants.split(",")),
+        set(args.sizes.split(",")),
+        {int(s) for s in args.seeds.split(",")},
+        args.lr_protocol,
+    )
     if not cells:
         print(f"no recorded cell in {args.runs} matches", file=sys.stderr)
         return 2
@@ -68,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             same_id = got["config_hash"] == row["config_hash"]
             ok = same_id and abs(now - recorded) <= tol
             failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {row['run_id']}: val_loss {now!r} vs recorded {recorded!r} "
-                  f"(diff {now - recorded:+.3g}, allowed {tol:g}); config_hash {'same' if same_id else 'MOVED'}")
+            print(
+                f"{'ok  ' if ok else 'FAIL'} {row['run_id']}: val_loss {now!r} vs recorded {recorded!r} "
+                f"(diff {now - recorded:+.3g}, allowed {tol:g}); config_hash {'same' if same_id else 'MOVED'}"
+            )
     return 1 if failures else 0
 
 

@@ -34,12 +34,15 @@ def summarize(jobs: list[dict[str, Any]], diverged_is_failure: bool = True) -> t
     """(printable summary, whether every run ended well; a diverged run counts as a failure unless told not to:
     in an LR study the top of the grid is expected to diverge)."""
     counts = Counter(j.get("status", "failed") for j in jobs)
-    lines = [f"[attnres] sweep finished: {len(jobs)} runs: "
-             + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)]
+    lines = [f"[attnres] sweep finished: {len(jobs)} runs: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)]
     for j in jobs:
         if j.get("status") in ("failed", "diverged", "interrupted") or j.get("error"):
             lines.append(f"  {j['status']:9s} {j.get('run_id', '?')}: {j.get('error', '')}")
-    ok = counts.get("failed", 0) == 0 and counts.get("interrupted", 0) == 0 and (counts.get("diverged", 0) == 0 or not diverged_is_failure)
+    ok = (
+        counts.get("failed", 0) == 0
+        and counts.get("interrupted", 0) == 0
+        and (counts.get("diverged", 0) == 0 or not diverged_is_failure)
+    )
     return "\n".join(lines), ok
 
 
@@ -56,7 +59,8 @@ class SweepSummary(Callback):
         text, ok = summarize(jobs, self.diverged_is_failure)
         print(text, flush=True)
         counts = Counter(j.get("status", "failed") for j in jobs)
-        (sweep_dir / "sweep_summary.json").write_text(json.dumps(
-            {"counts": {s: counts.get(s, 0) for s in STATUSES}, "jobs": jobs}, indent=2) + "\n")
+        (sweep_dir / "sweep_summary.json").write_text(
+            json.dumps({"counts": {s: counts.get(s, 0) for s in STATUSES}, "jobs": jobs}, indent=2) + "\n"
+        )
         if not ok:
             raise SystemExit(1)

@@ -24,9 +24,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from analysis.schema import STUDY_KINDS, FitDocument
 
@@ -50,16 +51,28 @@ class Study:
 
 
 STUDIES = {
-    "cpu": Study("cpu_ladder", "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_l, every arm at the baseline's tuned lr"),
-    "cpu5": Study("cpu_ladder", "CPU ladder with its fifth rung: baseline / Full / Block AttnRes x cpu_xs..cpu_xl",
-                  overrides=("size=cpu_xs,cpu_s,cpu_m,cpu_l,cpu_xl",)),
+    "cpu": Study(
+        "cpu_ladder",
+        "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_l, every arm at the baseline's tuned lr",
+    ),
+    "cpu5": Study(
+        "cpu_ladder",
+        "CPU ladder with its fifth rung: baseline / Full / Block AttnRes x cpu_xs..cpu_xl",
+        overrides=("size=cpu_xs,cpu_s,cpu_m,cpu_l,cpu_xl",),
+    ),
     "quick": Study("quick", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
-    "per_arm": Study("cpu_ladder", "CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
-                     overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres")),
-    "lr": Study("cpu_lr", "LR tuning of the CPU ladder (a log-spaced lr grid per size)",
-                tuned_config="conf/tuned_lr/cpu.yaml"),
-    "arch": Study("cpu_arch_grid", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"),
-}  # fmt: skip
+    "per_arm": Study(
+        "cpu_ladder",
+        "CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
+        overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres"),
+    ),
+    "lr": Study(
+        "cpu_lr", "LR tuning of the CPU ladder (a log-spaced lr grid per size)", tuned_config="conf/tuned_lr/cpu.yaml"
+    ),
+    "arch": Study(
+        "cpu_arch_grid", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"
+    ),
+}
 
 
 TRAIN_COMMAND = (sys.executable, "-m", "experiments.train", "-m")
@@ -93,13 +106,19 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
                 log.write(line)
-                if line.startswith("[attnres]") or line.startswith("  ") and ("failed" in line or "diverged" in line):
+                if line.startswith("[attnres]") or (line.startswith("  ") and ("failed" in line or "diverged" in line)):
                     print(line.rstrip(), flush=True)
                 elif "Error" in line and not line.startswith(" "):
                     print("   " + line.rstrip(), flush=True)
@@ -116,43 +135,63 @@ def headline(fit_path: Path) -> list[str]:
     fit = FitDocument.from_json(fit_path)
     lines = []
     for name, b in (fit.arch_grid.best if fit.arch_grid else {}).items():
-        lines.append(f"  {name}: best val loss {b.val_loss:.4f} at d/L_b = {b.d_over_lb:g}, H/L_b = {b.heads_over_lb:g}"
-                     f" (the grid: fig7_arch_grid.md)")
+        lines.append(
+            f"  {name}: best val loss {b.val_loss:.4f} at d/L_b = {b.d_over_lb:g}, H/L_b = {b.heads_over_lb:g}"
+            f" (the grid: fig7_arch_grid.md)"
+        )
     for name, m in fit.multipliers.items():
         if m.m is None:
             continue
         lo, hi = m.m_ci95 or (float("nan"), float("nan"))
-        lines.append(f"  {name}: compute multiplier m = {m.m:.3f}x (95% CI {lo:.3f}-{hi:.3f}), "
-                     f"P(m <= 1) = {m.p_m_le_1:.3f}" + (f", paper-form M at largest C = {m.paper_M:.3f}x"
-                                                        if m.paper_M is not None else ""))
+        lines.append(
+            f"  {name}: compute multiplier m = {m.m:.3f}x (95% CI {lo:.3f}-{hi:.3f}), "
+            f"P(m <= 1) = {m.p_m_le_1:.3f}"
+            + (f", paper-form M at largest C = {m.paper_M:.3f}x" if m.paper_M is not None else "")
+        )
     for name, p in fit.protocols.items():
         lo, hi = p.ratio_ci95
-        lines.append(f"  {name}: own-lr / shared-lr multiplier = {p.ratio_own_over_shared:.3f} "
-                     f"(95% CI {lo:.3f}-{hi:.3f})")
+        lines.append(
+            f"  {name}: own-lr / shared-lr multiplier = {p.ratio_own_over_shared:.3f} (95% CI {lo:.3f}-{hi:.3f})"
+        )
     flagged = fit.outliers.flagged if fit.outliers else []
     if flagged:
         lines.append(f"  note: {len(flagged)} run(s) flagged by the outlier rule (kept, marked; summary.md lists them)")
     boot = fit.bootstrap
     if lines and boot is not None and boot.mode == "parametric":
         seeds = sorted(set(boot.seeds_per_size.values()))
-        lines.append(f"  note: {'/'.join(map(str, seeds)) or '1'} seed(s) per size, so the intervals come from a parametric "
-                     f"bootstrap with sigma = {boot.sigma or float('nan'):.3g} ({boot.sigma_source}): "
-                     "a first look, not a claim; run >= 2 seeds (--seeds 0,1) for seed-resampled intervals")
+        lines.append(
+            f"  note: {'/'.join(map(str, seeds)) or '1'} seed(s) per size, so the intervals come from a parametric "
+            f"bootstrap with sigma = {boot.sigma or float('nan'):.3g} ({boot.sigma_source}): "
+            "a first look, not a claim; run >= 2 seeds (--seeds 0,1) for seed-resampled intervals"
+        )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sweeps.study", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m sweeps.study", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("study", nargs="?", default="cpu", choices=sorted(STUDIES), help="which study (default: cpu)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the sweep config's)")
-    ap.add_argument("--arms", default="default", choices=sorted(ARMS),
-                    help="lr study: 'default' tunes the baseline only (the paper's protocol), 'all' every arm")
-    ap.add_argument("--rule", default="trend", choices=["per_size", "trend"],
-                    help="lr study: the lr written per size, each curve's own optimum or the arm's power law over "
-                         "sizes (default: trend, which smooths single-size seed noise)")
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                    help="parallel single-thread jobs (default: 2, or 1 on a 1-core machine)")
+    ap.add_argument(
+        "--arms",
+        default="default",
+        choices=sorted(ARMS),
+        help="lr study: 'default' tunes the baseline only (the paper's protocol), 'all' every arm",
+    )
+    ap.add_argument(
+        "--rule",
+        default="trend",
+        choices=["per_size", "trend"],
+        help="lr study: the lr written per size, each curve's own optimum or the arm's power law over "
+        "sizes (default: trend, which smooths single-size seed noise)",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="parallel single-thread jobs (default: 2, or 1 on a 1-core machine)",
+    )
     ap.add_argument("--runs-root", default="runs", help="where run directories and results.csv go (default: runs)")
     ap.add_argument("--reports-root", default="reports", help="where the report goes (default: reports)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
@@ -163,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if ARMS[args.arms] is not None:
         extra.append(f"model={ARMS[args.arms]}")
     cmd = sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + args.overrides)
-    overrides = cmd[len(TRAIN_COMMAND) + 1:]  # what the sweep command sets beyond +sweep=<sweep>
+    overrides = cmd[len(TRAIN_COMMAND) + 1 :]  # what the sweep command sets beyond +sweep=<sweep>
     from hydra.errors import HydraException
 
     try:
@@ -182,24 +221,42 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.runs_root) / study_name / "results.csv"
     report = Path(args.reports_root) / study_name
     t0 = time.time()
-    print(f"[attnres] {study.what}; seeds {seeds}; {args.jobs} parallel job(s)\n[attnres] $ {' '.join(cmd[1:])}", flush=True)
+    print(
+        f"[attnres] {study.what}; seeds {seeds}; {args.jobs} parallel job(s)\n[attnres] $ {' '.join(cmd[1:])}",
+        flush=True,
+    )
     try:
         sweep_rc = run_streaming(cmd, report / "sweep.log")
     except KeyboardInterrupt:
         sweep_rc = 130
     if sweep_rc > 128:  # interrupted (SIGINT / SIGTERM / SIGUSR1): the runs in flight saved a checkpoint
-        print(f"[attnres] interrupted: runs in flight saved a checkpoint and were recorded as interrupted; re-run the "
-              f"same command to resume (log: {report / 'sweep.log'})", flush=True)
+        print(
+            f"[attnres] interrupted: runs in flight saved a checkpoint and were recorded as interrupted; re-run the "
+            f"same command to resume (log: {report / 'sweep.log'})",
+            flush=True,
+        )
         return sweep_rc
-    print(f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {report / 'sweep.log'}",
-          flush=True)
+    print(
+        f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {report / 'sweep.log'}",
+        flush=True,
+    )
     if not results.is_file():
         print(f"[attnres] no results table at {results}: nothing to analyse", file=sys.stderr)
         return sweep_rc or 1
     if kind == "lr":
         tuned = REPO / study.tuned_config if study.tuned_config else None
-        fit_cmd = [sys.executable, "-m", "analysis", "lr", "--results", str(results), "--out", str(report),
-                   "--rule", args.rule]
+        fit_cmd = [
+            sys.executable,
+            "-m",
+            "analysis",
+            "lr",
+            "--results",
+            str(results),
+            "--out",
+            str(report),
+            "--rule",
+            args.rule,
+        ]
         if tuned is not None:
             fit_cmd += ["--write-config", str(tuned)]
         print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)

@@ -96,7 +96,17 @@ def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: f
     """`python -m experiments.train <args>` in a subprocess from the repo root (returns CompletedProcess)."""
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+        **(env_extra or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.train", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

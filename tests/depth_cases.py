@@ -8,8 +8,9 @@ import torch
 from attnres.depth import mix_sources, track_source
 
 
-def reads_sharing_sources(vs: list[torch.Tensor], w1: torch.Tensor, w2: torch.Tensor, track: bool,
-                          eps: float | None = None) -> torch.Tensor:
+def reads_sharing_sources(
+    vs: list[torch.Tensor], w1: torch.Tensor, w2: torch.Tensor, track: bool, eps: float | None = None
+) -> torch.Tensor:
     """A loss over sources mixed by several reads, one source depending on an earlier read (as in Full AttnRes).
     w1 [2, B, T], w2 [4, B, T]. With eps the reads are fused with the PreNorm normalisation (the model's path,
     where sinks defer their terms)."""

@@ -16,7 +16,7 @@ from attnres.residual import FullAttnRes
 
 torch.set_num_threads(1)
 
-TINY = dict(vocab_size=61, n_layers=3, d_model=32, n_heads=4, max_seq_len=16)
+TINY = {"vocab_size": 61, "n_layers": 3, "d_model": 32, "n_heads": 4, "max_seq_len": 16}
 
 # The configs shipped in conf/model/ (name -> ModelConfig fields), on the tiny model.
 ABLATIONS = {
@@ -56,7 +56,7 @@ def randomize_residual(model: Transformer, seed: int = 1) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Independent reference: one read of AttnRes with every Table 4 option, written out per channel group and source.
 def rmsnorm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps)
+    return x / torch.sqrt((x**2).mean(-1, keepdim=True) + eps)
 
 
 def naive_read(res, opts: dict, l: int, sources: list[torch.Tensor], slots: list[int], eps: float) -> torch.Tensor:
@@ -118,14 +118,14 @@ def naive_forward(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
     S = cfg.sublayers_per_block
     blocks, partial = [], emb
     for l in range(L):
-        group = blocks + [partial]
+        group = [*blocks, partial]
         h = naive_read(res, opts, l, group, list(range(len(group))), eps)
         if l % S == 0:
             blocks.append(partial)
             partial = None
         out = sublayer(model, l, h)
         partial = out if partial is None else partial + out
-    group = blocks + [partial]
+    group = [*blocks, partial]
     h = naive_read(res, opts, L, group, list(range(len(group))), eps)
     return model.lm_head(model.norm(h))
 
@@ -142,35 +142,47 @@ def assert_matches_naive(model: Transformer, idx: torch.Tensor) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("residual,options,kw", [
-    ("full", {"query": "input_dependent"}, {}),
-    ("full", {"mixing": "static"}, {}),
-    ("full", {"normalizer": "sigmoid"}, {}),
-    ("full", {"key_norm": False}, {}),
-    ("full", {"window": 2}, {}),
-    ("full", {"window": 3, "normalizer": "sigmoid"}, {}),
-    ("full", {"heads": 4}, {}),
-    ("full", {"heads": 2, "query": "input_dependent", "key_norm": False}, {}),
-    ("block", {"query": "input_dependent"}, {"block_size": 2}),
-    ("block", {"mixing": "static"}, {"block_size": 4}),
-    ("block", {"normalizer": "sigmoid"}, {"block_size": 2}),
-    ("block", {"key_norm": False}, {"block_size": 2}),  # two-phase path
-    ("block", {"key_norm": False, "two_phase": False}, {"block_size": 5}),
-    ("block", {"heads": 4}, {"block_size": 2}),
-    ("block", {"heads": 8, "normalizer": "sigmoid"}, {"block_size": 3}),
-])
+@pytest.mark.parametrize(
+    ("residual", "options", "kw"),
+    [
+        ("full", {"query": "input_dependent"}, {}),
+        ("full", {"mixing": "static"}, {}),
+        ("full", {"normalizer": "sigmoid"}, {}),
+        ("full", {"key_norm": False}, {}),
+        ("full", {"window": 2}, {}),
+        ("full", {"window": 3, "normalizer": "sigmoid"}, {}),
+        ("full", {"heads": 4}, {}),
+        ("full", {"heads": 2, "query": "input_dependent", "key_norm": False}, {}),
+        ("block", {"query": "input_dependent"}, {"block_size": 2}),
+        ("block", {"mixing": "static"}, {"block_size": 4}),
+        ("block", {"normalizer": "sigmoid"}, {"block_size": 2}),
+        ("block", {"key_norm": False}, {"block_size": 2}),  # two-phase path
+        ("block", {"key_norm": False, "two_phase": False}, {"block_size": 5}),
+        ("block", {"heads": 4}, {"block_size": 2}),
+        ("block", {"heads": 8, "normalizer": "sigmoid"}, {"block_size": 3}),
+    ],
+)
 def test_ablation_matches_naive_transcription(residual, options, kw):
     model = make(residual, options, **kw)
     randomize_residual(model)
     assert_matches_naive(model, tokens())
 
 
-@pytest.mark.parametrize("residual,options", [
-    ("full", {"query": "input_dependent"}), ("full", {"mixing": "static"}), ("full", {"normalizer": "sigmoid"}),
-    ("full", {"key_norm": False}), ("full", {"heads": 4}),
-    ("block", {"query": "input_dependent"}), ("block", {"mixing": "static"}), ("block", {"normalizer": "sigmoid"}),
-    ("block", {"key_norm": False}), ("block", {"heads": 4}),
-])
+@pytest.mark.parametrize(
+    ("residual", "options"),
+    [
+        ("full", {"query": "input_dependent"}),
+        ("full", {"mixing": "static"}),
+        ("full", {"normalizer": "sigmoid"}),
+        ("full", {"key_norm": False}),
+        ("full", {"heads": 4}),
+        ("block", {"query": "input_dependent"}),
+        ("block", {"mixing": "static"}),
+        ("block", {"normalizer": "sigmoid"}),
+        ("block", {"key_norm": False}),
+        ("block", {"heads": 4}),
+    ],
+)
 def test_ablation_zero_init_equals_baseline(residual, options):
     """Zero queries / projections / logits: softmax reads are the uniform mean of their sources and sigmoid reads
     half their sum; either way a positive multiple of the baseline stream, which PreNorm and the final RMSNorm
@@ -178,7 +190,9 @@ def test_ablation_zero_init_equals_baseline(residual, options):
     base = make("baseline", norm_eps=1e-12)
     model = make(residual, options, norm_eps=1e-12, block_size=2)
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
-    assert missing and all(m.startswith("residual.") for m in missing) and not unexpected
+    assert missing
+    assert all(m.startswith("residual.") for m in missing)
+    assert not unexpected
     idx = tokens()
     (lb, loss_b), (la, loss_a) = base(idx, idx), model(idx, idx)
     assert torch.allclose(la, lb, atol=1e-5)
@@ -189,10 +203,17 @@ def test_ablation_zero_init_equals_baseline(residual, options):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
-@pytest.mark.parametrize("options", [
-    {"query": "input_dependent"}, {"mixing": "static"}, {"normalizer": "sigmoid"}, {"key_norm": False},
-    {"heads": 4}, {"heads": 2, "normalizer": "sigmoid", "query": "input_dependent"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"query": "input_dependent"},
+        {"mixing": "static"},
+        {"normalizer": "sigmoid"},
+        {"key_norm": False},
+        {"heads": 4},
+        {"heads": 2, "normalizer": "sigmoid", "query": "input_dependent"},
+    ],
+)
 def test_block_with_one_sublayer_per_block_equals_full(options):
     full = make("full", options)
     randomize_residual(full)
@@ -213,7 +234,8 @@ def test_two_phase_equals_plain_path_without_key_norm(block_size):
     slow = make("block", {"key_norm": False, "two_phase": False}, block_size=block_size)
     randomize_residual(fast)
     slow.load_state_dict(fast.state_dict())
-    assert fast.residual.two_phase and not slow.residual.two_phase
+    assert fast.residual.two_phase
+    assert not slow.residual.two_phase
     idx = tokens()
     (lf, loss_f), (ls, loss_s) = fast(idx, idx), slow(idx, idx)
     assert torch.allclose(lf, ls, atol=1e-5)
@@ -222,8 +244,9 @@ def test_two_phase_equals_plain_path_without_key_norm(block_size):
     assert torch.allclose(fast.residual.queries.grad, slow.residual.queries.grad, atol=1e-5, rtol=1e-3)
 
 
-@pytest.mark.parametrize("options", [{"normalizer": "sigmoid"}, {"heads": 4}, {"query": "input_dependent"},
-                                     {"mixing": "static"}])
+@pytest.mark.parametrize(
+    "options", [{"normalizer": "sigmoid"}, {"heads": 4}, {"query": "input_dependent"}, {"mixing": "static"}]
+)
 def test_block_ablations_fall_back_to_the_plain_path(options):
     assert not make("block", options, block_size=2).residual.two_phase
     assert make("block", {"key_norm": False}, block_size=2).residual.two_phase
@@ -233,8 +256,15 @@ def test_block_ablations_fall_back_to_the_plain_path(options):
 def test_sliding_window_sees_embedding_and_w_most_recent_outputs(W):
     """Orthogonal sources: the coefficient of each basis vector in a read shows which sources it sees."""
     L = 6
-    cfg = ModelConfig(vocab_size=8, n_layers=L // 2, d_model=L + 1, n_heads=1, head_dim=2, residual="full",
-                      residual_options={"window": W})
+    cfg = ModelConfig(
+        vocab_size=8,
+        n_layers=L // 2,
+        d_model=L + 1,
+        n_heads=1,
+        head_dim=2,
+        residual="full",
+        residual_options={"window": W},
+    )
     scheme = FullAttnRes(cfg)
     with torch.no_grad():
         scheme.queries.normal_(generator=torch.Generator().manual_seed(W))
@@ -262,8 +292,9 @@ def test_window_at_least_depth_equals_full():
 def test_multihead_key_norm_is_per_channel_group():
     """Scaling one channel group of one source leaves every other group's read untouched: each group normalises
     its own slice of the keys and has its own softmax (a whole-vector RMSNorm would couple the groups)."""
-    cfg = ModelConfig(vocab_size=8, n_layers=1, d_model=16, n_heads=1, head_dim=2, residual="full",
-                      residual_options={"heads": 4})
+    cfg = ModelConfig(
+        vocab_size=8, n_layers=1, d_model=16, n_heads=1, head_dim=2, residual="full", residual_options={"heads": 4}
+    )
     scheme = FullAttnRes(cfg)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -341,7 +372,8 @@ def test_bf16_autocast_runs(name):
     idx = tokens()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, loss = model(idx, idx)
-    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert logits.dtype == torch.bfloat16
+    assert torch.isfinite(loss)
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.residual.parameters())
 
@@ -354,13 +386,24 @@ def forward_flops(model: Transformer, idx: torch.Tensor) -> float:
     return counter.get_total_flops() / idx.numel()
 
 
-@pytest.mark.parametrize("residual,options", [
-    ("full", {}), ("full", {"query": "input_dependent"}), ("full", {"mixing": "static"}),
-    ("full", {"normalizer": "sigmoid"}), ("full", {"key_norm": False}), ("full", {"window": 2}),
-    ("full", {"heads": 4}), ("block", {"two_phase": False}), ("block", {"query": "input_dependent"}),
-    ("block", {"mixing": "static"}), ("block", {"normalizer": "sigmoid"}),
-    ("block", {"key_norm": False, "two_phase": False}), ("block", {"heads": 4}),
-])
+@pytest.mark.parametrize(
+    ("residual", "options"),
+    [
+        ("full", {}),
+        ("full", {"query": "input_dependent"}),
+        ("full", {"mixing": "static"}),
+        ("full", {"normalizer": "sigmoid"}),
+        ("full", {"key_norm": False}),
+        ("full", {"window": 2}),
+        ("full", {"heads": 4}),
+        ("block", {"two_phase": False}),
+        ("block", {"query": "input_dependent"}),
+        ("block", {"mixing": "static"}),
+        ("block", {"normalizer": "sigmoid"}),
+        ("block", {"key_norm": False, "two_phase": False}),
+        ("block", {"heads": 4}),
+    ],
+)
 def test_mixing_flops_equal_counted_forward_flops(residual, options):
     """Every logit, weighted sum and query projection is a matmul, so torch's counter sees exactly the scheme's
     FLOPs: (model - baseline) forward FLOPs per token == mixing_flops. (The two-phase Block path is left out:
@@ -392,12 +435,12 @@ def test_flop_count_matches_torch_flop_counter(name):
     """Forward + backward of the whole model against attnres.flops (1%: the counter misses the element-wise
     products of the depth-mixing backward and sees SDPA's full T x T scores, as in tests/test_model.py)."""
     residual, options = ABLATIONS[name]
-    cfg = ModelConfig(**{**TINY, "residual": residual, "residual_options": options, "block_size": 2,
-                         "max_seq_len": 32})
+    cfg = ModelConfig(**{**TINY, "residual": residual, "residual_options": options, "block_size": 2, "max_seq_len": 32})
     model = Transformer(cfg)
     randomize_residual(model)
     idx = torch.randint(0, cfg.vocab_size, (2, 32))
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     counter = FlopCounterMode(display=False)
     with counter, sdpa_kernel(SDPBackend.MATH):
         model(idx, idx)[1].backward()
@@ -405,28 +448,32 @@ def test_flop_count_matches_torch_flop_counter(name):
     # the weighted sums (forward) and their weight gradients (backward) are element-wise in mix_sources: 2*D
     # each per (read, source) pair, not seen by the counter (the multihead einsum path is seen)
     unseen = 0 if options.get("heads", 1) > 1 else 3 * 2 * cfg.d_model * sum(type(model.residual).sources_per_read(cfg))
-    assert counter.get_total_flops() / idx.numel() + unseen == pytest.approx(f.matmul + f.mixing + 2 * f.attention,
-                                                                            rel=0.01)
+    assert counter.get_total_flops() / idx.numel() + unseen == pytest.approx(
+        f.matmul + f.mixing + 2 * f.attention, rel=0.01
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("residual,options,match", [
-    ("full", {"query": "learned"}, r"'query'.*'static', 'input_dependent'"),
-    ("full", {"mixing": "dynamic"}, r"'mixing'.*'attention', 'static'"),
-    ("full", {"normalizer": "relu"}, r"'normalizer'.*'softmax', 'sigmoid'"),
-    ("full", {"key_norm": 0}, r"'key_norm'.*True, False"),  # a bool, not an int
-    ("block", {"key_norm": "no"}, r"'key_norm'"),
-    ("block", {"two_phase": 1}, r"'two_phase'"),
-    ("full", {"heads": 5}, r"'heads'.*divide d_model"),
-    ("full", {"heads": 0}, r"'heads'.*integer >= 1"),
-    ("full", {"heads": True}, r"'heads'"),
-    ("full", {"window": 0}, r"'window'.*integer >= 1"),
-    ("full", {"window": 2.5}, r"'window'"),
-    ("block", {"window": 8}, r"\['window'\].*allowed options"),
-    ("full", {"mixing": "static", "query": "input_dependent"}, r"mixing='static'.*query='input_dependent'"),
-    ("block", {"mixing": "static", "heads": 4}, r"mixing='static'.*heads=4"),
-    ("full", {"mixing": "static", "key_norm": False}, r"mixing='static'.*key_norm=False"),
-])
+@pytest.mark.parametrize(
+    ("residual", "options", "match"),
+    [
+        ("full", {"query": "learned"}, r"'query'.*'static', 'input_dependent'"),
+        ("full", {"mixing": "dynamic"}, r"'mixing'.*'attention', 'static'"),
+        ("full", {"normalizer": "relu"}, r"'normalizer'.*'softmax', 'sigmoid'"),
+        ("full", {"key_norm": 0}, r"'key_norm'.*True, False"),  # a bool, not an int
+        ("block", {"key_norm": "no"}, r"'key_norm'"),
+        ("block", {"two_phase": 1}, r"'two_phase'"),
+        ("full", {"heads": 5}, r"'heads'.*divide d_model"),
+        ("full", {"heads": 0}, r"'heads'.*integer >= 1"),
+        ("full", {"heads": True}, r"'heads'"),
+        ("full", {"window": 0}, r"'window'.*integer >= 1"),
+        ("full", {"window": 2.5}, r"'window'"),
+        ("block", {"window": 8}, r"\['window'\].*allowed options"),
+        ("full", {"mixing": "static", "query": "input_dependent"}, r"mixing='static'.*query='input_dependent'"),
+        ("block", {"mixing": "static", "heads": 4}, r"mixing='static'.*heads=4"),
+        ("full", {"mixing": "static", "key_norm": False}, r"mixing='static'.*key_norm=False"),
+    ],
+)
 def test_invalid_options_name_the_option_and_allowed_values(residual, options, match):
     kwargs = {**TINY, "residual": residual, "residual_options": options, "block_size": 2}
     with pytest.raises(ValueError, match=match):  # the config refuses them, so no model or FLOP count sees them

@@ -27,7 +27,8 @@ def test_default_B_is_at_least_2000() -> None:
 def test_plan_picks_cluster_or_parametric() -> None:
     two = synthetic_ladder({"v": 1.25}, seeds=(0, 1))
     plan = bs.plan_resampling(two)
-    assert plan.mode == "paired_cluster" and plan.scale == pytest.approx(np.sqrt(2))
+    assert plan.mode == "paired_cluster"
+    assert plan.scale == pytest.approx(np.sqrt(2))
     one = synthetic_ladder({"v": 1.25}, seeds=(0,))
     plan = bs.plan_resampling(one, sigma=0.01, rho=0.5)
     assert (plan.mode, plan.sigma, plan.rho) == ("parametric", 0.01, 0.5)
@@ -37,7 +38,9 @@ def test_plan_picks_cluster_or_parametric() -> None:
     # Mixed: extra seeds at the two smallest sizes (a pilot) give a pooled seed sd for the parametric bootstrap.
     pilot = synthetic_ladder({"v": 1.25}, seeds=(1, 2), n_sizes=2, C_range=(2e-6, 2e-6 * 100**0.25), sigma=0.01, rng=3)
     plan = bs.plan_resampling(pd.concat([one, pilot]))
-    assert plan.mode == "parametric" and "pooled" in plan.sigma_source and 0.002 < plan.sigma < 0.03
+    assert plan.mode == "parametric"
+    assert "pooled" in plan.sigma_source
+    assert 0.002 < plan.sigma < 0.03
     with pytest.raises(ValueError, match="single-seed sizes"):
         bs.plan_resampling(one, mode="cluster")
 
@@ -71,8 +74,10 @@ def test_bootstrap_is_reproducible_and_seeded() -> None:
         a = analyse_scaling(df, B=300, seed=11)["multipliers"]["v"]
         b = analyse_scaling(df, B=300, seed=11)["multipliers"]["v"]
         c = analyse_scaling(df, B=300, seed=12)["multipliers"]["v"]
-    assert a["m_ci95"] == b["m_ci95"] and a["per_size"] == b["per_size"]
-    assert a["m"] == c["m"] and a["m_ci95"] != c["m_ci95"]
+    assert a["m_ci95"] == b["m_ci95"]
+    assert a["per_size"] == b["per_size"]
+    assert a["m"] == c["m"]
+    assert a["m_ci95"] != c["m_ci95"]
 
 
 def _coverage(seeds: tuple[int, ...], n_rep: int, B: int, **kw) -> dict[str, np.ndarray]:
@@ -91,7 +96,7 @@ def _coverage(seeds: tuple[int, ...], n_rep: int, B: int, **kw) -> dict[str, np.
         width.append((hi - lo) / m)
         p_le_1.append(res["p_m_le_1"])
         truth.append(m)
-    return {k: np.array(v) for k, v in dict(hits=hits, est=est, width=width, p=p_le_1, truth=truth).items()}
+    return {k: np.array(v) for k, v in {"hits": hits, "est": est, "width": width, "p": p_le_1, "truth": truth}.items()}
 
 
 def test_cluster_bootstrap_coverage() -> None:

@@ -37,39 +37,53 @@ def test_fit_json_schema(report: tuple[Path, int, list[str]]) -> None:
     doc = json.loads((out / "fit.json").read_text())
     for v in ("baseline", "full_attnres", "block_attnres"):
         f = doc["variants"][v]
-        assert f["A"] > 0 and 0 < f["alpha"] < 1
-        assert f["A_ci95"][0] < f["A"] < f["A_ci95"][1] and f["alpha_ci95"][0] < f["alpha"] < f["alpha_ci95"][1]
+        assert f["A"] > 0
+        assert 0 < f["alpha"] < 1
+        assert f["A_ci95"][0] < f["A"] < f["A_ci95"][1]
+        assert f["alpha_ci95"][0] < f["alpha"] < f["alpha_ci95"][1]
     assert set(doc["multipliers"]) == set(TRUTH)
     for v, truth in TRUTH.items():
         m = doc["multipliers"][v]
         for key in ("paper_M", "m", "m_ci95", "p_m_le_1", "per_size"):
             assert key in m
         lo, hi = m["m_ci95"]
-        assert lo < m["m"] < hi and abs(m["m"] / truth - 1) < 0.1
+        assert lo < m["m"] < hi
+        assert abs(m["m"] / truth - 1) < 0.1
         assert 0.0 <= m["p_m_le_1"] <= 0.05
         assert list(m["per_size"]) == ["cpu_xs", "cpu_s", "cpu_m", "cpu_l", "cpu_xl"]  # ordered by compute
         assert all(p["m"] > 1 for p in m["per_size"].values())
-        assert m["joint"]["form"] in ("saturating", "power_law") and m["exponents"]["significant"] in (True, False)
+        assert m["joint"]["form"] in ("saturating", "power_law")
+        assert m["exponents"]["significant"] in (True, False)
         assert m["paper_M_at_C"] == pytest.approx(max(p["C"] for p in m["per_size"].values()), rel=0.01)
-    assert doc["bootstrap"]["mode"] == "paired_cluster" and doc["bootstrap"]["B"] == 300
+    assert doc["bootstrap"]["mode"] == "paired_cluster"
+    assert doc["bootstrap"]["B"] == 300
     assert [p["block_size"] for p in doc["block_size_sweep"]["points"]] == [1, 2, 4, 8]
     assert doc["block_size_sweep"]["baseline"]["n_runs"] == 2
-    assert len(doc["ablations"]) == 12 and doc["ablations"][0]["variant"] == "baseline"
+    assert len(doc["ablations"]) == 12
+    assert doc["ablations"][0]["variant"] == "baseline"
 
 
 def test_excluded_run_is_reported(report: tuple[Path, int, list[str]]) -> None:
     out, _, warned = report
     doc = json.loads((out / "fit.json").read_text())
     (bad,) = doc["excluded_runs"]
-    assert bad["status"] == "diverged" and bad["run_id"] in " ".join(warned)
+    assert bad["status"] == "diverged"
+    assert bad["run_id"] in " ".join(warned)
     assert bad["run_id"] in (out / "summary.md").read_text()
 
 
 def test_summary_tables(report: tuple[Path, int, list[str]]) -> None:
     md = (out := report[0]).joinpath("summary.md").read_text()
-    for heading in ("Validation loss per size", "Fitted laws", "Compute multipliers vs baseline", "Block size sweep", "Ablations"):
+    for heading in (
+        "Validation loss per size",
+        "Fitted laws",
+        "Compute multipliers vs baseline",
+        "Block size sweep",
+        "Ablations",
+    ):
         assert f"## {heading}" in md
-    assert "| cpu_xl |" in md and "full_attnres (Δ vs baseline)" in md
+    assert "| cpu_xl |" in md
+    assert "full_attnres (Δ vs baseline)" in md
     assert (out / "table4_ablations.md").read_text().count("\n|") == 14  # header, rule and 12 variants
 
 
@@ -89,7 +103,9 @@ def test_missing_run_files_are_skipped_with_a_warning(tmp_path: Path) -> None:
     for f in (tmp_path / "s" / "runs").glob("*/diagnostics.json"):
         f.unlink()
     with pytest.warns(AnalysisWarning) as rec:
-        rc = main(["fit", "--results", str(path), "--out", str(tmp_path / "r"), "--bootstrap", "50", "--seed-sigma", "0.01"])
+        rc = main(
+            ["fit", "--results", str(path), "--out", str(tmp_path / "r"), "--bootstrap", "50", "--seed-sigma", "0.01"]
+        )
     msgs = " ".join(str(w.message) for w in rec)
     assert rc == 0
     assert f"loss curves: no usable metrics.csv for 1 run(s): {gone}" in msgs
@@ -97,7 +113,8 @@ def test_missing_run_files_are_skipped_with_a_warning(tmp_path: Path) -> None:
     assert (tmp_path / "r" / "loss_curves.png").stat().st_size > 10_000
     assert not (tmp_path / "r" / "fig8_depth_weights.png").exists()
     doc = json.loads((tmp_path / "r" / "fit.json").read_text())
-    assert doc["bootstrap"]["mode"] == "parametric" and doc["bootstrap"]["sigma"] == 0.01
+    assert doc["bootstrap"]["mode"] == "parametric"
+    assert doc["bootstrap"]["sigma"] == 0.01
 
 
 def test_cli_errors_exit_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -112,9 +129,14 @@ def test_cli_errors_exit_2_with_a_message(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_help_works_without_heavy_imports() -> None:
-    res = subprocess.run([sys.executable, "-m", "analysis", "--help"], cwd=REPO, capture_output=True, text=True, check=True)
-    assert "fit" in res.stdout and "paper" in res.stdout
-    res = subprocess.run([sys.executable, "-m", "analysis", "fit", "--help"], cwd=REPO, capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "analysis", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert "fit" in res.stdout
+    assert "paper" in res.stdout
+    res = subprocess.run(
+        [sys.executable, "-m", "analysis", "fit", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    )
     for opt in ("--results", "--wandb", "--baseline", "--bootstrap", "--seed-sigma", "--form"):
         assert opt in res.stdout
     code = "import sys, analysis.__main__; assert not {'pandas', 'scipy', 'matplotlib'} & set(sys.modules)"
@@ -124,12 +146,26 @@ def test_help_works_without_heavy_imports() -> None:
 def test_compute_column_choice(tmp_path: Path) -> None:
     df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1))
     df.to_csv(tmp_path / "r.csv", index=False)
-    rc = main(["fit", "--results", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o"), "--bootstrap", "50",
-               "--compute", "pflops_days_6nd", "--no-figures"])  # fmt: skip
+    rc = main(
+        [
+            "fit",
+            "--results",
+            str(tmp_path / "r.csv"),
+            "--out",
+            str(tmp_path / "o"),
+            "--bootstrap",
+            "50",
+            "--compute",
+            "pflops_days_6nd",
+            "--no-figures",
+        ]
+    )
     assert rc == 0
     doc = json.loads((tmp_path / "o" / "fit.json").read_text())
     assert doc["compute"] == "pflops_days_6nd"
-    assert doc["variants"]["baseline"]["C_max"] == pytest.approx(pd.to_numeric(df["pflops_days_6nd"]).max() / 1.01, rel=0.02)
+    assert doc["variants"]["baseline"]["C_max"] == pytest.approx(
+        pd.to_numeric(df["pflops_days_6nd"]).max() / 1.01, rel=0.02
+    )
     assert not list((tmp_path / "o").glob("*.png"))
 
 
@@ -140,11 +176,27 @@ def test_different_exponents_report_a_curve(tmp_path: Path, capsys: pytest.Captu
     v = df["variant"] == "v"
     df.loc[v, "val_loss"] = 2.9 * (df.loc[v, "pflops_days"] / 1e-5) ** -0.12
     df.to_csv(tmp_path / "r.csv", index=False)
-    assert main(["fit", "--results", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o"), "--bootstrap", "200", "--no-figures"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--results",
+                str(tmp_path / "r.csv"),
+                "--out",
+                str(tmp_path / "o"),
+                "--bootstrap",
+                "200",
+                "--no-figures",
+            ]
+        )
+        == 0
+    )
     assert "exponents differ significantly: M(C) runs from" in capsys.readouterr().out
     m = json.loads((tmp_path / "o" / "fit.json").read_text())["multipliers"]["v"]
-    assert m["exponents"]["significant"] and m["headline"] == "curve"
-    assert m["exponents"]["diff"] == pytest.approx(0.04, abs=0.01) and m["exponents"]["diff_ci95"][0] > 0
+    assert m["exponents"]["significant"]
+    assert m["headline"] == "curve"
+    assert m["exponents"]["diff"] == pytest.approx(0.04, abs=0.01)
+    assert m["exponents"]["diff_ci95"][0] > 0
     curve = m["paper_M_curve"]["M"]
     assert curve[-1] > 1.5 * curve[0]  # the multiplier grows with compute
     assert "not one number" in (tmp_path / "o" / "summary.md").read_text()
@@ -164,16 +216,28 @@ def test_loss_curve_panels_of_a_size_zoom_alike(tmp_path: Path, monkeypatch: pyt
         run.mkdir()
         tokens = [100 * (k + 1) for k in range(10)]
         losses = [first_loss] + [3.0 - 0.1 * k for k in range(1, 10)]
-        pd.DataFrame({"step": range(1, 11), "tokens": tokens, "flops": [t * flops_per_token for t in tokens],
-                      "val_loss": losses}).to_csv(run / "metrics.csv", index=False)
-        rows.append({"run_id": variant, "run_dir": str(run), "variant": variant, "size": "cpu_xs", "seed": 0,
-                     "val_loss": losses[-1], "pflops_days": 1.0})
+        pd.DataFrame(
+            {"step": range(1, 11), "tokens": tokens, "flops": [t * flops_per_token for t in tokens], "val_loss": losses}
+        ).to_csv(run / "metrics.csv", index=False)
+        rows.append(
+            {
+                "run_id": variant,
+                "run_dir": str(run),
+                "variant": variant,
+                "size": "cpu_xs",
+                "seed": 0,
+                "val_loss": losses[-1],
+                "pflops_days": 1.0,
+            }
+        )
     limits = []
-    monkeypatch.setattr(figures, "save", lambda fig, stem: limits.extend(ax.get_ylim() for ax in fig.axes)
-                        or plt.close(fig) or [])
+    monkeypatch.setattr(
+        figures, "save", lambda fig, stem: limits.extend(ax.get_ylim() for ax in fig.axes) or plt.close(fig) or []
+    )
     figures.loss_curves_figure(pd.DataFrame(rows), tmp_path / "loss_curves")
     (tokens_lo, tokens_hi), (flops_lo, flops_hi) = limits
-    assert tokens_hi == flops_hi == 5.0 and tokens_lo == pytest.approx(flops_lo)
+    assert tokens_hi == flops_hi == 5.0
+    assert tokens_lo == pytest.approx(flops_lo)
 
 
 @pytest.mark.parametrize("name", ["fit.json", "heldout/fit.json", "pooled/fit.json"])
@@ -184,12 +248,17 @@ def test_committed_fit_documents_load_typed_and_round_trip(name: str) -> None:
     path = REPO / "docs" / "results" / "cpu_ladder" / name
     raw = json.loads(path.read_text())
     doc = FitDocument.from_json(path)
-    assert doc.to_dict() == raw and list(doc.to_dict()) == list(raw)
-    assert doc.baseline == "baseline" and doc.bootstrap.mode == raw["bootstrap"]["mode"]
+    assert doc.to_dict() == raw
+    assert list(doc.to_dict()) == list(raw)
+    assert doc.baseline == "baseline"
+    assert doc.bootstrap.mode == raw["bootstrap"]["mode"]
     m = doc.multipliers["block_attnres"]
-    assert isinstance(m, Multiplier) and isinstance(m.joint, JointLaw) and m.joint.form in ("saturating", "power_law")
+    assert isinstance(m, Multiplier)
+    assert isinstance(m.joint, JointLaw)
+    assert m.joint.form in ("saturating", "power_law")
     block = raw["multipliers"]["block_attnres"]
-    assert m.m == block["m"] and m.paper_M_curve.C == block["paper_M_curve"]["C"]
+    assert m.m == block["m"]
+    assert block["paper_M_curve"]["C"] == m.paper_M_curve.C
     assert all(isinstance(p, SizeMultiplier) and p.m > 0 for p in m.per_size.values())
     assert doc.variants["baseline"].alpha == raw["variants"]["baseline"]["alpha"]
     assert all(not part.extra for part in [doc, m, m.joint, m.exponents, doc.bootstrap, *m.per_size.values()])
@@ -202,11 +271,17 @@ def test_fit_document_keeps_unknown_keys_and_tolerates_missing_ones() -> None:
 
     raw = {"multipliers": {"v": {"m": 1.2, "m_ci95": [1.0, 1.5], "new_estimator": {"m": 1.1}}}, "new_top": [1]}
     doc = FitDocument.from_dict(raw)
-    assert doc.multipliers["v"].m == 1.2 and doc.multipliers["v"].extra == {"new_estimator": {"m": 1.1}}
-    assert doc.extra == {"new_top": [1]} and doc.variants == {} and doc.bootstrap is None
+    assert doc.multipliers["v"].m == 1.2
+    assert doc.multipliers["v"].extra == {"new_estimator": {"m": 1.1}}
+    assert doc.extra == {"new_top": [1]}
+    assert doc.variants == {}
+    assert doc.bootstrap is None
     out = doc.to_dict()
-    assert out["new_top"] == [1] and out["multipliers"]["v"]["new_estimator"] == {"m": 1.1}
-    assert out["multipliers"]["v"]["paper_M"] is None and "without_flagged" not in out and "paper" not in out
+    assert out["new_top"] == [1]
+    assert out["multipliers"]["v"]["new_estimator"] == {"m": 1.1}
+    assert out["multipliers"]["v"]["paper_M"] is None
+    assert "without_flagged" not in out
+    assert "paper" not in out
     assert FitDocument.from_dict(out).to_dict() == out
 
 
@@ -217,5 +292,7 @@ def test_the_fit_document_is_what_run_fit_writes(report: tuple[Path, int, list[s
     raw = json.loads((out / "fit.json").read_text())
     doc = FitDocument.from_json(out / "fit.json")
     assert doc.to_dict() == raw
-    assert doc.block_size_sweep.size == raw["block_size_sweep"]["size"] and doc.block_size_sweep.full.val_loss > 0
-    assert doc.arch_grid is None and doc.files == raw["files"]
+    assert doc.block_size_sweep.size == raw["block_size_sweep"]["size"]
+    assert doc.block_size_sweep.full.val_loss > 0
+    assert doc.arch_grid is None
+    assert doc.files == raw["files"]

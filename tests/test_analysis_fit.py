@@ -38,7 +38,7 @@ def _ladder(m: float, saturating: bool, overhead: float = 0.01) -> tuple[np.ndar
 def test_power_law_is_exact_at_tiny_compute() -> None:
     C = np.geomspace(1e-7, 1e-4, 6)
     law = fit_power_law(C, 3.1 * C**-0.07)
-    assert law.A == pytest.approx(3.1, rel=1e-10)
+    assert pytest.approx(3.1, rel=1e-10) == law.A
     assert law.alpha == pytest.approx(0.07, rel=1e-10)
     assert law.compute_for_loss(law.loss(2e-6)) == pytest.approx(2e-6, rel=1e-10)
 
@@ -77,12 +77,14 @@ def test_joint_fit_recovers_known_multiplier(m: float, saturating: bool) -> None
     fit = fit_joint(C, L, isv)
     assert fit.m == pytest.approx(m, rel=1e-3)
     if saturating:
-        assert fit.form == "saturating" and fit.fallback is None
-        assert fit.E == pytest.approx(2.0, rel=1e-3)
+        assert fit.form == "saturating"
+        assert fit.fallback is None
+        assert pytest.approx(2.0, rel=1e-3) == fit.E
         assert fit.alpha == pytest.approx(0.25, rel=1e-3)
     else:
         # No saturation in the data: E lands on its bound and the fit says it fell back to E = 0.
-        assert fit.form == "power_law" and fit.E == 0.0
+        assert fit.form == "power_law"
+        assert fit.E == 0.0
         assert "E hit its lower bound" in fit.fallback
         assert fit.alpha == pytest.approx(0.08, rel=1e-4)
     # A is reported in the original units (A at C = 1 PFLOP/s-day), not the internal normalised ones.
@@ -115,7 +117,8 @@ def test_bad_inputs_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="> 0"):
         fit_power_law([1e-5, 0.0], [3.0, 3.1])
     forced = fit_joint(*_ladder(1.25, False), form="saturating")
-    assert forced.form == "saturating" and forced.fallback is None
+    assert forced.form == "saturating"
+    assert forced.fallback is None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -149,7 +152,7 @@ def _identified(fit: JointFit, C: np.ndarray, L: np.ndarray, isv: np.ndarray, de
     (where the loss is quadratic) determine every free parameter (full-rank Jacobian). Beyond delta the Huber loss
     is linear, and a fit resting on such points can sit on a flat face: many parameters, one objective."""
     lnc = np.log(C / fit.C_ref)
-    a = np.log(np.where(isv, fit.A_variant, fit.A_base) * fit.C_ref ** -fit.alpha)  # prefactors in C / C_ref units
+    a = np.log(np.where(isv, fit.A_variant, fit.A_base) * fit.C_ref**-fit.alpha)  # prefactors in C / C_ref units
     T = np.exp(a - fit.alpha * lnc)
     Lhat = fit.E + T
     inside = np.abs(np.log(L) - np.log(Lhat)) < 0.9 * delta
@@ -169,10 +172,12 @@ def test_paper_form_matches_the_reference() -> None:
         w[:2] = 1.0
         ref = reference_power_law(C, L, w)
         a, s = wls_line(np.log(C)[None, :], np.log(L)[None, :], w[None, :])  # the bootstrap's batched form
-        assert np.exp(a[0]) == pytest.approx(ref.A, rel=1e-8) and -s[0] == pytest.approx(ref.alpha, rel=1e-8)
+        assert np.exp(a[0]) == pytest.approx(ref.A, rel=1e-8)
+        assert -s[0] == pytest.approx(ref.alpha, rel=1e-8)
         law = fit_power_law(C, L)
         ref = reference_power_law(C, L)
-        assert law.A == pytest.approx(ref.A, rel=1e-8) and law.alpha == pytest.approx(ref.alpha, rel=1e-8)
+        assert pytest.approx(ref.A, rel=1e-8) == law.A
+        assert law.alpha == pytest.approx(ref.alpha, rel=1e-8)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -195,11 +200,11 @@ def test_joint_fit_matches_the_scipy_reference(case: str, form: str) -> None:
         if unique:
             assert fast.m == pytest.approx(ref.m, rel=PARAM_REL)
             assert fast.alpha == pytest.approx(ref.alpha, rel=PARAM_REL)
-            assert fast.E == pytest.approx(ref.E, abs=PARAM_REL)
+            assert pytest.approx(ref.E, abs=PARAM_REL) == fast.E
 
 
 @pytest.mark.parametrize(
-    "form, law, B", [("saturating", {}, 6), ("power_law", {"E": 0.0, "A": 3.0, "alpha": 0.08}, 30)]
+    ("form", "law", "B"), [("saturating", {}, 6), ("power_law", {"E": 0.0, "A": 3.0, "alpha": 0.08}, 30)]
 )
 def test_bootstrap_batch_matches_the_scipy_reference(form: str, law: dict[str, float], B: int) -> None:
     """fit_joint_batch on cluster-bootstrap replicates (integer weights) against the reference on each replicate.

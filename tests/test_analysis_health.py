@@ -78,7 +78,9 @@ def test_off_seed_mates_flags_only_the_odd_run() -> None:
     # the floor: a tiny pooled sd does not make 0.015 nats an outlier
     assert health.off_seed_mates([2.000, 2.001, 2.016], sigma=0.001) == [False, False, False]
     # robust pooled sd: one outlier cell does not inflate it
-    assert health.pooled_seed_sd([[1, 1.01, 1.0], [2, 2.01, 2.0], [3, 3.3, 3.0]]) == pytest.approx(0.0058 / 0.83, rel=0.02)
+    assert health.pooled_seed_sd([[1, 1.01, 1.0], [2, 2.01, 2.0], [3, 3.3, 3.0]]) == pytest.approx(
+        0.0058 / 0.83, rel=0.02
+    )
 
 
 def _ladder(seed: int = 0) -> pd.DataFrame:
@@ -97,8 +99,12 @@ def test_analysis_flags_a_planted_outlier_keeps_it_and_reports_the_fit_without_i
         doc = analyse_scaling(df, B=200)
     msgs = [str(w.message) for w in caught if issubclass(w.category, AnalysisWarning)]
     flagged = {f["run_id"]: f["flags"] for f in doc["outliers"]["flagged"]}
-    assert flagged == {df.loc[hit, "run_id"].item(): "off_mates",
-                       df.loc[(df["variant"] == "block_attnres") & (df["size"] == "cpu_s") & (df["seed"] == 0), "run_id"].item(): "spike@300"}  # fmt: skip
+    assert flagged == {
+        df.loc[hit, "run_id"].item(): "off_mates",
+        df.loc[
+            (df["variant"] == "block_attnres") & (df["size"] == "cpu_s") & (df["seed"] == 0), "run_id"
+        ].item(): "spike@300",
+    }
     assert any("outlier rule" in m and "off_mates" in m for m in msgs)
     assert any("seeds disagree: baseline at cpu_m" in m for m in msgs)
     assert doc["n_runs"] == len(df)  # kept, never silently dropped
@@ -106,15 +112,19 @@ def test_analysis_flags_a_planted_outlier_keeps_it_and_reports_the_fit_without_i
     frame = doc["_frame"]
     assert (frame.loc[frame["run_id"] == df.loc[hit, "run_id"].item(), "flags"] == "off_mates").all()
     ex = analyse_scaling(df, B=200, outliers="exclude")
-    assert ex["n_runs"] == len(df) - 2 and {e["reason"] for e in ex["excluded_runs"]} == {
-        "outlier rule: off_mates", "outlier rule: spike@300"}
+    assert ex["n_runs"] == len(df) - 2
+    assert {e["reason"] for e in ex["excluded_runs"]} == {
+        "outlier rule: off_mates",
+        "outlier rule: spike@300",
+    }
 
 
 def test_clean_ladder_flags_nothing() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         doc = analyse_scaling(_ladder(), B=200)
-    assert doc["outliers"]["flagged"] == [] and doc["outliers"]["cells_disagreeing"] == []
+    assert doc["outliers"]["flagged"] == []
+    assert doc["outliers"]["cells_disagreeing"] == []
     assert "without_flagged" not in doc
     assert not [w for w in caught if "outlier" in str(w.message) or "disagree" in str(w.message)]
 
@@ -127,14 +137,19 @@ def test_paired_deltas_per_size() -> None:
     for size, r in rows.items():
         b = df[(df["variant"] == "baseline") & (df["size"] == size)].set_index("seed")["val_loss"]
         v = df[(df["variant"] == "block_attnres") & (df["size"] == size)].set_index("seed")["val_loss"]
-        assert r["n_pairs"] == 3 and r["mean"] == pytest.approx((v - b).mean()) and r["sd"] == pytest.approx((v - b).std())
+        assert r["n_pairs"] == 3
+        assert r["mean"] == pytest.approx((v - b).mean())
+        assert r["sd"] == pytest.approx((v - b).std())
         assert r["mean"] < 0
     pr = doc["precision"]
     for size, sd in pr["baseline_seed_sd"].items():
         assert sd == pytest.approx(df[(df["variant"] == "baseline") & (df["size"] == size)]["val_loss"].std())
-    assert pr["baseline_decreasing"] is True and pr["baseline_rmse_log_runs"] == doc["variants"]["baseline"]["rmse_log"]
+    assert pr["baseline_decreasing"] is True
+    assert pr["baseline_rmse_log_runs"] == doc["variants"]["baseline"]["rmse_log"]
     lo, hi = doc["multipliers"]["block_attnres"]["m_ci95"]
-    assert pr["m_half_width_over_m"]["block_attnres"] == pytest.approx((hi - lo) / 2 / doc["multipliers"]["block_attnres"]["m"])
+    assert pr["m_half_width_over_m"]["block_attnres"] == pytest.approx(
+        (hi - lo) / 2 / doc["multipliers"]["block_attnres"]["m"]
+    )
 
 
 def test_two_lr_protocols_give_both_multipliers_and_their_ratio(tmp_path: Path) -> None:
@@ -152,12 +167,18 @@ def test_two_lr_protocols_give_both_multipliers_and_their_ratio(tmp_path: Path) 
     assert set(doc.multipliers) == {"block_attnres", "block_attnres" + OWN_LR}
     assert set(doc.without_flagged) == set(doc.multipliers)  # the refit does not rename the arms again
     p = doc.protocols["block_attnres"]
-    assert p.shared_lr["m"] == pytest.approx(1.15, rel=0.05) and p.own_lr["m"] == pytest.approx(1.30, rel=0.05)
+    assert p.shared_lr["m"] == pytest.approx(1.15, rel=0.05)
+    assert p.own_lr["m"] == pytest.approx(1.30, rel=0.05)
     lo, hi = p.ratio_ci95
-    assert lo < p.ratio_own_over_shared < hi and lo < 1.30 / 1.15 < hi and lo > 1.0
+    assert lo < p.ratio_own_over_shared < hi
+    assert lo < 1.30 / 1.15 < hi
+    assert lo > 1.0
     summary = (tmp_path / "summary.md").read_text()
-    assert "## Learning-rate protocols" in summary and "own / shared" in summary
-    assert json.loads((tmp_path / "fit.json").read_text())["protocols"]["block_attnres"]["ratio_ci95"] == pytest.approx(p.ratio_ci95)
+    assert "## Learning-rate protocols" in summary
+    assert "own / shared" in summary
+    assert json.loads((tmp_path / "fit.json").read_text())["protocols"]["block_attnres"]["ratio_ci95"] == pytest.approx(
+        p.ratio_ci95
+    )
     assert (tmp_path / "fig4_scaling.png").is_file()
 
 
@@ -174,4 +195,5 @@ def test_curve_flags_from_metrics_csv_for_records_without_health(tmp_path: Path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnalysisWarning)
         flagged_df, flagged, _ = flag_runs(df, str(tmp_path))
-    assert [f["flags"] for f in flagged] == ["spike@500"] and flagged_df.loc[row, "flags"] == "spike@500"
+    assert [f["flags"] for f in flagged] == ["spike@500"]
+    assert flagged_df.loc[row, "flags"] == "spike@500"

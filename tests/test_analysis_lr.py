@@ -17,8 +17,13 @@ from analysis.records import AnalysisWarning
 from analysis.synthetic import synthetic_lr_study
 
 SQRT2_GRID = tuple(1e-3 * 2 ** (k / 2) for k in range(9))  # 1e-3 .. 1.6e-2
-OPTIMA = {("cpu_xs", "baseline"): 6e-3, ("cpu_s", "baseline"): 4e-3, ("cpu_m", "baseline"): 2.5e-3,
-          ("cpu_xs", "block_attnres"): 7e-3, ("cpu_s", "block_attnres"): 3e-3}  # fmt: skip
+OPTIMA = {
+    ("cpu_xs", "baseline"): 6e-3,
+    ("cpu_s", "baseline"): 4e-3,
+    ("cpu_m", "baseline"): 2.5e-3,
+    ("cpu_xs", "block_attnres"): 7e-3,
+    ("cpu_s", "block_attnres"): 3e-3,
+}
 
 
 def _optima(df, **kw):
@@ -42,7 +47,8 @@ def test_recovers_known_optima_from_exact_parabolas() -> None:
     assert not warned
     for r in table.itertuples():
         assert r.lr == pytest.approx(OPTIMA[(r.size, r.variant)], rel=1e-6)
-        assert not r.on_edge and r.edge is None
+        assert not r.on_edge
+        assert r.edge is None
 
 
 @pytest.mark.parametrize("seeds", [(0,), (0, 1, 2)])
@@ -54,19 +60,25 @@ def test_recovers_known_optima_from_noisy_skewed_curves_with_covering_intervals(
         truth = OPTIMA[(r.size, r.variant)]
         assert r.lr == pytest.approx(truth, rel=0.12)
         lo, hi = r.ci95
-        assert lo < r.lr < hi and lo < truth * 1.1 and hi > truth / 1.1
+        assert lo < r.lr < hi
+        assert lo < truth * 1.1
+        assert hi > truth / 1.1
         assert ("cluster" in r.interval_method) == (len(seeds) > 1)
     assert list(table["size"][table["variant"] == "baseline"]) == ["cpu_xs", "cpu_s", "cpu_m"]  # by parameters
 
 
 def test_optimum_on_a_grid_edge_is_flagged_and_warned() -> None:
     grid = (2e-3, 4e-3, 8e-3, 1.6e-2)
-    df = synthetic_lr_study({("cpu_xs", "baseline"): 1e-3, ("cpu_s", "baseline"): 4e-2, ("cpu_m", "baseline"): 5e-3},
-                            grid=grid, skew=0.0)  # fmt: skip
+    df = synthetic_lr_study(
+        {("cpu_xs", "baseline"): 1e-3, ("cpu_s", "baseline"): 4e-2, ("cpu_m", "baseline"): 5e-3}, grid=grid, skew=0.0
+    )
     table, _, warned = _optima(df, seed_sigma=0.003)
     by = {r.size: r for r in table.itertuples()}
-    assert by["cpu_xs"].on_edge and by["cpu_xs"].edge == "low" and by["cpu_xs"].grid_best_lr == 2e-3
-    assert by["cpu_s"].on_edge and by["cpu_s"].edge == "high"
+    assert by["cpu_xs"].on_edge
+    assert by["cpu_xs"].edge == "low"
+    assert by["cpu_xs"].grid_best_lr == 2e-3
+    assert by["cpu_s"].on_edge
+    assert by["cpu_s"].edge == "high"
     assert not by["cpu_m"].on_edge
     assert any("cpu_xs" in w and "low edge" in w for w in warned)
     assert any("cpu_s" in w and "high edge" in w for w in warned)
@@ -77,7 +89,10 @@ def test_diverged_runs_bound_the_curve_and_are_reported() -> None:
     df = synthetic_lr_study({("cpu_xs", "baseline"): 4e-2}, grid=(2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), diverge_above=2e-2)
     table, _, warned = _optima(df, seed_sigma=0.003)
     r = table.iloc[0]
-    assert r["edge"] == "divergence" and not r["on_edge"] and r["n_diverged"] == 1 and r["lr"] == pytest.approx(1.6e-2)
+    assert r["edge"] == "divergence"
+    assert not r["on_edge"]
+    assert r["n_diverged"] == 1
+    assert r["lr"] == pytest.approx(1.6e-2)
     assert r["mean_loss"][-1] is None
     assert any("did not diverge" in w for w in warned)
 
@@ -89,8 +104,21 @@ def test_cli_writes_report_figure_and_the_generated_config(tmp_path: Path) -> No
     cfg = tmp_path / "conf" / "tuned_lr" / "mine.yaml"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnalysisWarning)
-        rc = main(["lr", "--results", str(results), "--out", str(tmp_path / "rep"), "--bootstrap", "200",
-                   "--write-config", str(cfg), "--seed-sigma", "0.002"])  # fmt: skip
+        rc = main(
+            [
+                "lr",
+                "--results",
+                str(results),
+                "--out",
+                str(tmp_path / "rep"),
+                "--bootstrap",
+                "200",
+                "--write-config",
+                str(cfg),
+                "--seed-sigma",
+                "0.002",
+            ]
+        )
     assert rc == 0
     doc = json.loads((tmp_path / "rep" / "lr.json").read_text())
     assert {(o["size"], o["variant"]) for o in doc["optima"]} == set(OPTIMA)
@@ -100,7 +128,8 @@ def test_cli_writes_report_figure_and_the_generated_config(tmp_path: Path) -> No
     tuned = yaml.safe_load(text)
     assert set(tuned["lr"]) == {"baseline", "block_attnres"}
     assert tuned["lr"]["baseline"]["cpu_s"] == pytest.approx(4e-3, rel=0.12)
-    assert tuned["provenance"]["n_runs"] == len(df) and tuned["provenance"]["source"] == str(results)
+    assert tuned["provenance"]["n_runs"] == len(df)
+    assert tuned["provenance"]["source"] == str(results)
     assert "cpu_m" in (tmp_path / "rep" / "lr_summary.md").read_text()
 
 
@@ -115,12 +144,32 @@ def test_trend_rule_writes_the_power_law_in_n(tmp_path: Path) -> None:
     cfg = tmp_path / "t.yaml"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnalysisWarning)
-        assert main(["lr", "--results", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o"), "--bootstrap", "50",
-                     "--seed-sigma", "0.004", "--rule", "trend", "--write-config", str(cfg), "--no-figures"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "lr",
+                    "--results",
+                    str(tmp_path / "r.csv"),
+                    "--out",
+                    str(tmp_path / "o"),
+                    "--bootstrap",
+                    "50",
+                    "--seed-sigma",
+                    "0.004",
+                    "--rule",
+                    "trend",
+                    "--write-config",
+                    str(cfg),
+                    "--no-figures",
+                ]
+            )
+            == 0
+        )
     doc = yaml.safe_load(cfg.read_text())
     assert doc["provenance"]["rule"] == "trend"
     for s, v in truth.items():
         assert doc["lr"]["baseline"][s] == doc["lr_trend"]["baseline"][s] == pytest.approx(v, rel=0.1)
         assert doc["lr_per_size"]["baseline"][s] == pytest.approx(v, rel=0.2)
     trend = json.loads((tmp_path / "o" / "lr.json").read_text())["trend"]["baseline"]
-    assert trend["b"] == pytest.approx(-0.3, abs=0.1) and trend["n_sizes"] == 4
+    assert trend["b"] == pytest.approx(-0.3, abs=0.1)
+    assert trend["n_sizes"] == 4

@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_missing_columns_are_listed_together() -> None:
     df = synthetic_ladder().drop(columns=["pflops_days", "val_loss"])
     df.attrs["source"] = "results.csv"
-    with pytest.raises(ValueError, match=r"results.csv lacks column\(s\) needed for a scaling fit: pflops_days, val_loss"):
+    with pytest.raises(
+        ValueError, match=r"results.csv lacks column\(s\) needed for a scaling fit: pflops_days, val_loss"
+    ):
         select_completed(df)
 
 
@@ -36,8 +38,10 @@ def test_unfinished_runs_are_excluded_and_named() -> None:
     msg = str(rec[0].message)
     for i in (1, 4):  # rows shifted by the prepended duplicate
         assert df.loc[i, "run_id"] in msg
-    assert "status='failed': CUDA error" in msg and "duplicate run_id" in msg
-    assert len(kept) == len(df) - 3 and (kept["status"] == "completed").all()
+    assert "status='failed': CUDA error" in msg
+    assert "duplicate run_id" in msg
+    assert len(kept) == len(df) - 3
+    assert (kept["status"] == "completed").all()
     assert 9.0 not in kept["val_loss"].to_numpy()  # the last record of a duplicated run wins
     assert {e["reason"].split(":")[0] for e in excluded} >= {"status='failed'", "status='diverged'"}
 
@@ -45,7 +49,9 @@ def test_unfinished_runs_are_excluded_and_named() -> None:
 def test_too_few_sizes_is_a_clear_error() -> None:
     df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0,))
     short = df[~((df["variant"] == "full_attnres") & ~df["size"].isin(["cpu_xs", "cpu_s"]))]
-    with pytest.raises(ValueError, match=r"variant 'full_attnres' has completed runs at only 2 size\(s\) \(cpu_xs, cpu_s\)"):
+    with pytest.raises(
+        ValueError, match=r"variant 'full_attnres' has completed runs at only 2 size\(s\) \(cpu_xs, cpu_s\)"
+    ):
         check_ladder(short, "baseline")
     with pytest.warns(AnalysisWarning, match="skipped"):
         assert check_ladder(short, "baseline", skip_incomplete=True) == ["baseline"]
@@ -77,7 +83,8 @@ def test_load_results_from_table_directory_and_run_files(tmp_path: Path) -> None
     b = from_json[cols].sort_values("run_id").reset_index(drop=True)
     pd.testing.assert_frame_equal(a, b, check_dtype=False)
     one = load_results(path.parent / from_csv["run_dir"].iloc[0] / "results.json")
-    assert len(one) == 1 and one.attrs["base_dir"]
+    assert len(one) == 1
+    assert one.attrs["base_dir"]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_results(tmp_path / "missing.csv")
     (tmp_path / "empty").mkdir()
@@ -117,7 +124,8 @@ def test_load_wandb_maps_summary_and_state() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnalysisWarning)
         kept, excluded = select_completed(df)
-    assert len(kept) == 2 and excluded[0]["run_id"] == recs[1]["run_id"]
+    assert len(kept) == 2
+    assert excluded[0]["run_id"] == recs[1]["run_id"]
 
 
 def test_analysis_never_imports_the_training_stack() -> None:
@@ -136,8 +144,12 @@ def _documented_columns() -> list[tuple[str, str]]:
     doc = (REPO / "docs" / "results_schema.md").read_text()
     section = doc.split("## 1.", 1)[1].split("## 2.", 1)[0]
     table = section.split("| column | type | meaning |", 1)[1].split("\n\n", 1)[0]
-    return [(c, line.split("|")[2].split()[0]) for line in table.splitlines() if line.startswith("| `")
-            for c in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])]
+    return [
+        (c, line.split("|")[2].split()[0])
+        for line in table.splitlines()
+        if line.startswith("| `")
+        for c in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])
+    ]
 
 
 def test_the_record_schema_is_the_documented_table():
@@ -148,7 +160,8 @@ def test_the_record_schema_is_the_documented_table():
 
     assert [c for c, _ in _documented_columns()] == list(schema.COLUMNS)
     assert {c: t for c, t in _documented_columns()} == {c: schema.COLUMN_TYPES[c].__name__ for c in schema.COLUMNS}
-    assert records.COLUMNS is schema.COLUMNS and records.STATUSES is schema.STATUSES
+    assert records.COLUMNS is schema.COLUMNS
+    assert records.STATUSES is schema.STATUSES
     assert set(schema.NUMERIC_COLUMNS) | set(schema.STR_COLUMNS) == set(schema.COLUMNS)
     assert schema.COLUMNS[-1] == "study_kind"  # new fields are appended, never inserted
     assert set(schema.REQUIRED + schema.REQUIRED_IF_COMPLETED) <= set(schema.COLUMNS)
@@ -159,7 +172,9 @@ def test_the_writer_builds_records_through_the_schema():
     from experiments.records import make_record
 
     rec = make_record(run_id="r", status="completed", study="s", study_kind="ablations", seed=3)
-    assert list(rec) == list(COLUMNS) and rec["study_kind"] == "ablations" and rec["val_loss"] is None
+    assert list(rec) == list(COLUMNS)
+    assert rec["study_kind"] == "ablations"
+    assert rec["val_loss"] is None
     with pytest.raises(KeyError, match="not result-record columns: \\['colour'\\]"):
         make_record(run_id="r", colour="red")
     with pytest.raises(ValueError, match="status='done'; allowed values: completed, failed"):
@@ -173,7 +188,8 @@ def test_malformed_names_what_breaks_the_schema():
 
     ok = {"run_id": "r", "status": "completed", "val_loss": "2.5", "pflops_days": "1e-9", "seed": "1"}
     assert malformed(ok) is None
-    assert malformed({**ok, "study_kind": ""}) is None and malformed({**ok, "study_kind": "lr"}) is None
+    assert malformed({**ok, "study_kind": ""}) is None
+    assert malformed({**ok, "study_kind": "lr"}) is None
     assert malformed({**ok, "run_id": " "}) == "no run_id"
     assert malformed({**ok, "status": "ok"}).startswith("status='ok' is not one of")
     assert malformed({**ok, "study_kind": "ladder"}).startswith("study_kind='ladder' is not one of scaling")
@@ -189,9 +205,16 @@ def test_study_kind_of_records_with_and_without_the_field():
 
     assert study_kind({"study": "ablations", "study_kind": "scaling"}) == "scaling"
     assert study_kind({"study": "my_grid", "study_kind": "arch_grid"}) == "arch_grid"
-    for name, kind in (("block_size", "block_size"), ("ablations", "ablations"), ("arch_grid", "arch_grid"),
-                       ("cpu_ladder", "scaling"), ("cpu_lr", "scaling"), ("", "scaling")):
-        assert study_kind({"study": name}) == kind and study_kind({"study": name, "study_kind": ""}) == kind
+    for name, kind in (
+        ("block_size", "block_size"),
+        ("ablations", "ablations"),
+        ("arch_grid", "arch_grid"),
+        ("cpu_ladder", "scaling"),
+        ("cpu_lr", "scaling"),
+        ("", "scaling"),
+    ):
+        assert study_kind({"study": name}) == kind
+        assert study_kind({"study": name, "study_kind": ""}) == kind
     assert study_kind({"study": "ablations", "study_kind": float("nan")}) == "ablations"  # an empty DataFrame cell
 
 
@@ -199,8 +222,10 @@ def _kinds_table() -> pd.DataFrame:
     """A ladder, a block-size sweep and an ablation study, named as the analysis knew them before study_kind."""
     from analysis.synthetic import ablation_records, block_size_sweep_records
 
-    return pd.concat([synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1)), block_size_sweep_records(),
-                      ablation_records()], ignore_index=True)
+    return pd.concat(
+        [synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1)), block_size_sweep_records(), ablation_records()],
+        ignore_index=True,
+    )
 
 
 def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
@@ -210,22 +235,26 @@ def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
 
     legacy = _kinds_table()
     renamed = legacy.copy()
-    renamed["study_kind"] = renamed["study"].map({"cpu_ladder": "scaling", "block_size": "block_size",
-                                                  "ablations": "ablations"})
-    renamed["study"] = renamed["study"].map({"cpu_ladder": "ladder_v2", "block_size": "fig6_cpu",
-                                             "ablations": "table4_cpu"})
+    renamed["study_kind"] = renamed["study"].map(
+        {"cpu_ladder": "scaling", "block_size": "block_size", "ablations": "ablations"}
+    )
+    renamed["study"] = renamed["study"].map(
+        {"cpu_ladder": "ladder_v2", "block_size": "fig6_cpu", "ablations": "table4_cpu"}
+    )
     docs = []
     for name, df in (("legacy", legacy), ("renamed", renamed)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AnalysisWarning)
             docs.append(run_fit(df, tmp_path / name, B=50, make_figures=False))
     a, b = docs
-    assert b.study == "ladder_v2" and a.study == "cpu_ladder"
+    assert b.study == "ladder_v2"
+    assert a.study == "cpu_ladder"
     assert b.multipliers["full_attnres"].m == a.multipliers["full_attnres"].m
     assert b.n_runs == a.n_runs == 20  # the ladder alone: no ablation or block-size run is fitted as a rung
     assert [p.block_size for p in b.block_size_sweep.points] == [1, 2, 4, 8]
     assert b.block_size_sweep.to_dict() == a.block_size_sweep.to_dict()
-    assert b.ablations == a.ablations and len(b.ablations) == 12
+    assert b.ablations == a.ablations
+    assert len(b.ablations) == 12
     unlabelled = renamed.drop(columns=["study_kind"])  # what the name rule alone makes of the renamed studies
     with pytest.raises(ValueError, match=r"several scaling studies \(fig6_cpu, ladder_v2, table4_cpu\)"):
         run_fit(unlabelled, tmp_path / "unlabelled", B=50, make_figures=False)
@@ -248,9 +277,12 @@ def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
 
     big = ablation_records(seeds=(0, 1))
     small = ablation_records(seeds=(5,)).assign(study="ablations_old", study_kind="ablations")
-    with pytest.warns(AnalysisWarning, match=r"several ablations studies \(ablations, ablations_old\); using 'ablations'"):
+    with pytest.warns(
+        AnalysisWarning, match=r"several ablations studies \(ablations, ablations_old\); using 'ablations'"
+    ):
         table = ablation_table(pd.concat([small, big], ignore_index=True))
-    assert table == ablation_table(big) and table[0]["n_runs"] == 2
+    assert table == ablation_table(big)
+    assert table[0]["n_runs"] == 2
 
 
 # ---- issue 15, items 1, 3, 4 -----------------------------------------------------------------------------------
@@ -273,8 +305,10 @@ def test_a_non_utf8_line_is_skipped_with_file_and_line(tmp_path: Path) -> None:
     assert len(load_results(path.parent)) == len(df) - 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert main(["fit", "--results", str(path), "--out", str(tmp_path / "out"), "--bootstrap", "20",
-                     "--no-figures"]) == 0
+        assert (
+            main(["fit", "--results", str(path), "--out", str(tmp_path / "out"), "--bootstrap", "20", "--no-figures"])
+            == 0
+        )
 
 
 def test_a_malformed_last_record_does_not_exclude_the_runs_completed_one() -> None:
@@ -284,7 +318,7 @@ def test_a_malformed_last_record_does_not_exclude_the_runs_completed_one() -> No
     torn["status"], torn["val_loss"] = "complet", float("nan")  # the last record of the run, cut short
     df = pd.concat([df, torn.to_frame().T], ignore_index=True)
     with pytest.warns(AnalysisWarning, match=r"malformed record \(status='complet'"):
-        kept, excluded = select_completed(df)
+        kept, _excluded = select_completed(df)
     assert good["run_id"] in set(kept["run_id"])
     assert float(kept.loc[kept["run_id"] == good["run_id"], "val_loss"].iloc[0]) == pytest.approx(good["val_loss"])
 
@@ -298,19 +332,43 @@ def test_runs_of_different_data_sets_are_never_pooled(tmp_path: Path) -> None:
     mine["run_id"] += "-mine"
     mine["dataset"], mine["data_fingerprint"], mine["val_loss"] = "data/mine", "bbbbbbbbbbbbbbbb", 0.9
     both = pd.concat([df, mine], ignore_index=True)
-    with pytest.raises(ValueError, match=r"runs of 2 different data sets: aaaaaaaaaaaaaaaa \(20 run\(s\), "
-                                         r"stdlib-py3.11-bytes\); bbbbbbbbbbbbbbbb \(1 run\(s\), data/mine\).*--dataset"):
+    with pytest.raises(
+        ValueError,
+        match=r"runs of 2 different data sets: aaaaaaaaaaaaaaaa \(20 run\(s\), "
+        r"stdlib-py3.11-bytes\); bbbbbbbbbbbbbbbb \(1 run\(s\), data/mine\).*--dataset",
+    ):
         select_completed(both)
     path = _table(tmp_path / "study" / "results.csv", both)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert main(["fit", "--results", str(path), "--out", str(tmp_path / "o"), "--no-figures", "--bootstrap", "20"]) == 2
-        assert main(["fit", "--results", str(path), "--out", str(tmp_path / "o"), "--no-figures", "--bootstrap", "20",
-                     "--dataset", "aaaa"]) == 0
+        assert (
+            main(["fit", "--results", str(path), "--out", str(tmp_path / "o"), "--no-figures", "--bootstrap", "20"])
+            == 2
+        )
+        assert (
+            main(
+                [
+                    "fit",
+                    "--results",
+                    str(path),
+                    "--out",
+                    str(tmp_path / "o"),
+                    "--no-figures",
+                    "--bootstrap",
+                    "20",
+                    "--dataset",
+                    "aaaa",
+                ]
+            )
+            == 0
+        )
     # without fingerprints (older records): the two runs of one cell are not averaged silently
     legacy = both.drop(columns=["dataset", "data_fingerprint"])
-    with pytest.warns(AnalysisWarning, match=r"1 cell\(s\) hold more than one run.*baseline/cpu_xs/seed 0: "
-                                             r"cpu_ladder-baseline-cpu_xs-s0, cpu_ladder-baseline-cpu_xs-s0-mine"):
+    with pytest.warns(
+        AnalysisWarning,
+        match=r"1 cell\(s\) hold more than one run.*baseline/cpu_xs/seed 0: "
+        r"cpu_ladder-baseline-cpu_xs-s0, cpu_ladder-baseline-cpu_xs-s0-mine",
+    ):
         select_completed(legacy)
 
 
@@ -325,8 +383,9 @@ def test_older_records_get_their_fingerprint_from_environment_json(tmp_path: Pat
     for i, rid in enumerate(df["run_id"]):
         (tmp_path / "study" / rid).mkdir()
         checksum = {"algorithm": "sha256", "train": f"t{i}", "val": "v"}
-        (tmp_path / "study" / rid / "environment.json").write_text(json.dumps({"dataset": {"checksum": checksum,
-                                                                                          "path": f"/d{i}"}}))
+        (tmp_path / "study" / rid / "environment.json").write_text(
+            json.dumps({"dataset": {"checksum": checksum, "path": f"/d{i}"}})
+        )
     loaded = load_results(path)
     assert list(loaded["data_fingerprint"]) == [data_fingerprint({"train": f"t{i}", "val": "v"}) for i in (0, 1)]
     with pytest.raises(ValueError, match="2 different data sets"):
@@ -339,9 +398,20 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
 
     from analysis.records import select_completed
 
-    rows = [dict(run_id=f"{v}_{s}_s{k}", variant=v, size=s, seed=k, status="completed", pflops_days=1e-9 * (i + 1),
-                 val_loss=3.0 - 0.01 * i) for i, (v, s, k) in enumerate(
-                [(v, s, k) for v in ("baseline", "block_attnres") for s in ("cpu_xs", "cpu_s") for k in (0, 1)])]
+    rows = [
+        {
+            "run_id": f"{v}_{s}_s{k}",
+            "variant": v,
+            "size": s,
+            "seed": k,
+            "status": "completed",
+            "pflops_days": 1e-9 * (i + 1),
+            "val_loss": 3.0 - 0.01 * i,
+        }
+        for i, (v, s, k) in enumerate(
+            [(v, s, k) for v in ("baseline", "block_attnres") for s in ("cpu_xs", "cpu_s") for k in (0, 1)]
+        )
+    ]
     df = pd.DataFrame(rows)
     a, _ = select_completed(df)
     b, _ = select_completed(df.sample(frac=1.0, random_state=3))
@@ -355,10 +425,13 @@ def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
 
     df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")
     renamed = df.assign(variant=df["variant"].replace({"block_attnres": "block_multihead"}))
-    assert block_size_sweep(renamed) == block_size_sweep(df) and len(block_size_sweep(df)["points"]) == 4
+    assert block_size_sweep(renamed) == block_size_sweep(df)
+    assert len(block_size_sweep(df)["points"]) == 4
     other = df[df["variant"] == "block_attnres"].assign(variant="block_no_key_norm", val_loss=9.0)
     other = other[other["block_size"] <= 2]
-    with pytest.warns(AnalysisWarning, match=r"sweeps several variants \(block_attnres, block_no_key_norm\); "
-                                             r"using 'block_attnres'"):
+    with pytest.warns(
+        AnalysisWarning,
+        match=r"sweeps several variants \(block_attnres, block_no_key_norm\); "
+        r"using 'block_attnres'",
+    ):
         assert block_size_sweep(pd.concat([df, other], ignore_index=True)) == block_size_sweep(df)
-

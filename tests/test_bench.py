@@ -10,97 +10,155 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, TEST_MAX_BYTES
 
 from experiments import bench
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+    }
 
 
 def _check_ratio(r: dict) -> None:
     assert set(r) >= {"median", "q1", "q3", "min", "max", "n", "samples"}
-    assert r["q1"] <= r["median"] <= r["q3"] and r["n"] == len(r["samples"]) > 0
+    assert r["q1"] <= r["median"] <= r["q3"]
+    assert r["n"] == len(r["samples"]) > 0
 
 
 def _check_size(res: dict, schemes: list[str], repeats: int) -> None:
-    assert set(res) >= {"size", "device", "threads", "tokens_per_step", "schemes", "ratios", "checks",
-                        "other_cores_busy"}
+    assert set(res) >= {
+        "size",
+        "device",
+        "threads",
+        "tokens_per_step",
+        "schemes",
+        "ratios",
+        "checks",
+        "other_cores_busy",
+    }
     assert list(res["schemes"]) == schemes
     tokens = res["size"]["batch_size"] * res["size"]["seq_len"]
     assert res["tokens_per_step"] == tokens
     for name, e in res["schemes"].items():
-        assert e["train_step_s"]["n"] == repeats and len(e["train_step_s"]["samples"]) == repeats
+        assert e["train_step_s"]["n"] == repeats
+        assert len(e["train_step_s"]["samples"]) == repeats
         assert e["prefill_s"]["n"] == repeats
         assert e["tokens_per_s"] == pytest.approx(tokens / e["train_step_s"]["median"])
         assert e["flop_per_s"] == pytest.approx(e["flops_per_token"] * e["tokens_per_s"])
         assert e["mfu"] is None  # no peak is known for a CPU
-        assert e["saved_activation_bytes"] > 0 and e["peak_step_bytes"] is not None
+        assert e["saved_activation_bytes"] > 0
+        assert e["peak_step_bytes"] is not None
         assert e["peak_tensor_step_bytes"] > e["saved_activation_bytes"] / 2  # saved tensors are allocated in the step
         assert e["peak_bytes"] >= e["rss_before_bytes"] > 0
         r = res["ratios"][name]
         for key in ("train_step", "train_step_cpu", "prefill", "decode"):
             _check_ratio(r[key])
-        assert e["decode_token_s"]["n"] == repeats and e["decode"] == {"tokens": 4, "batch": 1,
-                                                                        "context": res["size"]["seq_len"]}
+        assert e["decode_token_s"]["n"] == repeats
+        assert e["decode"] == {
+            "tokens": 4,
+            "batch": 1,
+            "context": res["size"]["seq_len"],
+        }
         if name == "baseline":  # ratios of the baseline to itself, round by round
-            assert r["train_step"]["samples"] == [1.0] * repeats and r["saved_activation_bytes"] == 1.0
+            assert r["train_step"]["samples"] == [1.0] * repeats
+            assert r["saved_activation_bytes"] == 1.0
     assert res["schemes"]["block"]["n_blocks"] == res["size"]["n_blocks"]
     names = [c["name"] for c in res["checks"]]
     assert {"saved activations", "peak step tensor memory"} <= {n.split(" - ")[0][6:] for n in names}
     for c in res["checks"]:
-        assert set(c) >= {"name", "value", "limit", "pass"} and c["pass"] == (c["value"] <= c["limit"])
+        assert set(c) >= {"name", "value", "limit", "pass"}
+        assert c["pass"] == (c["value"] <= c["limit"])
 
 
 def test_quick_benchmark_writes_the_documented_json(tmp_path, data_cache):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench", "--quick", "--threads", "1", "--out", str(out),
-         "--data-cache", str(data_cache), "--data-max-bytes", str(TEST_MAX_BYTES)],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "experiments.bench",
+            "--quick",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--data-cache",
+            str(data_cache),
+            "--data-max-bytes",
+            str(TEST_MAX_BYTES),
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "ratios to baseline" in proc.stdout and "harness vs plain" in proc.stdout
+    assert "ratios to baseline" in proc.stdout
+    assert "harness vs plain" in proc.stdout
     res = json.loads(out.read_text())
     assert res["schema_version"] == bench.SCHEMA_VERSION
-    assert res["meta"]["quick"] is True and res["meta"]["threads"] == 1 and res["meta"]["device"] == "cpu"
-    assert res["meta"]["torch"] and res["meta"]["wall_time_s"] > 0
+    assert res["meta"]["quick"] is True
+    assert res["meta"]["threads"] == 1
+    assert res["meta"]["device"] == "cpu"
+    assert res["meta"]["torch"]
+    assert res["meta"]["wall_time_s"] > 0
     assert res["meta"]["cpu_kernels"].startswith(("on", "off", "unavailable"))
-    assert res["meta"]["gpu_kernels"].startswith(("on", "off", "unavailable")) and res["meta"]["decode_tokens"] == 4
+    assert res["meta"]["gpu_kernels"].startswith(("on", "off", "unavailable"))
+    assert res["meta"]["decode_tokens"] == 4
     (size,) = res["sizes"]
     assert size["size"]["name"] == "tiny"
     _check_size(size, ["baseline", "full", "block"], repeats=3)
     (h,) = res["harness"]
-    assert h["size"]["name"] == "tiny" and h["rounds"] == 1 and h["steps_per_run"] == 5
+    assert h["size"]["name"] == "tiny"
+    assert h["rounds"] == 1
+    assert h["steps_per_run"] == 5
     assert h["harness_step_s"]["n"] == h["plain_step_s"]["n"] == 5 - 1 - h["warmup_steps"]
     _check_ratio(h["ratio"])
-    assert h["check"]["limit"] == 1.03 and h["check"]["value"] == h["ratio"]["median"]
+    assert h["check"]["limit"] == 1.03
+    assert h["check"]["value"] == h["ratio"]["median"]
     assert res["options"] is None
 
 
 def test_gpu_script_dry_run_on_cpu(tmp_path):
     """scripts/gpu_bench.sh with --dry-run: the GPU flags (bf16 autocast, flash SDPA, no harness) on the CPU."""
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_bench.sh"), "--dry-run", "--no-memory"],
-                          cwd=REPO, env={**_env(), "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_bench.sh"), "--dry-run", "--no-memory"],
+        cwd=REPO,
+        env={**_env(), "OUT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "gpu_bench.json").read_text())
-    assert res["meta"]["bf16"] is True and res["meta"]["sdpa"] == "flash" and res["harness"] is None
+    assert res["meta"]["bf16"] is True
+    assert res["meta"]["sdpa"] == "flash"
+    assert res["harness"] is None
     (size,) = res["sizes"]
-    assert size["size"]["seq_len"] == 64 and size["size"]["batch_size"] == 2
+    assert size["size"]["seq_len"] == 64
+    assert size["size"]["batch_size"] == 2
     assert list(size["schemes"]) == ["baseline", "full", "block"]
 
 
 def test_statistics_and_memory_bound():
     s = bench.summarize([3.0, 1.0, 2.0, 4.0])
-    assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 4.0, 4) and s["samples"] == [3.0, 1.0, 2.0, 4.0]
-    assert s["q1"] == 1.75 and s["q3"] == 3.25
+    assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 4.0, 4)
+    assert s["samples"] == [3.0, 1.0, 2.0, 4.0]
+    assert s["q1"] == 1.75
+    assert s["q3"] == 3.25
     r = bench.paired_ratios({"baseline": [2.0, 4.0], "block": [2.2, 4.0]}, "baseline")
-    assert r["block"]["samples"] == pytest.approx([1.1, 1.0]) and r["baseline"]["median"] == 1.0
+    assert r["block"]["samples"] == pytest.approx([1.1, 1.0])
+    assert r["baseline"]["median"] == 1.0
     # (N + 1) * B * T * d * bytes + 5% of the baseline: TARGET has N = 8 blocks of S = 4 sublayers
     b = bench.block_memory_bound(bench.TARGET, baseline_bytes=1000.0, element_bytes=4)
-    assert b["n_blocks"] == 8 and b["block_sums_bytes"] == 9 * 8 * 256 * 256 * 4
+    assert b["n_blocks"] == 8
+    assert b["block_sums_bytes"] == 9 * 8 * 256 * 256 * 4
     assert b["limit_extra_bytes"] == b["block_sums_bytes"] + 50.0
 
 
@@ -129,8 +187,10 @@ def test_block_attnres_saved_activations_fit_the_issue_allowance():
     torch.set_num_threads(1)
     # 32 sublayers, N = 8 blocks of 4; 512 tokens, so that activations, not weight gradients, make the peak
     size = bench.resolve_size("attnres16x256", batch_size=4, seq_len=128)
-    runners = {s: bench.build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto")
-               for s in ("baseline", "block")}
+    runners = {
+        s: bench.build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto")
+        for s in ("baseline", "block")
+    }
     for r in runners.values():
         r.train_step()  # optimizer state exists before the measured step
     for measure in (bench.saved_activation_bytes, bench.peak_tensor_step_bytes):  # the peak: of live tensors
@@ -148,8 +208,10 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
 
     torch.set_num_threads(1)
     size = bench.resolve_size("attnres16x256", batch_size=4, seq_len=128)
-    runners = {s: bench.build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto")
-               for s in ("baseline", "full")}
+    runners = {
+        s: bench.build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto")
+        for s in ("baseline", "full")
+    }
     for r in runners.values():
         r.train_step()
     btd = size.batch_size * size.seq_len * size.d_model * 4
@@ -157,13 +219,16 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
     assert (peak["full"] - peak["baseline"]) / btd <= 16
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--schemes", "baseline,nope"], "unknown"),
-    (["--option-variants", "eager,turbo"], "unknown"),
-    (["--device", "tpu"], "allowed values: cpu, cuda"),
-    (["--harness-steps", "3"], ">= 4"),
-    (["--decode-tokens", "-1"], ">= 0"),
-])
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--schemes", "baseline,nope"], "unknown"),
+        (["--option-variants", "eager,turbo"], "unknown"),
+        (["--device", "tpu"], "allowed values: cpu, cuda"),
+        (["--harness-steps", "3"], ">= 4"),
+        (["--decode-tokens", "-1"], ">= 0"),
+    ],
+)
 def test_bad_arguments_say_what_is_allowed(argv, match):
     with pytest.raises(SystemExit, match=match):
         bench.parse_args(argv)
@@ -195,8 +260,9 @@ def test_the_torch_path_option_runs_without_the_cpu_kernels(monkeypatch):
     torch.set_num_threads(1)
     calls = []
     for name in ("mix_forward", "mix_backward", "merge_forward", "merge_backward"):
-        monkeypatch.setattr(cpu_kernels, name, lambda *a, _f=getattr(cpu_kernels, name), _n=name: calls.append(_n)
-                            or _f(*a))
+        monkeypatch.setattr(
+            cpu_kernels, name, lambda *a, _f=getattr(cpu_kernels, name), _n=name: calls.append(_n) or _f(*a)
+        )
     assert "torch-path" in bench.OPTION_VARIANTS
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")  # the environment decides unless the runner says otherwise
     runner = bench.build_runner(bench.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto")
@@ -205,8 +271,9 @@ def test_the_torch_path_option_runs_without_the_cpu_kernels(monkeypatch):
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
     for use in (False, True):
         calls.clear()
-        runner = bench.build_runner(bench.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto",
-                                    cpu_kernels=use)
+        runner = bench.build_runner(
+            bench.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto", cpu_kernels=use
+        )
         runner.train_step()
         assert bool(calls) == (use and cpu_kernels.library() is not None)
         assert not use or not cpu_kernels.library() or {"merge_backward", "mix_backward"} <= set(calls)
@@ -231,16 +298,30 @@ def test_the_plain_loop_gets_the_trainer_and_data_of_experiments_train(train_cfg
         return real_fit(self, model, *args, datamodule=datamodule, **kwargs)
 
     monkeypatch.setattr(pl.Trainer, "fit", spy)
-    overrides = ("size.tokens=16384", "train.eval_count=1", "trainer.accumulate_grad_batches=2",
-                 "trainer.gradient_clip_val=0.5", "callbacks=none")
+    overrides = (
+        "size.tokens=16384",
+        "train.eval_count=1",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.gradient_clip_val=0.5",
+        "callbacks=none",
+    )
     assert train(train_cfg(*overrides))["status"] == "completed"
     ((trained, train_data),) = fitted
-    assert trained.accumulate_grad_batches == 2 and trained.gradient_clip_val == 0.5  # the overrides took effect
+    assert trained.accumulate_grad_batches == 2
+    assert trained.gradient_clip_val == 0.5
     cfg = train_cfg(*overrides)
     plan = plan_run(cfg, progress=False)
     plain = bench_harness.plain_trainer(cfg, plan)
-    for key in ("max_steps", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "precision",
-                "val_check_interval", "check_val_every_n_epoch", "log_every_n_steps"):
+    for key in (
+        "max_steps",
+        "accumulate_grad_batches",
+        "gradient_clip_val",
+        "gradient_clip_algorithm",
+        "precision",
+        "val_check_interval",
+        "check_val_every_n_epoch",
+        "log_every_n_steps",
+    ):
         assert getattr(plain, key) == getattr(trained, key), key
     for key in ("name", "batch_size", "seq_len", "seed", "accumulate", "val_sequences", "val_batch_size"):
         assert getattr(plan.datamodule, key) == getattr(train_data, key), key

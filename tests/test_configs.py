@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CONF, compose
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose
 from experiments.identity import identity_config, resolved_container, run_identity
 from experiments.optim import param_groups, warmup_cosine
 from experiments.sizes import baseline_non_embedding, solve_d_ff, steps_for
@@ -47,7 +47,8 @@ def test_groups_present():
 def test_every_experiment_composes_and_resolves(experiment):
     cfg = compose([f"experiment={experiment}", "data.name=/some/prepared/shards"])
     container = resolved_container(cfg)  # every interpolation resolves
-    assert container["model"]["variant"] in VARIANTS and container["study"] == experiment
+    assert container["model"]["variant"] in VARIANTS
+    assert container["study"] == experiment
     if cfg.trainer.accelerator == "cpu":  # GPU presets fail the CUDA check here, by design
         check_config(cfg)
     build_model_config(OmegaConf.merge(cfg, {"data": {"vocab_size": 256}}))
@@ -73,19 +74,24 @@ def test_paper_sizes_match_table2_on_meta(size):
     from attnres import Transformer
 
     for variant in VARIANTS:
-        cfg = compose([f"experiment=paper_scaling", f"size={size}", f"model={variant}", "data.name=/x",
-                       "data.vocab_size=163840"])
+        cfg = compose(
+            ["experiment=paper_scaling", f"size={size}", f"model={variant}", "data.name=/x", "data.vocab_size=163840"]
+        )
         mc = build_model_config(cfg)
         assert (mc.n_layers, mc.d_model, mc.n_heads, mc.head_dim) == (n_layers, d_model, n_layers, 128)
-        assert mc.max_seq_len == 8192 and cfg.train.seq_len == 8192 and cfg.size.seq_len == 8192
-        assert cfg.optimizer.lr == pytest.approx(lr) and cfg.train.batch_size == batch
+        assert mc.max_seq_len == 8192
+        assert cfg.train.seq_len == 8192
+        assert cfg.size.seq_len == 8192
+        assert cfg.optimizer.lr == pytest.approx(lr)
+        assert cfg.train.batch_size == batch
         assert cfg.train.tokens == pytest.approx(tokens)
         with torch.device("meta"):
             n = Transformer(mc).num_params(non_embedding=True)
         assert abs(n / target - 1) < 0.02, (variant, size, n, target)
         if variant == "block_attnres":
             # "≈ 8 blocks": S = ceil(2 L_b / 8) gives 8 blocks for L_b = 12, 14, 16 and 7 for L_b = 13, 17
-            assert mc.n_blocks == 8 and mc.effective_n_blocks in (7, 8)
+            assert mc.n_blocks == 8
+            assert mc.effective_n_blocks in (7, 8)
 
 
 @pytest.mark.parametrize("size", PAPER_SIZES + CPU_SIZES)
@@ -99,7 +105,9 @@ def test_size_rules(size):
     n = baseline_non_embedding(s.n_layers, s.d_model, attn, s.d_ff)
     assert abs(n / s.target_params - 1) < 0.02
     if size.startswith("cpu"):
-        assert s.tokens == 9 * s.target_params and s.seq_len == 128 and s.head_dim == 16
+        assert s.tokens == 9 * s.target_params
+        assert s.seq_len == 128
+        assert s.head_dim == 16
         assert s.batch_size * s.seq_len == 512
     assert OmegaConf.to_container(s)["lr"] == "${attnres_lr:${.name}}"
 
@@ -112,28 +120,35 @@ def test_cpu_ladder_is_a_geometric_depth_ladder_with_four_blocks():
         assert mc.effective_n_blocks == 4, size  # n_blocks 4 in the preset: S = 2..4 sublayers per block
         targets.append(cfg.size.target_params)
         depths.append(mc.n_layers)
-        assert cfg.data.name == "stdlib" and cfg.study == "cpu_ladder"
+        assert cfg.data.name == "stdlib"
+        assert cfg.study == "cpu_ladder"
     assert depths == [4, 5, 6, 7, 8]
     ratios = [b / a for a, b in zip(targets, targets[1:])]
     assert all(r == pytest.approx(1.25, rel=1e-4) for r in ratios)
     sweep = compose(["+sweep=cpu_ladder"], return_hydra_config=True).hydra.sweeper.params
-    assert sweep.size == "cpu_xs,cpu_s,cpu_m,cpu_l" and sweep.seed == "0,1,2"  # cpu_xl: the optional fifth rung
+    assert sweep.size == "cpu_xs,cpu_s,cpu_m,cpu_l"
+    assert sweep.seed == "0,1,2"
     lr_sweep = compose(["+sweep=cpu_lr"], return_hydra_config=True).hydra.sweeper.params
-    assert lr_sweep.size == ",".join(CPU_SIZES) and not set(lr_sweep.seed.split(",")) & {"0", "1", "2"}
+    assert lr_sweep.size == ",".join(CPU_SIZES)
+    assert not set(lr_sweep.seed.split(",")) & {"0", "1", "2"}
 
 
 def test_readme_command_composes_to_the_smallest_cpu_size_on_the_default_corpus():
     cfg = compose(["experiment=cpu_ladder", "size=cpu_xs"])
-    assert cfg.size.name == "cpu_xs" and cfg.data.name == "stdlib" and cfg.data.max_bytes is None
-    assert cfg.model.variant == "baseline" and cfg.trainer.accelerator == "cpu"
+    assert cfg.size.name == "cpu_xs"
+    assert cfg.data.name == "stdlib"
+    assert cfg.data.max_bytes is None
+    assert cfg.model.variant == "baseline"
+    assert cfg.trainer.accelerator == "cpu"
     steps = steps_for(cfg.train.tokens, cfg.train.batch_size, cfg.train.seq_len)
     assert steps == round(cfg.size.tokens / 512) >= 800  # a real training run, not a smoke test
 
 
 def test_variants_share_every_hyperparameter_of_a_size():
     def identity(variant):
-        ident = identity_config(resolved_container(compose(["experiment=cpu_ladder", "size=cpu_m",
-                                                              f"model={variant}"])))
+        ident = identity_config(
+            resolved_container(compose(["experiment=cpu_ladder", "size=cpu_m", f"model={variant}"]))
+        )
         for key in ("variant", "residual", "n_blocks", "block_size", "residual_options"):
             ident["model"].pop(key)
         return ident
@@ -155,21 +170,40 @@ def test_config_hash_covers_results_not_paths():
         return run_identity(compose(["experiment=cpu_ladder", *o]))[0]
 
     base = chash()
-    assert base == chash("paths.runs_root=/elsewhere", "logger=csv", "threads=1", "trainer.devices=1",
-                         "callbacks.model_checkpoint.every_n_train_steps=7", "train.log_every=3",
-                         "activation_checkpointing=true", "study=other", "fault.kill_at_step=3")
-    for change in ("seed=1", "size.lr=1.0e-3", "model=full_attnres", "trainer.precision=bf16-mixed",
-                   "optimizer.weight_decay=0.0", "size=cpu_s", "data.name=/other", "compile=true"):
+    assert base == chash(
+        "paths.runs_root=/elsewhere",
+        "logger=csv",
+        "threads=1",
+        "trainer.devices=1",
+        "callbacks.model_checkpoint.every_n_train_steps=7",
+        "train.log_every=3",
+        "activation_checkpointing=true",
+        "study=other",
+        "fault.kill_at_step=3",
+    )
+    for change in (
+        "seed=1",
+        "size.lr=1.0e-3",
+        "model=full_attnres",
+        "trainer.precision=bf16-mixed",
+        "optimizer.weight_decay=0.0",
+        "size=cpu_s",
+        "data.name=/other",
+        "compile=true",
+    ):
         assert chash(change) != base, change
-    chash_, run_id, run_dir, study_dir = run_identity(compose(["experiment=cpu_ladder", "seed=3",
-                                                           "paths.runs_root=/r"]))
-    assert run_id == f"baseline_cpu_xs_s3_{chash_[:8]}" and len(chash_) == 16
-    assert run_dir == Path("/r/cpu_ladder") / run_id and study_dir == Path("/r/cpu_ladder")
+    chash_, run_id, run_dir, study_dir = run_identity(
+        compose(["experiment=cpu_ladder", "seed=3", "paths.runs_root=/r"])
+    )
+    assert run_id == f"baseline_cpu_xs_s3_{chash_[:8]}"
+    assert len(chash_) == 16
+    assert run_dir == Path("/r/cpu_ladder") / run_id
+    assert study_dir == Path("/r/cpu_ladder")
 
 
 # ---- bad configs: a ValueError naming the key and the allowed values, before training ------------------
 @pytest.mark.parametrize(
-    "override, pattern",
+    ("override", "pattern"),
     [
         ("trainer.accelerator=tpu9", r"trainer\.accelerator='tpu9'.*allowed values: cpu, gpu"),
         ("trainer.precision=8-bit", r"trainer\.precision='8-bit'.*allowed values: 32-true"),
@@ -191,7 +225,7 @@ def test_bad_config_is_named(override, pattern):
 
 
 @pytest.mark.parametrize(
-    "overrides, pattern",
+    ("overrides", "pattern"),
     [
         (["model.residual=dense"], r"residual='dense' is unknown; allowed values: baseline, full, block"),
         (["model=block_attnres", "model.n_blocks=99"], r"n_blocks=99 must be an integer in \[1, 8\]"),
@@ -224,9 +258,12 @@ def test_weight_decay_groups():
     no_decay = {names[id(p)] for p in groups["no_decay"]["params"]}
     connection = {names[id(p)] for p in groups["connection"]["params"]}
     assert connection == {"residual.queries", "residual.key_norm_weight"}  # 2-D, but never decayed by default
-    assert "tok_emb.weight" in no_decay and all(n.endswith("norm.weight") or n == "tok_emb.weight" for n in no_decay)
-    assert "lm_head.weight" in decay and all(p.dim() == 2 for p in groups["decay"]["params"])
-    assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
+    assert "tok_emb.weight" in no_decay
+    assert all(n.endswith("norm.weight") or n == "tok_emb.weight" for n in no_decay)
+    assert "lm_head.weight" in decay
+    assert all(p.dim() == 2 for p in groups["decay"]["params"])
+    assert groups["decay"]["weight_decay"] == 0.1
+    assert groups["no_decay"]["weight_decay"] == 0.0
     assert groups["connection"]["weight_decay"] == 0.0
     assert len(decay | no_decay | connection) == len(list(model.parameters()))
 
@@ -239,7 +276,8 @@ def test_warmup_cosine_schedule():
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
-    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warm-up over 10 steps
+    assert lrs[0] == pytest.approx(0.1)
+    assert lrs[9] == pytest.approx(1.0)
     assert lrs[-1] == pytest.approx(0.1)  # cosine to 10% of peak at the last step
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
     assert lrs[54] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 44 / 89)))
@@ -254,7 +292,8 @@ def test_model_node_spells_out_every_model_setting():
 
     cfg = compose(["experiment=cpu_ladder"])
     fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
-    assert set(fields) <= set(cfg.model) and set(cfg.model) - set(fields) == {"_target_", "variant"}
+    assert set(fields) <= set(cfg.model)
+    assert set(cfg.model) - set(fields) == {"_target_", "variant"}
     for name in ("tie_embeddings", "rope_theta", "norm_eps", "init_std"):
         assert cfg.model[name] == fields[name].default, name
 
@@ -277,7 +316,9 @@ def test_default_training_config_keeps_zero_init_equal_to_baseline():
     idx = torch.randint(0, 256, (4, 129), generator=torch.Generator().manual_seed(0))
     losses = {}
     for variant in ("baseline", "full_attnres", "block_attnres"):
-        cfg = build_model_config(compose(["experiment=cpu_ladder", "size=cpu_l", f"model={variant}", "data.vocab_size=256"]))
+        cfg = build_model_config(
+            compose(["experiment=cpu_ladder", "size=cpu_l", f"model={variant}", "data.vocab_size=256"])
+        )
         torch.manual_seed(0)
         model = Transformer(cfg)
         with torch.no_grad():
@@ -291,6 +332,7 @@ def test_default_training_config_keeps_zero_init_equal_to_baseline():
 def test_block_geometry_does_not_split_runs_of_schemes_that_ignore_it(variant):
     """A scheme that does not read n_blocks / block_size gets one run identity whatever they are set to (the
     committed cpu_ladder runs carry n_blocks 4, the canonical value, so their hashes stay)."""
+
     def chash(*o):
         return run_identity(compose(["experiment=cpu_ladder", f"model={variant}", *o]))[0]
 
@@ -318,19 +360,26 @@ def test_canonical_block_geometry_is_what_ignoring_schemes_ignore():
         outputs = []
         for geometry in ({"n_blocks": 4}, {"n_blocks": 8}, {"n_blocks": None, "block_size": 3}, {"n_blocks": 99}):
             torch.manual_seed(0)
-            model = Transformer(ModelConfig(vocab_size=64, n_layers=2, d_model=16, n_heads=2, max_seq_len=8,
-                                            residual=name, **geometry))
+            model = Transformer(
+                ModelConfig(vocab_size=64, n_layers=2, d_model=16, n_heads=2, max_seq_len=8, residual=name, **geometry)
+            )
             with torch.no_grad():
                 outputs.append(model(idx))
         assert all(torch.equal(outputs[0], o) for o in outputs[1:]), name
 
 
 # ---- structured configs ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("override, key", [
-    ("train.batch_size=abc", "train.batch_size"), ("optimizer.lr=fast", "optimizer.lr"),
-    ("scheduler.warmup_steps=1.5", "scheduler.warmup_steps"), ("optimizer.fused=maybe", "optimizer.fused"),
-    ("train.eval_count=2.5", "train.eval_count"), ("optimizer.betas=[0.9,high]", "optimizer.betas"),
-])
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("train.batch_size=abc", "train.batch_size"),
+        ("optimizer.lr=fast", "optimizer.lr"),
+        ("scheduler.warmup_steps=1.5", "scheduler.warmup_steps"),
+        ("optimizer.fused=maybe", "optimizer.fused"),
+        ("train.eval_count=2.5", "train.eval_count"),
+        ("optimizer.betas=[0.9,high]", "optimizer.betas"),
+    ],
+)
 def test_type_errors_fail_at_composition(override, key):
     from hydra.errors import ConfigCompositionException
 
@@ -362,7 +411,9 @@ def test_model_config_is_instantiated_from_its_target():
     from attnres import ModelConfig
 
     mc = build_model_config(compose(["experiment=cpu_ladder", "model=full_sliding_window", "data.vocab_size=256"]))
-    assert type(mc) is ModelConfig and mc.residual == "full" and mc.options.window == 8
+    assert type(mc) is ModelConfig
+    assert mc.residual == "full"
+    assert mc.options.window == 8
     assert type(mc.residual_options) is dict  # plain containers, not OmegaConf nodes
 
 
@@ -387,6 +438,7 @@ def test_config_residual_and_peers_import_no_cycle():
         return any(d == goal or (d not in seen and reaches(d, goal, (*seen, d))) for d in graph.get(start, ()))
 
     assert graph["registry"] == set()
-    assert "residual" not in graph["config"] and "peers" not in graph["residual"]
+    assert "residual" not in graph["config"]
+    assert "peers" not in graph["residual"]
     for module in ("config", "registry", "residual", "peers", "model"):
         assert not reaches(module, module), module

@@ -23,7 +23,8 @@ from attnres.kernel_switch import KernelSwitch
 torch.set_num_threads(1)
 
 needs_compiler = pytest.mark.skipif(
-    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler on this machine")
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler on this machine"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -98,15 +99,25 @@ def test_batched_mix_kernel_equals_the_torch_path(monkeypatch, spy, track, threa
         return [*outs, *more, *lone, *torch.autograd.grad(loss, inputs)]
 
     on, off = run_both(monkeypatch, compute)
-    assert spy.get("mix_forward") == 3 and spy.get("mix_backward") == 3
+    assert spy.get("mix_forward") == 3
+    assert spy.get("mix_backward") == 3
     assert_close_all(on, off)
 
 
 @needs_compiler
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n_extras,track,with_queries", [(0, False, False), (1, False, False), (3, False, False),
-                                                         (3, True, False), (1, False, True), (1, True, True),
-                                                         (2, True, True)])
+@pytest.mark.parametrize(
+    ("n_extras", "track", "with_queries"),
+    [
+        (0, False, False),
+        (1, False, False),
+        (3, False, False),
+        (3, True, False),
+        (1, False, True),
+        (1, True, True),
+        (2, True, True),
+    ],
+)
 def test_merge_kernel_equals_the_torch_path(monkeypatch, spy, n_extras, track, with_queries, threads):
     """The fused, normalised read in place into base: value, and the gradients of base, z, queries and extras
     (tracked extras used twice, so a sink is first written, then accumulated into). eps is large so that the
@@ -139,7 +150,8 @@ def test_merge_kernel_only_takes_the_fused_fp32_read(monkeypatch, spy):
     merge_read(base.clone(), z, [e.bfloat16()], 1e-6, torch.float32)
     assert "merge_forward" not in spy
     out = merge_read(base.clone(), z, [e], 1e-6, torch.float32)
-    assert spy["merge_forward"] == 1 and out.dtype == torch.float32
+    assert spy["merge_forward"] == 1
+    assert out.dtype == torch.float32
 
 
 @needs_compiler
@@ -183,7 +195,7 @@ def test_the_fused_single_read_keeps_only_its_output_and_the_sources(spy):
 
 @needs_compiler
 @pytest.mark.parametrize("eps", [None, 1e-3])
-@pytest.mark.parametrize("n_extras,with_queries", [(0, False), (1, False), (3, False), (2, True)])
+@pytest.mark.parametrize(("n_extras", "with_queries"), [(0, False), (1, False), (3, False), (2, True)])
 def test_the_merge_kernel_writes_into_base_and_never_keeps_it(spy, eps, n_extras, with_queries):
     """Fused in fp32 (the kernel): the result is written into base (no new [B, T, D]) and backward keeps the
     output, the extras and the weights, never base. Unfused, or in another dtype (the reference), base is left
@@ -198,7 +210,8 @@ def test_the_merge_kernel_writes_into_base_and_never_keeps_it(spy, eps, n_extras
             out = merge_read(consumed, z, extras, eps, out_dtype, queries, key_eps)
         in_place = eps is not None and out_dtype == torch.float32
         assert spy.get("merge_forward", 0) == calls + in_place
-        assert out.dtype == out_dtype and (out.data_ptr() == consumed.data_ptr()) == in_place
+        assert out.dtype == out_dtype
+        assert (out.data_ptr() == consumed.data_ptr()) == in_place
         assert in_place or torch.equal(consumed, before)
         if in_place:
             big = {x.data_ptr() for x in saved if x.numel() == base.numel()}
@@ -230,26 +243,40 @@ def test_the_kernel_switch(monkeypatch):
     assert cpu_kernels.use_kernels.__self__ is not gpu_kernels.use_kernels.__self__
     switch = KernelSwitch("ATTNRES_TEST_SWITCH")
     monkeypatch.delenv("ATTNRES_TEST_SWITCH", raising=False)
-    assert not switch.off() and switch.forced() is None
+    assert not switch.off()
+    assert switch.forced() is None
     for value in ("0", "off", " False ", "no"):
         monkeypatch.setenv("ATTNRES_TEST_SWITCH", value)
-        assert switch.off() and switch.off_reason() == f"off (ATTNRES_TEST_SWITCH={value})"
+        assert switch.off()
+        assert switch.off_reason() == f"off (ATTNRES_TEST_SWITCH={value})"
     with switch.use(True):
-        assert not switch.off() and switch.forced() is True
+        assert not switch.off()
+        assert switch.forced() is True
         with switch.use(False):
-            assert switch.off() and switch.off_reason() == "off (use_kernels(False))"
+            assert switch.off()
+            assert switch.off_reason() == "off (use_kernels(False))"
             with switch.use(None):
                 assert switch.off()
         assert not switch.off()
-    assert switch.off() and switch.forced() is None
+    assert switch.off()
+    assert switch.forced() is None
     monkeypatch.setenv("ATTNRES_TEST_SWITCH", "1")
     assert not switch.off()
 
 
 def _model(scheme: str, n_blocks: int | None = 8, block_size: int | None = None, **options) -> Transformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=61, d_model=48, n_layers=4, n_heads=4, max_seq_len=16, residual=scheme,
-                      n_blocks=n_blocks, block_size=block_size, residual_options=options)
+    cfg = ModelConfig(
+        vocab_size=61,
+        d_model=48,
+        n_layers=4,
+        n_heads=4,
+        max_seq_len=16,
+        residual=scheme,
+        n_blocks=n_blocks,
+        block_size=block_size,
+        residual_options=options,
+    )
     model = Transformer(cfg)
     with torch.no_grad():  # sharp depth softmaxes (zero-init queries would make every read uniform)
         for name, p in model.named_parameters():
@@ -259,9 +286,16 @@ def _model(scheme: str, n_blocks: int | None = 8, block_size: int | None = None,
 
 
 @needs_compiler
-@pytest.mark.parametrize("scheme,options", [("block", {"n_blocks": 2}), ("block", {"block_size": 3}),
-                                            ("block", {"n_blocks": 2, "key_norm": False}),
-                                            ("full", {}), ("full", {"read_group": 3})])
+@pytest.mark.parametrize(
+    ("scheme", "options"),
+    [
+        ("block", {"n_blocks": 2}),
+        ("block", {"block_size": 3}),
+        ("block", {"n_blocks": 2, "key_norm": False}),
+        ("full", {}),
+        ("full", {"read_group": 3}),
+    ],
+)
 def test_models_train_the_same_with_and_without_the_kernels(monkeypatch, spy, scheme, options):
     """Block and Full AttnRes in fp32, kernels on vs off, both against the same model in float64 (where the
     kernels never run): logits and every parameter's gradient are as close to it with the kernels as without."""
@@ -275,7 +309,8 @@ def test_models_train_the_same_with_and_without_the_kernels(monkeypatch, spy, sc
         return [logits.detach(), *(p.grad for p in m.parameters())]
 
     on, off = run_both(monkeypatch, compute)
-    assert spy.get("merge_backward", 0) > 0 and spy.get("mix_backward", 0) > 0
+    assert spy.get("merge_backward", 0) > 0
+    assert spy.get("mix_backward", 0) > 0
     calls = dict(spy)
     reference = compute(copy.deepcopy(model).double())
     assert spy == calls  # float64: the torch path
@@ -288,13 +323,15 @@ def test_models_train_the_same_with_and_without_the_kernels(monkeypatch, spy, sc
 def test_switched_off_and_unbuildable_kernels_fall_back(monkeypatch, tmp_path, spy):
     """ATTNRES_CPU_KERNELS=0, or no working compiler: the torch path runs, and status says why."""
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
-    assert cpu_kernels.status() == "off (ATTNRES_CPU_KERNELS=0)" and cpu_kernels.library() is None
+    assert cpu_kernels.status() == "off (ATTNRES_CPU_KERNELS=0)"
+    assert cpu_kernels.library() is None
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
     monkeypatch.setattr(cpu_kernels, "_state", {})  # forget this process's build
     monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     with pytest.warns(UserWarning, match="did not build"):
-        assert cpu_kernels.status().startswith("unavailable: ") and cpu_kernels.library() is None
+        assert cpu_kernels.status().startswith("unavailable: ")
+        assert cpu_kernels.library() is None
     if shutil.which("cc") or shutil.which("gcc"):  # a cache directory that cannot be created: no crash either
         monkeypatch.setattr(cpu_kernels, "_state", {})
         monkeypatch.delenv("CC")
@@ -306,7 +343,8 @@ def test_switched_off_and_unbuildable_kernels_fall_back(monkeypatch, tmp_path, s
     model = _model("block", n_blocks=2)
     _, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
     loss.backward()
-    assert torch.isfinite(loss) and not spy
+    assert torch.isfinite(loss)
+    assert not spy
 
 
 @needs_compiler
@@ -317,10 +355,12 @@ def test_a_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels, "_compiler_version", lambda cc: "some cc 1.0")
     assert cpu_kernels.status().startswith("on")
     built = list((tmp_path / "kernels").glob("depth_mix-*.so"))
-    assert len(built) == 1 and built[0].stat().st_mode & 0o777 == 0o755
+    assert len(built) == 1
+    assert built[0].stat().st_mode & 0o777 == 0o755
     monkeypatch.setattr(cpu_kernels, "_state", {})  # as in a new process
     monkeypatch.setattr(cpu_kernels.subprocess, "run", lambda *a, **k: pytest.fail(f"compiled again: {a}"))
-    assert cpu_kernels.status().startswith("on") and str(built[0]) in cpu_kernels.status()
+    assert cpu_kernels.status().startswith("on")
+    assert str(built[0]) in cpu_kernels.status()
 
 
 @needs_compiler
@@ -332,12 +372,21 @@ def test_processes_building_at_once_share_one_cache(tmp_path):
 
     code = "from attnres import cpu_kernels; print(cpu_kernels.status())"
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "ATTNRES_CACHE_DIR": str(tmp_path), cpu_kernels.ENV_SWITCH: "1",
-           "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=repo, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    env = {
+        **os.environ,
+        "ATTNRES_CACHE_DIR": str(tmp_path),
+        cpu_kernels.ENV_SWITCH: "1",
+        "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     assert all(out.startswith("on (") for out, _ in outs), outs
     assert len(list((tmp_path / "kernels").glob("depth_mix-*.so"))) == 1
-    assert not list((tmp_path / "kernels").glob("*.so.tmp*")) and len(list((tmp_path / "kernels").iterdir())) == 1
+    assert not list((tmp_path / "kernels").glob("*.so.tmp*"))
+    assert len(list((tmp_path / "kernels").iterdir())) == 1

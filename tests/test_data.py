@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from experiments import data
-from experiments.data import publish, reader
 from experiments.data import (
     ShardHeader,
     TokenShards,
@@ -31,6 +30,8 @@ from experiments.data import (
     prepare_hf_dataset,
     prepare_stdlib,
     prepare_text_files,
+    publish,
+    reader,
     val_windows,
 )
 
@@ -63,7 +64,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> TokenShards:
     return TokenShards(prepare_stdlib(cache, max_bytes=SMALL, progress=False))
 
 
-@pytest.fixture()
+@pytest.fixture
 def shard_copy(small: TokenShards, tmp_path: Path) -> Path:
     """A private copy of the small shards that a test may damage."""
     return Path(shutil.copytree(small.path, tmp_path / "shards"))
@@ -75,18 +76,21 @@ def shard_copy(small: TokenShards, tmp_path: Path) -> Path:
 def test_stdlib_small_matches_sources_and_manifest(small: TokenShards) -> None:
     h = small.header
     assert (h.tokenizer, h.vocab_size, h.dtype, h.separator) == ("bytes", 256, "uint8", 0)
-    assert small.path.name.startswith("stdlib-py") and small.path.name.endswith(f"-bytes-max{SMALL}")
+    assert small.path.name.startswith("stdlib-py")
+    assert small.path.name.endswith(f"-bytes-max{SMALL}")
     manifest = json.loads((small.path / "manifest.json").read_text())
     root = Path(data.stdlib_root())
     files = manifest["files"]
     paths = [f["path"] for f in files]
-    assert paths == sorted(paths) and len(paths) >= 5
+    assert paths == sorted(paths)
+    assert len(paths) >= 5
     assert not any("site-packages" in p or "dist-packages" in p for p in paths)
     # every entry is the real file, hashed
     contents = {}
     for f in files:
         raw = (root / f["path"]).read_bytes()
-        assert hashlib.sha256(raw).hexdigest() == f["sha256"] and len(raw) == f["bytes"]
+        assert hashlib.sha256(raw).hexdigest() == f["sha256"]
+        assert len(raw) == f["bytes"]
         contents[f["path"]] = raw
     # the documented hash split, with at least one held-out file
     assert [f["split"] for f in files] == independent_split(paths, 0.01)
@@ -108,8 +112,10 @@ def test_full_stdlib_corpus(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="non-UTF-8") if _has_non_utf8_stdlib() else contextlib.nullcontext():
         shards = TokenShards(prepare_stdlib(tmp_path, progress=False))
     h, s = shards.header, shards.header.source
-    assert s["kind"] == "stdlib" and s["python_version"] == __import__("platform").python_version()
-    assert s["n_docs"] > 500 and s["n_docs_val"] >= 1
+    assert s["kind"] == "stdlib"
+    assert s["python_version"] == __import__("platform").python_version()
+    assert s["n_docs"] > 500
+    assert s["n_docs_val"] >= 1
     assert 0.002 < h.n_tokens["val"] / (h.n_tokens["train"] + h.n_tokens["val"]) < 0.05
     assert 1.0 < shards.unigram_entropy() < np.log(256)
     manifest = json.loads((shards.path / "manifest.json").read_text())
@@ -137,16 +143,19 @@ def test_cache_is_reused_and_rebuilt_when_damaged(small: TokenShards, tmp_path: 
     real_build = publish.build_shards
     monkeypatch.setattr(publish, "build_shards", lambda *a, **k: calls.append(1) or real_build(*a, **k))
     assert prepare_stdlib(cache, max_bytes=60_000, progress=False) == path
-    assert calls == [] and stale.exists()  # cached: no work, no lock, nothing touched
+    assert calls == []
+    assert stale.exists()
 
     with open(path / "train.bin", "r+b") as f:  # truncate: the size check catches it
         f.truncate(10)
     with pytest.raises(ValueError, match="prepare_data stdlib"):
         TokenShards(path)
     assert prepare_stdlib(cache, max_bytes=60_000, progress=False) == path
-    assert calls == [1] and not stale.exists()
+    assert calls == [1]
+    assert not stale.exists()
     assert (path / "header.json").read_text() == header  # same corpus -> byte-identical header
-    assert prepare_stdlib(cache, max_bytes=60_000, force=True, progress=False) == path and calls == [1, 1]
+    assert prepare_stdlib(cache, max_bytes=60_000, force=True, progress=False) == path
+    assert calls == [1, 1]
     assert [p.name for p in cache.iterdir() if p.name.startswith((".tmp-", ".trash-"))] == []
 
 
@@ -206,12 +215,19 @@ def test_load_dataset(small: TokenShards, tmp_path: Path) -> None:
 
 # -------------------------------------------------------------------------------------------- data options
 
-GOOD_DATA = {"name": "stdlib", "tokenizer": "bytes", "bpe_vocab_size": 8192, "max_bytes": None, "cache_dir": None,
-             "vocab_size": None, "num_workers": 0}
+GOOD_DATA = {
+    "name": "stdlib",
+    "tokenizer": "bytes",
+    "bpe_vocab_size": 8192,
+    "max_bytes": None,
+    "cache_dir": None,
+    "vocab_size": None,
+    "num_workers": 0,
+}
 
 
 @pytest.mark.parametrize(
-    "change, pattern",
+    ("change", "pattern"),
     [
         ({"name": ""}, r"data\.name must be 'stdlib' or the directory of prepared token shards"),
         ({"tokenizer": "sentencepiece"}, r"data\.tokenizer='sentencepiece'; allowed values: bytes, bpe$"),
@@ -252,7 +268,8 @@ def test_the_preparation_functions_check_their_options_the_same_way(tmp_path: Pa
         prepare_text_files([tmp_path / "a.txt"], tmp_path / "o", val_fraction=0.7, progress=False)
     with pytest.raises(ValueError, match=r"^max_docs=-1 must be a positive integer or None$"):
         prepare_hf_dataset("any/name", tmp_path / "o", max_docs=-1, progress=False)
-    assert not (tmp_path / "c").exists() and not (tmp_path / "o").exists()  # nothing read, nothing written
+    assert not (tmp_path / "c").exists()
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_options_and_format_modules_load_without_numpy_or_torch() -> None:
@@ -333,9 +350,15 @@ def test_checksum_and_token_range_verified(shard_copy: Path) -> None:
     with pytest.raises(ValueError, match="checksum mismatch for .*train.bin"):
         TokenShards(shard_copy, verify=True)
     # token ids beyond the header's vocabulary, with consistent checksums
-    _rewrite_header(shard_copy, vocab_size=40,
-                    checksum={"algorithm": "sha256", "train": data.sha256_file(shard_copy / "train.bin"),
-                              "val": data.sha256_file(shard_copy / "val.bin")})
+    _rewrite_header(
+        shard_copy,
+        vocab_size=40,
+        checksum={
+            "algorithm": "sha256",
+            "train": data.sha256_file(shard_copy / "train.bin"),
+            "val": data.sha256_file(shard_copy / "val.bin"),
+        },
+    )
     with pytest.raises(ValueError, match="token id .* >= header vocab_size 40"):
         TokenShards(shard_copy, verify=True)
 
@@ -365,7 +388,9 @@ def test_val_windows_fixed_and_evenly_spaced(small: TokenShards) -> None:
     np.random.seed(2)
     torch.manual_seed(2)
     b = val_windows(small, seq, n)
-    assert a.dtype == torch.int64 and a.shape == (n, seq + 1) and torch.equal(a, b)
+    assert a.dtype == torch.int64
+    assert a.shape == (n, seq + 1)
+    assert torch.equal(a, b)
     val = np.asarray(small.val, dtype=np.int64)
     span = len(val) - (seq + 1)
     for i in range(n):
@@ -386,15 +411,18 @@ def test_train_batches_deterministic_resumable(small: TokenShards) -> None:
     stream = [next(it) for _ in range(6)]
     train = np.asarray(small.train, dtype=np.int64)
     for step, (x, y) in enumerate(stream):
-        assert x.shape == y.shape == (bs, seq) and x.dtype == y.dtype == torch.int64
+        assert x.shape == y.shape == (bs, seq)
+        assert x.dtype == y.dtype == torch.int64
         offsets = np.random.default_rng([seed, step]).integers(0, len(train) - seq, size=bs)
         windows = np.stack([train[o : o + seq + 1] for o in offsets])
-        assert x.tolist() == windows[:, :-1].tolist() and y.tolist() == windows[:, 1:].tolist()
+        assert x.tolist() == windows[:, :-1].tolist()
+        assert y.tolist() == windows[:, 1:].tolist()
     # resume at step 4: exactly the batches an uninterrupted run sees
     resumed = iter(TrainBatches(small, seq, bs, seed, start_step=4))
     for step in (4, 5):
         x, y = next(resumed)
-        assert torch.equal(x, stream[step][0]) and torch.equal(y, stream[step][1])
+        assert torch.equal(x, stream[step][0])
+        assert torch.equal(y, stream[step][1])
     # a different seed gives different data
     assert not torch.equal(TrainBatches(small, seq, bs, seed + 1).batch(0)[0], stream[0][0])
 
@@ -404,7 +432,9 @@ def test_train_batches_ddp_slices_global_batch(small: TokenShards, world_size: i
     seq, bs, seed = 16, 8, 7
     for step in (0, 3):
         full_x, full_y = TrainBatches(small, seq, bs, seed).batch(step)
-        parts = [TrainBatches(small, seq, bs, seed, rank=r, world_size=world_size).batch(step) for r in range(world_size)]
+        parts = [
+            TrainBatches(small, seq, bs, seed, rank=r, world_size=world_size).batch(step) for r in range(world_size)
+        ]
         assert all(p[0].shape == (bs // world_size, seq) for p in parts)
         assert torch.equal(torch.cat([p[0] for p in parts]), full_x)
         assert torch.equal(torch.cat([p[1] for p in parts]), full_y)
@@ -450,10 +480,15 @@ def test_unigram_entropy(small: TokenShards) -> None:
 def test_text_file_single_tail_split(tmp_path: Path) -> None:
     text = "".join(f"line {i}: the quick brown fox é\n" for i in range(400)).encode()
     (tmp_path / "book.txt").write_bytes(text)
-    shards = TokenShards(prepare_text_files([tmp_path / "book.txt"], tmp_path / "out", val_fraction=0.05, progress=False))
+    shards = TokenShards(
+        prepare_text_files([tmp_path / "book.txt"], tmp_path / "out", val_fraction=0.05, progress=False)
+    )
     train, val = bytes(shards.train), bytes(shards.val)
-    assert train[-1] == 0 and val[-1] == 0 and train[:-1] + val[:-1] == text
-    assert train[-2:-1] == b"\n" and 0.03 < len(val) / len(text) < 0.1  # cut at a line break, ~val_fraction
+    assert train[-1] == 0
+    assert val[-1] == 0
+    assert train[:-1] + val[:-1] == text
+    assert train[-2:-1] == b"\n"
+    assert 0.03 < len(val) / len(text) < 0.1
     assert shards.header.source["split"] == "tail"
     assert shards.decode(shards.val[:-1]) == val[:-1].decode()
 
@@ -469,7 +504,8 @@ def test_text_directory_file_split_skip_and_overwrite(tmp_path: Path) -> None:
         shards = TokenShards(prepare_text_files([corpus], out, val_fraction=0.02, progress=False))
     manifest = json.loads((out / "manifest.json").read_text())
     keys = [f["path"] for f in manifest["files"]]
-    assert all(k.startswith("corpus/") for k in keys) and "corpus/sub/f001.txt" in keys
+    assert all(k.startswith("corpus/") for k in keys)
+    assert "corpus/sub/f001.txt" in keys
     assert [f["split"] for f in manifest["files"]] == independent_split(keys, 0.02)
     assert manifest["skipped"][0]["path"] == "corpus/latin1.txt"
     assert shards.header.source["n_docs_val"] == sum(f["split"] == "val" for f in manifest["files"]) >= 1
@@ -498,11 +534,13 @@ def test_bpe_round_trip(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
     root = data.stdlib_root()
     sources = [root / n for n in ("textwrap.py", "glob.py", "fnmatch.py", "bisect.py", "colorsys.py")]
-    out = prepare_text_files(sources, tmp_path / "bpe", tokenizer="bpe", bpe_vocab_size=500, val_fraction=0.3,
-                             progress=False)
+    out = prepare_text_files(
+        sources, tmp_path / "bpe", tokenizer="bpe", bpe_vocab_size=500, val_fraction=0.3, progress=False
+    )
     shards = TokenShards(out, verify=True)
     h = shards.header
-    assert (h.tokenizer, h.dtype, h.separator) == ("bpe", "uint16", 0) and 257 <= h.vocab_size <= 500
+    assert (h.tokenizer, h.dtype, h.separator) == ("bpe", "uint16", 0)
+    assert 257 <= h.vocab_size <= 500
     manifest = json.loads((out / "manifest.json").read_text())
     for split in ("train", "val"):
         expected = "".join(p.read_text() + "\x00" for p, f in zip(sources, manifest["files"]) if f["split"] == split)
@@ -510,8 +548,11 @@ def test_bpe_round_trip(tmp_path: Path) -> None:
         assert int((np.asarray(shards.split(split)) == 0).sum()) == sum(f["split"] == split for f in manifest["files"])
     assert h.n_tokens["train"] < 0.6 * sum(len(p.read_bytes()) for p in sources)  # BPE actually compresses
     # the same corpus gives the same tokenizer and shards
-    again = TokenShards(prepare_text_files(sources, tmp_path / "bpe2", tokenizer="bpe", bpe_vocab_size=500,
-                                           val_fraction=0.3, progress=False))
+    again = TokenShards(
+        prepare_text_files(
+            sources, tmp_path / "bpe2", tokenizer="bpe", bpe_vocab_size=500, val_fraction=0.3, progress=False
+        )
+    )
     assert again.header.checksum == h.checksum
 
 
@@ -565,7 +606,9 @@ def test_cli_help_is_light() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "stdlib" in result.stdout and "files" in result.stdout and "hf" in result.stdout
+    assert "stdlib" in result.stdout
+    assert "files" in result.stdout
+    assert "hf" in result.stdout
 
 
 def test_cli_files_and_info(tmp_path: Path, capsys) -> None:
@@ -575,15 +618,22 @@ def test_cli_files_and_info(tmp_path: Path, capsys) -> None:
     assert main(["--no-progress", "files", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     shards = TokenShards(tmp_path / "out")
-    assert str(tmp_path / "out") in printed and f"train {shards.header.n_tokens['train']:,}" in printed
+    assert str(tmp_path / "out") in printed
+    assert f"train {shards.header.n_tokens['train']:,}" in printed
     assert main(["info", str(tmp_path / "out"), "--verify"]) == 0
     assert main(["info", str(tmp_path / "nope")]) == 2
     assert "prepare_data stdlib" in capsys.readouterr().err
 
 
 def test_header_round_trip() -> None:
-    h = ShardHeader("bytes", 256, "uint8", {"train": 10, "val": 2}, {"algorithm": "sha256", "train": "a", "val": "b"},
-                    {"kind": "files"})
+    h = ShardHeader(
+        "bytes",
+        256,
+        "uint8",
+        {"train": 10, "val": 2},
+        {"algorithm": "sha256", "train": "a", "val": "b"},
+        {"kind": "files"},
+    )
     assert ShardHeader.from_dict(json.loads(h.to_json())) == h
 
 
@@ -609,7 +659,8 @@ def test_a_same_size_bit_flip_is_caught_at_load_and_a_stamp_spares_rehashing(tmp
     calls = []
     real = reader.sha256_file
     monkeypatch.setattr(reader, "sha256_file", lambda p: calls.append(p) or real(p))
-    assert load().verified == "stamp" and calls == []  # a later run does not re-hash the corpus
+    assert load().verified == "stamp"
+    assert calls == []
     train_bin = shards / "train.bin"
     st = train_bin.stat()
     raw = bytearray(train_bin.read_bytes())
@@ -646,7 +697,8 @@ def test_describe_a_tail_split_does_not_say_nothing_is_held_out(tmp_path):
     shards = data.TokenShards(_one_file_shards(tmp_path))
     assert shards.header.n_tokens["val"] > 0
     text = data.describe(shards)
-    assert "0 held out" not in text and "of each of 1 held out, split tail" in text
+    assert "0 held out" not in text
+    assert "of each of 1 held out, split tail" in text
 
 
 def test_the_readmes_own_data_directory_is_ignored_by_git():

@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import TEST_MAX_BYTES, run_cli
 
 
@@ -32,16 +31,32 @@ def _val_trajectory(runs_root: Path) -> tuple[list[tuple[int, float]], dict]:
 
 def test_two_process_ddp_matches_single_process(tmp_path, data_cache):
     common = [
-        "experiment=smoke", "model=block_attnres", f"data.cache_dir={data_cache}",
-        f"data.max_bytes={TEST_MAX_BYTES}", "threads=1", "trainer.enable_progress_bar=false",
-        "size.tokens=32768", "size.batch_size=16",  # 16 steps of 16 x 128; 8 sequences per rank under DDP
-        "train.eval_count=4", "train.val_sequences=16", "train.log_every=4",
+        "experiment=smoke",
+        "model=block_attnres",
+        f"data.cache_dir={data_cache}",
+        f"data.max_bytes={TEST_MAX_BYTES}",
+        "threads=1",
+        "trainer.enable_progress_bar=false",
+        "size.tokens=32768",
+        "size.batch_size=16",  # 16 steps of 16 x 128; 8 sequences per rank under DDP
+        "train.eval_count=4",
+        "train.val_sequences=16",
+        "train.log_every=4",
         f"paths.hydra_root={tmp_path / 'outputs'}",
     ]
-    single = run_cli(common + [f"paths.runs_root={tmp_path / 'single'}"], timeout=240)
+    single = run_cli([*common, f"paths.runs_root={tmp_path / 'single'}"], timeout=240)
     assert single.returncode == 0, single.stderr[-3000:]
-    ddp = run_cli(common + [f"paths.runs_root={tmp_path / 'ddp'}", "trainer=ddp", "trainer.accelerator=cpu",
-                            "trainer.devices=2", "trainer.precision=32-true"], timeout=240)
+    ddp = run_cli(
+        [
+            *common,
+            f"paths.runs_root={tmp_path / 'ddp'}",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.precision=32-true",
+        ],
+        timeout=240,
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     log = ddp.stdout + ddp.stderr
     assert "MEMBER: 2/2" in log and "gloo" in log, log[-3000:]  # really two processes, over gloo

@@ -9,8 +9,17 @@ import pytest
 import torch
 from depth_cases import reads_sharing_sources
 
-from attnres.depth import (attend_batched, key_logits, merge_read, mix_sources, mix_sources_batched,
-                           mix_sources_reference, rms_normalize, rmsnorm_unit, track_source)
+from attnres.depth import (
+    attend_batched,
+    key_logits,
+    merge_read,
+    mix_sources,
+    mix_sources_batched,
+    mix_sources_reference,
+    rms_normalize,
+    rmsnorm_unit,
+    track_source,
+)
 
 torch.set_num_threads(1)
 
@@ -22,14 +31,14 @@ def test_tracked_sources_gradients_match_plain_autograd_and_finite_differences(e
     values = [torch.randn(B, T, D, dtype=torch.double, requires_grad=True) for _ in range(4)]
     w1 = torch.rand(2, B, T, dtype=torch.double, requires_grad=True)
     w2 = torch.rand(4, B, T, dtype=torch.double, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda w1, w2, *vs: reads_sharing_sources(vs, w1, w2, True, eps),
-                                    (w1, w2, *values))
+    assert torch.autograd.gradcheck(lambda w1, w2, *vs: reads_sharing_sources(vs, w1, w2, True, eps), (w1, w2, *values))
     plain = torch.autograd.grad(reads_sharing_sources(values, w1, w2, False, eps), [w1, w2, *values])
     out = reads_sharing_sources(values, w1, w2, True, eps)
     g1 = torch.autograd.grad(out, [w1, w2, *values], retain_graph=True)
     g2 = torch.autograd.grad(out, [w1, w2, *values])  # a retained graph: the sinks start from zero again
     for p, a, b in zip(plain, g1, g2):
-        assert torch.allclose(p, a) and torch.allclose(a, b)
+        assert torch.allclose(p, a)
+        assert torch.allclose(a, b)
 
 
 def test_sinks_do_not_outlive_backward():
@@ -46,8 +55,11 @@ def test_sinks_do_not_outlive_backward():
     grad_sinks.GradSink.__init__ = tracking_init
     try:
         for residual in ("full", "block"):
-            model = Transformer(ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8,
-                                            residual=residual, block_size=2))
+            model = Transformer(
+                ModelConfig(
+                    vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8, residual=residual, block_size=2
+                )
+            )
             idx = torch.randint(0, 32, (2, 8))
             for _ in range(2):
                 model(idx, idx)[1].backward()
@@ -90,7 +102,8 @@ def test_mix_sources_batched_equals_one_read_at_a_time(track):
         return sum((outs[q] * (q + 1)).pow(2).sum() for q in used), outs
 
     fast, outs = loss(True)
-    assert all(o.dtype == torch.double and o.shape == (B, T, D) for o in outs) and len(outs) == Q
+    assert all(o.dtype == torch.double and o.shape == (B, T, D) for o in outs)
+    assert len(outs) == Q
     slow, _ = loss(False)
     assert torch.allclose(fast, slow)
     for a, b in zip(torch.autograd.grad(fast, [w, *vs]), torch.autograd.grad(slow, [w, *vs])):
@@ -121,8 +134,10 @@ def _merge_reference(base, z, extras, eps, queries=None, key_eps=1e-5):
 
 
 @pytest.mark.parametrize("eps", [None, 1e-3])
-@pytest.mark.parametrize("n_extras,track,with_queries", [(0, False, False), (1, False, False), (3, False, False),
-                                                         (3, True, False), (1, False, True), (2, True, True)])
+@pytest.mark.parametrize(
+    ("n_extras", "track", "with_queries"),
+    [(0, False, False), (1, False, False), (3, False, False), (3, True, False), (1, False, True), (2, True, True)],
+)
 def test_merge_read_matches_its_definition_and_finite_differences(eps, n_extras, track, with_queries):
     """The merge never keeps base; its backward derives everything from g.h (from the norm's backward when
     fused). eps is large here so that the g.h = m D eps rstd^2 term is not negligible. With queries the extras'
@@ -152,7 +167,8 @@ def test_merge_read_matches_its_definition_and_finite_differences(eps, n_extras,
     assert torch.autograd.gradcheck(lambda *x: merged(x[0], x[1] if n_extras else None, *x[2:])[0], tuple(inputs))
     for out_dtype in (torch.double, torch.float):  # (base written in place, never kept: test_cpu_kernels.py)
         out = merge_read(base * 1.0, z, extras, eps, out_dtype, queries, key_eps)
-        assert out.dtype == out_dtype and torch.allclose(out.double(), ref, atol=1e-6)
+        assert out.dtype == out_dtype
+        assert torch.allclose(out.double(), ref, atol=1e-6)
     with pytest.raises(ValueError, match=r"z must be \[K, B, T\]"):
         merge_read(base * 1.0, torch.zeros(n_extras + 1, B, T, dtype=torch.double), extras, eps, torch.double)
 
@@ -171,7 +187,8 @@ def test_mix_sources_fused_with_the_prenorm_normalisation_equals_the_two_steps()
         fused = mix_sources(w, [t(v) for v in vs], eps)
         unfused = rmsnorm_unit(mix_sources(w, list(vs)), eps)
         traced = mix_sources_reference(w, list(vs), eps)
-        assert torch.allclose(fused, unfused) and torch.allclose(fused, traced)
+        assert torch.allclose(fused, unfused)
+        assert torch.allclose(fused, traced)
         g = torch.randn_like(fused)
         for a, b in zip(torch.autograd.grad(fused, [w, *vs], g), torch.autograd.grad(unfused, [w, *vs], g)):
             assert torch.allclose(a, b)
@@ -199,14 +216,15 @@ def test_mix_sources_with_bf16_sources_accumulates_in_fp32():
         grads = torch.autograd.grad(out, [w, *vals], g.float())
         grads_ref = torch.autograd.grad(ref, [w_ref, *ref_vals], g)
         for s, (a, b) in enumerate(zip(grads, grads_ref)):
-            assert a.dtype == ([w] + vals)[s].dtype
+            assert a.dtype == ([w, *vals])[s].dtype
             # the gradient is rounded to bf16 once for bf16 sources (products with bf16 values, as autocast does)
             assert torch.allclose(a.double(), b, rtol=2e-2, atol=2e-2 * b.abs().max().item()), s
     # fused with the PreNorm normalisation: the same within bf16 rounding of the gradient
     w_ref = torch.rand(S, B, T, dtype=torch.double).softmax(0).requires_grad_()
     w = w_ref.detach().float().requires_grad_()
     out, ref = mix_sources(w, vals, 1e-6), mix_sources(w_ref, ref_vals, 1e-6)
-    assert out.dtype == torch.float32 and torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert out.dtype == torch.float32
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
     g = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad(out, [w, *vals], g.float()), torch.autograd.grad(ref, [w_ref, *ref_vals], g)):
         assert torch.allclose(a.double(), b, rtol=2e-2, atol=2e-2 * b.abs().max().item())
@@ -235,7 +253,8 @@ def test_key_logits_keep_no_fp32_copy_of_a_bf16_source():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = key_logits(src, q, 1e-5)
     big_fp32 = [t for t in saved if t.dtype == torch.float32 and t.numel() >= B * T * D]
-    assert not big_fp32 and any(t.data_ptr() == src.data_ptr() for t in saved)
+    assert not big_fp32
+    assert any(t.data_ptr() == src.data_ptr() for t in saved)
     # and the gradients are those of the fp32 formula on the same bf16 values
     ref_src = src.detach().double().requires_grad_()
     ref_q = q.detach().double().requires_grad_()

@@ -18,7 +18,8 @@ def test_interval_text_bounds_its_ends():
     assert figures.ci_text([0.95, 249.44]) == " [0.95, >20]"
     assert figures.ci_text([0.0, 1.3]) == " [<0.05, 1.30]"
     assert figures.ci_text([1.01, 1.38]) == " [1.01, 1.38]"
-    assert figures.ci_text(None) == "" and figures.ci_text([None, None]) == ""
+    assert figures.ci_text(None) == ""
+    assert figures.ci_text([None, None]) == ""
 
 
 @pytest.mark.parametrize("multipliers", [{"block_attnres": 1.3, "full_attnres": 1.1}, {"block_attnres": 12.0}])
@@ -28,8 +29,12 @@ def test_fig4_axes_stay_near_the_data_on_a_one_seed_study(tmp_path, monkeypatch,
         warnings.simplefilter("ignore")
         doc = analyse_scaling(df, B=200, bootstrap_mode="parametric")
     frame = doc.pop("_frame")
-    widest = max(hi for m in doc["multipliers"].values() for p in m["per_size"].values()
-                 for hi in [(p.get("m_ci95") or [0, 0])[1] or 0])  # fmt: skip
+    widest = max(
+        hi
+        for m in doc["multipliers"].values()
+        for p in m["per_size"].values()
+        for hi in [(p.get("m_ci95") or [0, 0])[1] or 0]
+    )
     if "full_attnres" in multipliers:
         assert widest > figures.MAX_ARROW**2  # the case under test: 1-seed intervals far beyond any sane axis
     seen = {}
@@ -44,9 +49,12 @@ def test_fig4_axes_stay_near_the_data_on_a_one_seed_study(tmp_path, monkeypatch,
     c_max = float(df["pflops_days"].max())
     assert main.get_xlim()[1] <= c_max * figures.MAX_ARROW * 1.3 * 1.01  # never 30x past the largest point
     lo, hi = panel.get_ylim()
-    assert panel.get_yscale() == "log" and hi <= figures.MAX_ARROW**2 * 1.1 and lo >= 1 / (figures.MAX_ARROW**2 * 1.1)
+    assert panel.get_yscale() == "log"
+    assert hi <= figures.MAX_ARROW**2 * 1.1
+    assert lo >= 1 / (figures.MAX_ARROW**2 * 1.1)
     texts = [t.get_text() for t in main.texts]
     assert not any("e+" in t or any(len(w) > 8 and w.replace(".", "").isdigit() for w in t.split()) for t in texts)
     if doc["multipliers"]["block_attnres"]["paper_M"] > figures.MAX_ARROW:
         assert any("arrow cut" in t for t in texts)
-    assert np.isfinite(lo) and np.isfinite(hi)
+    assert np.isfinite(lo)
+    assert np.isfinite(hi)

@@ -32,7 +32,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 CUDA = torch.device("cuda")
 # head_dim 64 so that flash attention applies; 4 blocks (8 sublayers) so Block has several blocks.
-SMALL = dict(vocab_size=101, n_layers=4, d_model=128, n_heads=4, head_dim=64, d_ff=256, max_seq_len=256)
+SMALL = {
+    "vocab_size": 101,
+    "n_layers": 4,
+    "d_model": 128,
+    "n_heads": 4,
+    "head_dim": 64,
+    "d_ff": 256,
+    "max_seq_len": 256,
+}
 
 
 def build(residual: str, seed: int = 0, randomize: bool = True, **kw) -> Transformer:
@@ -55,13 +63,17 @@ def loss_and_grads(model: Transformer, idx: torch.Tensor, amp: bool = False, bac
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     model.zero_grad(set_to_none=True)
-    backends = [backend] if backend is not None else [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                                                       SDPBackend.MATH]
+    backends = (
+        [backend]
+        if backend is not None
+        else [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )
     with sdpa_kernel(backends), torch.autocast(idx.device.type, dtype=torch.bfloat16, enabled=amp):
         _, loss = model(idx, idx)
     loss.backward()
-    return loss.detach().float().cpu(), {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()
-                                         if p.grad is not None}
+    return loss.detach().float().cpu(), {
+        n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -103,7 +115,7 @@ def test_cuda_block_two_phase_matches_plain_under_bf16():
         assert cosine(g_fast[name], g_plain[name]) > 0.995, name
 
 
-@pytest.mark.parametrize("residual,kw", [("full", {}), ("block", {"block_size": 2})])
+@pytest.mark.parametrize(("residual", "kw"), [("full", {}), ("block", {"block_size": 2})])
 def test_cuda_fused_read_matches_unfused_under_bf16_and_saves_less(residual, kw, monkeypatch):
     """The read fused with the PreNorm normalisation (mix_sources normalize_eps) against read-then-RMSNorm, in
     bf16 autocast on the GPU; and its point: fewer bytes kept for backward."""
@@ -138,14 +150,15 @@ def test_cuda_fused_read_matches_unfused_under_bf16_and_saves_less(residual, kw,
     assert bytes_plain - bytes_fused >= 0.9 * reads * B * T * SMALL["d_model"] * 4  # one fp32 read per read
 
 
-@pytest.mark.parametrize("residual,kw", [("full", {}), ("block", {"block_size": 2}), ("block", {"n_blocks": 1})])
+@pytest.mark.parametrize(("residual", "kw"), [("full", {}), ("block", {"block_size": 2}), ("block", {"n_blocks": 1})])
 def test_cuda_zero_init_equals_baseline(residual, kw):
     idx = batch().to(CUDA)
     # eps far below the activations' mean square, so RMSNorm is scale-free (as in tests/test_model.py)
     base = build("baseline", randomize=False, norm_eps=1e-12).to(CUDA)
     model = build(residual, randomize=False, norm_eps=1e-12, **kw).to(CUDA)
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)  # AttnRes queries stay zero
-    assert set(missing) == {"residual.queries", "residual.key_norm_weight"} and not unexpected
+    assert set(missing) == {"residual.queries", "residual.key_norm_weight"}
+    assert not unexpected
     l_base, _ = loss_and_grads(base, idx)
     l_attn, _ = loss_and_grads(model, idx)
     assert torch.allclose(l_base, l_attn, rtol=1e-5)
@@ -170,7 +183,8 @@ def test_cuda_depth_softmax_stays_fp32_under_autocast(residual):
     model.record_diagnostics = True
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits, loss = model(batch().to(CUDA), batch().to(CUDA))
-    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert logits.dtype == torch.bfloat16
+    assert torch.isfinite(loss)
     weights = model.diagnostics["depth_weights"]
     sums = torch.nansum(weights, dim=1)
     assert torch.allclose(sums, torch.ones_like(sums), atol=1e-5)
@@ -201,7 +215,9 @@ def test_gpu_trainer_preset_trains_in_bf16(train_cfg, variant):
     cfg = train_cfg(f"model={variant}", "trainer=gpu")
     assert cfg.trainer.precision == "bf16-mixed"
     rec = train(cfg)
-    assert rec["status"] == "completed" and math.isfinite(rec["val_loss"]) and rec["val_loss"] < 5.6
+    assert rec["status"] == "completed"
+    assert math.isfinite(rec["val_loss"])
+    assert rec["val_loss"] < 5.6
     saved = (Path(rec["run_dir"]) / "config.yaml").read_text()
     assert "precision: bf16-mixed" in saved
 
@@ -262,11 +278,11 @@ def test_cuda_triton_ops_equal_the_torch_path(D, low, monkeypatch):
     assert calls == {"attend_fwd": 1, "attend_bwd": 1, "merge_fwd": 1, "merge_bwd": 1}
     for i, (a, b) in enumerate(zip(on, off)):
         assert a.dtype == b.dtype and a.shape == b.shape, i
-        tol = 2 ** -7 if a.dtype == torch.bfloat16 else 1e-4  # bf16: a gradient rounded once; fp32: summation order
+        tol = 2**-7 if a.dtype == torch.bfloat16 else 1e-4  # bf16: a gradient rounded once; fp32: summation order
         assert _rel_err(a, b) <= tol, (i, _rel_err(a, b))
 
 
-@pytest.mark.parametrize("residual,kw", [("block", {"block_size": 2}), ("block", {"n_blocks": 2}), ("full", {})])
+@pytest.mark.parametrize(("residual", "kw"), [("block", {"block_size": 2}), ("block", {"n_blocks": 2}), ("full", {})])
 @pytest.mark.parametrize("amp", [False, True])
 def test_cuda_models_on_the_kernels_equal_the_torch_path(residual, kw, amp, monkeypatch):
     """Block and Full AttnRes with the Triton kernels (the CUDA default) against the torch path: fp32 (TF32 off) to
@@ -301,7 +317,7 @@ def test_cuda_cached_decoding_equals_the_full_forward(residual):
     with torch.inference_mode():
         full = model(idx)
         cache = model.new_cache()
-        steps = [model(idx[:, :200], cache=cache)] + [model(idx[:, t: t + 1], cache=cache) for t in range(200, 206)]
+        steps = [model(idx[:, :200], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(200, 206)]
         steps.append(model(idx[:, 206:], cache=cache))
     assert torch.allclose(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-4)
 

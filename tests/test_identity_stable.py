@@ -7,8 +7,8 @@ records behind docs/results/cpu_ladder); the second freezes every model variant 
 from __future__ import annotations
 
 import pytest
-
 from conftest import compose
+
 from experiments.identity import run_identity
 
 RECORDED = [  # (overrides, config_hash recorded in runs/cpu_ladder/results.csv)
@@ -42,11 +42,11 @@ FROZEN = [  # model variant at experiment=cpu_ladder size=cpu_xs seed=0 (frozen 
 ]
 
 
-@pytest.mark.parametrize("overrides, recorded", RECORDED, ids=lambda x: "-".join(x) if isinstance(x, tuple) else x)
+@pytest.mark.parametrize(("overrides", "recorded"), RECORDED, ids=lambda x: "-".join(x) if isinstance(x, tuple) else x)
 def test_the_committed_studys_runs_keep_their_config_hash(overrides, recorded):
     assert run_identity(compose(["experiment=cpu_ladder", *overrides]))[0] == recorded
 
 
-@pytest.mark.parametrize("variant, frozen", FROZEN)
+@pytest.mark.parametrize(("variant", "frozen"), FROZEN)
 def test_every_variant_keeps_its_config_hash(variant, frozen):
     assert run_identity(compose(["experiment=cpu_ladder", f"model={variant}", "size=cpu_xs", "seed=0"]))[0] == frozen

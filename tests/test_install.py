@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
-
 from conftest import REPO, TEST_MAX_BYTES
+from packaging.requirements import Requirement
 
 PACKAGE_PARTS = ("attnres", "experiments", "analysis", "sweeps", "conf", "pyproject.toml", "README.md")
 
@@ -44,7 +43,8 @@ def test_cpu_requirements_take_the_cpu_build_of_torch_on_linux():
     (torch_linux,) = [r for r in reqs if r.name == "torch" and r.marker.evaluate(linux)]
     # Only the CPU build satisfies the Linux pin: the public index's CUDA build (plain 2.13.0) does not, so pip
     # can neither pick it nor fall back to it
-    assert torch_linux.specifier.contains("2.13.0+cpu") and not torch_linux.specifier.contains("2.13.0")
+    assert torch_linux.specifier.contains("2.13.0+cpu")
+    assert not torch_linux.specifier.contains("2.13.0")
     (torch_mac,) = [r for r in reqs if r.name == "torch" and r.marker.evaluate({"sys_platform": "darwin"})]
     assert torch_mac.specifier.contains("2.13.0")
     # CI installs from this file, and on this machine the installed torch is what it pins
@@ -58,11 +58,13 @@ def test_gpu_requirements_replace_a_cpu_build():
     (torch_req,) = [r for r in reqs if r.name == "torch"]
     assert not torch_req.specifier.contains("2.13.0+cpu")  # a CPU build already installed does not satisfy it
     assert torch_req.specifier.contains("2.13.0")  # the public index's Linux wheel: the CUDA build
-    assert "-e .[dev]" in options and not any("download.pytorch.org/whl/cpu" in o for o in options)
+    assert "-e .[dev]" in options
+    assert not any("download.pytorch.org/whl/cpu" in o for o in options)
     cpu_pin = next(r for r in _requirements("requirements-cpu.txt")[1] if r.marker.evaluate({"sys_platform": "linux"}))
     assert str(cpu_pin.specifier).replace("+cpu", "").lstrip("=") in str(torch_req.specifier)  # one torch version
     readme = (REPO / "README.md").read_text()
-    assert "pip install -r requirements-cpu.txt" in readme and "pip install -r requirements-gpu.txt" in readme
+    assert "pip install -r requirements-cpu.txt" in readme
+    assert "pip install -r requirements-gpu.txt" in readme
 
 
 def _venv(path: Path) -> Path:
@@ -83,8 +85,23 @@ def _copy_project(dest: Path) -> Path:
 
 
 def _pip(bindir: Path, *args: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "pip", "--python", str(bindir / "python"), "install", "-q", "--no-deps",
-                          "--no-index", "--no-build-isolation", *args], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(bindir / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -97,9 +114,19 @@ def _check_console_scripts(bindir: Path, cwd: Path, tmp: Path, data_cache: Path)
 
     help_ = run(str(bindir / "attnres-train"), "--help")
     assert help_.returncode == 0 and "experiment:" in help_.stdout and "model:" in help_.stdout, help_.stderr[-2000:]
-    trained = run(str(bindir / "attnres-train"), "experiment=smoke", "logger=none", "threads=1", "size.tokens=8192",
-                  "train.eval_count=1", "trainer.enable_progress_bar=false", f"paths.runs_root={tmp / 'runs'}",
-                  f"paths.hydra_root={tmp / 'outputs'}", f"data.cache_dir={data_cache}", f"data.max_bytes={TEST_MAX_BYTES}")
+    trained = run(
+        str(bindir / "attnres-train"),
+        "experiment=smoke",
+        "logger=none",
+        "threads=1",
+        "size.tokens=8192",
+        "train.eval_count=1",
+        "trainer.enable_progress_bar=false",
+        f"paths.runs_root={tmp / 'runs'}",
+        f"paths.hydra_root={tmp / 'outputs'}",
+        f"data.cache_dir={data_cache}",
+        f"data.max_bytes={TEST_MAX_BYTES}",
+    )
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
     assert ": completed, val_loss" in trained.stdout
     analysis = run(str(bindir / "attnres-analysis"), "paper", "--out", str(tmp / "paper"), "--bootstrap", "10")
@@ -109,14 +136,30 @@ def _check_console_scripts(bindir: Path, cwd: Path, tmp: Path, data_cache: Path)
 @pytest.mark.slow
 def test_console_scripts_from_a_built_wheel_in_another_directory(tmp_path, data_cache):
     src = _copy_project(tmp_path / "src")
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index", "--no-build-isolation",
-                          "-w", str(tmp_path / "wheel"), str(src)], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     (wheel,) = (tmp_path / "wheel").glob("attnres-*.whl")
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    assert "attnres_conf/train.yaml" in names and "attnres_conf/experiment/smoke.yaml" in names  # conf/ shipped
+    assert "attnres_conf/train.yaml" in names
+    assert "attnres_conf/experiment/smoke.yaml" in names
     bindir = _venv(tmp_path / "venv")
     _pip(bindir, str(wheel))
     shutil.rmtree(src)  # nothing may come from a source tree
@@ -132,7 +175,8 @@ def test_console_scripts_from_an_editable_install_in_another_directory(tmp_path,
     _pip(bindir, "-e", str(src))
     # an editable install reads the repository's conf/: an edit there takes effect
     (src / "conf" / "experiment" / "smoke.yaml").write_text(
-        (src / "conf" / "experiment" / "smoke.yaml").read_text().replace("study: smoke", "study: smoke_edited"))
+        (src / "conf" / "experiment" / "smoke.yaml").read_text().replace("study: smoke", "study: smoke_edited")
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     _check_console_scripts(bindir, elsewhere, tmp_path, data_cache)

@@ -29,8 +29,9 @@ except BlockingIOError:
 
 
 def _held_elsewhere(path: Path) -> bool:
-    out = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True, timeout=60,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True, timeout=60, check=True
+    )
     return out.stdout.strip() == "held"
 
 
@@ -42,9 +43,11 @@ def _no_flock(fd, operation):
 def test_the_lock_is_a_real_flock_that_other_processes_see(tmp_path):
     path = tmp_path / "deep" / "dir" / "x.lock"  # parents created
     with exclusive_lock(path) as held:
-        assert held is True and path.is_file()
+        assert held is True
+        assert path.is_file()
         assert _held_elsewhere(path)
-    assert not _held_elsewhere(path) and path.is_file()  # released; the file stays for the next holder
+    assert not _held_elsewhere(path)
+    assert path.is_file()
 
 
 def test_a_second_holder_waits_until_the_first_releases(tmp_path):
@@ -75,9 +78,8 @@ def test_a_second_holder_waits_until_the_first_releases(tmp_path):
 
 def test_an_error_in_the_block_propagates_and_releases_the_lock(tmp_path):
     path = tmp_path / "x.lock"
-    with pytest.raises(KeyError, match="boom"):
-        with exclusive_lock(path):
-            raise KeyError("boom")
+    with pytest.raises(KeyError, match="boom"), exclusive_lock(path):
+        raise KeyError("boom")
     assert not _held_elsewhere(path)
 
 
@@ -103,8 +105,9 @@ def test_records_are_published_where_flock_does_not_work(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", _no_flock)
     study = tmp_path / "study"
     for i in range(2):
-        records.add_record(study, records.make_record(run_id=f"r{i}", status="completed", val_loss=2.5,
-                                                      pflops_days=1e-9))
+        records.add_record(
+            study, records.make_record(run_id=f"r{i}", status="completed", val_loss=2.5, pflops_days=1e-9)
+        )
     assert [r["run_id"] for r in records.read_rows(study / "results.csv")] == ["r0", "r1"]
 
 
@@ -113,7 +116,8 @@ def test_the_corpus_lock_says_whether_it_is_held(tmp_path, monkeypatch):
 
     final = tmp_path / "cache" / "stdlib-x"
     with corpus_lock(final) as held:
-        assert held is True and _held_elsewhere(final.parent / ".stdlib-x.lock")
+        assert held is True
+        assert _held_elsewhere(final.parent / ".stdlib-x.lock")
     monkeypatch.setattr(fcntl, "flock", _no_flock)
     with corpus_lock(final) as held:
         assert held is False

@@ -17,7 +17,7 @@ from attnres.residual import RESIDUAL_SCHEMES, BlockAttnRes, FullAttnRes
 
 torch.set_num_threads(1)
 
-TINY = dict(vocab_size=61, n_layers=3, d_model=32, n_heads=4, max_seq_len=16)
+TINY = {"vocab_size": 61, "n_layers": 3, "d_model": 32, "n_heads": 4, "max_seq_len": 16}
 
 
 def make(residual: str, seed: int = 0, **kw) -> Transformer:
@@ -61,7 +61,7 @@ class PaperRMSNorm(nn.Module):
 
 def paper_block_attn_res(blocks, partial_block, proj: nn.Linear, norm: nn.Module) -> torch.Tensor:
     """Fig. 2 of the paper, verbatim in structure."""
-    V = torch.stack(blocks + [partial_block])  # [N+1, B, T, D]
+    V = torch.stack([*blocks, partial_block])  # [N+1, B, T, D]
     K = norm(V)
     logits = torch.einsum("d, n b t d -> n b t", proj.weight.squeeze(), K)
     return torch.einsum("n b t, n b t d -> b t d", logits.softmax(0), V)
@@ -93,13 +93,13 @@ def naive_forward(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
     S = cfg.sublayers_per_block
     blocks, partial = [], emb
     for l in range(L):
-        h = eq2_to_4(torch.stack(blocks + [partial]), q[l], eps)
+        h = eq2_to_4(torch.stack([*blocks, partial]), q[l], eps)
         if l % S == 0:  # block boundary: commit (layer 0 commits the embedding alone as b_0)
             blocks.append(partial)
             partial = None
         out = sublayer(model, l, h)
         partial = out if partial is None else partial + out
-    h = eq2_to_4(torch.stack(blocks + [partial]), q[L], eps)
+    h = eq2_to_4(torch.stack([*blocks, partial]), q[L], eps)
     return model.lm_head(model.norm(h))
 
 
@@ -136,18 +136,25 @@ def test_depth_attention_zero_query_is_mean_and_scale_invariant_logits():
     assert torch.allclose(b - a, alpha[2].unsqueeze(-1) * 99 * values[2], atol=1e-3)
 
 
-@pytest.mark.parametrize("residual,kw", [
-    ("full", {}), ("block", {"block_size": 2}), ("block", {"block_size": 4}),
-    ("block", {"n_blocks": 4}), ("block", {"block_size": 6}),  # 6 sublayers: n_blocks = 1
-    ("block", {"block_size": 5}),  # last block shorter (5 + 1)
-])
+@pytest.mark.parametrize(
+    ("residual", "kw"),
+    [
+        ("full", {}),
+        ("block", {"block_size": 2}),
+        ("block", {"block_size": 4}),
+        ("block", {"n_blocks": 4}),
+        ("block", {"block_size": 6}),  # 6 sublayers: n_blocks = 1
+        ("block", {"block_size": 5}),  # last block shorter (5 + 1)
+    ],
+)
 def test_zero_init_equals_baseline(residual, kw):
     # Sources of every read sum to the baseline stream; PreNorm and the final norm are scale-invariant,
     # so only RMSNorm's eps separates the two: make it negligible.
     base = make("baseline", norm_eps=1e-12)
     attn = make(residual, norm_eps=1e-12, **kw)
     missing, unexpected = attn.load_state_dict(base.state_dict(), strict=False)
-    assert set(missing) == {"residual.queries", "residual.key_norm_weight"} and not unexpected
+    assert set(missing) == {"residual.queries", "residual.key_norm_weight"}
+    assert not unexpected
     assert torch.count_nonzero(attn.residual.queries) == 0
     idx = tokens()
     lb, loss_b = base(idx, idx)
@@ -163,8 +170,9 @@ def test_zero_init_gradients_of_shared_weights_match_baseline():
     idx = tokens()
     base(idx, idx)[1].backward()
     attn(idx, idx)[1].backward()
-    for (name, p_b), (_, p_a) in zip(base.named_parameters(), [(n, p) for n, p in attn.named_parameters()
-                                                                if not n.startswith("residual.")]):
+    for (name, p_b), (_, p_a) in zip(
+        base.named_parameters(), [(n, p) for n, p in attn.named_parameters() if not n.startswith("residual.")]
+    ):
         assert torch.allclose(p_a.grad, p_b.grad, atol=1e-5, rtol=1e-3), name
 
 
@@ -183,11 +191,19 @@ def test_block_with_one_sublayer_per_block_equals_full():
     assert torch.allclose(full.residual.queries.grad, block.residual.queries.grad, atol=1e-5)
 
 
-@pytest.mark.parametrize("residual,kw", [
-    ("full", {}), ("full", {"residual_options": {"read_group": 1}}), ("full", {"residual_options": {"read_group": 3}}),
-    ("block", {"block_size": 2}), ("block", {"block_size": 4}), ("block", {"n_blocks": 1}),
-    ("block", {"block_size": 5}), ("block", {"block_size": 3}),
-])
+@pytest.mark.parametrize(
+    ("residual", "kw"),
+    [
+        ("full", {}),
+        ("full", {"residual_options": {"read_group": 1}}),
+        ("full", {"residual_options": {"read_group": 3}}),
+        ("block", {"block_size": 2}),
+        ("block", {"block_size": 4}),
+        ("block", {"n_blocks": 1}),
+        ("block", {"block_size": 5}),
+        ("block", {"block_size": 3}),
+    ],
+)
 def test_matches_naive_rollout_forward_and_gradients(residual, kw):
     model = make(residual, **kw)
     randomize_queries(model)
@@ -218,8 +234,9 @@ def assert_fast_path_equals_plain(fast: Transformer, slow: Transformer, idx: tor
 
 @pytest.mark.parametrize("kw", [{"block_size": 2}, {"block_size": 4}, {"block_size": 5}, {"n_blocks": 1}])
 def test_two_phase_equals_naive_block(kw):
-    assert_fast_path_equals_plain(make("block", **kw), make("block", **kw, residual_options={"two_phase": False}),
-                                  tokens())
+    assert_fast_path_equals_plain(
+        make("block", **kw), make("block", **kw, residual_options={"two_phase": False}), tokens()
+    )
 
 
 @pytest.mark.parametrize("read_group", [2, 3, 4, 7, 100])
@@ -232,12 +249,20 @@ def test_full_read_groups_equal_one_read_at_a_time(read_group):
     fast.record_diagnostics = slow.record_diagnostics = True  # the recorded depth weights too (unfused reads)
     with torch.no_grad():
         fast(idx), slow(idx)
-    assert torch.allclose(fast.diagnostics["depth_weights"], slow.diagnostics["depth_weights"], atol=1e-6,
-                          equal_nan=True)
+    assert torch.allclose(
+        fast.diagnostics["depth_weights"], slow.diagnostics["depth_weights"], atol=1e-6, equal_nan=True
+    )
 
 
-@pytest.mark.parametrize("residual,kw", [("full", {}), ("full", {"residual_options": {"read_group": 3}}),
-                                         ("block", {"block_size": 2}), ("block", {"block_size": 5})])
+@pytest.mark.parametrize(
+    ("residual", "kw"),
+    [
+        ("full", {}),
+        ("full", {"residual_options": {"read_group": 3}}),
+        ("block", {"block_size": 2}),
+        ("block", {"block_size": 5}),
+    ],
+)
 def test_scoring_inside_the_kernels_equals_the_key_logit_cache(residual, kw, monkeypatch):
     """The CUDA path's bookkeeping (sources scored inside attend_batched and merge_read, no key-logit cache) on the
     CPU, where those functions run their torch reference: the same logits and gradients as the cached path, and
@@ -248,10 +273,12 @@ def test_scoring_inside_the_kernels_equals_the_key_logit_cache(residual, kw, mon
     monkeypatch.setattr(type(fused.residual), "_scores_in_kernels", lambda self, x: True)
     idx = tokens()
     state = fused.residual.begin(fused.tok_emb(idx))
-    assert state.fused and (not isinstance(state, BlockAttnRes.State) or not state.block_logits)
+    assert state.fused
+    assert not isinstance(state, BlockAttnRes.State) or not state.block_logits
     lf, loss_f = fused(idx, idx)
     lc, loss_c = cached(idx, idx)
-    assert torch.allclose(lf, lc, atol=1e-10) and torch.allclose(lf, naive_forward(copy.deepcopy(cached), idx))
+    assert torch.allclose(lf, lc, atol=1e-10)
+    assert torch.allclose(lf, naive_forward(copy.deepcopy(cached), idx))
     loss_f.backward()
     loss_c.backward()
     for (name, p), (_, r) in zip(fused.named_parameters(), cached.named_parameters()):
@@ -268,14 +295,22 @@ def expected_groups(L: int, S: int, l: int) -> list[list[int]]:
     return groups
 
 
-@pytest.mark.parametrize("L,S", [(6, 2), (6, 4), (6, 6), (6, 1), (8, 3), (10, 4)])
+@pytest.mark.parametrize(("L", "S"), [(6, 2), (6, 4), (6, 6), (6, 1), (8, 3), (10, 4)])
 @pytest.mark.parametrize("two_phase", [True, False])
 def test_block_source_sets_follow_eq6(L, S, two_phase):
     """Drive the scheme with orthogonal sublayer outputs: the coefficient of each output in a read's result
     reveals which source it belongs to (outputs of one block share one weight) and which it cannot see (0)."""
     D = L + 1
-    cfg = ModelConfig(vocab_size=8, n_layers=L // 2, d_model=D, n_heads=1, head_dim=2, residual="block",
-                      block_size=S, residual_options={"two_phase": two_phase})
+    cfg = ModelConfig(
+        vocab_size=8,
+        n_layers=L // 2,
+        d_model=D,
+        n_heads=1,
+        head_dim=2,
+        residual="block",
+        block_size=S,
+        residual_options={"two_phase": two_phase},
+    )
     scheme = BlockAttnRes(cfg)
     with torch.no_grad():
         scheme.queries.normal_(generator=torch.Generator().manual_seed(L * 10 + S))
@@ -291,8 +326,8 @@ def test_block_source_sets_follow_eq6(L, S, two_phase):
             assert torch.allclose(c, c[0].expand_as(c), atol=1e-6), (l, g)  # one weight per source
             weights.append(float(c[0]))
         assert math.isclose(sum(weights), 1.0, rel_tol=1e-5)  # softmax over exactly these sources
-        assert len(set(round(w, 7) for w in weights)) == len(weights)  # distinct sources, distinct weights
-        assert torch.all(coef[l + 1:] == 0)  # nothing from the future
+        assert len({round(w, 7) for w in weights}) == len(weights)  # distinct sources, distinct weights
+        assert torch.all(coef[l + 1 :] == 0)  # nothing from the future
         if l < L:
             scheme.write(state, l, basis[l + 1])
     assert BlockAttnRes.sources_per_read(cfg) == [len(expected_groups(L, S, l)) for l in range(L + 1)]
@@ -301,8 +336,15 @@ def test_block_source_sets_follow_eq6(L, S, two_phase):
 @pytest.mark.parametrize("read_group", [1, 4])
 def test_full_source_sets_are_embedding_plus_every_earlier_output(read_group):
     L = 6
-    cfg = ModelConfig(vocab_size=8, n_layers=L // 2, d_model=L + 1, n_heads=1, head_dim=2, residual="full",
-                      residual_options={"read_group": read_group})
+    cfg = ModelConfig(
+        vocab_size=8,
+        n_layers=L // 2,
+        d_model=L + 1,
+        n_heads=1,
+        head_dim=2,
+        residual="full",
+        residual_options={"read_group": read_group},
+    )
     scheme = FullAttnRes(cfg)
     with torch.no_grad():
         scheme.queries.normal_(generator=torch.Generator().manual_seed(0))
@@ -310,7 +352,8 @@ def test_full_source_sets_are_embedding_plus_every_earlier_output(read_group):
     state = scheme.begin(basis[0])
     for l in range(L + 1):
         coef = (scheme.read(state, l) if l < L else scheme.final(state)).detach().view(-1)
-        assert torch.all(coef[: l + 1] > 0) and torch.all(coef[l + 1:] == 0)
+        assert torch.all(coef[: l + 1] > 0)
+        assert torch.all(coef[l + 1 :] == 0)
         assert len(set(coef[: l + 1].tolist())) == l + 1  # every output its own source (no blocks)
         if l < L:
             scheme.write(state, l, basis[l + 1])
@@ -349,9 +392,11 @@ def test_bf16_autocast_runs_and_depth_softmax_stays_fp32(residual):
     model.record_diagnostics = True
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, loss = model(idx, idx)
-        logit_dtype = model.residual._key_logits(torch.randn(2, 3, TINY["d_model"]).bfloat16(),
-                                                 model.residual.queries[:3]).dtype
-    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+        logit_dtype = model.residual._key_logits(
+            torch.randn(2, 3, TINY["d_model"]).bfloat16(), model.residual.queries[:3]
+        ).dtype
+    assert logits.dtype == torch.bfloat16
+    assert torch.isfinite(loss)
     assert logit_dtype == torch.float32
     w = model.diagnostics["depth_weights"]
     sums = torch.nansum(w, dim=1)
@@ -367,9 +412,12 @@ def test_diagnostics_shapes():
     d = model.diagnostics
     L = model.config.n_sublayers
     assert d["depth_weights"].shape == (L + 1, L + 1)
-    assert d["sublayer_output_rms"].shape == (L,) and d["block_output_rms"].shape == (model.config.n_layers,)
-    assert torch.isnan(d["depth_weights"][0, 1:]).all() and not torch.isnan(d["depth_weights"][-1]).any()
-    assert len(model.read_kinds()) == L + 1 and len(model.residual.source_labels()) == L + 1
+    assert d["sublayer_output_rms"].shape == (L,)
+    assert d["block_output_rms"].shape == (model.config.n_layers,)
+    assert torch.isnan(d["depth_weights"][0, 1:]).all()
+    assert not torch.isnan(d["depth_weights"][-1]).any()
+    assert len(model.read_kinds()) == L + 1
+    assert len(model.residual.source_labels()) == L + 1
     base = make("baseline")
     base.record_diagnostics = True
     base(tokens())
@@ -410,15 +458,18 @@ def test_head_dim_may_differ_from_d_model_over_heads():
     assert logits.shape == (1, 8, 50)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"residual": "nope"}, "residual"),
-    ({"residual": "block", "n_blocks": 99}, "n_blocks"),
-    ({"residual": "block", "block_size": 0}, "block_size"),
-    ({"d_model": 30, "n_heads": 4}, "d_model"),
-    ({"n_layers": 0}, "n_layers"),
-    ({"d_model": -8}, "d_model"),
-    ({"residual": "full", "residual_options": {"bogus": 1}}, "residual_options"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"residual": "nope"}, "residual"),
+        ({"residual": "block", "n_blocks": 99}, "n_blocks"),
+        ({"residual": "block", "block_size": 0}, "block_size"),
+        ({"d_model": 30, "n_heads": 4}, "d_model"),
+        ({"n_layers": 0}, "n_layers"),
+        ({"d_model": -8}, "d_model"),
+        ({"residual": "full", "residual_options": {"bogus": 1}}, "residual_options"),
+    ],
+)
 def test_invalid_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         Transformer(ModelConfig(**{**TINY, **kwargs}))
@@ -438,7 +489,8 @@ def test_registry_holds_each_scheme_once_with_its_own_options():
     assert list(RESIDUAL_SCHEMES) == ["baseline", "full", "block", "denseformer", "hyper", "mhc", "laurel"]
     assert RESIDUAL_SCHEMES is registry.SCHEMES
     for name, cls in RESIDUAL_SCHEMES.items():
-        assert cls.Options.scheme == name and dataclasses.is_dataclass(cls.Options)
+        assert cls.Options.scheme == name
+        assert dataclasses.is_dataclass(cls.Options)
         assert type(ModelConfig(residual=name, n_layers=2, d_model=32, n_blocks=2).options) is cls.Options
     with pytest.raises(ValueError, match="'full' is registered twice"):
         registry.register("full")(FullAttnRes)
@@ -456,8 +508,12 @@ def test_options_keep_booleans_apart_from_integers():
     from attnres import BlockAttnResOptions, FullAttnResOptions
 
     assert FullAttnResOptions.parse({"window": None}).window is None
-    for options, key in (({"key_norm": 1}, "key_norm"), ({"heads": True}, "heads"), ({"read_group": 2.0}, "read_group"),
-                         ({"query": True}, "query")):
+    for options, key in (
+        ({"key_norm": 1}, "key_norm"),
+        ({"heads": True}, "heads"),
+        ({"read_group": 2.0}, "read_group"),
+        ({"query": True}, "query"),
+    ):
         with pytest.raises(ValueError, match=rf"model\.residual_options\.{key}=.*\['{key}'\]"):
             FullAttnResOptions.parse(options)
     with pytest.raises(ValueError, match=r"two_phase=0 .*allowed values: True, False"):
@@ -486,10 +542,15 @@ def test_activation_checkpointing_gives_identical_gradients(residual):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
 
 
-@pytest.mark.parametrize("residual,kw", [
-    ("full", {}), ("block", {"block_size": 2}), ("block", {"block_size": 4, "residual_options": {"two_phase": False}}),
-    ("full", {"residual_options": {"heads": 2}}),
-])
+@pytest.mark.parametrize(
+    ("residual", "kw"),
+    [
+        ("full", {}),
+        ("block", {"block_size": 2}),
+        ("block", {"block_size": 4, "residual_options": {"two_phase": False}}),
+        ("full", {"residual_options": {"heads": 2}}),
+    ],
+)
 def test_fused_read_and_prenorm_equal_the_unfused_model(residual, kw, monkeypatch):
     """The model reads through read_normalized (the read fused with the PreNorm normalisation); the plain
     read-then-RMSNorm composition (the base class' read_normalized) gives the same loss and gradients."""
@@ -511,7 +572,7 @@ def test_fused_read_and_prenorm_equal_the_unfused_model(residual, kw, monkeypatc
         assert (p.grad - q.grad).norm() <= 1e-5 * q.grad.norm(), name
 
 
-@pytest.mark.parametrize("residual,kw", [("full", {}), ("block", {"block_size": 2})])
+@pytest.mark.parametrize(("residual", "kw"), [("full", {}), ("block", {"block_size": 2})])
 def test_compiled_model_matches_eager_including_every_gradient(residual, kw):
     """torch.compile traces the plain-op versions of the depth kernels; loss and *every* gradient must match eager
     (torch 2.11 returned all-zero gradients upstream of _MixSources when it was traced: see attnres.depth)."""
@@ -565,15 +626,18 @@ def test_regional_compilation_matches_eager_and_compiles_each_sublayer_once():
 # Inference with a KV cache
 
 DECODE_CASES = [(r, {"n_blocks": 3} if r == "block" else {}) for r in RESIDUAL_SCHEMES] + [
-    ("full", {"residual_options": {"read_group": 1}}), ("full", {"residual_options": {"query": "input_dependent"}}),
-    ("full", {"residual_options": {"window": 2}}), ("block", {"block_size": 2}),
+    ("full", {"residual_options": {"read_group": 1}}),
+    ("full", {"residual_options": {"query": "input_dependent"}}),
+    ("full", {"residual_options": {"window": 2}}),
+    ("block", {"block_size": 2}),
     ("block", {"block_size": 3, "residual_options": {"two_phase": False}}),
     ("block", {"n_blocks": 2, "residual_options": {"normalizer": "sigmoid"}}),
-    ("hyper", {"residual_options": {"dynamic": False}}), ("mhc", {"residual_options": {"n": 2}}),
+    ("hyper", {"residual_options": {"dynamic": False}}),
+    ("mhc", {"residual_options": {"n": 2}}),
 ]
 
 
-@pytest.mark.parametrize("residual,kw", DECODE_CASES)
+@pytest.mark.parametrize(("residual", "kw"), DECODE_CASES)
 def test_cached_decoding_equals_the_full_forward(residual, kw):
     """Prefill of 4 tokens, 3 single-token decode steps, then a 3-token chunk: the logits of every position equal
     one forward over all 10 tokens, for every residual scheme (their depth state is per token: only attention's
@@ -589,7 +653,7 @@ def test_cached_decoding_equals_the_full_forward(residual, kw):
         full = model(idx)
         cache = model.new_cache()
         steps = [model(idx[:, :4], cache=cache)]
-        steps += [model(idx[:, t: t + 1], cache=cache) for t in range(4, 7)]
+        steps += [model(idx[:, t : t + 1], cache=cache) for t in range(4, 7)]
         steps.append(model(idx[:, 7:], cache=cache))
     assert cache.length == 10
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=2e-5, rtol=1e-4)
@@ -601,7 +665,8 @@ def test_generate_continues_greedily_with_the_cache():
     randomize_queries(model)
     prompt = tokens(B=2, T=5)
     out = model.generate(prompt, max_new_tokens=4)
-    assert out.shape == (2, 9) and torch.equal(out[:, :5], prompt)
+    assert out.shape == (2, 9)
+    assert torch.equal(out[:, :5], prompt)
     seq = prompt
     with torch.no_grad():
         for _ in range(4):

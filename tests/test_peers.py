@@ -9,8 +9,8 @@ import pathlib
 
 import pytest
 import torch
-import yaml
 import torch.nn.functional as F
+import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -19,7 +19,7 @@ from attnres.peers import sinkhorn_knopp
 
 torch.set_num_threads(1)
 
-TINY = dict(vocab_size=61, n_layers=3, d_model=32, n_heads=4, max_seq_len=16)
+TINY = {"vocab_size": 61, "n_layers": 3, "d_model": 32, "n_heads": 4, "max_seq_len": 16}
 
 # The configs shipped in conf/model/ (name -> ModelConfig fields), plus a few more geometries.
 PEERS = {
@@ -78,7 +78,9 @@ def assert_init_is_prenorm(residual: str, options: dict, eps: float = 1e-5, atol
     base = make("baseline", norm_eps=eps)
     model = make(residual, options, norm_eps=eps)
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
-    assert missing and all(m.startswith("residual.") for m in missing) and not unexpected
+    assert missing
+    assert all(m.startswith("residual.") for m in missing)
+    assert not unexpected
     idx = tokens()
     (lb, loss_b), (lm, loss_m) = base(idx, idx), model(idx, idx)
     assert torch.allclose(lm, lb, atol=atol)
@@ -169,15 +171,19 @@ def naive_hyper(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
                 wc = torch.tanh(hn @ W[:, : n + 1])  # [B, T, n+1]
                 alpha[i] = [alpha[i][j] + r.dynamic_alpha_scale[k] * wc[..., j] for j in range(n + 1)]
                 beta[i] = beta[i] + r.dynamic_beta_scale[k] * torch.tanh(hn @ W[:, n + 1])
-        expand = (lambda a: a.unsqueeze(-1) if torch.is_tensor(a) and a.dim() else a)
+
+        def expand(a):
+            return a.unsqueeze(-1) if torch.is_tensor(a) and a.dim() else a
+
         mix = [sum(expand(alpha[i][j]) * streams[i] for i in range(n)) for j in range(n + 1)]
         y = sublayer(model, k, mix[0])
         streams = [expand(beta[i]) * y + mix[1 + i] for i in range(n)]
     return head(model, sum(streams))
 
 
-@pytest.mark.parametrize("options", [{"dynamic": False}, {"dynamic": True}, {"dynamic": True, "n": 2},
-                                     {"dynamic": False, "n": 1}])
+@pytest.mark.parametrize(
+    "options", [{"dynamic": False}, {"dynamic": True}, {"dynamic": True, "n": 2}, {"dynamic": False, "n": 1}]
+)
 def test_hyper_connections_match_naive_transcription(options):
     model = make("hyper", options)
     perturb_residual(model)
@@ -200,9 +206,12 @@ def test_hyper_connections_init_values_follow_appendix_j():
         e = torch.zeros(n, 1)
         e[k % n] = 1.0
         assert torch.equal(r.static_alpha[k].detach(), torch.cat([e, torch.eye(n)], dim=1))
-    assert torch.all(r.static_beta == 1) and torch.count_nonzero(r.dynamic_proj) == 0
-    assert torch.all(r.dynamic_alpha_scale == 0.01) and torch.all(r.dynamic_beta_scale == 0.01)
-    assert torch.all(r.norm_weight == 1) and torch.count_nonzero(r.norm_bias) == 0
+    assert torch.all(r.static_beta == 1)
+    assert torch.count_nonzero(r.dynamic_proj) == 0
+    assert torch.all(r.dynamic_alpha_scale == 0.01)
+    assert torch.all(r.dynamic_beta_scale == 0.01)
+    assert torch.all(r.norm_weight == 1)
+    assert torch.count_nonzero(r.norm_bias) == 0
 
 
 def test_hyper_connections_parameter_counts():
@@ -236,13 +245,13 @@ def naive_mhc(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
     x = torch.stack([emb] * n, dim=-2)  # [B, T, n, D]
     for k in range(cfg.n_sublayers):
         v = x.flatten(-2)
-        v = v / torch.sqrt((v ** 2).mean(-1, keepdim=True) + cfg.norm_eps)
+        v = v / torch.sqrt((v**2).mean(-1, keepdim=True) + cfg.norm_eps)
         t = v @ r.phi[k]  # [B, T, n^2 + 2n]
         a_pre, a_post, a_res = r.gate[k]
         b = r.bias[k]
         h_pre = 1 / (1 + torch.exp(-(a_pre * t[..., :n] + b[:n])))
-        h_post = 2 / (1 + torch.exp(-(a_post * t[..., n: 2 * n] + b[n: 2 * n])))
-        h_res = naive_sinkhorn((a_res * t[..., 2 * n:] + b[2 * n:]).reshape(*t.shape[:-1], n, n), iters)
+        h_post = 2 / (1 + torch.exp(-(a_post * t[..., n : 2 * n] + b[n : 2 * n])))
+        h_res = naive_sinkhorn((a_res * t[..., 2 * n :] + b[2 * n :]).reshape(*t.shape[:-1], n, n), iters)
         y = sublayer(model, k, torch.einsum("btn,btnd->btd", h_pre, x))
         x = torch.einsum("btmn,btnd->btmd", h_res, x) + torch.einsum("btm,btd->btmd", h_post, y)
     return head(model, x.sum(-2))
@@ -272,10 +281,15 @@ def test_mhc_init_follows_the_reference():
     b_res = -8 except 0 on the diagonal, t_max = 20, n = 4."""
     model = make("mhc")
     r, n = model.residual, 4
-    assert r.n == n and r.iters == 20
-    assert torch.count_nonzero(r.phi) == 0 and torch.all(r.gate == 0.01)
+    assert r.n == n
+    assert r.iters == 20
+    assert torch.count_nonzero(r.phi) == 0
+    assert torch.all(r.gate == 0.01)
     H = torch.randn(2, 5, n, TINY["d_model"])
-    sig = lambda z: 1 / (1 + math.exp(-z))
+
+    def sig(z):
+        return 1 / (1 + math.exp(-z))
+
     for k in range(model.config.n_sublayers):
         pre, post, res = r.maps(H, k)
         main = torch.arange(n) == k % n
@@ -359,11 +373,21 @@ def forward_flops(model: Transformer, idx: torch.Tensor) -> float:
     return counter.get_total_flops() / idx.numel()
 
 
-@pytest.mark.parametrize("residual,options", [
-    ("denseformer", {}), ("denseformer", {"dilation": 2, "period": 2}), ("hyper", {"dynamic": False}),
-    ("hyper", {"dynamic": True}), ("hyper", {"dynamic": True, "n": 2}), ("mhc", {}), ("mhc", {"n": 2}),
-    ("laurel", {"form": "lr"}), ("laurel", {"form": "rw_lr", "rank": 2}), ("laurel", {"form": "rw"}),
-])
+@pytest.mark.parametrize(
+    ("residual", "options"),
+    [
+        ("denseformer", {}),
+        ("denseformer", {"dilation": 2, "period": 2}),
+        ("hyper", {"dynamic": False}),
+        ("hyper", {"dynamic": True}),
+        ("hyper", {"dynamic": True, "n": 2}),
+        ("mhc", {}),
+        ("mhc", {"n": 2}),
+        ("laurel", {"form": "lr"}),
+        ("laurel", {"form": "rw_lr", "rank": 2}),
+        ("laurel", {"form": "rw"}),
+    ],
+)
 def test_mixing_flops_equal_counted_forward_flops(residual, options):
     """Every weighted combination and projection of these schemes runs as a matmul, so torch's counter sees
     exactly (model - baseline) forward FLOPs == mixing_flops. LAuReL's scalar reweighting alpha f + beta g is
@@ -374,8 +398,10 @@ def test_mixing_flops_equal_counted_forward_flops(residual, options):
         counted += 4 * TINY["d_model"] * model.config.n_sublayers
     if residual == "denseformer":  # DWA's weighted sums are element-wise multiply-adds (mix_sources): 2*D per pair
         o = model.residual.options
-        pairs = sum(len(model.residual.dwa_sources(i, o.dilation))
-                    for i in model.residual.dwa_blocks(model.config.n_layers, o.period))
+        pairs = sum(
+            len(model.residual.dwa_sources(i, o.dilation))
+            for i in model.residual.dwa_blocks(model.config.n_layers, o.period)
+        )
         counted += 2 * TINY["d_model"] * pairs
     assert counted == pytest.approx(type(model.residual).mixing_flops(model.config), rel=1e-9)
 
@@ -396,9 +422,14 @@ def test_flop_count_matches_torch_flop_counter(name):
 
 
 def test_mixing_flops_closed_forms():
-    cfg = lambda r, o: ModelConfig(**{**TINY, "residual": r, "residual_options": o})
+    def cfg(r, o):
+        return ModelConfig(**{**TINY, "residual": r, "residual_options": o})
+
     D, L, Lb, n = TINY["d_model"], 2 * TINY["n_layers"], TINY["n_layers"], 4
-    f = lambda r, o: flops_per_token(cfg(r, o)).mixing / 3  # forward FLOPs per token
+
+    def f(r, o):
+        return flops_per_token(cfg(r, o)).mixing / 3  # forward FLOPs per token
+
     assert f("denseformer", {}) == 2 * D * sum(i + 1 for i in range(1, Lb + 1))
     assert f("hyper", {"dynamic": False}) == L * 2 * n * D * (n + 2)
     assert f("hyper", {"dynamic": True}) == L * 4 * n * D * (n + 2)
@@ -426,7 +457,8 @@ def test_bf16_autocast_runs(name):
     idx = tokens()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits, loss = model(idx, idx)
-    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    assert logits.dtype == torch.bfloat16
+    assert torch.isfinite(loss)
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.residual.parameters())
 
@@ -448,24 +480,28 @@ def test_connection_parameters_live_under_residual_and_learn(name):
     base_names = {n for n, _ in make("baseline").named_parameters()}
     model = make(residual, options)
     extra = {n for n, _ in model.named_parameters()} - base_names
-    assert extra and all(n.startswith("residual.") for n in extra)
+    assert extra
+    assert all(n.startswith("residual.") for n in extra)
     idx = tokens()
     model(idx, idx)[1].backward()
     zero = {n for n, p in model.residual.named_parameters() if p.grad is None or p.grad.abs().sum() == 0}
     assert {n.split(".")[0] for n in zero} == ZERO_GRAD_AT_INIT[name]
 
 
-@pytest.mark.parametrize("residual,options,match", [
-    ("hyper", {"n": 0}, r"'n'.*integer >= 1"),
-    ("hyper", {"dynamic": "yes"}, r"'dynamic'.*True, False"),
-    ("hyper", {"rate": 4}, r"\['rate'\].*allowed options: dynamic, n"),
-    ("mhc", {"sinkhorn_iters": 0}, r"'sinkhorn_iters'"),
-    ("mhc", {"n": 2.0}, r"'n'"),
-    ("denseformer", {"dilation": 0}, r"'dilation'"),
-    ("denseformer", {"period": True}, r"'period'"),
-    ("laurel", {"form": "pa"}, r"'form'.*'rw', 'lr', 'rw_lr'"),
-    ("laurel", {"rank": 0}, r"'rank'"),
-])
+@pytest.mark.parametrize(
+    ("residual", "options", "match"),
+    [
+        ("hyper", {"n": 0}, r"'n'.*integer >= 1"),
+        ("hyper", {"dynamic": "yes"}, r"'dynamic'.*True, False"),
+        ("hyper", {"rate": 4}, r"\['rate'\].*allowed options: dynamic, n"),
+        ("mhc", {"sinkhorn_iters": 0}, r"'sinkhorn_iters'"),
+        ("mhc", {"n": 2.0}, r"'n'"),
+        ("denseformer", {"dilation": 0}, r"'dilation'"),
+        ("denseformer", {"period": True}, r"'period'"),
+        ("laurel", {"form": "pa"}, r"'form'.*'rw', 'lr', 'rw_lr'"),
+        ("laurel", {"rank": 0}, r"'rank'"),
+    ],
+)
 def test_invalid_options_name_the_option(residual, options, match):
     with pytest.raises(ValueError, match=match):  # the config itself refuses them, before any model is built
         ModelConfig(**{**TINY, "residual": residual, "residual_options": options})
@@ -490,9 +526,20 @@ TABLE4 = {  # the paper's Table 4 ablation settings, as shipped
 }
 
 
-SHIPPED = ["full_input_dependent_query", "full_static_mixing", "full_sigmoid", "full_no_key_norm",
-           "block_no_key_norm", "full_sliding_window", "block_multihead", "denseformer", "hyper_static",
-           "hyper_dynamic", "mhc", "laurel"]
+SHIPPED = [
+    "full_input_dependent_query",
+    "full_static_mixing",
+    "full_sigmoid",
+    "full_no_key_norm",
+    "block_no_key_norm",
+    "full_sliding_window",
+    "block_multihead",
+    "denseformer",
+    "hyper_static",
+    "hyper_dynamic",
+    "mhc",
+    "laurel",
+]
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -3,7 +3,6 @@ the record, and rank zero under SLURM before a Trainer exists."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, TEST_MAX_BYTES, compose, run_cli
+
 from experiments import records
 from experiments.callbacks import read_metrics
 from experiments.errors import RunBusy
@@ -27,9 +26,16 @@ torch.set_num_threads(1)
 
 
 def _common(tmp_path: Path, data_cache: Path) -> list[str]:
-    return ["experiment=smoke", f"data.cache_dir={data_cache}", f"data.max_bytes={TEST_MAX_BYTES}", "threads=1",
-            "trainer.enable_progress_bar=false", "train.log_every=1", "callbacks.model_checkpoint.every_n_train_steps=5",
-            f"paths.hydra_root={tmp_path / 'outputs'}"]
+    return [
+        "experiment=smoke",
+        f"data.cache_dir={data_cache}",
+        f"data.max_bytes={TEST_MAX_BYTES}",
+        "threads=1",
+        "trainer.enable_progress_bar=false",
+        "train.log_every=1",
+        "callbacks.model_checkpoint.every_n_train_steps=5",
+        f"paths.hydra_root={tmp_path / 'outputs'}",
+    ]
 
 
 # ---- 5. the run lock -----------------------------------------------------------------------------------------
@@ -47,8 +53,9 @@ def _hold_lock(path: Path) -> subprocess.Popen:
     from experiments.locks import LOCK_LEASE_S
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(LOCK_LEASE_S)], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path), str(LOCK_LEASE_S)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -60,7 +67,8 @@ def test_a_run_held_by_a_live_process_is_not_trained_twice(train_cfg):
     try:
         with pytest.raises(RunBusy, match=rf"{run_id} is being trained right now by \S+ pid {holder.pid}"):
             train(cfg)
-        assert not run_dir.exists() and not (study_dir / "records").exists()
+        assert not run_dir.exists()
+        assert not (study_dir / "records").exists()
     finally:
         holder.kill()
         holder.wait()
@@ -71,8 +79,21 @@ def test_a_run_held_by_a_live_process_is_not_trained_twice(train_cfg):
 def _foreign_holder(path: Path, lease: float) -> subprocess.Popen:
     """A lock holder that looks like a process on another node (its own UTS namespace, hostname 'othernode')."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(["unshare", "--uts", "sh", "-c", 'hostname othernode && exec "$0" -c "$1" "$2" "$3"',
-                             sys.executable, _HOLDER, str(path), str(lease)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            'hostname othernode && exec "$0" -c "$1" "$2" "$3"',
+            sys.executable,
+            _HOLDER,
+            str(path),
+            str(lease),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if proc.stdout.readline().strip() != "held":
         proc.kill()
         pytest.skip("cannot start a process with another hostname here (unshare --uts)")
@@ -103,11 +124,13 @@ def test_a_lock_from_another_node_is_taken_over_only_when_its_heartbeat_stops(tm
 
 
 def test_two_launches_of_one_config_at_once_train_it_once(tmp_path, data_cache):
-    common = _common(tmp_path, data_cache) + [f"paths.runs_root={tmp_path / 'runs'}", "size.tokens=98304"]
+    common = [*_common(tmp_path, data_cache), f"paths.runs_root={tmp_path / 'runs'}", "size.tokens=98304"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     cmd = [sys.executable, "-m", "experiments.train", *common]
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     codes = sorted(p.returncode for p in procs)
     (study,) = (tmp_path / "runs").iterdir()
@@ -123,21 +146,26 @@ def test_two_launches_of_one_config_at_once_train_it_once(tmp_path, data_cache):
 # ---- 6. interrupts -------------------------------------------------------------------------------------------
 def test_sigterm_checkpoints_the_step_records_interrupted_and_resumes_bit_identically(tmp_path, data_cache):
     common = _common(tmp_path, data_cache)
-    proc = run_cli(common + [f"paths.runs_root={tmp_path / 'a'}", "fault.signal_at_step=7", "fault.signal=SIGTERM"])
+    proc = run_cli([*common, f"paths.runs_root={tmp_path / 'a'}", "fault.signal_at_step=7", "fault.signal=SIGTERM"])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert "Traceback" not in out
     (line,) = [ln for ln in out.splitlines() if "interrupted by SIGTERM" in ln]
-    assert "at step 8" in line and "last.ckpt saved at that step" in line and "Relaunch" in line
+    assert "at step 8" in line
+    assert "last.ckpt saved at that step" in line
+    assert "Relaunch" in line
     (run_dir,) = (tmp_path / "a" / "smoke").glob("baseline_*")
     (rec,) = records.read_records(run_dir.parent)
-    assert rec["status"] == "interrupted" and rec["steps"] == 8 and "SIGTERM" in rec["error"]
+    assert rec["status"] == "interrupted"
+    assert rec["steps"] == 8
+    assert "SIGTERM" in rec["error"]
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 8  # the step of the interrupt, not the last periodic checkpoint (5)
 
-    resumed = train(compose(common + [f"paths.runs_root={tmp_path / 'a'}"]))
-    reference = train(compose(common + [f"paths.runs_root={tmp_path / 'b'}"]))
-    assert resumed["status"] == "completed" and resumed["config_hash"] == reference["config_hash"]
+    resumed = train(compose([*common, f"paths.runs_root={tmp_path / 'a'}"]))
+    reference = train(compose([*common, f"paths.runs_root={tmp_path / 'b'}"]))
+    assert resumed["status"] == "completed"
+    assert resumed["config_hash"] == reference["config_hash"]
     got = read_metrics(run_dir / "metrics.csv")
     want = read_metrics(Path(reference["run_dir"]) / "metrics.csv")
     assert [r["step"] for r in got] == list(range(1, 13))
@@ -149,26 +177,50 @@ def test_sigterm_checkpoints_the_step_records_interrupted_and_resumes_bit_identi
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGUSR1"])
 def test_ctrl_c_and_sigusr1_are_interrupts_too(tmp_path, data_cache, signame):
     common = _common(tmp_path, data_cache)
-    proc = run_cli(common + [f"paths.runs_root={tmp_path / 'r'}", "fault.signal_at_step=3", f"fault.signal={signame}"])
+    proc = run_cli([*common, f"paths.runs_root={tmp_path / 'r'}", "fault.signal_at_step=3", f"fault.signal={signame}"])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 128 + getattr(signal, signame), out[-3000:]
-    assert "Traceback" not in out and "KeyboardInterrupt" not in out and f"interrupted by {signame} at step 4" in out
+    assert "Traceback" not in out
+    assert "KeyboardInterrupt" not in out
+    assert f"interrupted by {signame} at step 4" in out
     (rec,) = records.read_records(tmp_path / "r" / "smoke")
-    assert rec["status"] == "interrupted" and rec["steps"] == 4
+    assert rec["status"] == "interrupted"
+    assert rec["steps"] == 4
 
 
 def test_ctrl_c_of_a_study_stops_with_one_line_and_the_run_resumes(tmp_path, data_cache):
     """Ctrl-C reaches the whole process group (the study, Hydra, the run): one line, the run in flight recorded
     interrupted with a checkpoint, and the same command finishes the study."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "sweeps.study", "quick",
-           f"data.cache_dir={data_cache}", f"data.max_bytes={TEST_MAX_BYTES}", "model=baseline", "size=cpu_xs",
-           "size.tokens=400000", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-           "--jobs", "1", "--seeds", "0", "--runs-root", str(tmp_path / "runs"),
-           "--reports-root", str(tmp_path / "reports")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "sweeps.study",
+        "quick",
+        f"data.cache_dir={data_cache}",
+        f"data.max_bytes={TEST_MAX_BYTES}",
+        "model=baseline",
+        "size=cpu_xs",
+        "size.tokens=400000",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "--jobs",
+        "1",
+        "--seeds",
+        "0",
+        "--runs-root",
+        str(tmp_path / "runs"),
+        "--reports-root",
+        str(tmp_path / "reports"),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -183,7 +235,8 @@ def test_ctrl_c_of_a_study_stops_with_one_line_and_the_run_resumes(tmp_path, dat
     assert "re-run the same command to resume" in out
     (study,) = (tmp_path / "runs").iterdir()
     (rec,) = records.read_records(study)
-    assert rec["status"] == "interrupted" and rec["steps"] > 0
+    assert rec["status"] == "interrupted"
+    assert rec["steps"] > 0
     ckpt = torch.load(Path(rec["run_dir"]) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == rec["steps"]
 
@@ -196,7 +249,9 @@ def test_wall_clock_checkpoints_are_configured():
 
     cfg = compose(["experiment=cpu_ladder", "paths.run_dir=/tmp/x"])
     cb = instantiate(cfg.callbacks.time_checkpoint)
-    assert cb._train_time_interval == timedelta(minutes=5) and cb.save_last and cb.dirpath == "/tmp/x/checkpoints"
+    assert cb._train_time_interval == timedelta(minutes=5)
+    assert cb.save_last
+    assert cb.dirpath == "/tmp/x/checkpoints"
 
 
 # ---- 8. thread count -----------------------------------------------------------------------------------------
@@ -207,7 +262,8 @@ def test_thread_count_is_recorded_and_a_completed_run_is_skipped_across_thread_c
         (row,) = records.read_rows(Path(first["run_dir"]).parent / "results.csv")
         assert row["threads"] == "1"
         second = train(train_cfg("threads=2", "size.tokens=8192", "train.eval_count=1"))
-        assert second.get("skipped") and second["config_hash"] == first["config_hash"]  # docs: a rounding difference
+        assert second.get("skipped")
+        assert second["config_hash"] == first["config_hash"]
     finally:
         torch.set_num_threads(1)
 
@@ -217,8 +273,16 @@ def test_rank_zero_under_srun_follows_lightnings_slurm_environment(monkeypatch):
     for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
     assert is_rank_zero()
-    slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NAME": "attnres", "SLURM_JOB_ID": "7",
-             "SLURM_NODEID": "0", "SLURM_NODELIST": "node1", "SLURM_LOCALID": "1", "SLURM_PROCID": "1"}
+    slurm = {
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_JOB_NAME": "attnres",
+        "SLURM_JOB_ID": "7",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "node1",
+        "SLURM_LOCALID": "1",
+        "SLURM_PROCID": "1",
+    }
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
     assert not is_rank_zero()  # task 1 of an srun step: not rank zero, whatever RANK/LOCAL_RANK say
@@ -241,4 +305,5 @@ def test_a_non_zero_rank_writes_no_record(train_cfg, monkeypatch):
     rec = train(cfg)
     assert rec["status"] == "completed"
     study = Path(cfg.paths.runs_root) / "smoke"
-    assert not (study / "records").exists() and not (study / ".locks").exists()
+    assert not (study / "records").exists()
+    assert not (study / ".locks").exists()

@@ -17,9 +17,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_train(tmp_path: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "experiments.train", "-m", "experiment=smoke", "logger=none", "threads=1",
-           f"paths.runs_root={tmp_path / 'runs'}", f"paths.hydra_root={tmp_path / 'outputs'}",
-           "trainer.enable_progress_bar=false", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.train",
+        "-m",
+        "experiment=smoke",
+        "logger=none",
+        "threads=1",
+        f"paths.runs_root={tmp_path / 'runs'}",
+        f"paths.hydra_root={tmp_path / 'outputs'}",
+        "trainer.enable_progress_bar=false",
+        *overrides,
+    ]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -41,7 +51,8 @@ def test_basic_multirun_records_then_skips_then_survives_a_failure(tmp_path):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "4 runs: 4 completed, 0 skipped, 0 failed, 0 diverged" in summary_line(first.stdout)
     table = rows(tmp_path)
-    assert len(table) == 4 and {r["status"] for r in table} == {"completed"}
+    assert len(table) == 4
+    assert {r["status"] for r in table} == {"completed"}
     assert {(r["variant"], r["seed"]) for r in table} == {(v, s) for v in ("baseline", "block_attnres") for s in "01"}
     assert all(float(r["val_loss"]) > 0 for r in table)
 
@@ -52,17 +63,21 @@ def test_basic_multirun_records_then_skips_then_survives_a_failure(tmp_path):
 
     # One config is invalid (Block with more blocks than sublayers), two diverge (NaN injected), and one seed-6 run
     # fails during training:
-    mixed = run_train(tmp_path, "model=baseline,block_attnres,full_attnres", "seed=5", "model.n_blocks=99",
-                      "fault.nan_at_step=3")
+    mixed = run_train(
+        tmp_path, "model=baseline,block_attnres,full_attnres", "seed=5", "model.n_blocks=99", "fault.nan_at_step=3"
+    )
     assert mixed.returncode != 0  # the sweep's exit status reports the failure ...
     line = summary_line(mixed.stdout)  # ... after every run was attempted
     assert "3 runs:" in line and "1 failed" in line and "2 diverged" in line, line
-    assert "block_attnres" in mixed.stdout and "config error: " in mixed.stdout and "n_blocks" in mixed.stdout
+    assert "block_attnres" in mixed.stdout
+    assert "config error: " in mixed.stdout
+    assert "n_blocks" in mixed.stdout
     new = [r for r in rows(tmp_path) if r["seed"] == "5"]
     # a config that never trained is reported by the sweep, not recorded as a run (issue 15 #7)
     assert {r["variant"]: r["status"] for r in new} == {"baseline": "diverged", "full_attnres": "diverged"}
     crashed = run_train(tmp_path, "model=baseline,full_attnres", "seed=6", "fault.raise_at_step=2")
-    assert crashed.returncode != 0 and "2 runs:" in summary_line(crashed.stdout)
+    assert crashed.returncode != 0
+    assert "2 runs:" in summary_line(crashed.stdout)
     failed = [r for r in rows(tmp_path) if r["seed"] == "6"]
     assert [r["status"] for r in failed] == ["failed", "failed"]
     assert all("injected failure" in r["error"] and r["val_loss"] == "" for r in failed)
@@ -77,22 +92,39 @@ def test_joblib_launcher_runs_two_jobs_in_parallel(tmp_path):
     assert sorted(r["variant"] for r in table) == ["baseline", "full_attnres"]
     # each job ran in its own worker process with one torch thread
     jobs = [json.loads(p.read_text()) for p in (tmp_path / "outputs").rglob("attnres_job.json")]
-    assert len(jobs) == 2 and len({j["pid"] for j in jobs}) == 2 and all(j["threads"] == 1 for j in jobs)
+    assert len(jobs) == 2
+    assert len({j["pid"] for j in jobs}) == 2
+    assert all(j["threads"] == 1 for j in jobs)
 
 
 def test_slurm_launcher_config_composes():
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "experiments.train", "+sweep=paper_ladder", "+launcher=slurm",
-           "hydra.launcher.partition=gpu", "trainer.devices=8", "trainer.num_nodes=2", "--cfg", "hydra"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.train",
+        "+sweep=paper_ladder",
+        "+launcher=slurm",
+        "hydra.launcher.partition=gpu",
+        "trainer.devices=8",
+        "trainer.num_nodes=2",
+        "--cfg",
+        "hydra",
+    ]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
-    assert "SlurmLauncher" in text and "partition: gpu" in text
-    assert "tasks_per_node: ${trainer.devices}" in text and "nodes: ${trainer.num_nodes}" in text
-    job = subprocess.run(cmd[:-2] + ["--cfg", "job", "--resolve"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120)
+    assert "SlurmLauncher" in text
+    assert "partition: gpu" in text
+    assert "tasks_per_node: ${trainer.devices}" in text
+    assert "nodes: ${trainer.num_nodes}" in text
+    job = subprocess.run(
+        [*cmd[:-2], "--cfg", "job", "--resolve"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert job.returncode == 0, job.stderr[-3000:]
-    assert "strategy: ddp" in job.stdout and "seq_len: 8192" in job.stdout and "auto_requeue: false" in job.stdout
+    assert "strategy: ddp" in job.stdout
+    assert "seq_len: 8192" in job.stdout
+    assert "auto_requeue: false" in job.stdout
 
 
 def test_every_sweep_config_composes():
@@ -113,9 +145,19 @@ def test_every_sweep_config_composes():
             assert (REPO / "conf" / "size" / f"{size}.yaml").is_file(), (path.name, size)
 
 
-SWEEP_KINDS = {"cpu_ladder": "scaling", "paper_ladder": "scaling", "quick": "scaling", "cpu_lr": "lr", "paper_lr": "lr",
-               "block_size": "block_size", "cpu_block_size": "block_size", "ablations": "ablations",
-               "cpu_ablations": "ablations", "arch_grid": "arch_grid", "cpu_arch_grid": "arch_grid"}
+SWEEP_KINDS = {
+    "cpu_ladder": "scaling",
+    "paper_ladder": "scaling",
+    "quick": "scaling",
+    "cpu_lr": "lr",
+    "paper_lr": "lr",
+    "block_size": "block_size",
+    "cpu_block_size": "block_size",
+    "ablations": "ablations",
+    "cpu_ablations": "ablations",
+    "arch_grid": "arch_grid",
+    "cpu_arch_grid": "arch_grid",
+}
 
 
 def test_every_sweep_config_sets_its_study_kind():
@@ -141,13 +183,15 @@ def test_sweep_config_is_composed_with_the_commands_overrides():
     from sweeps import study
 
     cfg = study.sweep_config("cpu_ladder", ["study=mine", "model=baseline,full_attnres", "seed=3,4"])
-    assert cfg.study == "mine" and cfg.study_kind == "scaling" and cfg.model.variant == "baseline"
+    assert cfg.study == "mine"
+    assert cfg.study_kind == "scaling"
+    assert cfg.model.variant == "baseline"
     assert study._sweep_key("cpu_ladder", "study", ["study=mine"]) == "mine"
     assert study._sweep_key("cpu_ladder", "seed", ["seed=3,4"]) == "3,4"
     assert study._sweep_key("cpu_lr", "size.lr") == "2.0e-3,2.83e-3,4.0e-3,5.66e-3,8.0e-3,1.13e-2,1.6e-2,2.26e-2"
 
 
-@pytest.mark.parametrize("name, analysis", [("lr", "lr"), ("arch", "fit"), ("quick", "fit")])
+@pytest.mark.parametrize(("name", "analysis"), [("lr", "lr"), ("arch", "fit"), ("quick", "fit")])
 def test_study_command_chooses_the_analysis_by_study_kind(tmp_path, monkeypatch, name, analysis):
     from sweeps import study
 
@@ -161,7 +205,10 @@ def test_study_command_chooses_the_analysis_by_study_kind(tmp_path, monkeypatch,
 
     monkeypatch.setattr(study, "run_streaming", sweep)
     monkeypatch.setattr(study.subprocess, "call", lambda cmd: calls.append(cmd) or 1)
-    assert study.main([name, "--jobs", "1", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p")]) == 1
+    assert (
+        study.main([name, "--jobs", "1", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p")])
+        == 1
+    )
     (cmd,) = calls
     assert cmd[1:4] == ["-m", "analysis", analysis]
 
@@ -170,11 +217,19 @@ def test_study_command_stops_at_a_bad_override_before_any_run(tmp_path, monkeypa
     from sweeps import study
 
     monkeypatch.setattr(study, "run_streaming", lambda cmd, log: pytest.fail("the sweep must not start"))
-    assert study.main(["quick", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p"),
-                       "nosuchgroup=x"]) == 2
+    assert (
+        study.main(
+            ["quick", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p"), "nosuchgroup=x"]
+        )
+        == 2
+    )
     assert "Could not override 'nosuchgroup'" in capsys.readouterr().err
-    assert study.main(["quick", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p"),
-                       "study_kind=ladder"]) == 2
+    assert (
+        study.main(
+            ["quick", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p"), "study_kind=ladder"]
+        )
+        == 2
+    )
     assert "study_kind='ladder'; allowed values: scaling, lr" in capsys.readouterr().err
 
 
@@ -187,17 +242,22 @@ def test_sweep_summary_counts_and_exit_status(tmp_path):
         (d / JOB_FILE).write_text(json.dumps({"job_num": i, "status": status, "run_id": f"r{i}", "error": "boom"}))
     jobs = collect(tmp_path)
     text, ok = summarize(jobs)
-    assert not ok and "4 runs: 2 completed, 1 skipped, 1 failed, 0 diverged" in text and "r2: boom" in text
+    assert not ok
+    assert "4 runs: 2 completed, 1 skipped, 1 failed, 0 diverged" in text
+    assert "r2: boom" in text
 
 
 def test_study_command_takes_seeds_from_the_sweep_config():
     """`python -m sweeps.study` has no seed list of its own: conf/sweep/<sweep>.yaml is the one source."""
     from sweeps import study
 
-    assert study._sweep_key("cpu_ladder", "seed") == "0,1,2" and study._sweep_key("cpu_ladder", "study") == "cpu_ladder"
+    assert study._sweep_key("cpu_ladder", "seed") == "0,1,2"
+    assert study._sweep_key("cpu_ladder", "study") == "cpu_ladder"
     assert study._sweep_key("cpu_arch_grid", "study") == "arch_grid"
     cmd = study.sweep_command("cpu_ladder", None, 2, "runs", ["logger=csv"])
-    assert not any(a.startswith("seed=") for a in cmd) and cmd[-1] == "logger=csv" and "+launcher=parallel" in cmd
+    assert not any(a.startswith("seed=") for a in cmd)
+    assert cmd[-1] == "logger=csv"
+    assert "+launcher=parallel" in cmd
     assert "seed=3,4" in study.sweep_command("cpu_ladder", "3,4", 1, "runs", [])
     with pytest.raises(ValueError, match="sets no nonexistent"):
         study._sweep_key("quick", "nonexistent")
@@ -208,11 +268,23 @@ def test_study_options_may_come_between_the_study_and_its_overrides(tmp_path, mo
 
     seen = []
     monkeypatch.setattr(study, "run_streaming", lambda cmd, log: seen.append(cmd) or 0)
-    rc = study.main(["lr", "--seeds", "10", "model=full_attnres", "size=cpu_s", "--runs-root", str(tmp_path / "r"),
-                     "--reports-root", str(tmp_path / "p")])  # fmt: skip
+    rc = study.main(
+        [
+            "lr",
+            "--seeds",
+            "10",
+            "model=full_attnres",
+            "size=cpu_s",
+            "--runs-root",
+            str(tmp_path / "r"),
+            "--reports-root",
+            str(tmp_path / "p"),
+        ]
+    )
     assert rc == 1  # nothing ran, so there is no table to analyse
     (cmd,) = seen
-    assert "seed=10" in cmd and cmd[-2:] == ["model=full_attnres", "size=cpu_s"]
+    assert "seed=10" in cmd
+    assert cmd[-2:] == ["model=full_attnres", "size=cpu_s"]
 
 
 def test_study_headline_flags_single_seed_intervals(tmp_path):
@@ -220,13 +292,21 @@ def test_study_headline_flags_single_seed_intervals(tmp_path):
 
     from sweeps.study import headline
 
-    fit = {"multipliers": {"block_attnres": {"m": 2.0, "m_ci95": [0.001, 1659.6], "p_m_le_1": 0.14, "paper_M": 21.5}},
-           "bootstrap": {"mode": "parametric", "sigma": 0.05, "sigma_source": "residual standard deviation",
-                         "seeds_per_size": {"cpu_xs": 1, "cpu_s": 1}}}
+    fit = {
+        "multipliers": {"block_attnres": {"m": 2.0, "m_ci95": [0.001, 1659.6], "p_m_le_1": 0.14, "paper_M": 21.5}},
+        "bootstrap": {
+            "mode": "parametric",
+            "sigma": 0.05,
+            "sigma_source": "residual standard deviation",
+            "seeds_per_size": {"cpu_xs": 1, "cpu_s": 1},
+        },
+    }
     path = tmp_path / "fit.json"
     path.write_text(json.dumps(fit))
     lines = headline(path)
-    assert "m = 2.000x" in lines[0] and "1 seed(s) per size" in lines[-1] and "not a claim" in lines[-1]
+    assert "m = 2.000x" in lines[0]
+    assert "1 seed(s) per size" in lines[-1]
+    assert "not a claim" in lines[-1]
     fit["bootstrap"] = {"mode": "paired_cluster", "seeds_per_size": {"cpu_xs": 3}}
     path.write_text(json.dumps(fit))
     assert len(headline(path)) == 1

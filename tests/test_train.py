@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TEST_MAX_BYTES, run_cli
 
 from attnres import RESIDUAL_SCHEMES
-from conftest import TEST_MAX_BYTES, run_cli
 from experiments import records
 from experiments.callbacks import METRIC_COLUMNS, read_metrics
 from experiments.train import train
@@ -30,15 +30,28 @@ def _run_dir(record) -> Path:
 def _assert_valid_record(rec: dict, status: str = "completed") -> None:
     assert list(rec) == list(records.COLUMNS)
     assert rec["status"] == status
-    for key in ("run_id", "study", "variant", "residual", "size", "config_hash", "run_dir", "started_at", "finished_at"):
+    for key in (
+        "run_id",
+        "study",
+        "variant",
+        "residual",
+        "size",
+        "config_hash",
+        "run_dir",
+        "started_at",
+        "finished_at",
+    ):
         assert rec[key], key
     if status == "completed":
-        assert rec["error"] == "" and math.isfinite(rec["val_loss"]) and math.isfinite(rec["train_loss"])
+        assert rec["error"] == ""
+        assert math.isfinite(rec["val_loss"])
+        assert math.isfinite(rec["train_loss"])
         assert rec["tokens"] == rec["steps"] * rec["batch_size"] * rec["seq_len"] > 0
         assert rec["flops"] == pytest.approx(rec["flops_per_token"] * rec["tokens"])
         assert rec["pflops_days"] == pytest.approx(rec["flops"] / 8.64e19)
         assert rec["flops_6nd"] == pytest.approx(6 * rec["params_non_embedding"] * rec["tokens"])
-        assert rec["params"] > rec["params_non_embedding"] > 0 and rec["wall_time_s"] > 0
+        assert rec["params"] > rec["params_non_embedding"] > 0
+        assert rec["wall_time_s"] > 0
 
 
 def test_the_record_carries_the_study_kind_of_its_sweep(train_cfg):
@@ -53,14 +66,21 @@ def test_smoke_run_each_variant(train_cfg, variant):
     rec = train(train_cfg(f"model={variant}"))
     _assert_valid_record(rec)
     run_dir = _run_dir(rec)
-    assert rec["variant"] == variant and rec["steps"] == 12 and rec["run_id"] == run_dir.name
+    assert rec["variant"] == variant
+    assert rec["steps"] == 12
+    assert rec["run_id"] == run_dir.name
     # the record, twice: results.json and one row of the study's table
     assert json.loads((run_dir / "results.json").read_text())["config_hash"] == rec["config_hash"]
     rows = records.read_rows(run_dir.parent / "results.csv")
-    assert len(rows) == 1 and rows[0]["run_id"] == rec["run_id"] and list(rows[0]) == list(records.COLUMNS)
-    assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert len(rows) == 1
+    assert rows[0]["run_id"] == rec["run_id"]
+    assert list(rows[0]) == list(records.COLUMNS)
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     env = json.loads((run_dir / "environment.json").read_text())  # what else the result depends on
-    assert env["torch"] and env["dataset"]["checksum"] and env["cpu_kernels"].startswith(("on", "off", "unavailable"))
+    assert env["torch"]
+    assert env["dataset"]["checksum"]
+    assert env["cpu_kernels"].startswith(("on", "off", "unavailable"))
     # metrics.csv: the schema's columns, one row per logged step, val loss at evaluations (incl. the last step)
     metrics = read_metrics(run_dir / "metrics.csv")
     assert (run_dir / "metrics.csv").read_text().splitlines()[0] == ",".join(METRIC_COLUMNS)
@@ -71,7 +91,8 @@ def test_smoke_run_each_variant(train_cfg, variant):
     assert metrics[-1]["flops"] == pytest.approx(rec["flops"])
     # diagnostics.json (Fig. 5b/c, Fig. 8)
     diag = json.loads((run_dir / "diagnostics.json").read_text())
-    assert diag["step"] == 12 and diag["variant"] == variant
+    assert diag["step"] == 12
+    assert diag["variant"] == variant
     n_layers = rec["n_layers"]
     assert len(diag["block_output_rms"]) == len(diag["block_grad_norm"]) == n_layers
     assert len(diag["sublayer_output_rms"]) == 2 * n_layers
@@ -80,9 +101,11 @@ def test_smoke_run_each_variant(train_cfg, variant):
         assert "depth_weights" not in diag
     else:
         w = diag["depth_weights"]
-        assert len(w) == len(diag["read_kinds"]) == 2 * n_layers + 1 and diag["read_kinds"][-1] == "final"
+        assert len(w) == len(diag["read_kinds"]) == 2 * n_layers + 1
+        assert diag["read_kinds"][-1] == "final"
         assert len(w[0]) == len(diag["source_labels"])
-        assert w[0][0] == pytest.approx(1.0) and all(v is None for v in w[0][1:])  # read 0 sees only the embedding
+        assert w[0][0] == pytest.approx(1.0)
+        assert all(v is None for v in w[0][1:])
         for row in w:
             assert sum(v for v in row if v is not None) == pytest.approx(1.0, abs=1e-4)
     if variant == "block_attnres":
@@ -92,7 +115,9 @@ def test_smoke_run_each_variant(train_cfg, variant):
 def test_short_run_learns_below_unigram_entropy(train_cfg, data_cache):
     from experiments.data import load_dataset
 
-    entropy = load_dataset("stdlib", cache_dir=data_cache, max_bytes=TEST_MAX_BYTES, progress=False).unigram_entropy("val")
+    entropy = load_dataset("stdlib", cache_dir=data_cache, max_bytes=TEST_MAX_BYTES, progress=False).unigram_entropy(
+        "val"
+    )
     rec = train(train_cfg("size.tokens=327680", "size.lr=1.0e-2", "train.eval_count=1", "train.val_sequences=32"))
     assert rec["steps"] == 80
     # unigram entropy = the best context-free model (~3.0 nats/byte here); 80 steps reach ~2.5
@@ -102,10 +127,17 @@ def test_short_run_learns_below_unigram_entropy(train_cfg, data_cache):
 def test_kill_and_resume_matches_uninterrupted(tmp_path, data_cache):
     """A real SIGKILL after a checkpoint, a relaunch of the same command, and the per-step train losses of
     the resumed run equal those of an uninterrupted run."""
-    common = ["experiment=smoke", f"data.cache_dir={data_cache}", f"data.max_bytes={TEST_MAX_BYTES}", "threads=1",
-              "trainer.enable_progress_bar=false", "train.log_every=1", "callbacks.model_checkpoint.every_n_train_steps=5",
-              f"paths.hydra_root={tmp_path / 'outputs'}"]
-    killed = run_cli(common + [f"paths.runs_root={tmp_path / 'a'}", "fault.kill_at_step=8"])
+    common = [
+        "experiment=smoke",
+        f"data.cache_dir={data_cache}",
+        f"data.max_bytes={TEST_MAX_BYTES}",
+        "threads=1",
+        "trainer.enable_progress_bar=false",
+        "train.log_every=1",
+        "callbacks.model_checkpoint.every_n_train_steps=5",
+        f"paths.hydra_root={tmp_path / 'outputs'}",
+    ]
+    killed = run_cli([*common, f"paths.runs_root={tmp_path / 'a'}", "fault.kill_at_step=8"])
     assert killed.returncode == -9, killed.stderr[-2000:]  # SIGKILL at step 8 (last checkpoint: step 5)
     (run_dir,) = (tmp_path / "a" / "smoke").glob("baseline_*")
     assert not (run_dir / "results.json").exists()
@@ -114,9 +146,10 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, data_cache):
     # Relaunch (in-process; the kill injection is not part of the run's identity, so the same run resumes).
     from conftest import compose
 
-    resumed = train(compose(common + [f"paths.runs_root={tmp_path / 'a'}"]))
-    assert resumed["status"] == "completed" and resumed["run_dir"] == str(run_dir)
-    reference = train(compose(common + [f"paths.runs_root={tmp_path / 'b'}"]))
+    resumed = train(compose([*common, f"paths.runs_root={tmp_path / 'a'}"]))
+    assert resumed["status"] == "completed"
+    assert resumed["run_dir"] == str(run_dir)
+    reference = train(compose([*common, f"paths.runs_root={tmp_path / 'b'}"]))
     assert reference["config_hash"] == resumed["config_hash"]
 
     got = read_metrics(run_dir / "metrics.csv")
@@ -144,8 +177,9 @@ def test_training_and_evaluation_draw_no_random_numbers(residual):
     from experiments.optim import adamw
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=2, max_seq_len=16, residual=residual,
-                                    n_blocks=2))
+    model = Transformer(
+        ModelConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=2, max_seq_len=16, residual=residual, n_blocks=2)
+    )
     optimizer = adamw(model, lr=1e-3)
     x = torch.randint(0, 64, (2, 16))
     y = torch.randint(0, 64, (2, 16))
@@ -159,9 +193,11 @@ def test_training_and_evaluation_draw_no_random_numbers(residual):
     model.record_diagnostics = True
     with torch.no_grad():
         model(x, y)
-    assert model.diagnostics and torch.isfinite(loss)
+    assert model.diagnostics
+    assert torch.isfinite(loss)
     assert torch.equal(torch.get_rng_state(), states[0])
-    assert (np.random.get_state()[1] == states[1]).all() and random.getstate() == states[2]
+    assert (np.random.get_state()[1] == states[1]).all()
+    assert random.getstate() == states[2]
 
 
 def test_wandb_offline_run_dir_and_record(train_cfg, monkeypatch, tmp_path):
@@ -179,11 +215,13 @@ def test_skip_completed_and_force(train_cfg, capsys):
     first = train(train_cfg("size.tokens=8192", "train.eval_count=1"))
     second = train(train_cfg("size.tokens=8192", "train.eval_count=1"))
     assert "skipping" in capsys.readouterr().out
-    assert second["config_hash"] == first["config_hash"] and second["status"] == "completed"
+    assert second["config_hash"] == first["config_hash"]
+    assert second["status"] == "completed"
     table = _run_dir(first).parent / "results.csv"
     assert len(records.read_rows(table)) == 1
     third = train(train_cfg("size.tokens=8192", "train.eval_count=1", "force=true"))
-    assert third["status"] == "completed" and len(records.read_rows(table)) == 2
+    assert third["status"] == "completed"
+    assert len(records.read_rows(table)) == 2
     assert list(_run_dir(first).parent.glob(f"{first['run_id']}.replaced-*"))  # the old run kept, moved aside
 
 
@@ -194,7 +232,9 @@ def test_nan_loss_is_recorded_as_diverged(train_cfg):
     with pytest.raises(DivergedError, match="at step 3"):
         train(cfg)
     (rec,) = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
-    assert rec["status"] == "diverged" and "DivergedError" in rec["error"] and rec["val_loss"] == ""
+    assert rec["status"] == "diverged"
+    assert "DivergedError" in rec["error"]
+    assert rec["val_loss"] == ""
     assert rec["steps"] == "2"
 
 
@@ -260,17 +300,23 @@ def test_cli_bad_config_is_fast_one_line_and_leaves_no_debris(tmp_path, data_cac
     one line, exit status 2, no run directory, no record (issue 15 #7)."""
     import time
 
-    base = ["experiment=smoke", f"paths.runs_root={tmp_path / 'runs'}", f"paths.hydra_root={tmp_path / 'outputs'}",
-            f"data.cache_dir={data_cache}", f"data.max_bytes={TEST_MAX_BYTES}"]
+    base = [
+        "experiment=smoke",
+        f"paths.runs_root={tmp_path / 'runs'}",
+        f"paths.hydra_root={tmp_path / 'outputs'}",
+        f"data.cache_dir={data_cache}",
+        f"data.max_bytes={TEST_MAX_BYTES}",
+    ]
     t0 = time.perf_counter()
-    proc = run_cli(base + ["trainer.accelerator=quantum"])
+    proc = run_cli([*base, "trainer.accelerator=quantum"])
     fast = time.perf_counter() - t0
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config error: trainer.accelerator='quantum'; allowed values" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert fast < 6, fast
-    proc = run_cli(base + ["model.residual=dense"])  # found by attnres.ModelConfig (torch, but no Lightning)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    proc = run_cli([*base, "model.residual=dense"])  # found by attnres.ModelConfig (torch, but no Lightning)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
     assert "residual='dense' is unknown; allowed values: baseline, full, block" in proc.stderr
     assert not (tmp_path / "runs").exists()
 
@@ -284,15 +330,18 @@ def test_records_name_the_data_and_a_study_of_other_data_is_flagged(train_cfg, t
 
     std = train(train_cfg("size.tokens=8192", "train.eval_count=1"))
     shards = TokenShards(Path(std["dataset"]))
-    assert std["data_fingerprint"] == data_fingerprint(shards.header.checksum) and len(std["data_fingerprint"]) == 16
+    assert std["data_fingerprint"] == data_fingerprint(shards.header.checksum)
+    assert len(std["data_fingerprint"]) == 16
     text = tmp_path / "mine.txt"
     text.write_text("".join(f"def g{i}(y):\n    return y * {i}\n" for i in range(6000)))
     mine = prepare_text_files([text], tmp_path / "mine", progress=False)
     capsys.readouterr()
     other = train(train_cfg(f"data.name={mine}", "size.tokens=8192", "train.eval_count=1"))
-    assert other["data_fingerprint"] != std["data_fingerprint"] and other["dataset"] == str(mine)
+    assert other["data_fingerprint"] != std["data_fingerprint"]
+    assert other["dataset"] == str(mine)
     err = capsys.readouterr().err
-    assert "already holds completed runs of other data" in err and std["data_fingerprint"] in err
+    assert "already holds completed runs of other data" in err
+    assert std["data_fingerprint"] in err
     with pytest.raises(ValueError, match="2 different data sets"):
         select_completed(load_results(Path(std["run_dir"]).parent))
 
@@ -309,8 +358,9 @@ def test_activation_checkpointing_recomputes_the_same_numbers(train_cfg, tmp_pat
 
 
 def test_bf16_mixed_precision_runs_on_cpu(train_cfg):
-    rec = train(train_cfg("trainer.precision=bf16-mixed", "model=full_attnres", "size.tokens=16384",
-                          "train.eval_count=1"))
+    rec = train(
+        train_cfg("trainer.precision=bf16-mixed", "model=full_attnres", "size.tokens=16384", "train.eval_count=1")
+    )
     _assert_valid_record(rec)
 
 
@@ -329,7 +379,8 @@ def test_fused_adamw_with_mixed_precision_clipping(train_cfg):
     with pytest.raises(ValueError, match=r"optimizer\.fused=true"):
         train(cfg)
     rows = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
-    assert rows[-1]["status"] == "failed" and "optimizer.fused=true" in rows[-1]["error"]
+    assert rows[-1]["status"] == "failed"
+    assert "optimizer.fused=true" in rows[-1]["error"]
     # and Lightning itself would refuse: its plugin sees a fused optimizer as one that unscales by itself
     from lightning.pytorch.plugins.precision.amp import _optimizer_handles_unscaling
 
@@ -352,25 +403,26 @@ def test_dead_gradient_at_first_step_fails_the_run(train_cfg, monkeypatch):
     with pytest.raises(DeadGradientError, match=r"tok_emb\.weight at step 1"):
         train(cfg)
     rows = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
-    assert rows[-1]["status"] == "failed" and "tok_emb.weight" in rows[-1]["error"]
+    assert rows[-1]["status"] == "failed"
+    assert "tok_emb.weight" in rows[-1]["error"]
     # the check itself: the residual scheme's zero-initialised parameters are not flagged
     from attnres import ModelConfig, Transformer
 
-    model = Transformer(ModelConfig(vocab_size=61, n_layers=2, d_model=32, n_heads=4, max_seq_len=16,
-                                    residual="full"))
+    model = Transformer(ModelConfig(vocab_size=61, n_layers=2, d_model=32, n_heads=4, max_seq_len=16, residual="full"))
     idx = torch.randint(0, 61, (2, 16))
     model(idx, idx)[1].backward()
-    assert not model.residual.key_norm_weight.grad.any() and dead_gradients(model) == []
+    assert not model.residual.key_norm_weight.grad.any()
+    assert dead_gradients(model) == []
     model.lm_head.weight.grad.zero_()
     assert dead_gradients(model) == ["lm_head.weight"]
 
 
 def test_fsdp_strategy_wraps_each_transformer_block():
+    from conftest import compose
     from hydra.utils import instantiate
     from lightning.pytorch.strategies import FSDPStrategy
 
     from attnres.model import TransformerBlock
-    from conftest import compose
 
     strategy = instantiate(compose(["trainer=fsdp"]).trainer.strategy)
     assert isinstance(strategy, FSDPStrategy)
@@ -385,7 +437,8 @@ def test_compile_true_compiles_whole_or_regional(monkeypatch):
     from experiments.module import COMPILE_ENV, LMModule, compile_mode
 
     monkeypatch.delenv(COMPILE_ENV, raising=False)
-    assert compile_mode("cuda") == "regional" and compile_mode("cpu") == "whole"
+    assert compile_mode("cuda") == "regional"
+    assert compile_mode("cpu") == "whole"
     monkeypatch.setenv(COMPILE_ENV, "whole")
     assert compile_mode("cuda") == "whole"
     monkeypatch.setenv(COMPILE_ENV, "fast")
@@ -393,8 +446,15 @@ def test_compile_true_compiles_whole_or_regional(monkeypatch):
         compile_mode("cpu")
     for mode in ("regional", "whole"):
         monkeypatch.setenv(COMPILE_ENV, mode)
-        module = LMModule(ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8), None, None,
-                          total_steps=1, log_every=1, eval_every=1, compile=True)
+        module = LMModule(
+            ModelConfig(vocab_size=32, n_layers=2, d_model=16, n_heads=2, max_seq_len=8),
+            None,
+            None,
+            total_steps=1,
+            log_every=1,
+            eval_every=1,
+            compile=True,
+        )
         module.setup("fit")
         forward = module.__dict__["_train_forward"]
         assert module.compile_mode == mode

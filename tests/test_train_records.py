@@ -24,8 +24,13 @@ def _done(**fields):
 def _append_many(study: str, writer: int, n: int, barrier) -> None:
     barrier.wait()  # both processes start writing at the same moment
     for i in range(n):
-        rec = _done(run_id=f"w{writer}_{i:04d}", study="s", seed=writer, val_loss=1.0 + i / 1000,
-                    error="a, \"quoted\"\nmultiline error" if i % 7 == 0 else "")
+        rec = _done(
+            run_id=f"w{writer}_{i:04d}",
+            study="s",
+            seed=writer,
+            val_loss=1.0 + i / 1000,
+            error='a, "quoted"\nmultiline error' if i % 7 == 0 else "",
+        )
         records.add_record(study, rec)
 
 
@@ -44,17 +49,20 @@ def test_two_processes_write_concurrently_without_losing_or_corrupting_rows(tmp_
         rows = list(csv.reader(f))
     assert rows[0] == list(records.COLUMNS)  # exactly one header
     body = rows[1:]
-    assert len(body) == 2 * n and all(len(r) == len(records.COLUMNS) for r in body)
+    assert len(body) == 2 * n
+    assert all(len(r) == len(records.COLUMNS) for r in body)
     ids = [r[0] for r in body]
     assert sorted(ids) == sorted(f"w{w}_{i:04d}" for w in (0, 1) for i in range(n))
     by_id = {r["run_id"]: r for r in records.read_rows(table)}
-    assert by_id["w1_0007"]["error"] == 'a, "quoted"\nmultiline error' and by_id["w0_0001"]["error"] == ""
+    assert by_id["w1_0007"]["error"] == 'a, "quoted"\nmultiline error'
+    assert by_id["w0_0001"]["error"] == ""
     assert len(list((table.parent / "records").glob("*.json"))) == 2 * n  # one immutable file per record
 
 
 def test_record_columns_and_statuses(tmp_path):
     rec = records.make_record(run_id="r", status="failed", error="boom")
-    assert list(rec) == list(records.COLUMNS) and rec["val_loss"] is None
+    assert list(rec) == list(records.COLUMNS)
+    assert rec["val_loss"] is None
     with pytest.raises(KeyError, match="not result-record columns"):
         records.make_record(run_id="r", loss=1.0)
     with pytest.raises(ValueError, match="allowed values: completed, failed, diverged, interrupted"):
@@ -72,7 +80,9 @@ def test_find_completed_and_widening(tmp_path):
     # a newer schema with an extra column: the table is widened, old rows kept
     records.add_record(study, {**_done(run_id="b", config_hash="h2"), "extra": 7})
     rows = records.read_rows(study / "results.csv")
-    assert [r["run_id"] for r in rows] == ["a", "a", "b"] and rows[-1]["extra"] == "7" and rows[0]["extra"] == ""
+    assert [r["run_id"] for r in rows] == ["a", "a", "b"]
+    assert rows[-1]["extra"] == "7"
+    assert rows[0]["extra"] == ""
 
 
 def test_config_hash_is_order_independent():
@@ -116,8 +126,13 @@ def _legacy_table(path: Path, recs: list[dict]) -> None:
 def test_a_non_utf8_row_is_reported_with_file_and_line_and_later_launches_still_work(tmp_path):
     study = tmp_path / "study"
     table = study / "results.csv"
-    _legacy_table(table, [_done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:00:00+00:00"),
-                          _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:01:00+00:00")])
+    _legacy_table(
+        table,
+        [
+            _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:00:00+00:00"),
+            _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:01:00+00:00"),
+        ],
+    )
     lines = table.read_bytes().split(b"\n")
     lines[1] = lines[1].replace(b"a,", b"\xffa,", 1)  # one bad byte in run a's row (file line 2)
     table.write_bytes(b"\n".join(lines))
@@ -132,9 +147,18 @@ def test_a_non_utf8_row_is_reported_with_file_and_line_and_later_launches_still_
 def test_a_torn_last_row_cannot_swallow_the_next_record(tmp_path):
     study = tmp_path / "study"
     table = study / "results.csv"
-    _legacy_table(table, [_done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:00:00+00:00"),
-                          _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:01:00+00:00",
-                                error='x "quoted", and\nmultiline')])
+    _legacy_table(
+        table,
+        [
+            _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:00:00+00:00"),
+            _done(
+                run_id="b",
+                config_hash="hb",
+                finished_at="2026-01-01T00:01:00+00:00",
+                error='x "quoted", and\nmultiline',
+            ),
+        ],
+    )
     data = table.read_bytes()
     table.write_bytes(data[: data.index(b"multiline")])  # cut inside run b's quoted field: no newline, open quote
     with pytest.warns(records.LedgerWarning, match=r"results.csv:3: .*row skipped"):
@@ -150,8 +174,9 @@ def test_a_torn_last_row_cannot_swallow_the_next_record(tmp_path):
     with open(table, "ab") as f:
         header = list(records.COLUMNS[: records.COLUMNS.index("health") + 1])
         buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerow([records._cell(_done(run_id="e", config_hash="he").get(c))
-                                                       for c in header])
+        csv.writer(buf, lineterminator="\n").writerow(
+            [records._cell(_done(run_id="e", config_hash="he").get(c)) for c in header]
+        )
         f.write(buf.getvalue().encode() * 2)  # glued onto the torn row, then once more on its own line
     with pytest.warns(records.LedgerWarning, match=r"fields where the header has"):
         rows = records.read_rows(table)
@@ -167,9 +192,12 @@ def test_a_malformed_last_record_does_not_hide_the_valid_completed_one(tmp_path)
     bad_status.write_text(json.dumps({**_done(run_id="r", config_hash="h1"), "status": "complet"}))
     with pytest.warns(records.LedgerWarning) as caught:
         done = records.find_completed(study, "h1")
-    assert done is not None and done["val_loss"] == 1.5
+    assert done is not None
+    assert done["val_loss"] == 1.5
     messages = " ".join(str(w.message) for w in caught)
-    assert str(garbled) in messages and str(bad_status) in messages and "'complet' is not one of" in messages
+    assert str(garbled) in messages
+    assert str(bad_status) in messages
+    assert "'complet' is not one of" in messages
 
 
 def test_rebuild_derives_the_table_from_the_records(tmp_path):
@@ -178,8 +206,12 @@ def test_rebuild_derives_the_table_from_the_records(tmp_path):
         records.add_record(study, _done(run_id=f"r{i}", config_hash=f"h{i}"))
     table = study / "results.csv"
     table.write_bytes(b"garbage\xff\n")
-    out = subprocess.run([sys.executable, "-m", "experiments.records", "rebuild", str(study)], capture_output=True,
-                         text=True, cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.records", "rebuild", str(study)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.returncode == 0, out.stderr
     assert [r["run_id"] for r in records.read_rows(table)] == ["r0", "r1", "r2"]
     assert all(r["record_id"] for r in records.read_rows(table))
@@ -188,15 +220,23 @@ def test_rebuild_derives_the_table_from_the_records(tmp_path):
 def test_a_legacy_table_is_imported_and_kept(tmp_path):
     """A study written before records/ existed keeps every row (in order, last record deciding)."""
     study = tmp_path / "study"
-    _legacy_table(study / "results.csv", [
-        records.make_record(run_id="a", config_hash="ha", status="failed", finished_at="2026-01-01T00:00:00+00:00"),
-        _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:05:00+00:00"),
-        _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:03:00+00:00")])
+    _legacy_table(
+        study / "results.csv",
+        [
+            records.make_record(run_id="a", config_hash="ha", status="failed", finished_at="2026-01-01T00:00:00+00:00"),
+            _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:05:00+00:00"),
+            _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:03:00+00:00"),
+        ],
+    )
     assert records.find_completed(study, "ha")["run_id"] == "a"
     records.add_record(study, _done(run_id="c", config_hash="hc"))
     rows = records.read_rows(study / "results.csv")
-    assert [(r["run_id"], r["status"]) for r in rows] == [("a", "failed"), ("b", "completed"), ("a", "completed"),
-                                                          ("c", "completed")]
+    assert [(r["run_id"], r["status"]) for r in rows] == [
+        ("a", "failed"),
+        ("b", "completed"),
+        ("a", "completed"),
+        ("c", "completed"),
+    ]
     assert len(list((study / "records").glob("*.json"))) == 4
     records.rebuild_table(study)  # idempotent: importing again writes no second copy
     assert len(list((study / "records").glob("*.json"))) == 4
@@ -208,15 +248,21 @@ def test_records_without_the_newer_fields_still_load(tmp_path):
     from analysis.records import load_results, study_kinds
 
     study = tmp_path / "study"
-    _legacy_table(study / "results.csv", [_done(run_id="a", config_hash="ha", study="ablations"),
-                                          _done(run_id="b", config_hash="hb", study="cpu_ladder")])
+    _legacy_table(
+        study / "results.csv",
+        [
+            _done(run_id="a", config_hash="ha", study="ablations"),
+            _done(run_id="b", config_hash="hb", study="cpu_ladder"),
+        ],
+    )
     records.rebuild_table(study)
     with open(study / "results.csv", newline="") as f:
         header, *body = list(csv.reader(f))
-    assert header == list(records.COLUMNS) and len(body) == 2
+    assert header == list(records.COLUMNS)
+    assert len(body) == 2
     assert [r.get("study_kind") for r in records.read_records(study)] == [None, None]
     df = load_results(study)
-    assert list(df["run_id"]) == ["a", "b"] and list(study_kinds(df)) == ["ablations", "scaling"]
+    assert list(df["run_id"]) == ["a", "b"]
+    assert list(study_kinds(df)) == ["ablations", "scaling"]
     records.add_record(study, _done(run_id="c", config_hash="hc", study="renamed", study_kind="ablations"))
     assert list(study_kinds(load_results(study))) == ["ablations", "scaling", "ablations"]
-

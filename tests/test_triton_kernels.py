@@ -26,15 +26,17 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (its own library functions read it)
 pytest.importorskip("triton", reason="triton is not installed (requirements-cpu.txt installs it for these tests)")
 
-from depth_cases import merge_case  # noqa: E402
+from depth_cases import merge_case
 
-from attnres import Transformer, cpu_kernels, depth_mix_triton, gpu_kernels  # noqa: E402
-from attnres.config import ModelConfig  # noqa: E402
-from attnres.depth import attend_batched, merge_read, track_source  # noqa: E402
+from attnres import Transformer, cpu_kernels, depth_mix_triton, gpu_kernels
+from attnres.config import ModelConfig
+from attnres.depth import attend_batched, merge_read, track_source
 
-pytestmark = pytest.mark.skipif(not gpu_kernels._interpreting(),
-                                reason="triton was imported without TRITON_INTERPRET=1 (a CUDA machine, or another "
-                                       "module imported it first): run this file on its own, or tests/test_gpu.py")
+pytestmark = pytest.mark.skipif(
+    not gpu_kernels._interpreting(),
+    reason="triton was imported without TRITON_INTERPRET=1 (a CUDA machine, or another "
+    "module imported it first): run this file on its own, or tests/test_gpu.py",
+)
 
 KERNELS = ("attend_fwd", "attend_bwd", "merge_fwd", "merge_bwd")
 
@@ -71,11 +73,12 @@ def both(fn, launches: dict[str, int]) -> tuple[list, list]:
     return on, off
 
 
-FLOOR = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}  # twice the rounding floor, relative
+FLOOR = {torch.bfloat16: 2**-7, torch.float16: 2**-10}  # twice the rounding floor, relative
 
 
-def assert_close(on: list, off: list, names: list[str], fp32_rtol: float = 2e-5,
-                 via: torch.dtype = torch.float32) -> None:
+def assert_close(
+    on: list, off: list, names: list[str], fp32_rtol: float = 2e-5, via: torch.dtype = torch.float32
+) -> None:
     """Each pair equal in dtype and shape, and within fp32 rounding (relative to the largest entry), or twice the
     rounding floor of a bf16 / fp16 result or of ``via``, a precision every result passed through (e.g. a read
     stored in bf16 for backward)."""
@@ -91,17 +94,24 @@ def assert_close(on: list, off: list, names: list[str], fp32_rtol: float = 2e-5,
         assert err <= rtol * scale + 1e-7, (name, a.dtype, err, scale)
 
 
-SOURCE_DTYPES = {"fp32": [torch.float32], "bf16": [torch.bfloat16], "fp16": [torch.float16],
-                 "fp32+bf16": [torch.float32, torch.bfloat16]}  # the last: the embedding fp32, the rest bf16
+SOURCE_DTYPES = {
+    "fp32": [torch.float32],
+    "bf16": [torch.bfloat16],
+    "fp16": [torch.float16],
+    "fp32+bf16": [torch.float32, torch.bfloat16],
+}  # the last: the embedding fp32, the rest bf16
 
 
-@pytest.mark.parametrize("S,Q,D,dtypes,track", [
-    (4, 3, 37, "fp32", False),  # D not a power of two
-    (1, 1, 64, "fp32", True),  # one source, one read
-    (5, 4, 24, "fp32+bf16", True),  # Block AttnRes under bf16 autocast
-    (3, 2, 17, "fp16", False),
-    (6, 5, 40, "bf16", False),  # Q not a power of two
-])
+@pytest.mark.parametrize(
+    ("S", "Q", "D", "dtypes", "track"),
+    [
+        (4, 3, 37, "fp32", False),  # D not a power of two
+        (1, 1, 64, "fp32", True),  # one source, one read
+        (5, 4, 24, "fp32+bf16", True),  # Block AttnRes under bf16 autocast
+        (3, 2, 17, "fp16", False),
+        (6, 5, 40, "bf16", False),  # Q not a power of two
+    ],
+)
 def test_attend_equals_the_torch_path(launches, S, Q, D, dtypes, track):
     """Phase 1 with the key logits: outputs, lse, and the gradients of the queries and of every source (through
     the outputs and through lse); one source without gradient, one non-contiguous, one read unused; tracked
@@ -127,20 +137,27 @@ def test_attend_equals_the_torch_path(launches, S, Q, D, dtypes, track):
 
     on, off = both(compute, launches)
     assert launches == {"attend_fwd": 2, "attend_bwd": 2}
-    assert all(o.dtype == torch.float32 for o in on[:Q + 1])
-    names = ([f"out{i}" for i in range(Q)] + ["lse"] + ["more0", "more1", "lse2", "grad q", "grad q2"]
-             + [f"grad v{s}" for s in range(S) if vs[s].requires_grad])
+    assert all(o.dtype == torch.float32 for o in on[: Q + 1])
+    names = (
+        [f"out{i}" for i in range(Q)]
+        + ["lse"]
+        + ["more0", "more1", "lse2", "grad q", "grad q2"]
+        + [f"grad v{s}" for s in range(S) if vs[s].requires_grad]
+    )
     assert_close(on, off, names)
 
 
-@pytest.mark.parametrize("K,D,with_queries,track,extra_dtype,out_dtype", [
-    (0, 40, False, False, torch.float32, torch.float32),  # Block's first read of a block: the normalisation alone
-    (1, 40, True, True, torch.float32, torch.float32),  # Block's partial sum, its key logit inside
-    (3, 33, True, True, torch.float32, torch.float32),  # Full's read group: one query per extra
-    (2, 24, False, False, torch.bfloat16, torch.bfloat16),
-    (2, 19, True, False, torch.float16, torch.float32),
-    (2, 21, True, True, torch.float16, torch.float16),
-])
+@pytest.mark.parametrize(
+    ("K", "D", "with_queries", "track", "extra_dtype", "out_dtype"),
+    [
+        (0, 40, False, False, torch.float32, torch.float32),  # Block's first read of a block: the normalisation alone
+        (1, 40, True, True, torch.float32, torch.float32),  # Block's partial sum, its key logit inside
+        (3, 33, True, True, torch.float32, torch.float32),  # Full's read group: one query per extra
+        (2, 24, False, False, torch.bfloat16, torch.bfloat16),
+        (2, 19, True, False, torch.float16, torch.float32),
+        (2, 21, True, True, torch.float16, torch.float16),
+    ],
+)
 def test_merge_equals_the_torch_path(launches, K, D, with_queries, track, extra_dtype, out_dtype):
     """The merge fused with the PreNorm normalisation: value, and the gradients of base, z, queries and extras
     (tracked extras used by two merges: written, then accumulated into; one extra non-contiguous). eps is large
@@ -160,8 +177,12 @@ def test_merge_equals_the_torch_path(launches, K, D, with_queries, track, extra_
 
     on, off = both(compute, launches)
     assert launches == {"merge_fwd": 2 if K else 1, "merge_bwd": 2 if K else 1}
-    names = ["out", "again", "grad base"] + (["grad z"] if K else []) + (["grad queries"] if with_queries else []) \
+    names = (
+        ["out", "again", "grad base"]
+        + (["grad z"] if K else [])
+        + (["grad queries"] if with_queries else [])
         + [f"grad extra {k}" for k in range(K)]
+    )
     if out_dtype != torch.bfloat16:
         assert_close(on, off, names, via=out_dtype)  # y is saved in out_dtype: backward starts from it
         return
@@ -208,8 +229,9 @@ class _MergeFromOutput(torch.autograd.Function):
         m = (g * y).mean(-1, keepdim=True)
         u = g - m * y  # dL/dh = rstd u
         gh = m * y.shape[-1] * ctx.eps * rstd
-        grad_z = torch.stack([rstd * a[k + 1] * ((u * e.float()).sum(-1, keepdim=True) - gh)
-                              for k, e in enumerate(extras)])[..., 0]
+        grad_z = torch.stack(
+            [rstd * a[k + 1] * ((u * e.float()).sum(-1, keepdim=True) - gh) for k, e in enumerate(extras)]
+        )[..., 0]
         grad_extras = [(rstd * a[k + 1] * u).to(e.dtype) for k, e in enumerate(extras)]
         return rstd * a[0] * u, grad_z, None, None, *grad_extras
 
@@ -225,8 +247,10 @@ def _model(scheme: str, **kw) -> Transformer:
     return model
 
 
-@pytest.mark.parametrize("scheme,kw,bf16", [("block", {"n_blocks": 3}, False), ("full", {}, False),
-                                            ("block", {"block_size": 4}, True), ("full", {}, True)])
+@pytest.mark.parametrize(
+    ("scheme", "kw", "bf16"),
+    [("block", {"n_blocks": 3}, False), ("full", {}, False), ("block", {"block_size": 4}, True), ("full", {}, True)],
+)
 def test_models_equal_the_torch_path(launches, scheme, kw, bf16):
     """Block and Full AttnRes end to end, d = 24, with their sources scored inside the kernels (the CUDA path)
     against the torch path (scored once per source, cached): logits and every parameter's gradient. Under bf16
@@ -253,7 +277,7 @@ def test_models_equal_the_torch_path(launches, scheme, kw, bf16):
         assert cos > 0.999, (name, cos.item())
 
 
-@pytest.mark.parametrize("scheme,kw", [("block", {"block_size": 2}), ("full", {})])
+@pytest.mark.parametrize(("scheme", "kw"), [("block", {"block_size": 2}), ("full", {})])
 def test_cached_decoding_on_the_kernels_equals_the_full_forward(launches, scheme, kw):
     """Decoding with a KV cache takes the kernels too (one token per row: N = B): prefill 5 tokens, decode 3,
     against one forward over all 8 on the torch path."""
@@ -264,8 +288,9 @@ def test_cached_decoding_on_the_kernels_equals_the_full_forward(launches, scheme
             full = model(idx)
         with gpu_kernels.use_kernels(True):
             cache = model.new_cache()
-            steps = [model(idx[:, :5], cache=cache)] + [model(idx[:, t: t + 1], cache=cache) for t in range(5, 8)]
-    assert launches["attend_fwd"] > 0 and launches["merge_fwd"] > 0
+            steps = [model(idx[:, :5], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(5, 8)]
+    assert launches["attend_fwd"] > 0
+    assert launches["merge_fwd"] > 0
     assert_close([torch.cat(steps, dim=1)], [full], ["logits"], fp32_rtol=1e-4)
 
 
@@ -300,9 +325,12 @@ def test_dispatch_switches(monkeypatch):
     x, x16, xb = torch.randn(2, 3, 8), torch.randn(2, 3, 8).half(), torch.randn(2, 3, 8).bfloat16()
     assert not gpu_kernels.applies(x)  # CPU without use_kernels(True)
     with gpu_kernels.use_kernels(True):
-        assert gpu_kernels.applies(x, xb) and gpu_kernels.applies(x16)
-        assert not gpu_kernels.applies(x.double()) and not gpu_kernels.applies(x16, xb)
+        assert gpu_kernels.applies(x, xb)
+        assert gpu_kernels.applies(x16)
+        assert not gpu_kernels.applies(x.double())
+        assert not gpu_kernels.applies(x16, xb)
         with gpu_kernels.use_kernels(False):
             assert not gpu_kernels.applies(x)
     monkeypatch.setenv(gpu_kernels.ENV_SWITCH, "0")
-    assert gpu_kernels.status().startswith("off") and not gpu_kernels.applies(x)
+    assert gpu_kernels.status().startswith("off")
+    assert not gpu_kernels.applies(x)

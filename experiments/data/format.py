@@ -76,8 +76,9 @@ class ShardHeader:
                 f"(at most {DTYPE_CAPACITY[raw['dtype']]} ids)"
             )
         n_tokens = raw["n_tokens"]
-        if not isinstance(n_tokens, dict) or not all(is_int(n_tokens.get(s)) and n_tokens[s] >= 0
-                                                     for s in ("train", "val")):
+        if not isinstance(n_tokens, dict) or not all(
+            is_int(n_tokens.get(s)) and n_tokens[s] >= 0 for s in ("train", "val")
+        ):
             raise ValueError(f"{hint}: n_tokens={n_tokens!r} must map 'train' and 'val' to token counts")
         checksum = raw["checksum"]
         if not isinstance(checksum, dict) or not all(isinstance(checksum.get(s), str) for s in ("train", "val")):

@@ -7,7 +7,8 @@ Pure stdlib, so config checks can run before numpy and torch are imported.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 TOKENIZERS = ("bytes", "bpe")
 SPLITS = ("auto", "file", "tail")  # how prepare_text_files holds out validation text
@@ -34,8 +35,9 @@ def check_tokenizer(tokenizer: Any, bpe_vocab_size: Any, prefix: str = "") -> No
     """tokenizer in TOKENIZERS; for "bpe", bpe_vocab_size an integer in [257, 2**32]."""
     check_choice(tokenizer, f"{prefix}tokenizer", TOKENIZERS)
     if tokenizer == "bpe" and (not is_int(bpe_vocab_size) or not BPE_MIN_VOCAB <= bpe_vocab_size <= BPE_MAX_VOCAB):
-        raise ValueError(f"{prefix}bpe_vocab_size={bpe_vocab_size!r} must be an integer >= {BPE_MIN_VOCAB} "
-                         "(256 bytes + separator)")
+        raise ValueError(
+            f"{prefix}bpe_vocab_size={bpe_vocab_size!r} must be an integer >= {BPE_MIN_VOCAB} (256 bytes + separator)"
+        )
 
 
 def check_val_fraction(val_fraction: Any, key: str = "val_fraction") -> None:

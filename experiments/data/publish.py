@@ -15,8 +15,9 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from ..locks import exclusive_lock
 from .writers import build_shards
@@ -47,8 +48,9 @@ def make_tmp(final: Path) -> Path:
     return tmp
 
 
-def build_and_publish(final: Path, docs: Iterable[tuple[str, bytes, str]], replace_existing: Callable[[], bool],
-                      **build: Any) -> None:
+def build_and_publish(
+    final: Path, docs: Iterable[tuple[str, bytes, str]], replace_existing: Callable[[], bool], **build: Any
+) -> None:
     """writers.build_shards into a fresh tmp dir beside `final`, then :func:`publish` it; the tmp dir never
     outlives the call. `replace_existing` is asked only once the build is done (another process may have
     published meanwhile)."""

@@ -12,8 +12,9 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,14 +36,13 @@ class TokenShards:
             raise FileNotFoundError(f"no token shards at {self.path} (directory does not exist): {HINT_ANY}")
         header_path = self.path / "header.json"
         if not header_path.is_file():
-            raise FileNotFoundError(
-                f"{self.path} is not a token-shard directory (no header.json); {HINT_ANY}"
-            )
+            raise FileNotFoundError(f"{self.path} is not a token-shard directory (no header.json); {HINT_ANY}")
         try:
             raw = json.loads(header_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{header_path} is not valid JSON ({e}); delete {self.path} and re-prepare it "
-                             f"({HINT_ANY})") from e
+            raise ValueError(
+                f"{header_path} is not valid JSON ({e}); delete {self.path} and re-prepare it ({HINT_ANY})"
+            ) from e
         self.header = ShardHeader.from_dict(raw, where=header_path)
         self.train = self._open("train")
         self.val = self._open("val")
@@ -127,8 +127,7 @@ class TokenShards:
         a stamp never vouches for modified data; a large corpus is hashed once, not at every run. What no stamp
         can see is decay below the file system (a bit flip with no write): ``prepare_data info --verify``
         re-hashes."""
-        want = {"checksum": self.header.checksum,
-                "files": {k: _stat_key(f) for k, f in self._files().items()}}
+        want = {"checksum": self.header.checksum, "files": {k: _stat_key(f) for k, f in self._files().items()}}
         for stamp in _stamp_paths(self.path):
             try:
                 if json.loads(stamp.read_text(encoding="utf-8")) == want:
@@ -220,8 +219,10 @@ def describe(shards: TokenShards) -> str:
         f"shards:    {shards.path}",
         f"tokenizer: {h.tokenizer} (vocab {h.vocab_size}, dtype {h.dtype}, separator id {h.separator})",
         f"tokens:    train {h.n_tokens['train']:,}   val {h.n_tokens['val']:,}",
-        f"documents: {s.get('n_docs', '?')} ({_held_out(s)}), "
-        f"{s.get('n_skipped', 0)} skipped (empty or not UTF-8), {s.get('n_bytes', 0):,} bytes of text",
+        (
+            f"documents: {s.get('n_docs', '?')} ({_held_out(s)}), "
+            f"{s.get('n_skipped', 0)} skipped (empty or not UTF-8), {s.get('n_bytes', 0):,} bytes of text"
+        ),
         f"corpus:    sha256 {s.get('corpus_sha256', '?')}",
         f"unigram entropy (train): {shards.unigram_entropy('train'):.4f} nats/token",
     ]

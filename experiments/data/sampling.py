@@ -8,7 +8,7 @@ change to how offsets are drawn or windows are cut changes every run's data.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -73,8 +73,14 @@ class TrainBatches(IterableDataset):
         world_size: int = 1,
     ) -> None:
         super().__init__()
-        for name, value, low in (("seq_len", seq_len, 1), ("batch_size", batch_size, 1), ("seed", seed, 0),
-                                 ("start_step", start_step, 0), ("world_size", world_size, 1), ("rank", rank, 0)):
+        for name, value, low in (
+            ("seq_len", seq_len, 1),
+            ("batch_size", batch_size, 1),
+            ("seed", seed, 0),
+            ("start_step", start_step, 0),
+            ("world_size", world_size, 1),
+            ("rank", rank, 0),
+        ):
             if not is_int(value) or value < low:
                 raise ValueError(f"TrainBatches: {name}={value!r} must be an integer >= {low}")
         if rank >= world_size:

@@ -17,8 +17,9 @@ import hashlib
 import os
 import platform
 import sysconfig
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -72,7 +73,7 @@ def _listing_sha256(files: list[tuple[str, Path]]) -> str:
     """Cheap fingerprint (paths and sizes, no reads) used to notice that a cached stdlib corpus is stale."""
     h = hashlib.sha256()
     for rel, path in files:
-        h.update(f"{rel}\0{path.stat().st_size}\n".encode("utf-8"))
+        h.update(f"{rel}\0{path.stat().st_size}\n".encode())
     return h.hexdigest()
 
 
@@ -142,15 +143,24 @@ def prepare_stdlib(
 
         # Without a working lock a racing process may have published meanwhile: keep a valid copy.
         build_and_publish(
-            final, docs(), lambda: force or not _cached(final, tokenizer, want),
+            final,
+            docs(),
+            lambda: force or not _cached(final, tokenizer, want),
             tokenizer=tokenizer,
             bpe_vocab_size=bpe_vocab_size,
             val_fraction=STDLIB_VAL_FRACTION,
-            source={**want, "python": f"{platform.python_implementation()} {platform.python_version()}",
-                    "split": "file-hash", "n_files_listed": len(files)},
+            source={
+                **want,
+                "python": f"{platform.python_implementation()} {platform.python_version()}",
+                "split": "file-hash",
+                "n_files_listed": len(files),
+            },
             record_files=True,
-            manifest_extra={"kind": "stdlib", "python": f"{platform.python_implementation()} "
-                            f"{platform.python_version()}", "split_rule": SPLIT_RULE},
+            manifest_extra={
+                "kind": "stdlib",
+                "python": f"{platform.python_implementation()} {platform.python_version()}",
+                "split_rule": SPLIT_RULE,
+            },
             progress=progress,
         )
     return final
@@ -216,7 +226,9 @@ def prepare_text_files(
             yield key, path.read_bytes(), s
 
     build_and_publish(
-        out_dir, docs(), lambda: True,
+        out_dir,
+        docs(),
+        lambda: True,
         tokenizer=tokenizer,
         bpe_vocab_size=bpe_vocab_size,
         val_fraction=val_fraction,
@@ -274,19 +286,26 @@ def prepare_hf_dataset(
             if max_docs is not None and i >= max_docs:
                 break
             if text_field not in record:
-                raise ValueError(
-                    f"text_field={text_field!r} is not a column of {name!r}; columns: {', '.join(record)}"
-                )
+                raise ValueError(f"text_field={text_field!r} is not a column of {name!r}; columns: {', '.join(record)}")
             key = f"{split}/{i}"
             yield key, str(record[text_field]).encode("utf-8"), "val" if split_hash(key) < val_fraction else "train"
 
     build_and_publish(
-        out_dir, docs(), lambda: True,
+        out_dir,
+        docs(),
+        lambda: True,
         tokenizer=tokenizer,
         bpe_vocab_size=bpe_vocab_size,
         val_fraction=val_fraction,
-        source={"kind": "hf", "name": name, "config": config, "hf_split": split,
-                "text_field": text_field, "max_docs": max_docs, "split": "doc-index-hash"},
+        source={
+            "kind": "hf",
+            "name": name,
+            "config": config,
+            "hf_split": split,
+            "text_field": text_field,
+            "max_docs": max_docs,
+            "split": "doc-index-hash",
+        },
         record_files=False,  # per-document manifests of web-scale data would dwarf the shards
         progress=progress,
     )
@@ -303,7 +322,7 @@ def load_dataset(
     verify: bool = False,
     progress: bool = True,
 ) -> TokenShards:
-    """"stdlib" -> the cached default corpus (prepared on first use); otherwise a prepared shard directory.
+    """ "stdlib" -> the cached default corpus (prepared on first use); otherwise a prepared shard directory.
 
     For a directory, `tokenizer`, `bpe_vocab_size` and `max_bytes` are ignored: the header says what it is.
     """

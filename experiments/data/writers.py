@@ -24,8 +24,9 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 from tqdm import tqdm
@@ -75,7 +76,7 @@ class _RawWriter:
         self.paths = {s: out / f"{s}.raw" for s in ("train", "val")}
         self.files: dict[str, BinaryIO] = {s: open(p, "wb") for s, p in self.paths.items()}
         self.hash = {s: hashlib.sha256() for s in self.paths}
-        self.n_tokens = {s: 0 for s in self.paths}
+        self.n_tokens = dict.fromkeys(self.paths, 0)
         self.n_docs = {"train": 0, "val": 0, "tail": 0}
         self.corpus = hashlib.sha256()  # sha256 of the whole concatenation, documents in order
         self.n_bytes = 0
@@ -161,16 +162,19 @@ def _train_and_encode_bpe(
     for split in ("train", "val"):
         raw = tmp / f"{split}.raw"
         h, n = hashlib.sha256(), 0
-        with open(tmp / f"{split}.bin", "wb") as out, tqdm(
-            total=raw.stat().st_size, unit="B", unit_scale=True, desc=f"bpe encode {split}", disable=not progress
-        ) as bar:
+        with (
+            open(tmp / f"{split}.bin", "wb") as out,
+            tqdm(
+                total=raw.stat().st_size, unit="B", unit_scale=True, desc=f"bpe encode {split}", disable=not progress
+            ) as bar,
+        ):
             batch: list[str] = []
             size = 0
 
             def flush() -> None:
                 nonlocal n, size
                 for enc in tok.encode_batch(batch):  # batched: parallel in Rust, far faster than one string
-                    ids = np.asarray(enc.ids + [SEPARATOR], dtype=dtype)
+                    ids = np.asarray([*enc.ids, SEPARATOR], dtype=dtype)
                     out.write(ids.tobytes())
                     h.update(ids.tobytes())
                     n += len(ids)
@@ -220,10 +224,14 @@ def build_shards(
     if usable == 0:
         empty = [s["path"] for s in writer.skipped if s["reason"] == "empty"]
         shown = ", ".join((empty or not_utf8)[:5]) + (" ..." if len(empty or not_utf8) > 5 else "")
-        what = (f"{len(empty)} empty" if empty else "") + (" and " if empty and not_utf8 else "") + (
-            f"{len(not_utf8)} not UTF-8" if not_utf8 else "")
-        raise ValueError(f"the input is empty: no document with text to prepare ({what or 'no'} input(s): {shown}); "
-                         f"{hint}")
+        what = (
+            (f"{len(empty)} empty" if empty else "")
+            + (" and " if empty and not_utf8 else "")
+            + (f"{len(not_utf8)} not UTF-8" if not_utf8 else "")
+        )
+        raise ValueError(
+            f"the input is empty: no document with text to prepare ({what or 'no'} input(s): {shown}); {hint}"
+        )
     for split in ("train", "val"):
         if writer.n_tokens[split] == 0:
             advice = f"raise val_fraction (now {val_fraction})" if split == "val" else "lower val_fraction"

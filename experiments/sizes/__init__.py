@@ -93,8 +93,13 @@ class ArchShape:
         return self.d_ff / self.d_model
 
     def to_dict(self) -> dict[str, float]:
-        return {**asdict(self), "params_error": self.params_error, "achieved_d_over_lb": self.achieved_d_over_lb,
-                "achieved_heads_over_lb": self.achieved_heads_over_lb, "achieved_ff_ratio": self.achieved_ff_ratio}
+        return {
+            **asdict(self),
+            "params_error": self.params_error,
+            "achieved_d_over_lb": self.achieved_d_over_lb,
+            "achieved_heads_over_lb": self.achieved_heads_over_lb,
+            "achieved_ff_ratio": self.achieved_ff_ratio,
+        }
 
 
 def _continuous_depth(target: float, r: float, h: float, head_dim: int, f: float) -> float:
@@ -114,8 +119,15 @@ def _continuous_depth(target: float, r: float, h: float, head_dim: int, f: float
 
 
 @functools.lru_cache(maxsize=4096)
-def derive_arch_shape(target_params: float, d_over_lb: float, heads_over_lb: float, head_dim: int, ff_ratio: float,
-                      d_multiple: int = 16, ff_multiple: int = 16) -> ArchShape:
+def derive_arch_shape(
+    target_params: float,
+    d_over_lb: float,
+    heads_over_lb: float,
+    head_dim: int,
+    ff_ratio: float,
+    d_multiple: int = 16,
+    ff_multiple: int = 16,
+) -> ArchShape:
     """The integer shape closest to the targets (paper Fig. 7's grid cells, our dense SwiGLU proxy).
 
     Targets: non-embedding parameters N of the baseline, r = d_model / L_b, h = n_heads / L_b (heads of fixed
@@ -133,8 +145,12 @@ def derive_arch_shape(target_params: float, d_over_lb: float, heads_over_lb: flo
     (one multiple beyond each); d_ff a multiple of ``ff_multiple`` between f d and the d_ff that gives N exactly
     (the minimiser over d_ff lies between those two, each term being monotone on either side of it).
     """
-    for key, value in (("target_params", target_params), ("d_over_lb", d_over_lb), ("heads_over_lb", heads_over_lb),
-                       ("ff_ratio", ff_ratio)):
+    for key, value in (
+        ("target_params", target_params),
+        ("d_over_lb", d_over_lb),
+        ("heads_over_lb", heads_over_lb),
+        ("ff_ratio", ff_ratio),
+    ):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"size.{key}={value!r} must be a positive number")
     for key, value in (("head_dim", head_dim), ("d_multiple", d_multiple), ("ff_multiple", ff_multiple)):
@@ -150,18 +166,27 @@ def derive_arch_shape(target_params: float, d_over_lb: float, heads_over_lb: flo
             qa, qb = 3 * f * lb, 4 * a * lb + 2 * lb + 1
             d_n = (-qb + math.sqrt(qb * qb + 4 * qa * target)) / (2 * qa)
             lo, hi = sorted((d_n, r * lb))
-            for d in range(d_multiple * max(1, math.floor(lo / d_multiple) - 1),
-                           d_multiple * (math.ceil(hi / d_multiple) + 1) + 1, d_multiple):
+            for d in range(
+                d_multiple * max(1, math.floor(lo / d_multiple) - 1),
+                d_multiple * (math.ceil(hi / d_multiple) + 1) + 1,
+                d_multiple,
+            ):
                 ff_n = (target - d - lb * (4 * a * d + 2 * d)) / (3 * d * lb)  # N exact
                 ff_lo, ff_hi = sorted((f * d, ff_n))
-                for d_ff in range(ff_multiple * max(1, math.floor(ff_lo / ff_multiple)),
-                                  ff_multiple * max(1, math.ceil(ff_hi / ff_multiple)) + 1, ff_multiple):
+                for d_ff in range(
+                    ff_multiple * max(1, math.floor(ff_lo / ff_multiple)),
+                    ff_multiple * max(1, math.ceil(ff_hi / ff_multiple)) + 1,
+                    ff_multiple,
+                ):
                     n = baseline_non_embedding(lb, d, a, d_ff)
-                    cost = ((_PARAMS_WEIGHT * math.log(n / target)) ** 2 + math.log(d / lb / r) ** 2
-                            + math.log(heads / lb / h) ** 2 + math.log(d_ff / d / f) ** 2)
+                    cost = (
+                        (_PARAMS_WEIGHT * math.log(n / target)) ** 2
+                        + math.log(d / lb / r) ** 2
+                        + math.log(heads / lb / h) ** 2
+                        + math.log(d_ff / d / f) ** 2
+                    )
                     key = (cost, lb, d, heads, d_ff)
                     if best is None or key < best[0]:
                         best = (key, ArchShape(lb, d, heads, head_dim, d_ff, n, target, r, h, f))
     assert best is not None  # every (L_b, H) yields at least one (d, d_ff)
     return best[1]
-

@@ -4,9 +4,9 @@ shapes of the arch-grid sweeps (paper Fig. 7), each cell composed as its run wou
 
 from __future__ import annotations
 
+from .. import sizes
 from ..compose import compose, conf_dir, sweep_cells
 from ..validation import build_model_config, planned_steps
-from .. import sizes
 
 ARCH_SWEEPS = ("arch_grid", "cpu_arch_grid")  # conf/sweep/: the Fig. 7 grid at paper scale and on the CPU
 
@@ -21,21 +21,33 @@ def arch_grid_rows(sweep: str, vocab_size: int) -> list[dict]:
         cfg = compose([f"+sweep={sweep}", *(f"{k}={v}" for k, v in cell.items()), f"data.vocab_size={vocab_size}"])
         mc = build_model_config(cfg)
         s = cfg.size
-        shape = sizes.derive_arch_shape(s.target_params, s.d_over_lb, s.heads_over_lb, s.head_dim, s.ff_ratio,
-                                  s.d_multiple, s.ff_multiple)
+        shape = sizes.derive_arch_shape(
+            s.target_params, s.d_over_lb, s.heads_over_lb, s.head_dim, s.ff_ratio, s.d_multiple, s.ff_multiple
+        )
         count = flops_per_token(mc, int(cfg.train.seq_len))
         fpt = count.total
         steps = planned_steps(cfg.train, fpt)
         tokens = steps * int(cfg.train.batch_size) * int(cfg.train.seq_len)
-        rows.append({
-            "sweep": sweep, "size": str(s.name), "variant": str(cfg.model.variant), "seed": int(cfg.seed),
-            **shape.to_dict(), "params_non_embedding": round(count.six_n / 6),
-            "block_size": mc.sublayers_per_block if mc.residual == "block" else None,
-            "n_blocks": mc.effective_n_blocks if mc.residual == "block" else None,
-            "seq_len": int(cfg.train.seq_len), "batch_size": int(cfg.train.batch_size), "lr": float(cfg.optimizer.lr),
-            "flops_budget": float(cfg.train.flops_budget), "flops_per_token": fpt, "steps": steps, "tokens": tokens,
-            "flops": fpt * tokens,
-        })  # fmt: skip
+        rows.append(
+            {
+                "sweep": sweep,
+                "size": str(s.name),
+                "variant": str(cfg.model.variant),
+                "seed": int(cfg.seed),
+                **shape.to_dict(),
+                "params_non_embedding": round(count.six_n / 6),
+                "block_size": mc.sublayers_per_block if mc.residual == "block" else None,
+                "n_blocks": mc.effective_n_blocks if mc.residual == "block" else None,
+                "seq_len": int(cfg.train.seq_len),
+                "batch_size": int(cfg.train.batch_size),
+                "lr": float(cfg.optimizer.lr),
+                "flops_budget": float(cfg.train.flops_budget),
+                "flops_per_token": fpt,
+                "steps": steps,
+                "tokens": tokens,
+                "flops": fpt * tokens,
+            }
+        )
     return rows
 
 
@@ -45,21 +57,27 @@ def _print_arch_grid(sweep: str, vocab_size: int) -> None:  # pragma: no cover -
     for r in rows:
         by_size.setdefault(r["size"], {})[r["variant"]] = r
     first = rows[0]
-    print(f"\n{sweep}: C = {first['flops_budget']:.3g} FLOPs per run, target N = {first['target_params']:,.0f}, "
-          f"head_dim {first['head_dim']}, d_ff/d = {first['ff_ratio']}, T = {first['seq_len']}, batch "
-          f"{first['batch_size']}, lr {first['lr']:g}, vocab {vocab_size:,} (FLOPs/token depend on it)")
-    print(f"{'cell':22s} {'L_b':>3s} {'d':>5s} {'H':>3s} {'d_ff':>5s} {'N_base':>12s} {'err%':>5s} {'d/L_b':>6s} "
-          f"{'H/L_b':>5s} {'ff/d':>5s} {'S x blk':>7s} {'MFLOP/tok':>9s} {'steps b/B':>11s} {'tokens (base)':>15s} "
-          f"{'tok/N':>6s} {'C (base)':>9s}")
+    print(
+        f"\n{sweep}: C = {first['flops_budget']:.3g} FLOPs per run, target N = {first['target_params']:,.0f}, "
+        f"head_dim {first['head_dim']}, d_ff/d = {first['ff_ratio']}, T = {first['seq_len']}, batch "
+        f"{first['batch_size']}, lr {first['lr']:g}, vocab {vocab_size:,} (FLOPs/token depend on it)"
+    )
+    print(
+        f"{'cell':22s} {'L_b':>3s} {'d':>5s} {'H':>3s} {'d_ff':>5s} {'N_base':>12s} {'err%':>5s} {'d/L_b':>6s} "
+        f"{'H/L_b':>5s} {'ff/d':>5s} {'S x blk':>7s} {'MFLOP/tok':>9s} {'steps b/B':>11s} {'tokens (base)':>15s} "
+        f"{'tok/N':>6s} {'C (base)':>9s}"
+    )
     for size, v in by_size.items():
         b = v.get("baseline") or next(iter(v.values()))
         blk = next((x for x in v.values() if x["block_size"] is not None), None)
         sb = f"{blk['block_size']}x{blk['n_blocks']}" if blk else "-"
         steps = f"{b['steps']}/{blk['steps']}" if blk else str(b["steps"])
-        print(f"{size:22s} {b['n_layers']:3d} {b['d_model']:5d} {b['n_heads']:3d} {b['d_ff']:5d} {b['params']:12,d} "
-              f"{100 * b['params_error']:5.2f} {b['achieved_d_over_lb']:6.2f} {b['achieved_heads_over_lb']:5.3f} "
-              f"{b['achieved_ff_ratio']:5.3f} {sb:>7s} {b['flops_per_token'] / 1e6:9.2f} {steps:>11s} "
-              f"{b['tokens']:15,d} {b['tokens'] / b['params']:6.1f} {b['flops']:9.3g}")
+        print(
+            f"{size:22s} {b['n_layers']:3d} {b['d_model']:5d} {b['n_heads']:3d} {b['d_ff']:5d} {b['params']:12,d} "
+            f"{100 * b['params_error']:5.2f} {b['achieved_d_over_lb']:6.2f} {b['achieved_heads_over_lb']:5.3f} "
+            f"{b['achieved_ff_ratio']:5.3f} {sb:>7s} {b['flops_per_token'] / 1e6:9.2f} {steps:>11s} "
+            f"{b['tokens']:15,d} {b['tokens'] / b['params']:6.1f} {b['flops']:9.3g}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printout
@@ -71,32 +89,52 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printou
     from attnres import ModelConfig, flops_per_token
     from attnres.flops import non_embedding_params
 
-    ap = argparse.ArgumentParser(prog="python -m experiments.sizes", description=sizes.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--paper-vocab", type=int, default=163_840,
-                    help="vocabulary for the paper arch grid's FLOPs/token and tokens (default: 163,840, the paper's "
-                         "Kimi tokenizer; use your shards' vocabulary)")
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.sizes",
+        description=sizes.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--paper-vocab",
+        type=int,
+        default=163_840,
+        help="vocabulary for the paper arch grid's FLOPs/token and tokens (default: 163,840, the paper's "
+        "Kimi tokenizer; use your shards' vocabulary)",
+    )
     args = ap.parse_args(argv)
 
     conf = Path(conf_dir()) / "size"
     print("Sizes given by shape (FLOPs/token at vocabulary 256):")
-    print(f"{'size':12s} {'L_b':>3s} {'d':>5s} {'H':>3s} {'hd':>4s} {'d_ff':>5s} {'N_target':>12s} {'N_base':>12s} "
-          f"{'err%':>6s} {'T':>5s} {'batch':>5s} {'steps':>6s} {'tokens':>14s} {'tok/N':>6s} {'MFLOP/tok':>10s} {'C (FLOPs)':>10s}")
+    print(
+        f"{'size':12s} {'L_b':>3s} {'d':>5s} {'H':>3s} {'hd':>4s} {'d_ff':>5s} {'N_target':>12s} {'N_base':>12s} "
+        f"{'err%':>6s} {'T':>5s} {'batch':>5s} {'steps':>6s} {'tokens':>14s} {'tok/N':>6s} {'MFLOP/tok':>10s} {'C (FLOPs)':>10s}"
+    )
     for path in sorted(conf.glob("*.yaml")):
         s = OmegaConf.load(path)
         if "d_over_lb" in s:  # a derived size (arch grid): printed below, per grid cell
             continue
-        cfg = ModelConfig(vocab_size=256, n_layers=s.n_layers, d_model=s.d_model, n_heads=s.n_heads,
-                          head_dim=s.head_dim, d_ff=s.d_ff, max_seq_len=s.seq_len)
+        cfg = ModelConfig(
+            vocab_size=256,
+            n_layers=s.n_layers,
+            d_model=s.d_model,
+            n_heads=s.n_heads,
+            head_dim=s.head_dim,
+            d_ff=s.d_ff,
+            max_seq_len=s.seq_len,
+        )
         n = non_embedding_params(cfg)  # built on the meta device: free even at paper size
         steps = sizes.steps_for(s.tokens, s.batch_size, s.seq_len)
         tokens = steps * s.batch_size * s.seq_len
         fpt = flops_per_token(cfg, s.seq_len).total
-        print(f"{s.name:12s} {s.n_layers:3d} {s.d_model:5d} {s.n_heads:3d} {s.head_dim:4d} {s.d_ff:5d} "
-              f"{s.target_params:12,d} {n:12,d} {100 * (n / s.target_params - 1):6.2f} {s.seq_len:5d} "
-              f"{s.batch_size:5d} {steps:6d} {tokens:14,d} {tokens / n:6.1f} {fpt / 1e6:10.2f} {fpt * tokens:10.2e}")
-    print("\nArchitecture grids (paper Fig. 7; derived sizes, fixed compute). Columns: the baseline's shape and N, its "
-          "error vs the target, the achieved ratios, Block AttnRes's S x blocks, and steps for baseline/Block at C")
+        print(
+            f"{s.name:12s} {s.n_layers:3d} {s.d_model:5d} {s.n_heads:3d} {s.head_dim:4d} {s.d_ff:5d} "
+            f"{s.target_params:12,d} {n:12,d} {100 * (n / s.target_params - 1):6.2f} {s.seq_len:5d} "
+            f"{s.batch_size:5d} {steps:6d} {tokens:14,d} {tokens / n:6.1f} {fpt / 1e6:10.2f} {fpt * tokens:10.2e}"
+        )
+    print(
+        "\nArchitecture grids (paper Fig. 7; derived sizes, fixed compute). Columns: the baseline's shape and N, its "
+        "error vs the target, the achieved ratios, Block AttnRes's S x blocks, and steps for baseline/Block at C"
+    )
     for sweep in ARCH_SWEEPS:
         _print_arch_grid(sweep, args.paper_vocab if sweep == "arch_grid" else 256)
 

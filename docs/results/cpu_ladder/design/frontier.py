@@ -14,7 +14,6 @@ import itertools
 import sys
 import warnings
 
-import numpy as np
 import pandas as pd
 
 from analysis.records import load_results, scaling_runs
@@ -24,8 +23,10 @@ MINUTES_3_SEEDS = 29.2  # measured: `python -m sweeps.study` in a fresh clone, d
 
 
 def main(paths: list[str]) -> None:
-    df = pd.concat([scaling_runs(load_results(p)[lambda d: d["status"] == "completed"], "cpu_ladder") for p in paths],
-                   ignore_index=True)  # fmt: skip
+    df = pd.concat(
+        [scaling_runs(load_results(p)[lambda d: d["status"] == "completed"], "cpu_ladder") for p in paths],
+        ignore_index=True,
+    )
     df = df[df["lr_protocol"].fillna("baseline") == "baseline"] if "lr_protocol" in df.columns else df
     seeds = sorted(df["seed"].unique())
     rows = []
@@ -39,9 +40,14 @@ def main(paths: list[str]) -> None:
                 warnings.simplefilter("ignore")
                 doc = analyse_scaling(d, B=1000)
             pr = doc["precision"]
-            row = {"k": k, "seeds": ",".join(map(str, sub)), "minutes": MINUTES_3_SEEDS * k / 3,
-                   "max_base_sd": max(v for v in pr["baseline_seed_sd"].values() if v is not None),
-                   "rmse_means": pr["baseline_rmse_log_means"], "decreasing": pr["baseline_decreasing"]}  # fmt: skip
+            row = {
+                "k": k,
+                "seeds": ",".join(map(str, sub)),
+                "minutes": MINUTES_3_SEEDS * k / 3,
+                "max_base_sd": max(v for v in pr["baseline_seed_sd"].values() if v is not None),
+                "rmse_means": pr["baseline_rmse_log_means"],
+                "decreasing": pr["baseline_decreasing"],
+            }
             for v, m in doc["multipliers"].items():
                 row[f"{v}_m"] = m["m"]
                 row[f"{v}_hw"] = pr["m_half_width_over_m"][v]

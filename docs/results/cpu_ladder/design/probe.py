@@ -9,21 +9,36 @@ the harness's 256 validation windows, every validation window, and 1,024 windows
 probe_runs.csv (next to this file) holds every run the design note cites. Not part of the harness: the study
 itself runs through experiments.train.
 """
-import argparse, json, math, time, sys
-import numpy as np, torch
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
 from attnres import ModelConfig, Transformer, flops_per_token
-from experiments.data import load_dataset, TrainBatches, val_windows
+from experiments.data import TrainBatches, load_dataset, val_windows
 from experiments.optim import adamw, warmup_cosine
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--L", type=int, default=5); ap.add_argument("--d", type=int, default=32); ap.add_argument("--hd", type=int, default=16)
-ap.add_argument("--dff", type=int, default=88); ap.add_argument("--T", type=int, default=128); ap.add_argument("--B", type=int, default=32)
-ap.add_argument("--tokens", type=float, default=624000); ap.add_argument("--lr", type=float, default=1e-2)
-ap.add_argument("--min-lr", type=float, default=0.1); ap.add_argument("--warmup", type=float, default=0.05)
-ap.add_argument("--wd", type=float, default=0.1); ap.add_argument("--beta2", type=float, default=0.95)
+ap.add_argument("--L", type=int, default=5)
+ap.add_argument("--d", type=int, default=32)
+ap.add_argument("--hd", type=int, default=16)
+ap.add_argument("--dff", type=int, default=88)
+ap.add_argument("--T", type=int, default=128)
+ap.add_argument("--B", type=int, default=32)
+ap.add_argument("--tokens", type=float, default=624000)
+ap.add_argument("--lr", type=float, default=1e-2)
+ap.add_argument("--min-lr", type=float, default=0.1)
+ap.add_argument("--warmup", type=float, default=0.05)
+ap.add_argument("--wd", type=float, default=0.1)
+ap.add_argument("--beta2", type=float, default=0.95)
 ap.add_argument("--clip", type=float, default=1.0)
-ap.add_argument("--residual", default="baseline"); ap.add_argument("--nblocks", type=int, default=4)
-ap.add_argument("--init-seed", type=int, default=0); ap.add_argument("--data-seed", type=int, default=0)
+ap.add_argument("--residual", default="baseline")
+ap.add_argument("--nblocks", type=int, default=4)
+ap.add_argument("--init-seed", type=int, default=0)
+ap.add_argument("--data-seed", type=int, default=0)
 ap.add_argument("--ema", type=float, default=0.0)
 ap.add_argument("--data", default="stdlib")
 ap.add_argument("--sampler", default="iid")
@@ -33,8 +48,18 @@ a = ap.parse_args()
 torch.set_num_threads(1)
 shards = load_dataset(a.data, progress=False)
 H = a.d // a.hd
-cfg = ModelConfig(vocab_size=256, n_layers=a.L, d_model=a.d, n_heads=H, head_dim=a.hd, d_ff=a.dff, max_seq_len=a.T,
-                  residual=a.residual, n_blocks=a.nblocks, init_std=a.init_std)
+cfg = ModelConfig(
+    vocab_size=256,
+    n_layers=a.L,
+    d_model=a.d,
+    n_heads=H,
+    head_dim=a.hd,
+    d_ff=a.dff,
+    max_seq_len=a.T,
+    residual=a.residual,
+    n_blocks=a.nblocks,
+    init_std=a.init_std,
+)
 torch.manual_seed(a.init_seed)
 model = Transformer(cfg)
 steps = max(1, round(a.tokens / (a.B * a.T)))
@@ -44,13 +69,15 @@ tb = TrainBatches(shards, a.T, a.B, a.data_seed)
 if a.sampler == "kronecker":
     n_starts = len(shards.train) - a.T
     u0 = np.random.default_rng([a.data_seed, 12345]).random()
-    phi = (5 ** 0.5 - 1) / 2
+    phi = (5**0.5 - 1) / 2
+
     def kb(step):
         k = step * a.B + np.arange(a.B)
         offs = (((u0 + k * phi) % 1.0) * n_starts).astype(np.int64)
         w = np.asarray(shards.train[offs[:, None] + np.arange(a.T + 1)])
         t = torch.from_numpy(w.astype(np.int64))
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
     tb.batch = kb
 ema = None
 if a.ema > 0:
@@ -61,8 +88,10 @@ for s in range(steps):
     x, y = tb.batch(s)
     _, loss = model(x, y)
     loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip) if a.clip > 0 else torch.tensor(0.)
-    opt.step(); opt.zero_grad(set_to_none=True); sched.step()
+    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip) if a.clip > 0 else torch.tensor(0.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    sched.step()
     losses.append((float(loss.detach()), float(gn)))
     if ema is not None:
         with torch.no_grad():
@@ -70,16 +99,20 @@ for s in range(steps):
                 ema[k].mul_(a.ema).add_(v, alpha=1 - a.ema)
 train_s = time.time() - t0
 
+
 def evaluate(windows, bs=64):
     tot, n = 0.0, 0
     model.eval()
     with torch.no_grad():
         for i in range(0, len(windows), bs):
-            w = windows[i:i+bs]
+            w = windows[i : i + bs]
             _, l = model(w[:, :-1], w[:, 1:])
-            tot += float(l) * w[:, 1:].numel(); n += w[:, 1:].numel()
+            tot += float(l) * w[:, 1:].numel()
+            n += w[:, 1:].numel()
     model.train()
     return tot / n
+
+
 val_small = val_windows(shards, a.T, 256)
 val_all = val_windows(shards, a.T, None)
 # train-distribution holdout is not available; use fresh train windows from an unseen rng stream as "train-dist"
@@ -92,8 +125,20 @@ eval_s = time.time() - t1
 if ema is not None:
     model.load_state_dict(ema)
     res.update({"ema_val256": evaluate(val_small), "ema_val_all": evaluate(val_all)})
-res.update(vars(a)); res.update(steps=steps, train_s=train_s, eval_s=eval_s, n_val_all=len(val_all),
-                                params=model.num_params(non_embedding=True), fpt=flops_per_token(cfg, a.T).total,
-                                losses=losses)
+res.update(vars(a))
+res.update(
+    steps=steps,
+    train_s=train_s,
+    eval_s=eval_s,
+    n_val_all=len(val_all),
+    params=model.num_params(non_embedding=True),
+    fpt=flops_per_token(cfg, a.T).total,
+    losses=losses,
+)
 json.dump(res, open(a.out, "w"))
-print(a.out, {k: round(v, 4) for k, v in res.items() if k.startswith(("val", "train1", "ema"))}, f"{train_s:.0f}s", flush=True)
+print(
+    a.out,
+    {k: round(v, 4) for k, v in res.items() if k.startswith(("val", "train1", "ema"))},
+    f"{train_s:.0f}s",
+    flush=True,
+)
