@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         "--outliers",
         default="keep",
         choices=["keep", "exclude"],
-        help="runs the outlier rule flags: keep them in the fit (default; the fit without them is reported too) or exclude them",
+        help="runs the outlier rule flags: keep them in the fit (default; the fit without them is reported too) "
+        "or exclude them",
     )
     f.add_argument(
         "--skip-incomplete",

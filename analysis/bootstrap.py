@@ -81,7 +81,10 @@ def plan_resampling(
             src = f"pooled seed standard deviation of the {int((dof > 0).sum())} (variant, size) groups with >= 2 seeds"
         elif residual_sigma is not None and residual_sigma > 0:
             sigma = float(residual_sigma)
-            src = "residual standard deviation of the per-variant power-law fits (includes misfit; pass --seed-sigma from a seed study)"
+            src = (
+                "residual standard deviation of the per-variant power-law fits (includes misfit; pass --seed-sigma "
+                "from a seed study)"
+            )
         else:
             raise ValueError("one seed per cell and no seed-noise sigma: pass --seed-sigma (from a pilot seed study)")
     return ResamplePlan("parametric", B, seed, sigma=float(sigma), rho=rho, sigma_source=src, seeds_per_size=n_seeds)

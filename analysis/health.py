@@ -8,10 +8,10 @@ fit, names them in the summary, marks them in the figures, and reports the fit w
 Curve flags, from metrics.csv (``train_loss`` per logged step, ``val_loss`` per evaluation):
 
 * ``spike@<step>`` -- after the first ``WARMUP_SHARE`` of training, the median of the ``SPIKE_SPAN`` logged training
-  losses centred on a step above ``SPIKE_RATIO`` times the median of the ``SPIKE_WINDOW`` logged values before them, or an
-  evaluation more than ``VAL_RISE`` (relative) above the best earlier one. A median over several logged steps,
-  because one hard batch is not an instability: at 512-token batches a single batch of unusual text scores up to
-  1.7x the running median in healthy runs, and the next batches are back to normal;
+  losses centred on a step above ``SPIKE_RATIO`` times the median of the ``SPIKE_WINDOW`` logged values before them,
+  or an evaluation more than ``VAL_RISE`` (relative) above the best earlier one. A median over several logged
+  steps, because one hard batch is not an instability: at 512-token batches a single batch of unusual text scores
+  up to 1.7x the running median in healthy runs, and the next batches are back to normal;
 * ``plateau`` -- the validation loss improved by less than ``PLATEAU_GAIN`` (relative) over the second half of
   training (healthy runs under a cosine decay improve by several percent there).
 

@@ -475,7 +475,8 @@ def lr_markdown(
         out_lr = ((tuned or {}).get(str(r.variant)) or {}).get(str(r.size))
         lines.append(
             f"| {r.variant} | {r.size} | {n} | {_fmt(r.lr)} [{_fmt(r.ci95[0])}, {_fmt(r.ci95[1])}] | "
-            f"{_fmt(out_lr)} | {_fmt(r.grid_best_lr)} | {_fmt(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | {', '.join(flags)} |"
+            f"{_fmt(out_lr)} | {_fmt(r.grid_best_lr)} | {_fmt(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | "
+            f"{', '.join(flags)} |"
         )
     lines += [
         "",

@@ -75,7 +75,10 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
     if doc.get("multipliers"):
         lines += [f"## Compute multipliers vs {base}", ""]
         lines += [
-            "| variant | paper M at C_max [95% CI] | joint-fit m [95% CI] | P(m ≤ 1) | per-size geo-mean m_s [95% CI] | α_v − α_b [95% CI] |",
+            (
+                "| variant | paper M at C_max [95% CI] | joint-fit m [95% CI] | P(m ≤ 1) "
+                "| per-size geo-mean m_s [95% CI] | α_v − α_b [95% CI] |"
+            ),
             "|---|---|---|---|---|---|",
         ]
         for v, mm in doc["multipliers"].items():
@@ -129,7 +132,10 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
             + ", ".join(f"{k} {_fmt(v, 3)}" for k, v in pr["baseline_seed_sd"].items())
             + (f" (largest {max(sds):.4f})" if sds else "")
             + ".",
-            f"- Baseline mean loss strictly decreasing with compute: {'yes' if pr['baseline_decreasing'] else '**no**'}.",
+            (
+                "- Baseline mean loss strictly decreasing with compute: "
+                f"{'yes' if pr['baseline_decreasing'] else '**no**'}."
+            ),
             (
                 f"- Baseline power law rmse(log L): {_fmt(pr['baseline_rmse_log_runs'], 3)} over runs, "
                 f"{_fmt(pr['baseline_rmse_log_means'], 3)} over size means."
@@ -158,8 +164,9 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
             "",
             (
                 "At each size, ln m_s = −ln(1 + mean Δ / (L_b − E)) / α_b − ln(C_v / C_b): the mean paired difference "
-                "read through the baseline law at the size's baseline loss. Sizes pooled in ln m, weighted by pairs / max(sd Δ of the size, "
-                f"pooled over arms, {PAIRED_SD_FLOOR:g})². Same bootstrap replicates as the joint fit. It assumes one constant "
+                "read through the baseline law at the size's baseline loss. Sizes pooled in ln m, weighted by pairs "
+                f"/ max(sd Δ of the size, pooled over arms, {PAIRED_SD_FLOOR:g})². Same bootstrap replicates as the "
+                "joint fit. It assumes one constant "
                 "multiplier, as the joint fit does, and is tight only where an arm's runs stay with their baseline "
                 "seed-mates. With three seeds its interval can be overconfident (three pairs do not estimate the pair "
                 "noise): the joint fit is the headline."
@@ -199,7 +206,8 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
             "",
             (
                 "Shared lr: every arm at the baseline's tuned lr (the paper's protocol). Own lr: each arm at its own "
-                "tuned lr. Both multipliers come from the same bootstrap replicates, so their ratio has its own interval."
+                "tuned lr. Both multipliers come from the same bootstrap replicates, so their ratio has its own "
+                "interval."
             ),
             "",
             (
@@ -226,8 +234,9 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
         lines += [
             (
                 f"A run is flagged when its training loss spikes (the median of {rule['spike_span']} logged values > "
-                f"{rule['spike_ratio']}× the median of the 10 before them, or an evaluation > {100 * rule['val_rise']:g}% "
-                f"above the best earlier one, after the first 10% of training), when it plateaus (val loss better by < {100 * rule['plateau_gain']:g}% over the "
+                f"{rule['spike_ratio']}× the median of the 10 before them, or an evaluation > "
+                f"{100 * rule['val_rise']:g}% above the best earlier one, after the first 10% of training), when it "
+                f"plateaus (val loss better by < {100 * rule['plateau_gain']:g}% over the "
                 f"second half), or when its final loss is > {rule['off_mates_sigmas']:g} pooled seed sds and "
                 f"> {rule['off_mates_floor']} nats off its cell's median. Cells whose seed sd exceeds "
                 f"{rule['cell_sd_bound']} nats are listed. Mode: **{o['mode']}** flagged runs."

@@ -6,6 +6,7 @@ import json
 import math
 import warnings
 from datetime import datetime, timezone
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ def check_ladder(df: pd.DataFrame, baseline: str, skip_incomplete: bool = False)
     variants = list(pd.unique(df["variant"]))
     if baseline not in variants:
         raise ValueError(
-            f"no completed runs of the baseline {baseline!r} (variants present: {', '.join(map(str, variants)) or 'none'}); "
+            f"no completed runs of the baseline {baseline!r} "
+            f"(variants present: {', '.join(map(str, variants)) or 'none'}); "
             "pass --baseline NAME to choose another"
         )
     ok = []
@@ -688,7 +690,7 @@ def _precision(doc: dict[str, Any], baseline: str) -> dict[str, Any]:
     return {
         "paired_m_half_width_over_m": half_paired,
         "baseline_seed_sd": {r["size"]: r["val_loss_sd"] for r in base},
-        "baseline_decreasing": bool(all(b < a for a, b in zip(means, means[1:]))),
+        "baseline_decreasing": bool(all(b < a for a, b in pairwise(means))),
         "baseline_rmse_log_runs": f.get("rmse_log"),
         "baseline_rmse_log_means": rmse_means,
         "m_half_width_over_m": half,

@@ -27,6 +27,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ def harness_run(cfg) -> list[float]:
     timer_path = Path(cfg.callbacks.bench_timer.path)
     train(cfg)
     stamps = json.loads(timer_path.read_text())["stamps"]
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    gaps = [b - a for a, b in pairwise(stamps)]
     return gaps[WARMUP_STEPS:]
 
 
@@ -189,7 +190,7 @@ def plain_run(cfg: DictConfig, device: torch.device) -> list[float]:
             optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss.detach()):
             raise RuntimeError("plain loop: loss is not finite")
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    gaps = [b - a for a, b in pairwise(stamps)]
     return gaps[WARMUP_STEPS:]
 
 

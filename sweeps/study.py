@@ -7,7 +7,8 @@
                                       # the fit then reports the multiplier under both lr protocols
     python -m sweeps.study lr         # LR tuning of the CPU ladder (baseline; --arms all: every arm), then
                                       # `python -m analysis lr`, which writes conf/tuned_lr/cpu.yaml (the sizes read it)
-    python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block AttnRes x a 3 x 3 shape grid at fixed compute
+    python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block AttnRes x a 3 x 3 shape grid at
+                                      # fixed compute
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
 
 Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,

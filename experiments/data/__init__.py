@@ -41,7 +41,7 @@ _EXPORTS = {
     "stdlib_files": "sources",
     "stdlib_root": "sources",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - computed from _EXPORTS (a list); its names resolve lazily via __getattr__
 
 
 def __getattr__(name: str) -> Any:

@@ -74,7 +74,7 @@ class _RawWriter:
     def __init__(self, out: Path, val_fraction: float, record_files: bool) -> None:
         self.val_fraction = val_fraction
         self.paths = {s: out / f"{s}.raw" for s in ("train", "val")}
-        self.files: dict[str, BinaryIO] = {s: open(p, "wb") for s, p in self.paths.items()}
+        self.files: dict[str, BinaryIO] = {s: open(p, "wb") for s, p in self.paths.items()}  # noqa: SIM115 - open across add() calls; close() (build_shards' finally) shuts them
         self.hash = {s: hashlib.sha256() for s in self.paths}
         self.n_tokens = dict.fromkeys(self.paths, 0)
         self.n_docs = {"train": 0, "val": 0, "tail": 0}
@@ -139,6 +139,37 @@ def require_tokenizer(tokenizer: str, bpe_vocab_size: int) -> None:
         import_tokenizers()
 
 
+def _bpe_encode_split(tok: Any, raw: Path, dest: Path, dtype: str, desc: str, progress: bool) -> tuple[int, str]:
+    """Encode the documents of one .raw stream with `tok` into `dest`: (tokens written, sha256 of its bytes)."""
+    h, n = hashlib.sha256(), 0
+    with (
+        open(dest, "wb") as out,
+        tqdm(total=raw.stat().st_size, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar,
+    ):
+        batch: list[str] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal n, size
+            for enc in tok.encode_batch(batch):  # batched: parallel in Rust, far faster than one string
+                ids = np.asarray([*enc.ids, SEPARATOR], dtype=dtype)
+                out.write(ids.tobytes())
+                h.update(ids.tobytes())
+                n += len(ids)
+            bar.update(size)
+            batch.clear()
+            size = 0
+
+        for doc in _iter_raw_docs(raw):
+            batch.append(doc.decode("utf-8"))
+            size += len(doc) + 1
+            if size >= 1 << 22:
+                flush()
+        if batch:
+            flush()
+    return n, h.hexdigest()
+
+
 def _train_and_encode_bpe(
     tmp: Path, bpe_vocab_size: int, progress: bool
 ) -> tuple[int, dict[str, int], dict[str, str], str]:
@@ -161,36 +192,9 @@ def _train_and_encode_bpe(
     n_tokens, checksum = {}, {}
     for split in ("train", "val"):
         raw = tmp / f"{split}.raw"
-        h, n = hashlib.sha256(), 0
-        with (
-            open(tmp / f"{split}.bin", "wb") as out,
-            tqdm(
-                total=raw.stat().st_size, unit="B", unit_scale=True, desc=f"bpe encode {split}", disable=not progress
-            ) as bar,
-        ):
-            batch: list[str] = []
-            size = 0
-
-            def flush() -> None:
-                nonlocal n, size
-                for enc in tok.encode_batch(batch):  # batched: parallel in Rust, far faster than one string
-                    ids = np.asarray([*enc.ids, SEPARATOR], dtype=dtype)
-                    out.write(ids.tobytes())
-                    h.update(ids.tobytes())
-                    n += len(ids)
-                bar.update(size)
-                batch.clear()
-                size = 0
-
-            for doc in _iter_raw_docs(raw):
-                batch.append(doc.decode("utf-8"))
-                size += len(doc) + 1
-                if size >= 1 << 22:
-                    flush()
-            if batch:
-                flush()
+        n, digest = _bpe_encode_split(tok, raw, tmp / f"{split}.bin", dtype, f"bpe encode {split}", progress)
         raw.unlink()
-        n_tokens[split], checksum[split] = n, h.hexdigest()
+        n_tokens[split], checksum[split] = n, digest
     tok.save(str(tmp / "tokenizer.json"))
     checksum["tokenizer"] = sha256_file(tmp / "tokenizer.json")
     return vocab, n_tokens, checksum, dtype

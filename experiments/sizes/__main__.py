@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printou
     print("Sizes given by shape (FLOPs/token at vocabulary 256):")
     print(
         f"{'size':12s} {'L_b':>3s} {'d':>5s} {'H':>3s} {'hd':>4s} {'d_ff':>5s} {'N_target':>12s} {'N_base':>12s} "
-        f"{'err%':>6s} {'T':>5s} {'batch':>5s} {'steps':>6s} {'tokens':>14s} {'tok/N':>6s} {'MFLOP/tok':>10s} {'C (FLOPs)':>10s}"
+        f"{'err%':>6s} {'T':>5s} {'batch':>5s} {'steps':>6s} {'tokens':>14s} {'tok/N':>6s} {'MFLOP/tok':>10s} "
+        f"{'C (FLOPs)':>10s}"
     )
     for path in sorted(conf.glob("*.yaml")):
         s = OmegaConf.load(path)

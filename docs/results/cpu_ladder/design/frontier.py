@@ -1,6 +1,7 @@
-"""Precision against minutes for the CPU ladder: the study's analysis on subsets of its seeds.
+r"""Precision against minutes for the CPU ladder: the study's analysis on subsets of its seeds.
 
-    PYTHONPATH=. python docs/results/cpu_ladder/design/frontier.py runs/cpu_ladder/results.csv [runs_heldout/cpu_ladder/results.csv]
+    PYTHONPATH=. python docs/results/cpu_ladder/design/frontier.py \
+        runs/cpu_ladder/results.csv [runs_heldout/cpu_ladder/results.csv]
 
 For every seed subset of size k (k = 2 .. all seeds of the tables given, pooled), the fit is run as the study runs
 it, and the table prints, per k: the study's minutes (k / 3 x the measured 3-seed wall time), the largest baseline

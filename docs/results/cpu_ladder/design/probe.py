@@ -135,7 +135,8 @@ res.update(
     fpt=flops_per_token(cfg, a.T).total,
     losses=losses,
 )
-json.dump(res, open(a.out, "w"))
+with open(a.out, "w") as f:
+    json.dump(res, f)
 print(
     a.out,
     {k: round(v, 4) for k, v in res.items() if k.startswith(("val", "train1", "ema"))},
