@@ -2,7 +2,8 @@
 
 Tests never touch the network or the user's W&B: WANDB_MODE=disabled unless a test sets offline itself.
 Torch uses one thread (OMP_NUM_THREADS=1, set before anything imports torch; two test processes side by side on
-2 cores would otherwise thrash). Without a GPU, Triton runs in its interpreter (TRITON_INTERPRET=1, see below). Nothing here imports torch itself (the analysis tests check they never need it).
+2 cores would otherwise thrash). Without a GPU, Triton runs in its interpreter (TRITON_INTERPRET=1, see below).
+Nothing here imports torch itself (the analysis tests check they never need it).
 """
 
 from __future__ import annotations

@@ -138,7 +138,8 @@ def assert_matches_naive(model: Transformer, idx: torch.Tensor) -> None:
     loss.backward()
     F.cross_entropy(expected.view(-1, expected.size(-1)), idx.view(-1)).backward()
     for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
-        assert p.grad is not None and torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
+        assert p.grad is not None, name
+        assert torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -200,7 +201,8 @@ def test_ablation_zero_init_equals_baseline(residual, options):
     loss_a.backward()
     for name, p in model.residual.named_parameters():  # zero init is not a dead end: the new parameters learn
         if name != "key_norm_weight":  # its gradient is w_l * (...) = 0 until the queries move, as in the paper
-            assert p.grad is not None and p.grad.abs().sum() > 0, name
+            assert p.grad is not None, name
+            assert p.grad.abs().sum() > 0, name
 
 
 @pytest.mark.parametrize(
@@ -488,7 +490,8 @@ def test_connection_parameters_live_under_residual():
     base_names = {n for n, _ in make("baseline").named_parameters()}
     for residual, options in ABLATIONS.values():
         extra = {n for n, _ in make(residual, options, block_size=2).named_parameters()} - base_names
-        assert extra and all(n.startswith("residual.") for n in extra), extra
+        assert extra, extra
+        assert all(n.startswith("residual.") for n in extra), extra
     # query_proj is one D x D matrix per read: (L + 1) D^2 parameters, as the paper says ("d x d per layer")
     m = make("full", {"query": "input_dependent"})
     assert m.residual.query_proj.shape == (m.config.n_reads, TINY["d_model"], TINY["d_model"])

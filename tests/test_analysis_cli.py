@@ -91,8 +91,10 @@ def test_figures_are_written_and_not_empty(report: tuple[Path, int, list[str]]) 
     out = report[0]
     for name in FIGURES:
         png, pdf = out / f"{name}.png", out / f"{name}.pdf"
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000, name
-        assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5_000, name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert png.stat().st_size > 20_000, name
+        assert pdf.read_bytes()[:5] == b"%PDF-", name
+        assert pdf.stat().st_size > 5_000, name
 
 
 def test_missing_run_files_are_skipped_with_a_warning(tmp_path: Path) -> None:

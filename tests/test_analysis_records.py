@@ -58,7 +58,7 @@ def test_too_few_sizes_is_a_clear_error() -> None:
     single = synthetic_ladder({"full_attnres": 1.25}, n_sizes=1)
     with pytest.raises(ValueError, match="only 1 size"):
         analyse_scaling(single, B=10)
-    with pytest.raises(ValueError, match="no completed runs of the baseline 'base'.*--baseline"):
+    with pytest.raises(ValueError, match=r"no completed runs of the baseline 'base'.*--baseline"):
         check_ladder(df, "base")
 
 
@@ -88,7 +88,7 @@ def test_load_results_from_table_directory_and_run_files(tmp_path: Path) -> None
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_results(tmp_path / "missing.csv")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="neither results.csv nor any results.json"):
+    with pytest.raises(FileNotFoundError, match=r"neither results\.csv nor any results\.json"):
         load_results(tmp_path / "empty")
 
 

@@ -351,6 +351,7 @@ def _grid_records(study: str = "arch_grid") -> pd.DataFrame:
 def test_arch_grid_table_pivots_records(tmp_path):
     from analysis.markdown import arch_grid_markdown
     from analysis.pipeline import run_fit
+    from analysis.records import AnalysisWarning
     from analysis.report import arch_grid_table
 
     df = _grid_records()
@@ -374,7 +375,7 @@ def test_arch_grid_table_pivots_records(tmp_path):
     assert "| block_attnres | 0.7 | -0.0300 | -0.0300 | -0.0300 |" in md.split("Δ vs baseline")[1]
 
     # `python -m analysis fit` on an arch_grid-only table: no scaling fit, the grid table and figure instead
-    with pytest.warns(Warning):
+    with pytest.warns(AnalysisWarning, match="no scaling-ladder runs"):
         doc = run_fit(df, tmp_path / "report", B=10)
     assert doc.arch_grid.best["baseline"].d_over_lb == 4.0
     assert not doc.multipliers

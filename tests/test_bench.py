@@ -235,7 +235,7 @@ def test_bad_arguments_say_what_is_allowed(argv, match):
 
 
 def test_unknown_size_lists_the_sizes():
-    with pytest.raises(ValueError, match="attnres16x256.*cpu_xl"):
+    with pytest.raises(ValueError, match=r"attnres16x256.*cpu_xl"):
         bench.resolve_size("huge")
     xl = bench.resolve_size("cpu_xl")
     assert (xl.n_layers, xl.d_model, xl.n_blocks, xl.batch_size) == (8, 32, 4, 4)
@@ -259,10 +259,12 @@ def test_the_torch_path_option_runs_without_the_cpu_kernels(monkeypatch):
 
     torch.set_num_threads(1)
     calls = []
+
+    def counted(f, n):
+        return lambda *a: calls.append(n) or f(*a)
+
     for name in ("mix_forward", "mix_backward", "merge_forward", "merge_backward"):
-        monkeypatch.setattr(
-            cpu_kernels, name, lambda *a, _f=getattr(cpu_kernels, name), _n=name: calls.append(_n) or _f(*a)
-        )
+        monkeypatch.setattr(cpu_kernels, name, counted(getattr(cpu_kernels, name), name))
     assert "torch-path" in bench.OPTION_VARIANTS
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")  # the environment decides unless the runner says otherwise
     runner = bench.build_runner(bench.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto")

@@ -6,6 +6,7 @@ No Lightning import here (fast): composition, meta-device model builds, config c
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,7 @@ def test_cpu_ladder_is_a_geometric_depth_ladder_with_four_blocks():
         assert cfg.data.name == "stdlib"
         assert cfg.study == "cpu_ladder"
     assert depths == [4, 5, 6, 7, 8]
-    ratios = [b / a for a, b in zip(targets, targets[1:])]
+    ratios = [b / a for a, b in pairwise(targets)]
     assert all(r == pytest.approx(1.25, rel=1e-4) for r in ratios)
     sweep = compose(["+sweep=cpu_ladder"], return_hydra_config=True).hydra.sweeper.params
     assert sweep.size == "cpu_xs,cpu_s,cpu_m,cpu_l"
@@ -161,7 +162,8 @@ def test_hydra_output_dirs_cannot_collide():
     raw = OmegaConf.to_container(OmegaConf.load(CONF / "hydra" / "default.yaml"), resolve=False)
     for key in ("run", "sweep"):
         d = raw[key]["dir"]
-        assert "%f" in d and "attnres_pid" in d, d
+        assert "%f" in d, d
+        assert "attnres_pid" in d, d
     assert "hydra.job.num" in text
 
 
@@ -279,7 +281,7 @@ def test_warmup_cosine_schedule():
     assert lrs[0] == pytest.approx(0.1)
     assert lrs[9] == pytest.approx(1.0)
     assert lrs[-1] == pytest.approx(0.1)  # cosine to 10% of peak at the last step
-    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert all(a >= b for a, b in pairwise(lrs[9:]))
     assert lrs[54] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 44 / 89)))
 
 

@@ -64,7 +64,8 @@ def assert_close_all(on, off, atol=2e-5, rtol=1e-4):
     for i, (a, b) in enumerate(zip(on, off)):
         assert (a is None) == (b is None), i
         if a is not None:
-            assert a.dtype == b.dtype and a.shape == b.shape, i
+            assert a.dtype == b.dtype, i
+            assert a.shape == b.shape, i
             assert torch.allclose(a, b, atol=atol, rtol=rtol), (i, (a - b).abs().max().item())
 
 
@@ -331,7 +332,7 @@ def test_switched_off_and_unbuildable_kernels_fall_back(monkeypatch, tmp_path, s
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     with pytest.warns(UserWarning, match="did not build"):
         assert cpu_kernels.status().startswith("unavailable: ")
-        assert cpu_kernels.library() is None
+    assert cpu_kernels.library() is None  # the failed build is remembered: no second attempt, no second warning
     if shutil.which("cc") or shutil.which("gcc"):  # a cache directory that cannot be created: no crash either
         monkeypatch.setattr(cpu_kernels, "_state", {})
         monkeypatch.delenv("CC")

@@ -277,7 +277,8 @@ def test_cuda_triton_ops_equal_the_torch_path(D, low, monkeypatch):
         off = compute()
     assert calls == {"attend_fwd": 1, "attend_bwd": 1, "merge_fwd": 1, "merge_bwd": 1}
     for i, (a, b) in enumerate(zip(on, off)):
-        assert a.dtype == b.dtype and a.shape == b.shape, i
+        assert a.dtype == b.dtype, i
+        assert a.shape == b.shape, i
         tol = 2**-7 if a.dtype == torch.bfloat16 else 1e-4  # bf16: a gradient rounded once; fp32: summation order
         assert _rel_err(a, b) <= tol, (i, _rel_err(a, b))
 

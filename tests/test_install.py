@@ -113,7 +113,9 @@ def _check_console_scripts(bindir: Path, cwd: Path, tmp: Path, data_cache: Path)
         return subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
     help_ = run(str(bindir / "attnres-train"), "--help")
-    assert help_.returncode == 0 and "experiment:" in help_.stdout and "model:" in help_.stdout, help_.stderr[-2000:]
+    assert help_.returncode == 0, help_.stderr[-2000:]
+    assert "experiment:" in help_.stdout, help_.stderr[-2000:]
+    assert "model:" in help_.stdout, help_.stderr[-2000:]
     trained = run(
         str(bindir / "attnres-train"),
         "experiment=smoke",
@@ -130,7 +132,8 @@ def _check_console_scripts(bindir: Path, cwd: Path, tmp: Path, data_cache: Path)
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
     assert ": completed, val_loss" in trained.stdout
     analysis = run(str(bindir / "attnres-analysis"), "paper", "--out", str(tmp / "paper"), "--bootstrap", "10")
-    assert analysis.returncode == 0 and (tmp / "paper" / "fit.json").is_file(), analysis.stderr[-2000:]
+    assert analysis.returncode == 0, analysis.stderr[-2000:]
+    assert (tmp / "paper" / "fit.json").is_file(), analysis.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -89,9 +89,9 @@ def test_without_flock_the_block_runs_unlocked(tmp_path, monkeypatch):
     with exclusive_lock(tmp_path / "x.lock") as held:
         ran.append(held)
     assert ran == [False]
-    with pytest.raises(KeyError, match="boom"):  # the body's own errors still propagate
-        with exclusive_lock(tmp_path / "x.lock"):
-            raise KeyError("boom")
+    # the body's own errors still propagate
+    with pytest.raises(KeyError, match="boom"), exclusive_lock(tmp_path / "x.lock"):
+        raise KeyError("boom")
 
 
 def test_records_locked_holds_the_table_lock_during_a_rebuild(tmp_path):

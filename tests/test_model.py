@@ -476,7 +476,7 @@ def test_invalid_config_names_the_field(kwargs, field):
 
 
 def test_invalid_residual_lists_allowed_values():
-    with pytest.raises(ValueError, match="baseline.*full.*block"):
+    with pytest.raises(ValueError, match=r"baseline.*full.*block"):
         ModelConfig(residual="attnres")
 
 
@@ -617,7 +617,8 @@ def test_regional_compilation_matches_eager_and_compiles_each_sublayer_once():
         loss_e.backward()
         assert torch.allclose(loss, loss_e, rtol=1e-5), residual
         for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-            assert p.grad is not None and (p.grad - q.grad).norm() <= 1e-4 * q.grad.norm() + 1e-12, (residual, name)
+            assert p.grad is not None, (residual, name)
+            assert (p.grad - q.grad).norm() <= 1e-4 * q.grad.norm() + 1e-12, (residual, name)
     assert counter.frame_count == 2  # CausalSelfAttention.from_normalized and SwiGLU.from_normalized
     torch._dynamo.reset()
 

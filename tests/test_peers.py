@@ -70,7 +70,8 @@ def assert_matches(model: Transformer, naive, idx: torch.Tensor) -> None:
     loss.backward()
     F.cross_entropy(expected.view(-1, expected.size(-1)), idx.view(-1)).backward()
     for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
-        assert p.grad is not None and torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
+        assert p.grad is not None, name
+        assert torch.allclose(p.grad, r.grad, atol=1e-5, rtol=1e-3), name
 
 
 def assert_init_is_prenorm(residual: str, options: dict, eps: float = 1e-5, atol: float = 1e-5) -> None:
@@ -510,7 +511,7 @@ def test_invalid_options_name_the_option(residual, options, match):
 
 
 def test_registry_lists_the_peers():
-    with pytest.raises(ValueError, match="baseline.*full.*block.*denseformer.*hyper.*mhc.*laurel"):
+    with pytest.raises(ValueError, match=r"baseline.*full.*block.*denseformer.*hyper.*mhc.*laurel"):
         ModelConfig(residual="resformer")
 
 

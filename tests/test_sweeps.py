@@ -68,7 +68,9 @@ def test_basic_multirun_records_then_skips_then_survives_a_failure(tmp_path):
     )
     assert mixed.returncode != 0  # the sweep's exit status reports the failure ...
     line = summary_line(mixed.stdout)  # ... after every run was attempted
-    assert "3 runs:" in line and "1 failed" in line and "2 diverged" in line, line
+    assert "3 runs:" in line, line
+    assert "1 failed" in line, line
+    assert "2 diverged" in line, line
     assert "block_attnres" in mixed.stdout
     assert "config error: " in mixed.stdout
     assert "n_blocks" in mixed.stdout
@@ -138,7 +140,8 @@ def test_every_sweep_config_composes():
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
             cfg = compose("train", overrides=[f"+sweep={path.stem}"], return_hydra_config=True)
         params = cfg.hydra.sweeper.params
-        assert params and cfg.study, path.name
+        assert params, path.name
+        assert cfg.study, path.name
         for model in str(params.get("model", cfg.model.variant)).split(","):
             assert (REPO / "conf" / "model" / f"{model}.yaml").is_file(), (path.name, model)
         for size in str(params.get("size", cfg.hydra.runtime.choices.size)).split(","):

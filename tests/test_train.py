@@ -183,7 +183,11 @@ def test_training_and_evaluation_draw_no_random_numbers(residual):
     optimizer = adamw(model, lr=1e-3)
     x = torch.randint(0, 64, (2, 16))
     y = torch.randint(0, 64, (2, 16))
-    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    states = (
+        torch.get_rng_state(),
+        np.random.get_state()[1].copy(),  # noqa: NPY002 -- the global RNG on purpose: training must not touch it
+        random.getstate(),
+    )
     model.train()
     _, loss = model(x, y)
     loss.backward()
@@ -196,7 +200,7 @@ def test_training_and_evaluation_draw_no_random_numbers(residual):
     assert model.diagnostics
     assert torch.isfinite(loss)
     assert torch.equal(torch.get_rng_state(), states[0])
-    assert (np.random.get_state()[1] == states[1]).all()
+    assert (np.random.get_state()[1] == states[1]).all()  # noqa: NPY002 -- the global RNG must be untouched
     assert random.getstate() == states[2]
 
 
@@ -208,7 +212,8 @@ def test_wandb_offline_run_dir_and_record(train_cfg, monkeypatch, tmp_path):
     rec = train(train_cfg("logger=wandb", "model=block_attnres", "size.tokens=16384", "train.eval_count=1"))
     _assert_valid_record(rec)
     offline = list((_run_dir(rec) / "wandb").glob("offline-run-*"))
-    assert len(offline) == 1 and list(offline[0].glob("run-*.wandb")), list((_run_dir(rec) / "wandb").iterdir())
+    assert len(offline) == 1, list((_run_dir(rec) / "wandb").iterdir())
+    assert list(offline[0].glob("run-*.wandb")), list((_run_dir(rec) / "wandb").iterdir())
 
 
 def test_skip_completed_and_force(train_cfg, capsys):
@@ -249,7 +254,7 @@ def test_missing_dataset(train_cfg, tmp_path):
     from experiments.errors import SetupError
 
     cfg = train_cfg(f"data.name={tmp_path / 'nope'}")
-    with pytest.raises(SetupError, match="FileNotFoundError: dataset .* is neither a built-in name.*prepare_data"):
+    with pytest.raises(SetupError, match=r"FileNotFoundError: dataset .* is neither a built-in name.*prepare_data"):
         train(cfg)
     _no_trace(cfg)
 

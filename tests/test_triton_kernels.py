@@ -87,7 +87,8 @@ def assert_close(
         assert (a is None) == (b is None), name
         if a is None:
             continue
-        assert a.dtype == b.dtype and a.shape == b.shape, (name, a.dtype, b.dtype, a.shape, b.shape)
+        assert a.dtype == b.dtype, (name, a.dtype, b.dtype, a.shape, b.shape)
+        assert a.shape == b.shape, (name, a.dtype, b.dtype, a.shape, b.shape)
         rtol = max(FLOOR.get(a.dtype, fp32_rtol), FLOOR.get(via, fp32_rtol))
         scale = b.double().abs().max().item()
         err = (a.double() - b.double()).abs().max().item()

@@ -71,8 +71,8 @@ def test_an_explicit_lr_wins():
             "block_attnres",
             "per_arm",
             (
-                r"lr_protocol=per_arm: no tuned lr for arm 'block_attnres' \(tuned_lr from test\); tuned arms: baseline; "
-                r"run the LR study for every arm"
+                r"lr_protocol=per_arm: no tuned lr for arm 'block_attnres' \(tuned_lr from test\); "
+                r"tuned arms: baseline; run the LR study for every arm"
             ),
         ),
         (
