@@ -368,10 +368,8 @@ class _DepthAttentionResidual(ResidualScheme):
         """Weights from logits [S, B, T, H] (softmax over sources, or sigmoid), then the weighted sum of the raw
         values: h [B, T, D] in the values' dtype, computed in fp32 (rmsnorm_unit(h) with ``normalize_eps``)."""
         with torch.autocast(device_type=values[0].device.type, enabled=False):
-            if self.options.normalizer == "softmax":
-                alpha = logits.softmax(dim=0)  # [S, B, T, H] sums to 1 over sources, per channel group
-            else:
-                alpha = torch.sigmoid(logits)  # [S, B, T, H] independent gates
+            # softmax: [S, B, T, H] sums to 1 over sources, per channel group; sigmoid: [S, B, T, H] independent gates
+            alpha = logits.softmax(dim=0) if self.options.normalizer == "softmax" else torch.sigmoid(logits)
             if self.record:
                 self._record(l, alpha.mean(-1), sources)  # averaged over channel groups
             S, (B, T, _D) = len(values), values[0].shape
@@ -655,10 +653,8 @@ class BlockAttnRes(_DepthAttentionResidual):
             return self._attend(l, self._static_logits(l, len(sources)), sources, normalize_eps=normalize_eps)
         with torch.autocast(device_type=sources[0].device.type, enabled=False):
             keys = torch.stack([self._keys(s) for s in sources])  # [S, B, T, D] fp32
-            if self.input_dependent:
-                q = self._input_query(l, sources[-1])  # the partial block, or the block just completed
-            else:
-                q = state.q[l]
+            # input-dependent: from the partial block, or the block just completed
+            q = self._input_query(l, sources[-1]) if self.input_dependent else state.q[l]
             logits = self._logits(keys, q)  # [S, B, T, H]
         return self._attend(l, logits, sources, normalize_eps=normalize_eps)
 
