@@ -8,8 +8,7 @@ A scheme registers itself where it is defined (attnres/residual.py, attnres/peer
         ...
 
 so the registered names are the single list of ``ModelConfig.residual`` values, in registration order. This
-module imports nothing from the rest of attnres at run time (the type checker reads ResidualScheme from
-attnres/residual.py): ``ModelConfig`` looks names and options up here without
+module imports nothing from the rest of attnres: ``ModelConfig`` looks names and options up here without
 importing the schemes (importing the ``attnres`` package registers them all).
 
 Options are frozen dataclasses deriving from :class:`SchemeOptions`. A field's annotation is its type (``bool``,
@@ -25,16 +24,15 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-if TYPE_CHECKING:
-    from .residual import ResidualScheme
-
-SchemeT = TypeVar("SchemeT", bound="type[ResidualScheme]")
+SchemeT = TypeVar("SchemeT", bound=type)
 OptionsT = TypeVar("OptionsT", bound="SchemeOptions")
 
 # name -> scheme class, in registration order (baseline, full, block, then the peers)
-SCHEMES: dict[str, type[ResidualScheme]] = {}
+# (type[Any]: this module cannot name ResidualScheme, whose class attributes Options and uses_block_geometry the
+# callers read; attnres.residual.RESIDUAL_SCHEMES is the same dict, typed dict[str, type[ResidualScheme]])
+SCHEMES: dict[str, type[Any]] = {}
 
 
 def option(default: Any, *, minimum: int | None = None) -> Any:
@@ -126,7 +124,7 @@ def register(name: str) -> Callable[[SchemeT], SchemeT]:
     return decorate
 
 
-def get(name: str) -> type[ResidualScheme]:
+def get(name: str) -> type[Any]:
     """The scheme class registered as ``name``; ValueError listing the allowed names otherwise."""
     try:
         return SCHEMES[name]
