@@ -60,7 +60,7 @@ def _triton() -> str | None:
             from . import depth_mix_triton  # noqa: F401
 
             _probe["triton"] = None
-        except Exception as err:  # noqa: BLE001 -- ImportError, or a triton that does not match this torch (any error)
+        except Exception as err:  # noqa: BLE001 - ImportError, or a triton that does not match this torch (any error)
             _probe["triton"] = f"{type(err).__name__}: {err}"
     return _probe["triton"]
 
