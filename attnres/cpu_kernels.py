@@ -24,7 +24,9 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -41,7 +43,14 @@ _FLAG_SETS = (  # tried in order: the first that compiles is used
 MAX_EXTRAS = 64  # merge_forward/backward: at most this many extra sources (MAX_EXTRAS in the C file)
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "lib": ctypes.CDLL | None, "status": str
+
+
+class _State(TypedDict, total=False):
+    lib: ctypes.CDLL | None  # None: the build failed (status says why)
+    status: str
+
+
+_state: _State = {}  # both set by the first library() call
 
 
 _SWITCH = KernelSwitch(ENV_SWITCH)
@@ -161,7 +170,7 @@ def library() -> ctypes.CDLL | None:
         with _lock:
             if "status" not in _state:
                 _state["lib"], _state["status"] = _build()
-    return _state["lib"]  # type: ignore[return-value]
+    return _state["lib"]
 
 
 def status() -> str:
@@ -188,7 +197,7 @@ def _lib() -> ctypes.CDLL:
     return _state["lib"]  # type: ignore[return-value]
 
 
-def _pointers(tensors: list[torch.Tensor | None]) -> ctypes.Array:
+def _pointers(tensors: Sequence[torch.Tensor | None]) -> ctypes.Array:
     return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
 
 

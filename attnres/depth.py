@@ -68,7 +68,8 @@ def depth_attention(values: torch.Tensor, query: torch.Tensor, eps: float = 1e-5
     """
     if values.dim() < 2 or query.shape != values.shape[-1:]:
         raise ValueError(
-            f"depth_attention: values must be [S, ..., D] and query [D]; got {tuple(values.shape)} and {tuple(query.shape)}"
+            "depth_attention: values must be [S, ..., D] and query [D]; "
+            f"got {tuple(values.shape)} and {tuple(query.shape)}"
         )
     keys = rms_normalize(values, eps)  # [S, ..., D] fp32
     logits = (keys * query.to(keys.dtype)).sum(-1)  # [S, ...]
@@ -148,6 +149,7 @@ def merge_read_reference(
     ``out_dtype``."""
     h = base
     if extras:
+        assert z is not None  # the extras' logits [K, B, T]
         if queries is not None:  # [K, B, T]
             z = z + torch.stack([key_logits(e, queries[k : k + 1], key_eps)[..., 0] for k, e in enumerate(extras)])
         zeros = torch.zeros_like(z[:1], dtype=base.dtype)
@@ -365,7 +367,7 @@ class _MixSourcesBatchedC(torch.autograd.Function):
         grad_values: list[torch.Tensor | None] = [None] * len(values)
         if not used:
             return (None, None, *grad_values)
-        grads = [None if g is None else g.contiguous() for g in grads]
+        grads_c = [None if g is None else g.contiguous() for g in grads]
         targets: list[torch.Tensor | None] = [None] * len(values)
         modes = [0] * len(values)
         for s, (v, sink) in enumerate(zip(values, ctx.sinks)):
@@ -373,11 +375,11 @@ class _MixSourcesBatchedC(torch.autograd.Function):
                 continue
             if sink is not None and sink.can_defer(len(used)):  # the outputs' gradients are read once, here
                 for q in used:
-                    sink.add(grads[q], weights[s, :, :, q].unsqueeze(-1))
+                    sink.add(grads_c[q], weights[s, :, :, q].unsqueeze(-1))
             else:
                 targets[s], modes[s], grad_values[s] = _target(sink, v)
         grad_weights = torch.empty_like(weights) if ctx.needs_input_grad[0] else None  # [S, B, T, Q]
-        cpu_kernels.mix_backward(weights, values, grads, grad_weights, targets, modes)
+        cpu_kernels.mix_backward(weights, values, grads_c, grad_weights, targets, modes)
         return (grad_weights, None, *grad_values)
 
 

@@ -41,6 +41,7 @@ class FlopCount:
 def matmul_params(config: ModelConfig) -> int:
     """Weights of every matmul in the decoder (not the embedding lookup; the LM head counts even when tied)."""
     d, a, f = config.d_model, config.attn_dim, config.d_ff
+    assert f is not None  # set by ModelConfig.__post_init__
     per_layer = d * 3 * a + a * d + d * 2 * f + f * d
     return config.n_layers * per_layer + d * config.vocab_size
 

@@ -60,7 +60,7 @@ def _triton() -> str | None:
             from . import depth_mix_triton  # noqa: F401
 
             _probe["triton"] = None
-        except Exception as err:  # ImportError, or a triton that does not match this torch
+        except Exception as err:  # noqa: BLE001 - ImportError, or a triton that does not match this torch (any error)
             _probe["triton"] = f"{type(err).__name__}: {err}"
     return _probe["triton"]
 
@@ -238,9 +238,9 @@ def attend_backward(
     it = iter(targets)
     for s in range(S):
         if modes[s]:
-            tgt[s] = next(it)
-            assert tgt[s].is_contiguous()
-            assert modes[s] == 1 or tgt[s].dtype == torch.float32
+            t = tgt[s] = next(it)
+            assert t.is_contiguous()
+            assert modes[s] == 1 or t.dtype == torch.float32
     tab = _table(
         [v.data_ptr() for v in srcs]
         + [_code(v) for v in srcs]
@@ -357,8 +357,11 @@ def merge(
     has_q = queries is not None and K > 0
     logits = torch.empty((K, *lead) if has_q else (0,), dtype=torch.float32, device=device)
     key_rstd = torch.empty_like(logits)
-    zz = _rows(z.to(torch.float32)) if K else a
-    qq = _rows(queries.to(torch.float32)) if has_q else a
+    zz = a
+    if K:
+        assert z is not None  # the extras' logits
+        zz = _rows(z.to(torch.float32))
+    qq = _rows(queries.to(torch.float32)) if queries is not None and K > 0 else a  # if has_q
     # an int64 table even without extras: the kernel's address casts must compile
     tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext] if K else [0], device)
     bt, bd, warps = _blocks(1, D)
@@ -431,9 +434,9 @@ def merge_backward(
     it = iter(targets)
     for i in range(K):
         if modes[i]:
-            tgt[i] = next(it)
-            assert tgt[i].is_contiguous()
-            assert modes[i] == 1 or tgt[i].dtype == torch.float32
+            t = tgt[i] = next(it)
+            assert t.is_contiguous()
+            assert modes[i] == 1 or t.dtype == torch.float32
     tab = _table(
         [e.data_ptr() for e in ext]
         + [_code(e) for e in ext]
@@ -448,7 +451,7 @@ def merge_backward(
     n_blocks = _cdiv(N, bt)
     P = _programs(n_blocks, device)
     dq = torch.empty((P, K, D) if has_q else (0,), dtype=torch.float32, device=device)
-    qq = _rows(queries.to(torch.float32)) if has_q else a
+    qq = _rows(queries.to(torch.float32)) if queries is not None and K > 0 else a  # if has_q
     k.merge_bwd[(P,)](
         g,
         _rows(y),

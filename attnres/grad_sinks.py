@@ -65,8 +65,9 @@ class GradSink:
         """Where a kernel puts its terms for this source, pending terms applied first: (tensor, mode), the sum to
         add into (mode 2), or when there is none yet a fresh fp32 tensor shaped like ``like`` to write (mode 1),
         which becomes the sum."""
-        if self.flush() is not None:
-            return self.grad, 2
+        acc = self.flush()  # self.grad
+        if acc is not None:
+            return acc, 2
         self.grad = torch.empty(like.shape, dtype=torch.float32, device=like.device)
         return self.grad, 1
 
@@ -102,4 +103,8 @@ def track_source(value: torch.Tensor) -> torch.Tensor:
 
 def sinks_of(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> list[GradSink | None]:
     """The sink of each tensor: that of the _TrackSource node that made it, None for any other tensor."""
-    return [t.grad_fn.sink if type(t.grad_fn) is _TrackSource._backward_cls else None for t in tensors]
+    # a _TrackSource node is its own ctx: forward set its .sink
+    return [
+        t.grad_fn.sink if type(t.grad_fn) is _TrackSource._backward_cls else None  # type: ignore[union-attr]
+        for t in tensors
+    ]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -76,10 +77,13 @@ class KVCache:
             B, H, _, hd = k.shape
             self.k[layer] = k.new_empty(B, H, self.max_len, hd)
             self.v[layer] = v.new_empty(B, H, self.max_len, hd)
+        k_all, v_all = self.k[layer], self.v[layer]
+        assert k_all is not None
+        assert v_all is not None  # allocated together with k_all
         end = self.length + k.shape[2]
-        self.k[layer][:, :, self.length : end] = k
-        self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        k_all[:, :, self.length : end] = k
+        v_all[:, :, self.length : end] = v
+        return k_all[:, :, :end], v_all[:, :, :end]
 
 
 class CausalSelfAttention(nn.Module):
@@ -121,6 +125,7 @@ class SwiGLU(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        assert config.d_ff is not None  # set by ModelConfig.__post_init__
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.gate_up = nn.Linear(config.d_model, 2 * config.d_ff, bias=False)
         self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
@@ -174,7 +179,14 @@ class TransformerBlock(nn.Module):
         return state
 
     def _sublayer(
-        self, l: int, sublayer: nn.Module, from_normalized: Callable, state, residual: ResidualScheme, probe, *args
+        self,
+        l: int,
+        sublayer: CausalSelfAttention | SwiGLU,
+        from_normalized: Callable,
+        state,
+        residual: ResidualScheme,
+        probe,
+        *args,
     ) -> None:
         if probe is None:
             # The read and the sublayer's PreNorm normalisation in one step: a depth-mixing scheme then keeps its
@@ -189,6 +201,10 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    # diagnostics of a recording forward (set there): RMS of every read's input and of every sublayer's output
+    _read_rms: list[torch.Tensor]
+    _out_rms: list[torch.Tensor]
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -199,6 +215,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        assert config.head_dim is not None  # set by ModelConfig.__post_init__
         cos, sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -220,7 +237,7 @@ class Transformer(nn.Module):
             else:
                 nn.init.normal_(p, std=std)
         if hasattr(self.residual, "reset_parameters"):
-            self.residual.reset_parameters()
+            self.residual.reset_parameters()  # type: ignore[operator]  # a scheme's method, not a Module attribute
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """idx [B, T] token ids -> logits [B, T, V]; with targets [B, T] returns (logits, mean cross-entropy).
@@ -310,14 +327,14 @@ class Transformer(nn.Module):
         torch.compile. Training and full forwards use them; decoding with a cache runs the sublayers eagerly."""
         attn = torch.compile(CausalSelfAttention.from_normalized, **options)
         mlp = torch.compile(SwiGLU.from_normalized, **options)
-        for block in self.blocks:
+        for block in cast("Iterable[TransformerBlock]", self.blocks):
             block.compiled = (attn, mlp)
 
     def read_kinds(self) -> list[str]:
         return ["attn", "mlp"] * self.config.n_layers + ["final"]
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
-        for block in self.blocks:
+        for block in cast("Iterable[TransformerBlock]", self.blocks):
             block.activation_checkpointing = enabled
 
     # ---- bookkeeping ----------------------------------------------------------------------------------------

@@ -97,6 +97,7 @@ class DenseFormer(ResidualScheme):
     def mixing_flops(cls, config: ModelConfig) -> float:
         """2*D per (DWA, source) pair."""
         o = config.options
+        assert isinstance(o, DenseFormerOptions)  # config.residual is this scheme
         pairs = sum(len(cls.dwa_sources(i, o.dilation)) for i in cls.dwa_blocks(config.n_layers, o.period))
         return 2.0 * config.d_model * pairs
 
@@ -208,6 +209,7 @@ class HyperConnections(ResidualScheme):
     def mixing_flops(cls, config: ModelConfig) -> float:
         """Per sublayer: A^T H 2n(n+1)D, the write B^T y 2nD; dynamic adds Hbar [W_m|W_r|W_b] 2nD(n+2)."""
         o = config.options
+        assert isinstance(o, HyperConnectionsOptions)  # config.residual is this scheme
         n, D = o.n, config.d_model
         per_sublayer = 2.0 * n * (n + 1) * D + 2.0 * n * D
         if o.dynamic:
@@ -234,6 +236,8 @@ class HyperConnections(ResidualScheme):
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         with torch.autocast(device_type=out.device.type, enabled=False):
             # B^T y: the outer product of the write weights [.., n, 1] and the output [B, T, 1, D]
+            assert state.residual is not None  # set by the read of this sublayer
+            assert state.beta is not None
             state.H = state.residual + state.beta.unsqueeze(-1) @ _fp32(out).unsqueeze(-2)
         state.residual = state.beta = None
 
@@ -316,7 +320,9 @@ class ManifoldHyperConnections(ResidualScheme):
     @classmethod
     def mixing_flops(cls, config: ModelConfig) -> float:
         """Per sublayer: x' phi 2nD(n^2+2n), H^pre H 2nD, H^res H 2n^2 D, the write 2nD."""
-        n, D = config.options.n, config.d_model
+        o = config.options
+        assert isinstance(o, ManifoldHyperConnectionsOptions)  # config.residual is this scheme
+        n, D = o.n, config.d_model
         return (2.0 * n * D * (n * n + 2 * n) + 2.0 * n * D + 2.0 * n * n * D + 2.0 * n * D) * config.n_sublayers
 
     def maps(self, H: torch.Tensor, l: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -343,6 +349,8 @@ class ManifoldHyperConnections(ResidualScheme):
 
     def write(self, state: State, l: int, out: torch.Tensor) -> None:
         with torch.autocast(device_type=out.device.type, enabled=False):
+            assert state.residual is not None  # set by the read of this sublayer
+            assert state.post is not None
             state.H = state.residual + state.post.unsqueeze(-1) @ _fp32(out).unsqueeze(-2)  # + H^post^T y
         state.residual = state.post = None
 
@@ -406,6 +414,7 @@ class LAuReL(ResidualScheme):
     def mixing_flops(cls, config: ModelConfig) -> float:
         """Per sublayer: the low-rank term 4*D*r; the reweighting alpha f + beta g, 2 MACs per channel (4*D)."""
         o = config.options
+        assert isinstance(o, LAuReLOptions)  # config.residual is this scheme
         per_sublayer = 0.0
         if o.form in ("lr", "rw_lr"):
             per_sublayer += 4.0 * config.d_model * o.rank

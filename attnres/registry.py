@@ -30,7 +30,9 @@ SchemeT = TypeVar("SchemeT", bound=type)
 OptionsT = TypeVar("OptionsT", bound="SchemeOptions")
 
 # name -> scheme class, in registration order (baseline, full, block, then the peers)
-SCHEMES: dict[str, type] = {}
+# (type[Any]: this module cannot name ResidualScheme, whose class attributes Options and uses_block_geometry the
+# callers read; attnres.residual.RESIDUAL_SCHEMES is the same dict, typed dict[str, type[ResidualScheme]])
+SCHEMES: dict[str, type[Any]] = {}
 
 
 def option(default: Any, *, minimum: int | None = None) -> Any:
@@ -122,7 +124,7 @@ def register(name: str) -> Callable[[SchemeT], SchemeT]:
     return decorate
 
 
-def get(name: str) -> type:
+def get(name: str) -> type[Any]:
     """The scheme class registered as ``name``; ValueError listing the allowed names otherwise."""
     try:
         return SCHEMES[name]

@@ -28,7 +28,7 @@ The paper's ablations (Table 4) are options of Full / Block AttnRes (``ModelConf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 import torch.nn as nn
@@ -51,6 +51,12 @@ from .registry import SCHEMES, SchemeOptions, get, option, option_key, register
 
 def _rms(x: torch.Tensor) -> float:
     return float(x.detach().float().pow(2).mean().sqrt())
+
+
+def _present(entry: torch.Tensor | None) -> torch.Tensor:
+    """An entry that the path reading it has set (a source's key-logit cache): not None."""
+    assert entry is not None
+    return entry
 
 
 class ResidualScheme(nn.Module):
@@ -281,6 +287,7 @@ class _DepthAttentionResidual(ResidualScheme):
         """Per (read, visible source) pair: 2*D for the logit and 2*D for the weighted sum (static mixing: the sum
         only); input-dependent queries add the D x D projection, 2*D^2 per read."""
         options = config.options
+        assert isinstance(options, AttnResOptions)  # config.residual is this scheme
         D, pairs = config.d_model, sum(cls.sources_per_read(config))
         if options.mixing == "static":
             return 2.0 * D * pairs
@@ -368,10 +375,8 @@ class _DepthAttentionResidual(ResidualScheme):
         """Weights from logits [S, B, T, H] (softmax over sources, or sigmoid), then the weighted sum of the raw
         values: h [B, T, D] in the values' dtype, computed in fp32 (rmsnorm_unit(h) with ``normalize_eps``)."""
         with torch.autocast(device_type=values[0].device.type, enabled=False):
-            if self.options.normalizer == "softmax":
-                alpha = logits.softmax(dim=0)  # [S, B, T, H] sums to 1 over sources, per channel group
-            else:
-                alpha = torch.sigmoid(logits)  # [S, B, T, H] independent gates
+            # softmax: [S, B, T, H] sums to 1 over sources, per channel group; sigmoid: [S, B, T, H] independent gates
+            alpha = logits.softmax(dim=0) if self.options.normalizer == "softmax" else torch.sigmoid(logits)
             if self.record:
                 self._record(l, alpha.mean(-1), sources)  # averaged over channel groups
             S, (B, T, _D) = len(values), values[0].shape
@@ -434,7 +439,9 @@ class FullAttnRes(_DepthAttentionResidual):
 
     @classmethod
     def sources_per_read(cls, config: ModelConfig) -> list[int]:
-        window = config.options.window
+        options = config.options
+        assert isinstance(options, FullAttnResOptions)  # config.residual is this scheme
+        window = options.window
         return [len(cls._visible(l, window)) for l in range(config.n_reads)]
 
     @classmethod
@@ -479,11 +486,11 @@ class FullAttnRes(_DepthAttentionResidual):
             logits = self._static_logits(l, visible)  # [S, 1, 1, 1]
         elif state.q is not None:
             # source i's logit for read l sits at column l - i of its cache
-            logits = torch.stack([state.cache[i][:, :, l - i] for i in visible])  # [S, B, T, H]
+            logits = torch.stack([_present(state.cache[i])[:, :, l - i] for i in visible])  # [S, B, T, H]
         else:
             with torch.autocast(device_type=state.values[0].device.type, enabled=False):
                 q = self._input_query(l, state.values[-1])  # current hidden state: the latest source
-                logits = self._logits(torch.stack([state.cache[i] for i in visible]), q)  # [S, B, T, H]
+                logits = self._logits(torch.stack([_present(state.cache[i]) for i in visible]), q)  # [S, B, T, H]
         return self._attend(
             l,
             logits,
@@ -499,29 +506,40 @@ class FullAttnRes(_DepthAttentionResidual):
         first = l - position  # the group's first read: it and every later read of the group see v_0 .. v_first
         if position == 0 and state.fused:  # one pass scores and mixes v_0 .. v_first for the group's reads
             reads = range(first, min(first + self.read_group, self.config.n_reads))
+            assert state.q is not None  # read groups: static queries
             queries = state.q[reads.start : reads.stop]  # [Q, D]
-            state.group_out, state.group_lse = attend_batched(state.values[: first + 1], queries, self.eps)
+            # the outputs' list holds None for each output once read
+            state.group_out, state.group_lse = cast(
+                "tuple[list[torch.Tensor | None], torch.Tensor]",
+                attend_batched(state.values[: first + 1], queries, self.eps),
+            )
         elif position == 0:
             reads = range(first, min(first + self.read_group, self.config.n_reads))
             # source i's logit for read r sits at column r - i of its cache
             logits = torch.stack(
-                [state.cache[i][:, :, reads.start - i : reads.stop - i, 0] for i in range(first + 1)]
+                [_present(state.cache[i])[:, :, reads.start - i : reads.stop - i, 0] for i in range(first + 1)]
             )  # [first + 1, B, T, Q]
             state.group_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
             state.group_alpha = torch.exp(logits - state.group_lse)  # [first + 1, B, T, Q]
-            state.group_out = mix_sources_batched(state.group_alpha, state.values[: first + 1])
+            state.group_out = cast(  # holds None for each output once read
+                "list[torch.Tensor | None]", mix_sources_batched(state.group_alpha, state.values[: first + 1])
+            )
         base, state.group_out[position] = state.group_out[position], None  # freed once read
+        assert base is not None  # each read takes its phase-1 output once
+        assert state.group_lse is not None
         newer = range(first + 1, l + 1)
         extras, out_dtype = [state.values[i] for i in newer], read_dtype(state.values[: l + 1])
         if state.fused:  # the newer sources' logits (query q_l each) are computed inside the merge
+            assert state.q is not None
             K = len(newer)
             z = -state.group_lse[None, ..., position].expand(K, -1, -1) if K else None  # [K, B, T]
             query = state.q[l : l + 1].expand(K, -1) if K else None  # [K, D]
             return merge_read(base, z, extras, normalize_eps, out_dtype, query, self.eps)
         z = None
         if newer:  # their logits relative to the log-sum-exp of the group's common sources: [K, B, T]
-            z = torch.stack([state.cache[i][:, :, l - i, 0] for i in newer]) - state.group_lse[..., position]
+            z = torch.stack([_present(state.cache[i])[:, :, l - i, 0] for i in newer]) - state.group_lse[..., position]
         if self.record:
+            assert state.group_alpha is not None  # recording: not fused
             alpha = state.group_alpha[..., position]
             if z is not None:
                 a = torch.cat([torch.zeros_like(z[:1]), z]).softmax(0)
@@ -598,6 +616,7 @@ class BlockAttnRes(_DepthAttentionResidual):
         block = track_source(block)  # every later read mixes it: gradients accumulate in place
         state.blocks.append(block)
         if self.two_phase and not state.fused:
+            assert state.q is not None  # two-phase: static queries
             state.block_first_read.append(first_read)
             state.block_logits.append(self._key_logits(block, state.q[first_read:])[..., 0])
 
@@ -618,18 +637,23 @@ class BlockAttnRes(_DepthAttentionResidual):
         if position == 0:
             self._phase1(state, range(l, min(l + self.block_size, self.config.n_reads)))
         base, state.phase1_out[position] = state.phase1_out[position], None  # freed once read
+        assert base is not None  # each read takes its phase-1 output once
         out_dtype = read_dtype(state.blocks if state.partial is None else [*state.blocks, state.partial])
         if state.partial is None:
             if self.record:
+                assert state.phase1_alpha is not None  # recording: not fused
                 self._record(l, state.phase1_alpha[..., position])
             return merge_read(base, None, [], normalize_eps, out_dtype)
         # Phase 2: merge the partial sum by online softmax (exact), with weight sigmoid(its logit - phase-1 lse).
+        assert state.phase1_lse is not None
+        assert state.q is not None  # two-phase: static queries
         lse = state.phase1_lse[None, ..., position]  # [1, B, T]
         if self.options.key_norm:  # the key logit q_l . RMSNorm(partial) is computed inside the merge
             z, query = -lse, state.q[l : l + 1]
         else:  # raw keys (ablation)
             z, query = self._key_logits(state.partial, state.q[l : l + 1])[..., 0, 0] - lse, None
         if self.record:
+            assert state.phase1_alpha is not None  # recording: not fused
             logit = self._key_logits(state.partial, state.q[l : l + 1])[..., 0, 0]  # [B, T]
             w_partial = torch.sigmoid(logit - state.phase1_lse[..., position])  # e^p / (e^lse + e^p)
             self._record(l, torch.cat([state.phase1_alpha[..., position] * (1 - w_partial), w_partial[None]]))
@@ -640,25 +664,30 @@ class BlockAttnRes(_DepthAttentionResidual):
         log-sum-exp [B, T, Q], softmax weights [n, B, T, Q] and the weighted sums (Q x [B, T, D], fp32). Fused (CUDA):
         one kernel scores and mixes the blocks, and returns no weights."""
         if state.fused:
+            assert state.q is not None  # two-phase: static queries
             queries = state.q[reads.start : reads.stop]  # [Q, D]
-            state.phase1_out, state.phase1_lse = attend_batched(state.blocks, queries, self.eps)
+            # the outputs' list holds None for each output once read
+            state.phase1_out, state.phase1_lse = cast(
+                "tuple[list[torch.Tensor | None], torch.Tensor]", attend_batched(state.blocks, queries, self.eps)
+            )
             return
         logits = self._completed_logits(state, reads)  # [n, B, T, Q]
         state.phase1_lse = torch.logsumexp(logits, dim=0)  # [B, T, Q]
         state.phase1_alpha = torch.exp(logits - state.phase1_lse)  # [n, B, T, Q]
-        state.phase1_out = mix_sources_batched(state.phase1_alpha, state.blocks)
+        state.phase1_out = cast(  # holds None for each output once read
+            "list[torch.Tensor | None]", mix_sources_batched(state.phase1_alpha, state.blocks)
+        )
 
     def _read_naive(self, state: State, l: int, normalize_eps: float | None) -> torch.Tensor:
         """Plain path: one read over [b_0 .. b_{n-1}] (+ partial b_n^{i-1} after the block's first sublayer)."""
         sources = state.blocks + ([state.partial] if state.partial is not None else [])
         if self.static_mixing:
             return self._attend(l, self._static_logits(l, len(sources)), sources, normalize_eps=normalize_eps)
+        assert state.q is not None  # attention mixing: set in begin
         with torch.autocast(device_type=sources[0].device.type, enabled=False):
             keys = torch.stack([self._keys(s) for s in sources])  # [S, B, T, D] fp32
-            if self.input_dependent:
-                q = self._input_query(l, sources[-1])  # the partial block, or the block just completed
-            else:
-                q = state.q[l]
+            # input-dependent: from the partial block, or the block just completed
+            q = self._input_query(l, sources[-1]) if self.input_dependent else state.q[l]
             logits = self._logits(keys, q)  # [S, B, T, H]
         return self._attend(l, logits, sources, normalize_eps=normalize_eps)
 
