@@ -93,6 +93,21 @@ def train_cfg(tmp_path, data_cache):
     return make
 
 
+def cli_overrides(tmp_path: Path, data_cache: Path) -> list[str]:
+    """The overrides of a CLI smoke run on the test corpus: one thread, a metrics row per step, a checkpoint every
+    5 steps, Hydra's output under tmp_path (add paths.runs_root)."""
+    return [
+        "experiment=smoke",
+        f"data.cache_dir={data_cache}",
+        f"data.max_bytes={TEST_MAX_BYTES}",
+        "threads=1",
+        "trainer.enable_progress_bar=false",
+        "train.log_every=1",
+        "callbacks.model_checkpoint.every_n_train_steps=5",
+        f"paths.hydra_root={tmp_path / 'outputs'}",
+    ]
+
+
 def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 300):
     """`python -m experiments.train <args>` in a subprocess from the repo root (returns CompletedProcess)."""
     import subprocess

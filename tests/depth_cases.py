@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from attnres import ModelConfig, Transformer
 from attnres.depth import mix_sources, track_source
 
 
@@ -36,3 +37,15 @@ def merge_case(K: int, B: int, T: int, D: int, with_queries: bool, extra_dtype: 
     queries = torch.randn(K, D, requires_grad=True) if with_queries else None
     inputs = [base] + ([z] if K else []) + ([queries] if with_queries else []) + extras
     return base, z, queries, extras, inputs
+
+
+def sharp_model(cfg: ModelConfig) -> Transformer:
+    """A model of ``cfg`` (seed 0) whose pseudo-queries are drawn from N(0, 1) instead of zero: sharp depth
+    softmaxes, so a read is not the uniform mean a zero-initialised query makes it."""
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("queries"):
+                p.normal_(0, 1.0)
+    return model

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from depth_cases import merge_case, reads_sharing_sources
+from depth_cases import merge_case, reads_sharing_sources, sharp_model
 
 from attnres import Transformer, cpu_kernels
 from attnres.config import ModelConfig
@@ -266,7 +266,6 @@ def test_the_kernel_switch(monkeypatch):
 
 
 def _model(scheme: str, n_blocks: int | None = 8, block_size: int | None = None, **options) -> Transformer:
-    torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=61,
         d_model=48,
@@ -278,12 +277,7 @@ def _model(scheme: str, n_blocks: int | None = 8, block_size: int | None = None,
         block_size=block_size,
         residual_options=options,
     )
-    model = Transformer(cfg)
-    with torch.no_grad():  # sharp depth softmaxes (zero-init queries would make every read uniform)
-        for name, p in model.named_parameters():
-            if name.endswith("queries"):
-                p.normal_(0, 1.0)
-    return model
+    return sharp_model(cfg)
 
 
 @needs_compiler

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TEST_MAX_BYTES, compose, run_cli
+from conftest import REPO, TEST_MAX_BYTES, cli_overrides, compose, run_cli
 
 from experiments import records
 from experiments.callbacks import read_metrics
@@ -23,19 +23,6 @@ from experiments.run_env import is_rank_zero
 from experiments.train import train
 
 torch.set_num_threads(1)
-
-
-def _common(tmp_path: Path, data_cache: Path) -> list[str]:
-    return [
-        "experiment=smoke",
-        f"data.cache_dir={data_cache}",
-        f"data.max_bytes={TEST_MAX_BYTES}",
-        "threads=1",
-        "trainer.enable_progress_bar=false",
-        "train.log_every=1",
-        "callbacks.model_checkpoint.every_n_train_steps=5",
-        f"paths.hydra_root={tmp_path / 'outputs'}",
-    ]
 
 
 # ---- 5. the run lock -----------------------------------------------------------------------------------------
@@ -125,7 +112,7 @@ def test_a_lock_from_another_node_is_taken_over_only_when_its_heartbeat_stops(tm
 
 
 def test_two_launches_of_one_config_at_once_train_it_once(tmp_path, data_cache):
-    common = [*_common(tmp_path, data_cache), f"paths.runs_root={tmp_path / 'runs'}", "size.tokens=98304"]
+    common = [*cli_overrides(tmp_path, data_cache), f"paths.runs_root={tmp_path / 'runs'}", "size.tokens=98304"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     cmd = [sys.executable, "-m", "experiments.train", *common]
     procs = [
@@ -146,7 +133,7 @@ def test_two_launches_of_one_config_at_once_train_it_once(tmp_path, data_cache):
 
 # ---- 6. interrupts -------------------------------------------------------------------------------------------
 def test_sigterm_checkpoints_the_step_records_interrupted_and_resumes_bit_identically(tmp_path, data_cache):
-    common = _common(tmp_path, data_cache)
+    common = cli_overrides(tmp_path, data_cache)
     proc = run_cli([*common, f"paths.runs_root={tmp_path / 'a'}", "fault.signal_at_step=7", "fault.signal=SIGTERM"])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
@@ -177,7 +164,7 @@ def test_sigterm_checkpoints_the_step_records_interrupted_and_resumes_bit_identi
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGUSR1"])
 def test_ctrl_c_and_sigusr1_are_interrupts_too(tmp_path, data_cache, signame):
-    common = _common(tmp_path, data_cache)
+    common = cli_overrides(tmp_path, data_cache)
     proc = run_cli([*common, f"paths.runs_root={tmp_path / 'r'}", "fault.signal_at_step=3", f"fault.signal={signame}"])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 128 + getattr(signal, signame), out[-3000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TEST_MAX_BYTES, run_cli
+from conftest import TEST_MAX_BYTES, cli_overrides, run_cli
 
 from attnres import RESIDUAL_SCHEMES
 from experiments import records
@@ -127,16 +127,7 @@ def test_short_run_learns_below_unigram_entropy(train_cfg, data_cache):
 def test_kill_and_resume_matches_uninterrupted(tmp_path, data_cache):
     """A real SIGKILL after a checkpoint, a relaunch of the same command, and the per-step train losses of
     the resumed run equal those of an uninterrupted run."""
-    common = [
-        "experiment=smoke",
-        f"data.cache_dir={data_cache}",
-        f"data.max_bytes={TEST_MAX_BYTES}",
-        "threads=1",
-        "trainer.enable_progress_bar=false",
-        "train.log_every=1",
-        "callbacks.model_checkpoint.every_n_train_steps=5",
-        f"paths.hydra_root={tmp_path / 'outputs'}",
-    ]
+    common = cli_overrides(tmp_path, data_cache)
     killed = run_cli([*common, f"paths.runs_root={tmp_path / 'a'}", "fault.kill_at_step=8"])
     assert killed.returncode == -9, killed.stderr[-2000:]  # SIGKILL at step 8 (last checkpoint: step 5)
     (run_dir,) = (tmp_path / "a" / "smoke").glob("baseline_*")

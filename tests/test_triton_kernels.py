@@ -26,7 +26,7 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (its own library functions read it)
 pytest.importorskip("triton", reason="triton is not installed (requirements-cpu.txt installs it for these tests)")
 
-from depth_cases import merge_case
+from depth_cases import merge_case, sharp_model
 
 from attnres import Transformer, cpu_kernels, depth_mix_triton, gpu_kernels
 from attnres.config import ModelConfig
@@ -238,14 +238,8 @@ class _MergeFromOutput(torch.autograd.Function):
 
 
 def _model(scheme: str, **kw) -> Transformer:
-    torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=61, d_model=24, n_layers=3, n_heads=2, max_seq_len=8, residual=scheme, **kw)
-    model = Transformer(cfg)
-    with torch.no_grad():  # sharp depth softmaxes (zero-init queries would make every read uniform)
-        for name, p in model.named_parameters():
-            if name.endswith("queries"):
-                p.normal_(0, 1.0)
-    return model
+    return sharp_model(cfg)
 
 
 @pytest.mark.parametrize(
