@@ -574,8 +574,8 @@ def test_fused_read_and_prenorm_equal_the_unfused_model(residual, kw, monkeypatc
 
 @pytest.mark.parametrize(("residual", "kw"), [("full", {}), ("block", {"block_size": 2})])
 def test_compiled_model_matches_eager_including_every_gradient(residual, kw):
-    """torch.compile traces the plain-op versions of the depth kernels; loss and *every* gradient must match eager
-    (torch 2.11 returned all-zero gradients upstream of _MixSources when it was traced: see attnres.depth)."""
+    """torch.compile traces the depth ops' plain-torch references; loss and *every* gradient must match eager
+    (a traced hand-written Function once returned all-zero gradients upstream of it: docs/depth_ops.md)."""
     import torch._dynamo
 
     model = make(residual, **kw)
