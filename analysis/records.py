@@ -346,16 +346,21 @@ def runs_of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     rows = df[study_kinds(df) == kind]
     if rows.empty or "study" not in rows.columns:
         return rows
-    counts = rows["study"].value_counts()
-    if len(counts) > 1:
-        keep = sorted(counts.index, key=lambda s: (-counts[s], s))[0]
-        warnings.warn(
-            f"the results hold several {kind} studies ({', '.join(sorted(counts.index))}); using {keep!r}",
-            AnalysisWarning,
-            stacklevel=3,
-        )
-        rows = rows[rows["study"] == keep]
-    return rows
+    return keep_most_common(rows, "study", f"the results hold several {kind} studies", stacklevel=3)
+
+
+def keep_most_common(rows: pd.DataFrame, column: str, what: str, stacklevel: int = 2) -> pd.DataFrame:
+    """The rows holding ``column``'s most frequent value (ties: the first in sorted order). When the column holds
+    several values, warns "<what> (<all values>); using <kept>" (``stacklevel`` as the caller would pass to
+    warnings.warn itself)."""
+    counts = rows[column].value_counts()
+    if len(counts) <= 1:
+        return rows
+    keep = sorted(counts.index, key=lambda v: (-counts[v], v))[0]
+    warnings.warn(
+        f"{what} ({', '.join(sorted(counts.index))}); using {keep!r}", AnalysisWarning, stacklevel=stacklevel + 1
+    )
+    return rows[rows[column] == keep]
 
 
 def scaling_runs(df: pd.DataFrame, study: str | None = None) -> pd.DataFrame:

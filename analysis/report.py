@@ -26,7 +26,7 @@ from .fit import (
     multiplier_curve,
     wls_line,
 )
-from .records import AnalysisWarning, runs_of_kind, size_order
+from .records import AnalysisWarning, keep_most_common, runs_of_kind, size_order
 
 SCHEMA_VERSION = 1
 MIN_SIZES = 3
@@ -735,15 +735,7 @@ def block_size_sweep(
     blocks = rows[rows["block_size"].notna()]
     if blocks.empty:
         return None
-    arms = blocks["variant"].value_counts()
-    if len(arms) > 1:
-        keep = sorted(arms.index, key=lambda v: (-arms[v], v))[0]
-        warnings.warn(
-            f"block-size study sweeps several variants ({', '.join(sorted(arms.index))}); using {keep!r}",
-            AnalysisWarning,
-            stacklevel=2,
-        )
-        blocks = blocks[blocks["variant"] == keep]
+    blocks = keep_most_common(blocks, "variant", "block-size study sweeps several variants", stacklevel=2)
     sizes = sorted(set(blocks["size"]))
     if len(sizes) > 1:
         warnings.warn(

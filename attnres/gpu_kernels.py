@@ -155,6 +155,20 @@ def _table(values: list[int], device: torch.device) -> torch.Tensor:
     return host
 
 
+def _placed_targets(targets: list[torch.Tensor], modes: list[int]) -> list[torch.Tensor | None]:
+    """The gradient targets laid out one per source (None where its mode is 0): ``targets`` holds one contiguous
+    tensor per non-zero mode, in order; an accumulating target (mode 2) is fp32."""
+    it = iter(targets)
+    placed: list[torch.Tensor | None] = []
+    for mode in modes:
+        t = next(it) if mode else None
+        if t is not None:
+            assert t.is_contiguous()
+            assert mode == 1 or t.dtype == torch.float32
+        placed.append(t)
+    return placed
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
@@ -234,13 +248,7 @@ def attend_backward(
     w = _rows(queries.to(torch.float32))
     gs = [_rows(g.to(torch.float32)) for g in grads]
     glse = _rows(grad_lse.to(torch.float32))
-    tgt: list[torch.Tensor | None] = [None] * S
-    it = iter(targets)
-    for s in range(S):
-        if modes[s]:
-            t = tgt[s] = next(it)
-            assert t.is_contiguous()
-            assert modes[s] == 1 or t.dtype == torch.float32
+    tgt = _placed_targets(targets, modes[:S])
     tab = _table(
         [v.data_ptr() for v in srcs]
         + [_code(v) for v in srcs]
@@ -430,13 +438,7 @@ def merge_backward(
     has_q = queries is not None and K > 0
     grad_base = torch.empty(g.shape, dtype=base_dtype, device=device)
     grad_z = torch.empty((K, *g.shape[:-1]), dtype=torch.float32, device=device)
-    tgt: list[torch.Tensor | None] = [None] * K
-    it = iter(targets)
-    for i in range(K):
-        if modes[i]:
-            t = tgt[i] = next(it)
-            assert t.is_contiguous()
-            assert modes[i] == 1 or t.dtype == torch.float32
+    tgt = _placed_targets(targets, modes[:K])
     tab = _table(
         [e.data_ptr() for e in ext]
         + [_code(e) for e in ext]

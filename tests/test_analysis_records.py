@@ -285,6 +285,20 @@ def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
     assert table[0]["n_runs"] == 2
 
 
+def test_keep_most_common_keeps_the_majority_and_warns_at_its_callers_caller() -> None:
+    from analysis.records import keep_most_common
+
+    rows = pd.DataFrame({"variant": ["b", "a", "a", "b", "c"], "x": range(5)})
+    with pytest.warns(AnalysisWarning, match=r"^sweeps several \(a, b, c\); using 'a'$") as caught:
+        kept = keep_most_common(rows, "variant", "sweeps several", stacklevel=1)  # a tie: the first name in order
+    assert list(kept["x"]) == [1, 2]
+    assert caught[0].filename == __file__  # stacklevel=1: the line that called keep_most_common
+    one = rows[rows["variant"] == "c"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert keep_most_common(one, "variant", "never said").equals(one)
+
+
 # ---- issue 15, items 1, 3, 4 -----------------------------------------------------------------------------------
 def _table(path: Path, df: pd.DataFrame) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -322,7 +322,7 @@ def load_dataset(
     verify: bool = False,
     progress: bool = True,
 ) -> TokenShards:
-    """ "stdlib" -> the cached default corpus (prepared on first use); otherwise a prepared shard directory.
+    """``"stdlib"`` -> the cached default corpus (prepared on first use); otherwise a prepared shard directory.
 
     For a directory, `tokenizer`, `bpe_vocab_size` and `max_bytes` are ignored: the header says what it is.
     """
