@@ -102,6 +102,8 @@ class RunRecord:
     threads: int | None = None
     record_id: str | None = None
     study_kind: str | None = None
+    train_path: str | None = None
+    cpu_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUSES:

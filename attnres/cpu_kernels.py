@@ -57,11 +57,16 @@ _SWITCH = KernelSwitch(ENV_SWITCH)
 use_kernels = _SWITCH.use  # with use_kernels(True / False / None): the kernels on, off, or as the environment says
 
 
-def _cache_dir() -> Path:
+def cache_root() -> Path:
+    """Where attnres keeps what it builds on this machine: $ATTNRES_CACHE_DIR, else $XDG_CACHE_HOME/attnres, else
+    ~/.cache/attnres (the C kernels under kernels/, the compiled training step's inductor cache under inductor/)."""
     if os.environ.get("ATTNRES_CACHE_DIR"):
-        return Path(os.environ["ATTNRES_CACHE_DIR"]) / "kernels"
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "attnres" / "kernels"
+        return Path(os.environ["ATTNRES_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnres"
+
+
+def _cache_dir() -> Path:
+    return cache_root() / "kernels"
 
 
 def _cpu_signature() -> str:

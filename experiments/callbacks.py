@@ -30,6 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from .compiler import cpu_seconds
 from .errors import RunInterrupted
 from .records import atomic_write_text, utc_now
 
@@ -82,7 +83,9 @@ class RunRecorder(pl.Callback):
         self.diagnostics: list[dict[str, Any]] = []
         self.started_at = utc_now()
         self.prior_wall_s = 0.0  # wall time of earlier launches, up to their last checkpoint
+        self.prior_cpu_s = 0.0  # the same in CPU time
         self.session_start = time.time()
+        self.session_cpu_start = cpu_seconds()
         self._tick: tuple[int, float] | None = None
         self._records_since_flush = 0
         self._ready = False  # set once existing files were read (on_fit_start); never overwrite them before
@@ -122,6 +125,9 @@ class RunRecorder(pl.Callback):
 
     def wall_time_s(self) -> float:
         return self.prior_wall_s + (time.time() - self.session_start)
+
+    def cpu_time_s(self) -> float:
+        return self.prior_cpu_s + (cpu_seconds() - self.session_cpu_start)
 
     def health_flags(self, total_steps: int) -> list[str]:
         """The outlier rule's curve flags of this run so far (analysis.health: spike, plateau)."""
@@ -243,6 +249,7 @@ class RunRecorder(pl.Callback):
         return {
             "started_at": self.started_at,
             "wall_time_s": self.wall_time_s(),
+            "cpu_time_s": self.cpu_time_s(),
             "threads": torch.get_num_threads(),
         }
 
@@ -257,7 +264,9 @@ class RunRecorder(pl.Callback):
             )
         self.started_at = state_dict.get("started_at", self.started_at)
         self.prior_wall_s = float(state_dict.get("wall_time_s", 0.0))
+        self.prior_cpu_s = float(state_dict.get("cpu_time_s", 0.0))
         self.session_start = time.time()
+        self.session_cpu_start = cpu_seconds()
 
 
 # ---- graceful interrupt ---------------------------------------------------------------------------------------

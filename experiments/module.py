@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from attnres import ModelConfig, Transformer
 
+from .compiler import configure_compiler
 from .optim import amp_clipping
 
 COMPILE_ENV = "ATTNRES_COMPILE"  # how compile=true compiles: "whole" or "regional" (default: compile_mode)
@@ -101,11 +102,20 @@ class LMModule(pl.LightningModule):
             trainer = self._trainer
             device = trainer.strategy.root_device if trainer is not None else next(self.model.parameters()).device
             self.compile_mode = compile_mode(device.type)
+            configure_compiler(torch.get_num_threads())
             if self.compile_mode == "regional":
                 self.model.compile_regions()
             else:
                 forward = torch.compile(self.model)
         self.__dict__.setdefault("_train_forward", forward)
+
+    @property
+    def train_path(self) -> str:
+        """Which path trains the model (recorded as ``train_path``): ``eager``, or ``compiled:whole`` /
+        ``compiled:regional`` (``compiled`` before setup has chosen the mode)."""
+        if not self.compile:
+            return "eager"
+        return f"compiled:{self.compile_mode}" if self.compile_mode else "compiled"
 
     def configure_optimizers(self) -> dict[str, Any]:
         trainer = self._trainer  # None outside a Trainer (plain loops, tests)

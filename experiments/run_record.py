@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from . import records
+from .compiler import cpu_seconds
 from .run_env import torch_threads
 from .run_plan import RunPlan
 
@@ -34,6 +35,7 @@ class RunRecord:
         self.table = study_dir / records.RESULTS_TABLE
         self.started_at = records.utc_now()
         self.t0 = time.time()
+        self.cpu0 = cpu_seconds()
         self.module: Any = None
         self.trainer: Any = None
         self.recorder: Any = None
@@ -93,6 +95,8 @@ class RunRecord:
             "dataset": self.plan.dataset,
             "data_fingerprint": self.plan.data_fingerprint,
             "threads": torch_threads(),
+            "train_path": self.module.train_path if self.module is not None else None,
+            "cpu_time_s": round(cpu_seconds() - self.cpu0, 3),
         }
         if mc is not None:
             import torch
@@ -128,6 +132,7 @@ class RunRecord:
         if self.recorder is not None:
             rec["started_at"] = self.recorder.started_at  # first launch of a resumed run
             rec["wall_time_s"] = round(self.recorder.wall_time_s(), 3)
+            rec["cpu_time_s"] = round(self.recorder.cpu_time_s(), 3)
             rec["train_loss"] = self.recorder.last_train_loss
             ev = self.recorder.last_eval
             if status == "completed" and ev is not None and ev["step"] == rec.get("steps"):

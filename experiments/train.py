@@ -132,7 +132,7 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
         run.recorder = recorder = RunRecorder(
             run.run_dir, run.tokens_per_step, plan.flops_per_token, str(cfg.model.variant), plan.model_config.residual
         )
-        recorder.session_start = run.t0  # this launch's wall time includes data and model setup
+        recorder.session_start, recorder.session_cpu_start = run.t0, run.cpu0  # this launch's setup included
         callbacks = [recorder, *instantiate_callbacks(cfg), interrupt, *fault_callbacks(cfg)]
         resuming = ckpt.is_file()
         loggers = instantiate_loggers(cfg, wandb_run_id(run.run_dir, resuming) if rank_zero else "")
