@@ -107,4 +107,3 @@ def test_configure_compiler_uses_one_cache_and_fails_loudly_at_the_recompile_lim
     monkeypatch.setenv(compiler.CACHE_ENV, str(tmp_path / "mine"))  # a user's own choice is kept
     assert compiler.configure_compiler(threads=2) == tmp_path / "mine"
     assert inductor_config.compile_threads == 2
-
