@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 # ---------------------------------------------------------------------------------------------------------
 # Study kinds
 
-STUDY_KINDS = ("scaling", "lr", "block_size", "ablations", "arch_grid")
+STUDY_KINDS = ("scaling", "lr", "block_size", "ablations", "arch_grid", "map")
 # Records written before `study_kind` existed: their kind follows from the study's name, as the analysis decided it
 # then (these three names were the only non-ladder studies; every other study was a scaling ladder).
 LEGACY_KIND_OF_STUDY = {"block_size": "block_size", "ablations": "ablations", "arch_grid": "arch_grid"}

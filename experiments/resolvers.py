@@ -8,6 +8,8 @@ before ``@hydra.main`` composes, also in a launcher's worker process).
 * ``${attnres_scale:<value>,<factor>}`` -- an int budget scaled by a factor (the quick study's short runs);
 * ``${attnres_arch:<field>,<N>,<d/L_b>,<H/L_b>,<head_dim>,<d_ff/d>,<d multiple>,<d_ff multiple>}`` -- one field of
   a derived shape (experiments.sizes.derive_arch_shape; conf/size/paper_arch.yaml);
+* ``${attnres_map:<field>,<L_b>,<d_model>}`` -- one field of a depth-by-width map cell (experiments.sizes.map_cell;
+  conf/size/cpu_map.yaml);
 * ``${attnres_lr:<size name>}`` -- the tuned peak learning rate of this run, from the generated table
   ``tuned_lr`` (conf/tuned_lr/*.yaml, written by ``python -m analysis lr``) under ``lr_protocol``:
   ``baseline`` gives every arm the baseline's tuned lr (the paper's protocol), ``per_arm`` each arm its own.
@@ -20,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .sizes import ARCH_SHAPE_FIELDS, derive_arch_shape
+from .sizes import ARCH_SHAPE_FIELDS, MAP_CELL_FIELDS, derive_arch_shape, map_cell
 
 LR_PROTOCOLS = ("baseline", "per_arm")
 BASELINE_VARIANT = "baseline"
@@ -40,6 +42,12 @@ def _arch_field(
         raise ValueError(f"attnres_arch: unknown field {field!r}; allowed values: {', '.join(ARCH_SHAPE_FIELDS)}")
     shape = derive_arch_shape(target_params, d_over_lb, heads_over_lb, head_dim, ff_ratio, d_multiple, ff_multiple)
     return int(getattr(shape, field))
+
+
+def _map_field(field: str, n_layers: int, d_model: int) -> int:
+    if field not in MAP_CELL_FIELDS:
+        raise ValueError(f"attnres_map: unknown field {field!r}; allowed values: {', '.join(MAP_CELL_FIELDS)}")
+    return int(getattr(map_cell(int(n_layers), int(d_model)), field))
 
 
 def tuned_lr(table: Any, size: str, variant: str, protocol: str) -> float:
@@ -89,5 +97,7 @@ def register() -> None:
         OmegaConf.register_new_resolver("attnres_scale", lambda value, factor: round(float(value) * float(factor)))
     if not OmegaConf.has_resolver("attnres_arch"):
         OmegaConf.register_new_resolver("attnres_arch", _arch_field)
+    if not OmegaConf.has_resolver("attnres_map"):
+        OmegaConf.register_new_resolver("attnres_map", _map_field)
     if not OmegaConf.has_resolver("attnres_lr"):
         OmegaConf.register_new_resolver("attnres_lr", _lr)

@@ -48,6 +48,7 @@ class Study:
     what: str
     overrides: tuple[str, ...] = ()  # appended to the sweep (before the user's own)
     tuned_config: str | None = None  # study_kind lr: where the tuned lrs are written (relative to the repository)
+    lr_rule: str = "trend"  # study_kind lr: which lr each size gets (`--rule` overrides it)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -72,6 +73,16 @@ STUDIES = {
     ),
     "arch": Study(
         "cpu_arch_grid", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"
+    ),
+    "map_lr": Study(
+        "cpu_map_lr",
+        "LR of the depth-by-width map: the baseline of every cell on a coarse lr grid",
+        tuned_config="conf/tuned_lr/cpu_map.yaml",
+        lr_rule="per_size",  # the cells are not a ladder: no power law across them
+    ),
+    "map": Study(
+        "cpu_map",
+        "depth-by-width map: baseline / Block AttnRes x L_b {4, 8, 16} x d_model {32, 64, 128}, same-seed pairs",
     ),
 }
 
@@ -182,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--rule",
-        default="trend",
+        default=None,
         choices=["per_size", "trend"],
         help="lr study: the lr written per size, each curve's own optimum or the arm's power law over "
-        "sizes (default: trend, which smooths single-size seed noise)",
+        "sizes (default: the study's own; trend for the ladder, which smooths single-size seed noise)",
     )
     ap.add_argument(
         "--jobs",
@@ -256,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             "--out",
             str(report),
             "--rule",
-            args.rule,
+            args.rule or study.lr_rule,
         ]
         if tuned is not None:
             fit_cmd += ["--write-config", str(tuned)]

@@ -190,3 +190,38 @@ def derive_arch_shape(
                         best = (key, ArchShape(lb, d, heads, head_dim, d_ff, n, target, r, h, f))
     assert best is not None  # every (L_b, H) yields at least one (d, d_ff)
     return best[1]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Depth-by-width map cells (conf/size/cpu_map.yaml; the map study, docs/results/cpu_map/): (L_b, d_model) -> shape
+
+MAP_CELL_FIELDS = ("n_heads", "d_ff", "params", "n_blocks")
+MAP_HEAD_DIM = 16  # the CPU ladder's head width: heads grow with the width (d 32: 2 heads, 64: 4, 128: 8)
+MAP_FF_RATIO = 2.5  # the CPU ladder's d_ff / d_model (80 / 32)
+MAP_MAX_BLOCKS = 8  # Block AttnRes' N: the paper's 8 blocks, or one block per transformer block below L_b = 8
+
+
+@dataclass(frozen=True)
+class MapCell:
+    """The shape of a map cell: ``n_heads = d_model / 16``, ``d_ff = 2.5 d_model`` (a multiple of 8), N by the
+    baseline formula above, and Block AttnRes' ``n_blocks = min(8, L_b)`` (S = 2 sublayers per block up to
+    L_b = 8, as in the CPU ladder at L_b = 4; S = 2 L_b / 8 above, as in the paper)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_ff: int
+    params: int
+    n_blocks: int
+
+
+def map_cell(n_layers: int, d_model: int) -> MapCell:
+    if n_layers < 1 or d_model % MAP_HEAD_DIM or d_model <= 0:
+        raise ValueError(
+            f"map cell L_b={n_layers}, d_model={d_model}: L_b must be >= 1 and d_model a positive multiple of "
+            f"{MAP_HEAD_DIM} (the head width)"
+        )
+    n_heads = d_model // MAP_HEAD_DIM
+    d_ff = 8 * round(MAP_FF_RATIO * d_model / 8)
+    params = baseline_non_embedding(n_layers, d_model, n_heads * MAP_HEAD_DIM, d_ff)
+    return MapCell(n_layers, d_model, n_heads, d_ff, params, min(MAP_MAX_BLOCKS, n_layers))
