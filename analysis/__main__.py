@@ -1,4 +1,4 @@
-"""Command line: ``python -m analysis {fit,paper} ...`` (also installed as ``attnres-analysis``).
+"""Command line: ``python -m analysis {fit,lr,map,paper} ...`` (also installed as ``attnres-analysis``).
 
 Heavy imports (pandas, scipy, matplotlib) happen inside the subcommands so that ``--help`` is instant.
 """
@@ -99,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--no-figures", action="store_true", help="write lr.json and lr_summary.md only")
 
+    m = sub.add_parser("map", help="the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map")
+    m.add_argument("--results", required=True, help="the map study's results.csv (or a study directory)")
+    m.add_argument("--out", required=True, help="output directory (map.json, map_summary.md, fig7_map.png)")
+    m.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
+    m.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    m.add_argument(
+        "--bootstrap", type=int, default=2000, metavar="B", help="resamples for the boundary (default: 2000)"
+    )
+    m.add_argument("--seed", type=int, default=0, help="resampling seed (default: 0)")
+
     q = sub.add_parser("paper", help="refit the paper's published numbers and draw its figures")
     q.add_argument("--out", required=True, help="output directory")
     q.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
@@ -186,6 +196,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""
                 print(f"{r.variant} {r.size}: lr = {_f3(r.lr)} [{_f3(lo)}, {_f3(hi)}]{edge}")
             print(f"wrote {', '.join(doc['files'])}")
+            return 0
+        elif args.command == "map":
+            from pathlib import Path
+
+            from .depth_width_map import MapOptions, analyse_map
+            from .records import check_one_dataset, load_results
+
+            df = load_results(args.results)
+            check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+            opts = MapOptions(arm=args.arm, baseline=args.baseline, B=args.bootstrap, seed=args.seed)
+            mdoc = analyse_map(df, Path(args.out), opts)
+            for c in mdoc["cells"]:
+                lo, hi = c["ci_lo"], c["ci_hi"]
+                ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None else "(one pair)"
+                print(
+                    f"L_b {c['n_layers']} x d {c['d_model']}: delta {c['delta']:+.4f} {ci}, "
+                    f"{c['n_pairs']} pairs, {c['verdict']}"
+                )
+            print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
             return 0
         else:
             from .paper import headline_numbers, run_paper

@@ -278,6 +278,15 @@ def main(argv: list[str] | None = None) -> int:
             if tuned is not None:
                 print(f"[attnres] tuned lrs written to {tuned}: the ladder's sizes read them from now on")
         return sweep_rc or fit_rc
+    if kind == "map":
+        map_cmd = [sys.executable, "-m", "analysis", "map", "--results", str(results), "--out", str(report)]
+        print(f"[attnres] $ {' '.join(map_cmd[1:])}", flush=True)
+        map_rc = subprocess.call(map_cmd)
+        if map_rc == 0:
+            print(
+                f"[attnres] report: {report}/ (map_summary.md, map.json, fig7_map.png); total {time.time() - t0:.0f} s"
+            )
+        return sweep_rc or map_rc
     fit_cmd = [sys.executable, "-m", "analysis", "fit", "--results", str(results), "--out", str(report)]
     print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)
     fit_rc = subprocess.call(fit_cmd)
