@@ -240,9 +240,10 @@ def map_figure(cells: pd.DataFrame, stem: Path, opts: MapOptions = MapOptions())
     span = max(float(np.abs(finite).max()) if finite.size else 0.0, 1e-3)
     fig, ax = plt.subplots(figsize=(1.9 * len(widths) + 2.2, 1.25 * len(depths) + 1.6))
     im = ax.imshow(grid, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -span, span), origin="lower", aspect="auto")
-    for r in cells.itertuples():
-        i, j = depths.index(r.n_layers), widths.index(r.d_model)
-        if r.n_pairs == 0:
+    by_cell = {(r.n_layers, r.d_model): r for r in cells.itertuples()}
+    for i, j in np.ndindex(grid.shape):
+        r = by_cell.get((depths[i], widths[j]))
+        if r is None or r.n_pairs == 0:  # a cell of the design without pairs, or a gap in the grid's product
             ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", color="#999999", lw=0))
             ax.text(j, i, "not run", ha="center", va="center", fontsize=8, color="#555555")
             continue
