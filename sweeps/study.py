@@ -142,6 +142,34 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
         return proc.wait()
 
 
+def restore_records(source: Path, study_dir: Path) -> tuple[int, list[str]]:
+    """Copy the valid record files of ``source`` (a directory of ``records/*.json``, or one holding ``records/``)
+    that ``study_dir`` lacks into its ``records/``, then rebuild its results.csv: a relaunch of the study then skips
+    the completed runs they hold (a completed record is found by config_hash). Returns (files copied, problems:
+    unreadable or malformed files, which are reported and left out)."""
+    import shutil
+
+    from analysis.ledger import RECORDS_DIR, read_record_file
+    from experiments.records import rebuild_table
+
+    src = source / RECORDS_DIR if (source / RECORDS_DIR).is_dir() else source
+    if not src.is_dir():
+        raise FileNotFoundError(f"--from-records: {source} is not a directory of record files")
+    target = study_dir / RECORDS_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    copied, problems = 0, []
+    for path in sorted(src.glob("*.json")):
+        rec, problem = read_record_file(path)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        if rec is not None and not (target / path.name).exists():
+            shutil.copy2(path, target / path.name)
+            copied += 1
+    rebuild_table(study_dir)
+    return copied, problems
+
+
 def headline(fit_path: Path) -> list[str]:
     """One line per variant: the compute multiplier vs the baseline with its 95% interval."""
     fit = FitDocument.from_json(fit_path)
@@ -205,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         help="parallel single-thread jobs (default: 2, or 1 on a 1-core machine)",
     )
     ap.add_argument("--runs-root", default="runs", help="where run directories and results.csv go (default: runs)")
+    ap.add_argument(
+        "--from-records",
+        metavar="DIR",
+        help="first copy the run records committed under DIR (e.g. docs/results/cpu_map) into the runs root, so "
+        "that the study skips the runs they hold as completed",
+    )
     ap.add_argument("--reports-root", default="reports", help="where the report goes (default: reports)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
     args = ap.parse_intermixed_args(argv)  # options may come between the study and its overrides
@@ -233,6 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.runs_root) / study_name / "results.csv"
     report = Path(args.reports_root) / study_name
     t0 = time.time()
+    if args.from_records:
+        try:
+            copied, problems = restore_records(Path(args.from_records), results.parent)
+        except FileNotFoundError as e:
+            print(f"[attnres] error: {e}", file=sys.stderr)
+            return 2
+        for problem in problems:
+            print(f"[attnres] warning: {problem}", file=sys.stderr)
+        print(f"[attnres] restored {copied} record(s) from {args.from_records} into {results.parent}", flush=True)
     print(
         f"[attnres] {study.what}; seeds {seeds}; {args.jobs} parallel job(s)\n[attnres] $ {' '.join(cmd[1:])}",
         flush=True,
