@@ -50,12 +50,20 @@ class Study:
     tuned_config: str | None = None  # study_kind lr: where the tuned lrs are written (relative to the repository)
     lr_rule: str = "trend"  # study_kind lr: which lr each size gets (`--rule` overrides it)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    committed: str | None = None  # fit.json of the study's committed full result, printed beside a new run's
 
 
+COMMITTED_LADDER = "docs/results/cpu_ladder/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), d = 32 ladder
 STUDIES = {
     "cpu": Study(
         "cpu_ladder",
         "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_l, every arm at the baseline's tuned lr",
+        committed=COMMITTED_LADDER,
+    ),
+    "tiny": Study(
+        "cpu_ladder",
+        "the d = 32 CPU ladder (the committed result's study): baseline / Full / Block AttnRes x cpu_xs..cpu_l",
+        committed=COMMITTED_LADDER,
     ),
     "cpu5": Study(
         "cpu_ladder",
@@ -168,6 +176,50 @@ def restore_records(source: Path, study_dir: Path) -> tuple[int, list[str]]:
             copied += 1
     rebuild_table(study_dir)
     return copied, problems
+
+
+def regime_sentence(results: Path) -> str:
+    """One sentence on the regime a study's completed runs measured: depths, widths, heads, context, tokens per
+    parameter, and where that sits against the paper's claim (24-34 sublayers, d_model 896-1264, ~200 tokens per
+    parameter)."""
+    from analysis.records import load_results
+
+    df = load_results(results)
+    df = df[df["status"] == "completed"] if "status" in df.columns else df
+    if df.empty:
+        return "regime: no completed runs"
+
+    def span(col: str) -> str:
+        lo, hi = int(df[col].min()), int(df[col].max())
+        return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+    tpp = (df["tokens"] / df["params_non_embedding"]).astype(float)
+    tpp_text = f"{tpp.min():.0f}" if round(tpp.min()) == round(tpp.max()) else f"{tpp.min():.0f}-{tpp.max():.0f}"
+    sublayers = f"{2 * int(df['n_layers'].min())}-{2 * int(df['n_layers'].max())}"
+    return (
+        f"regime: L_b {span('n_layers')} transformer blocks ({sublayers} sublayers), d_model {span('d_model')} "
+        f"({span('n_heads')} heads), context {span('seq_len')}, {tpp_text} tokens per parameter; the paper's claim is "
+        "at 24-34 sublayers, d_model 896-1264 and ~200 tokens per parameter, so a result here speaks for this "
+        "shape, not for the paper's (where Block AttnRes starts to pay at CPU scale: docs/results/cpu_map/)"
+    )
+
+
+def committed_lines(path: Path) -> list[str]:
+    """The committed full result's multipliers (fit.json at ``path``), one line per arm."""
+    if not path.is_file():
+        return []
+    fit = FitDocument.from_json(path)
+    seeds = sorted(set((fit.bootstrap.seeds_per_size or {}).values())) if fit.bootstrap else []
+    lines = []
+    for name, m in fit.multipliers.items():
+        if m.m is None:
+            continue
+        lo, hi = m.m_ci95 or (float("nan"), float("nan"))
+        lines.append(
+            f"  committed ({'/'.join(map(str, seeds)) or '?'} seeds per size, {path.parent.relative_to(REPO)}): "
+            f"{name}: m = {m.m:.3f}x (95% CI {lo:.3f}-{hi:.3f})"
+        )
+    return lines
 
 
 def headline(fit_path: Path) -> list[str]:
@@ -337,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[attnres] report: {report}/ (summary.md, fit.json, figures); total {time.time() - t0:.0f} s")
         for line in headline(report / "fit.json"):
             print(line)
+        if study.committed:
+            for line in committed_lines(REPO / study.committed):
+                print(line)
+        print(f"[attnres] {regime_sentence(results)}")
     return sweep_rc or fit_rc
 
 

@@ -1,0 +1,42 @@
+"""What `python -m sweeps.study` prints at its end beside its own fit: the committed full result of the same study
+and one sentence on the regime its runs measured."""
+
+from __future__ import annotations
+
+from experiments import records
+from sweeps.study import COMMITTED_LADDER, REPO, STUDIES, committed_lines, regime_sentence
+
+
+def test_the_regime_sentence_describes_the_runs_shape(tmp_path):
+    study = tmp_path / "s"
+    for i, (n_layers, d_model, heads, params, tokens) in enumerate(
+        [(4, 32, 2, 47392, 432000), (7, 32, 2, 93750, 843776), (7, 32, 2, 93750, 843776)]
+    ):
+        records.add_record(
+            study,
+            records.make_record(
+                run_id=f"r{i}",
+                status="completed" if i < 2 else "failed",
+                n_layers=n_layers,
+                d_model=d_model,
+                n_heads=heads,
+                seq_len=128,
+                params_non_embedding=params,
+                tokens=tokens,
+                val_loss=2.0,
+                pflops_days=1e-9,
+            ),
+        )
+    text = regime_sentence(study / "results.csv")
+    assert text.startswith("regime: L_b 4-7 transformer blocks (8-14 sublayers), d_model 32 (2 heads), context 128, 9")
+    assert "tokens per parameter" in text
+    assert "24-34 sublayers" in text
+
+
+def test_the_default_study_prints_the_committed_result_beside_its_own():
+    assert STUDIES["cpu"].committed == STUDIES["tiny"].committed == COMMITTED_LADDER
+    lines = committed_lines(REPO / COMMITTED_LADDER)
+    assert len(lines) == 2
+    assert "block_attnres: m = 0.879x (95% CI 0.799-1.013)" in lines[0]
+    assert "6 seeds per size" in lines[0]
+    assert committed_lines(REPO / "docs" / "no_such_fit.json") == []
