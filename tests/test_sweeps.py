@@ -160,6 +160,8 @@ SWEEP_KINDS = {
     "cpu_ablations": "ablations",
     "arch_grid": "arch_grid",
     "cpu_arch_grid": "arch_grid",
+    "cpu_map_lr": "lr",
+    "cpu_map": "map",
 }
 
 
