@@ -63,6 +63,8 @@ def test_variant_and_size_names_are_their_file_names():
         s = OmegaConf.load(path)
         if "d_over_lb" in s:  # a derived size names its grid cell: <file name>_d<d/L_b>_h<H/L_b>
             assert s.name == f"{path.stem}_d{s.d_over_lb}_h{s.heads_over_lb}", path
+        elif "tokens_per_param" in s:  # a map cell (cpu_map.yaml): map_L<L_b>_d<d_model>
+            assert s.name == f"map_L{s.n_layers}_d{s.d_model}", path
         else:
             assert s.name == path.stem, path
 
