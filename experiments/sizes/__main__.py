@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printou
     )
     for path in sorted(conf.glob("*.yaml")):
         s = OmegaConf.load(path)
-        if "d_over_lb" in s:  # a derived size (arch grid): printed below, per grid cell
+        if "d_over_lb" in s or "tokens_per_param" in s:  # derived sizes (arch grid, map): printed below, per cell
             continue
         cfg = ModelConfig(
             vocab_size=256,
@@ -138,6 +138,43 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printou
     )
     for sweep in ARCH_SWEEPS:
         _print_arch_grid(sweep, args.paper_vocab if sweep == "arch_grid" else 256)
+    _print_map(conf / "cpu_map.yaml")
+
+
+def _print_map(path) -> None:  # pragma: no cover - a printout
+    """The depth-by-width map's cells (conf/sweep/cpu_map.yaml): shape, N, tokens and compute per cell."""
+    from omegaconf import OmegaConf
+
+    from attnres import ModelConfig, flops_per_token
+
+    s = OmegaConf.load(path)
+    print(
+        f"\nDepth-by-width map (conf/size/cpu_map.yaml): {s.tokens_per_param} tokens per parameter, context "
+        f"{s.seq_len}, batch {s.batch_size}; Block AttnRes n_blocks = min(8, L_b)"
+    )
+    print(
+        f"{'cell':14s} {'L_b':>3s} {'d':>4s} {'H':>3s} {'d_ff':>5s} {'N':>10s} {'steps':>7s} {'tokens':>12s} "
+        f"{'MFLOP/tok':>10s} {'C (FLOPs)':>10s}"
+    )
+    for d_model in (32, 64, 128):
+        for n_layers in (4, 8, 16):
+            c = sizes.map_cell(n_layers, d_model)
+            steps = sizes.steps_for(c.params * s.tokens_per_param, s.batch_size, s.seq_len)
+            tokens = steps * s.batch_size * s.seq_len
+            cfg = ModelConfig(
+                vocab_size=256,
+                n_layers=n_layers,
+                d_model=d_model,
+                n_heads=c.n_heads,
+                head_dim=sizes.MAP_HEAD_DIM,
+                d_ff=c.d_ff,
+                max_seq_len=s.seq_len,
+            )
+            fpt = flops_per_token(cfg, s.seq_len).total
+            print(
+                f"{f'map_L{n_layers}_d{d_model}':14s} {n_layers:3d} {d_model:4d} {c.n_heads:3d} {c.d_ff:5d} "
+                f"{c.params:10,d} {steps:7d} {tokens:12,d} {fpt / 1e6:10.2f} {fpt * tokens:10.2e}"
+            )
 
 
 if __name__ == "__main__":  # pragma: no cover
