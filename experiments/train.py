@@ -29,7 +29,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from . import config_schema, records, resolvers
-from .compose import conf_dir
+from .compose import cli_problem, conf_dir
 from .errors import SetupError
 from .identity import resolved_container, run_identity
 from .job import run_job
@@ -37,7 +37,7 @@ from .locks import acquire_run_lock
 from .run_env import environment, is_rank_zero, quiet_lightning
 from .run_plan import plan_run
 from .run_record import RunRecord, find_completed, warn_other_data
-from .validation import check_config
+from .validation import check_config, check_writable
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
 # job's config (hydra.sweep.dir uses ${attnres_pid:}) without running main(); conf/ names the structured configs.
@@ -52,16 +52,17 @@ def _setup_error(e: BaseException) -> SetupError:
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run (or resume, or skip) one training run; returns its result record.
 
-    Before training (nothing written, Lightning not imported): the config checks, the run's identity and the skip
-    check, then the data and model checks. Any problem there raises SetupError and leaves no trace. Then the
-    run's lock (RunBusy when another process is training it), the run directory, and training: from here every
-    way the run ends is recorded (completed, failed, diverged; interrupted by a signal, after a checkpoint at
-    that step: RunInterrupted).
+    Before training (nothing written, Lightning not imported): the config checks, the run's identity (inside
+    ``paths.runs_root``), that the runs root is writable and the skip check, then the data and model checks. Any
+    problem there raises SetupError and leaves no trace. Then the run's lock (RunBusy when another process is
+    training it), the run directory, and training: from here every way the run ends is recorded (completed, failed,
+    diverged; interrupted by a signal, after a checkpoint at that step: RunInterrupted).
     """
     cfg = copy.deepcopy(cfg)
     try:
         check_config(cfg)
         chash, run_id, run_dir, study_dir = run_identity(cfg)
+        check_writable(study_dir)
     except ValueError as e:
         raise _setup_error(e) from e
     if not cfg.force and (done := find_completed(study_dir, chash, run_id)) is not None:
@@ -177,7 +178,13 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """``python -m experiments.train`` and the console script ``attnres-train`` (any working directory): the
-    Hydra app, with a Ctrl-C outside training (composing, preparing data) ending in one line, not a traceback."""
+    Hydra app. A command line Hydra would refuse (a group choice or key that does not exist, an override that does
+    not parse) ends in one line and exit status 2 before anything runs (experiments.compose.cli_problem); a Ctrl-C
+    outside training (composing, preparing data) ends in one line, not a traceback."""
+    problem = cli_problem(sys.argv[1:])
+    if problem is not None:
+        print(f"[attnres] config error: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
     try:
         hydra_main()
     except KeyboardInterrupt:

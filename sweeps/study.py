@@ -204,13 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(f"model={ARMS[args.arms]}")
     cmd = sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + args.overrides)
     overrides = cmd[len(TRAIN_COMMAND) + 1 :]  # what the sweep command sets beyond +sweep=<sweep>
-    from hydra.errors import HydraException
+    from experiments.compose import cli_problem
+    from experiments.validation import check_name
 
-    try:
-        cfg = sweep_config(study.sweep, overrides)
-    except HydraException as e:  # a bad override: the sweep would fail the same way
-        print(f"[attnres] error: {e}", file=sys.stderr)
+    problem = cli_problem(["-m", f"+sweep={study.sweep}", *overrides])  # a bad override: the sweep would fail
+    if problem is not None:
+        print(f"[attnres] config error: {problem}", file=sys.stderr)
         return 2
+    cfg = sweep_config(study.sweep, overrides)
     kind = str(cfg.study_kind)
     if kind not in STUDY_KINDS:
         print(f"[attnres] error: study_kind={kind!r}; allowed values: {', '.join(STUDY_KINDS)}", file=sys.stderr)
@@ -218,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     if ARMS[args.arms] is not None and kind != "lr":
         ap.error("--arms applies to the lr study only")
     study_name = _sweep_key(study.sweep, "study", overrides, cfg)
+    try:
+        check_name("study", study_name)  # it names <runs-root>/<study> and <reports-root>/<study>
+    except ValueError as e:
+        print(f"[attnres] config error: {e}", file=sys.stderr)
+        return 2
     seeds = _sweep_key(study.sweep, "seed", overrides, cfg)
     results = Path(args.runs_root) / study_name / "results.csv"
     report = Path(args.reports_root) / study_name
