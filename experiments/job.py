@@ -54,8 +54,9 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
     In a multirun a failed run is recorded and reported, not raised, so the sweep goes on and ends with a summary
     (sweeps.callbacks.SweepSummary) whose exit status says whether every run was fine. A config or data error
     (SetupError) prints one line (exit status 2 for a single run); a run another process is training (RunBusy) is
-    skipped with a message (exit status 3 for a single run); an interrupt stops the run and, in a multirun, the
-    sweep (exit status 128 + the signal number).
+    skipped with a message (exit status 3 for a single run); a diverged run is one line (exit status 1 for a single
+    run, no traceback); an interrupt stops the run and, in a multirun, the sweep (exit status 128 + the signal
+    number).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -74,12 +75,18 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
             raise SystemExit(code) from None
         return None
     except Exception as e:
-        if not multirun:
-            raise
-        from .module import DivergedError
+        diverged = False  # a DivergedError exists only once experiments.module was imported
+        if "experiments.module" in sys.modules:
+            from .module import DivergedError
 
-        status, run_id = "diverged" if isinstance(e, DivergedError) else "failed", run_id_or_guess(cfg)
-        print(f"[attnres] {run_id}: {status}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            diverged = isinstance(e, DivergedError)  # its line is printed already (experiments.run_outcome)
+        if not multirun:
+            if diverged:
+                raise SystemExit(1) from None
+            raise
+        status, run_id = "diverged" if diverged else "failed", run_id_or_guess(cfg)
+        if not diverged:
+            print(f"[attnres] {run_id}: {status}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         write_job_summary({"status": status, "run_id": run_id, "error": f"{type(e).__name__}: {e}"})
         return None
     status = "skipped" if record.get("skipped") else str(record.get("status", "completed"))

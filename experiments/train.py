@@ -6,8 +6,8 @@
 
 A run is identified by its config_hash (experiments/identity.py) and lives in
 ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``: relaunching the same config resumes from
-``checkpoints/last.ckpt``, or skips a run the study already holds as completed (``force=true`` re-runs it, moving
-the old directory aside). Every run that started training writes ``results.json`` and one record to the study's
+``checkpoints/last.ckpt``, or skips a run the study already holds as completed or diverged (``force=true`` re-runs
+it, moving the old directory aside). Every run that started training writes ``results.json`` and one record to the study's
 ledger (experiments/run_record.py, experiments/records.py), however it ended (experiments/run_outcome.py); a config
 or data error found before training writes nothing. One process trains a run at a time (experiments/locks.py).
 
@@ -36,7 +36,7 @@ from .job import run_job
 from .locks import acquire_run_lock
 from .run_env import environment, is_rank_zero, quiet_lightning
 from .run_plan import plan_run
-from .run_record import RunRecord, find_completed, warn_other_data
+from .run_record import RunRecord, find_finished, warn_other_data
 from .validation import check_config, check_writable
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
@@ -65,7 +65,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         check_writable(study_dir)
     except ValueError as e:
         raise _setup_error(e) from e
-    if not cfg.force and (done := find_completed(study_dir, chash, run_id)) is not None:
+    if not cfg.force and (done := find_finished(study_dir, chash, run_id)) is not None:
         return done  # every rank checks, so all of a multi-device run skip together
     if cfg.get("threads"):
         import torch
@@ -80,13 +80,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         warn_other_data(study_dir, plan)
     lock = acquire_run_lock(study_dir, run_id) if rank_zero else None
     try:
-        if not cfg.force and (done := find_completed(study_dir, chash, run_id)) is not None:
+        if not cfg.force and (done := find_finished(study_dir, chash, run_id)) is not None:
             return done  # completed by another process while this one was getting ready
         replacing = cfg.force and (run_dir / records.RESULTS_JSON).is_file()
-        if rank_zero and replacing and records.find_completed(study_dir, chash):
+        if rank_zero and replacing and (old := records.find_completed(study_dir, chash, records.FINISHED)):
             aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             shutil.move(str(run_dir), str(aside))
-            print(f"[attnres] force=true: moved the completed run's directory to {aside}")
+            print(f"[attnres] force=true: moved the {old['status']} run's directory to {aside}")
         run_dir.mkdir(parents=True, exist_ok=True)
         with open_dict(cfg):
             cfg.run_id = run_id
