@@ -238,10 +238,15 @@ def read_rows(table: str | Path) -> list[dict[str, str]]:
     return [r for _, r in rows]
 
 
-FINISHED = ("completed", "diverged")  # a relaunch skips a run whose last record has one of these (docs/results_schema.md)
+FINISHED = (
+    "completed",
+    "diverged",
+)  # a relaunch skips a run whose last record has one of these (docs/results_schema.md)
 
 
-def find_completed(study_dir: str | Path, config_hash_: str, statuses: tuple[str, ...] = ("completed",)) -> dict[str, Any] | None:
+def find_completed(
+    study_dir: str | Path, config_hash_: str, statuses: tuple[str, ...] = ("completed",)
+) -> dict[str, Any] | None:
     """The last record with this config_hash if its status is one of ``statuses`` (FINISHED: completed or
     diverged, the skip rule), else None.
 

@@ -7,9 +7,9 @@
 A run is identified by its config_hash (experiments/identity.py) and lives in
 ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``: relaunching the same config resumes from
 ``checkpoints/last.ckpt``, or skips a run the study already holds as completed or diverged (``force=true`` re-runs
-it, moving the old directory aside). Every run that started training writes ``results.json`` and one record to the study's
-ledger (experiments/run_record.py, experiments/records.py), however it ended (experiments/run_outcome.py); a config
-or data error found before training writes nothing. One process trains a run at a time (experiments/locks.py).
+it, moving the old directory aside). Every run that started training writes ``results.json`` and one record to the
+study's ledger (experiments/run_record.py, experiments/records.py), however it ended (experiments/run_outcome.py); a
+config or data error found before training writes nothing. One process trains a run at a time (experiments/locks.py).
 
 Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
 diagnostics.json(+l) (experiments/callbacks.py), checkpoints/last.ckpt, and the loggers' files (wandb/, csv_logs/).
