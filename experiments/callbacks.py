@@ -45,21 +45,31 @@ def _fmt(v: Any) -> str:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """metrics.csv back as a list of dicts (numbers parsed; empty cells None)."""
+    """metrics.csv back as a list of dicts (numbers parsed; empty cells None). A row that does not parse (a torn
+    tail, a garbled byte) is dropped with a warning naming the file and line, like a ledger row."""
     path = Path(path)
     if not path.is_file():
         return []
     rows = []
-    with open(path, newline="", encoding="utf-8") as f:
-        for raw in csv.DictReader(f):
-            row: dict[str, Any] = {}
-            for k, v in raw.items():
-                if v in ("", None):
-                    row[k] = None
-                elif k == "step" or k == "tokens":
-                    row[k] = int(float(v))
-                else:
-                    row[k] = float(v)
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.DictReader(f)
+        for raw in reader:
+            try:
+                row: dict[str, Any] = {}
+                for k, v in raw.items():
+                    if k is None or v is None:  # more fields than the header, or fewer (restval)
+                        raise ValueError("the row has the wrong number of fields")
+                    if v in ("", None):
+                        row[k] = None
+                    elif k == "step" or k == "tokens":
+                        row[k] = int(float(v))
+                    else:
+                        row[k] = float(v)
+                if row.get("step") is None:
+                    raise ValueError("no step")
+            except ValueError as e:
+                warnings.warn(f"{path}:{reader.line_num}: unreadable metrics row dropped ({e})", stacklevel=2)
+                continue
             rows.append(row)
     return rows
 
@@ -114,11 +124,17 @@ class RunRecorder(pl.Callback):
         self.diagnostics = []
         path = self.run_dir / "diagnostics.jsonl"
         if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
+            for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
                     d = json.loads(line)
-                    if d["step"] <= upto_step:
-                        self.diagnostics.append(d)
+                    step = int(d["step"])
+                except (ValueError, TypeError, KeyError) as e:  # a torn tail line: dropped, like a ledger row
+                    warnings.warn(f"{path}:{n}: unreadable diagnostics line dropped ({type(e).__name__})", stacklevel=2)
+                    continue
+                if step <= upto_step:
+                    self.diagnostics.append(d)
 
     def wall_time_s(self) -> float:
         return self.prior_wall_s + (time.time() - self.session_start)

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,7 +54,12 @@ def recorded_outcome(run: RunRecord, interrupt: Any, rank_zero: bool) -> Iterato
             try:
                 run.write(run.record(status, error=message))
             except Exception as write_error:  # noqa: BLE001 - never mask the original error
-                warnings.warn(f"could not write the {status} record of {run.run_id}: {write_error}", stacklevel=2)
+                print(
+                    f"[attnres] {run.run_id}: could not write its {status} record ({type(write_error).__name__}: "
+                    f"{write_error}); the study's earlier records are untouched",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finish_wandb(exit_code=1)
         if status == "diverged" and rank_zero:
             print(

@@ -12,7 +12,8 @@ study's ledger (experiments/run_record.py, experiments/records.py), however it e
 config or data error found before training writes nothing. One process trains a run at a time (experiments/locks.py).
 
 Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
-diagnostics.json(+l) (experiments/callbacks.py), checkpoints/last.ckpt, and the loggers' files (wandb/, csv_logs/).
+diagnostics.json(+l) (experiments/callbacks.py), checkpoints/last.ckpt and the one before it, last.prev.ckpt (written
+atomically, checked before a resume: experiments/checkpoint_io.py), and the loggers' files (wandb/, csv_logs/).
 
 Lightning is imported only inside :func:`train`, so ``--help`` and config composition stay fast.
 """
@@ -102,6 +103,7 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     from .callbacks import GracefulInterrupt, RunRecorder
+    from .checkpoint_io import resume_checkpoint
     from .instantiators import fault_callbacks, instantiate_callbacks, instantiate_loggers, instantiate_trainer
     from .module import LMModule
     from .run_outcome import recorded_outcome
@@ -135,21 +137,22 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
         )
         recorder.session_start = run.t0  # this launch's wall time includes data and model setup
         callbacks = [recorder, *instantiate_callbacks(cfg), interrupt, *fault_callbacks(cfg)]
-        resuming = ckpt.is_file()
+        resume_from = resume_checkpoint(ckpt, run.run_id, rank_zero)  # a damaged one is reported and set aside
+        resuming = resume_from is not None
         loggers = instantiate_loggers(cfg, wandb_run_id(run.run_dir, resuming) if rank_zero else "")
         run.trainer = trainer = instantiate_trainer(cfg, plan, callbacks, loggers, run.run_dir)
 
         derived = run.derived()
         log_hyperparameters(loggers, {**container, **derived}, rank_zero)
         if rank_zero:
-            state = f"resuming from {ckpt}" if resuming else "starting"
+            state = f"resuming from {resume_from}" if resuming else "starting"
             print(
                 f"[attnres] {run.run_id}: {state}; {plan.steps} steps x {run.tokens_per_step} tokens, "
                 f"N={derived['derived/params_non_embedding']:,}, C={derived['derived/flops']:.3g} FLOPs -> "
                 f"{run.run_dir}"
             )
 
-        trainer.fit(module, datamodule=plan.datamodule, ckpt_path=str(ckpt) if resuming else None)
+        trainer.fit(module, datamodule=plan.datamodule, ckpt_path=str(resume_from) if resuming else None)
         recorder.ensure_loaded(trainer)  # fit returns at once when the checkpoint was already at the last step
         if trainer.global_step < plan.steps:
             raise RuntimeError(f"training stopped at step {trainer.global_step} of {plan.steps}")
