@@ -39,7 +39,11 @@ def fault_callbacks(cfg: DictConfig) -> list[Any]:
     if fault.get("nan_at_step") is not None:
         callbacks.append(NaNAtStep(int(fault.nan_at_step)))
     if fault.get("signal_at_step") is not None:
-        callbacks.append(SignalAtStep(int(fault.signal_at_step), str(fault.get("signal", "SIGTERM"))))
+        callbacks.append(
+            SignalAtStep(
+                int(fault.signal_at_step), str(fault.get("signal", "SIGTERM")), str(fault.get("signal_phase", "train"))
+            )
+        )
     if fault.get("raise_at_step") is not None:
         callbacks.append(RaiseAtStep(int(fault.raise_at_step)))
     return callbacks

@@ -29,9 +29,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from . import config_schema, records, resolvers
+from . import config_schema, interrupts, records, resolvers
 from .compose import cli_problem, conf_dir
-from .errors import SetupError
+from .errors import SetupError, StopRequested
 from .identity import resolved_container, run_identity
 from .job import run_job
 from .locks import acquire_run_lock
@@ -60,6 +60,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     diverged; interrupted by a signal, after a checkpoint at that step: RunInterrupted).
     """
     cfg = copy.deepcopy(cfg)
+    interrupts.reset()  # a new run (experiments.job.run_job starts none after an interrupt of its launch)
     try:
         check_config(cfg)
         chash, run_id, run_dir, study_dir = run_identity(cfg)
@@ -88,6 +89,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             shutil.move(str(run_dir), str(aside))
             print(f"[attnres] force=true: moved the {old['status']} run's directory to {aside}")
+        if (signame := interrupts.received()) is not None:  # while the data and the model were prepared
+            raise StopRequested(signame)
         run_dir.mkdir(parents=True, exist_ok=True)
         with open_dict(cfg):
             cfg.run_id = run_id
@@ -153,6 +156,7 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
             )
 
         trainer.fit(module, datamodule=plan.datamodule, ckpt_path=str(resume_from) if resuming else None)
+        interrupt.stop_if_received(trainer)  # each phase after training is a point an interrupt stops at
         recorder.ensure_loaded(trainer)  # fit returns at once when the checkpoint was already at the last step
         if trainer.global_step < plan.steps:
             raise RuntimeError(f"training stopped at step {trainer.global_step} of {plan.steps}")
@@ -160,6 +164,7 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
             trainer.validate(module, datamodule=plan.datamodule, verbose=False)  # the last step is always evaluated
         if trainer.is_global_zero:
             recorder.flush()
+        interrupt.stop_if_received(trainer)  # after this, a signal lets the completed record be written first
         record = run.record("completed")
         if rank_zero:
             run.write(record)
@@ -182,22 +187,25 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """``python -m experiments.train`` and the console script ``attnres-train`` (any working directory): the
     Hydra app. A command line Hydra would refuse (a group choice or key that does not exist, an override that does
-    not parse) ends in one line and exit status 2 before anything runs (experiments.compose.cli_problem); a Ctrl-C
-    outside training (composing, preparing data) ends in one line, not a traceback."""
+    not parse) ends in one line and exit status 2 before anything runs (experiments.compose.cli_problem). An
+    interrupt outside training (composing, preparing data, between the runs of a sweep) ends in one line, not a
+    traceback, with exit status 128 + the signal number (experiments.interrupts.install_launcher)."""
     problem = cli_problem(sys.argv[1:])
     if problem is not None:
         print(f"[attnres] config error: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(2)
+    interrupts.install_launcher()
     try:
         hydra_main()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, StopRequested) as e:
+        signame = e.signame if isinstance(e, StopRequested) else "SIGINT"
         print(
-            "[attnres] interrupted: a run in training saves a checkpoint and is recorded as interrupted (relaunch "
-            "to resume); one that had not started training leaves nothing",
+            f"[attnres] interrupted by {signame}: a run in training saves a checkpoint and is recorded as "
+            "interrupted (relaunch to resume); one that had not started training leaves nothing",
             file=sys.stderr,
             flush=True,
         )
-        raise SystemExit(130) from None
+        raise SystemExit(interrupts.exit_code(signame)) from None
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ running the same command again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -103,7 +104,14 @@ def sweep_config(sweep: str, overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def run_streaming(cmd: list[str], log_path: Path) -> int:
-    """Run a command, keep its full output in a log file and echo the lines a person wants to see."""
+    """Run a command, keep its full output in a log file and echo the lines a person wants to see.
+
+    SIGTERM and SIGUSR1 to this process are passed on to the command (which stops its runs cleanly) and its end is
+    awaited; Ctrl-C reaches both anyway. The command watches this process (``ATTNRES_PARENT_PID``,
+    experiments.interrupts.watch_parent): if this one is killed outright, the sweep stops its run in flight as
+    interrupted instead of going on with nobody reading its output."""
+    from experiments.interrupts import PARENT_ENV
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
@@ -113,9 +121,15 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
         )
         assert proc.stdout is not None
+
+        def forward(signum: int, frame: object) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+        previous = {num: signal.signal(num, forward) for num in (signal.SIGTERM, signal.SIGUSR1)}
         try:
             for line in proc.stdout:
                 log.write(line)
@@ -128,6 +142,9 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
             log.write(proc.stdout.read())
             proc.wait()
             raise
+        finally:
+            for num, handler in previous.items():
+                signal.signal(num, handler)
         return proc.wait()
 
 
@@ -236,13 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         sweep_rc = run_streaming(cmd, report / "sweep.log")
     except KeyboardInterrupt:
         sweep_rc = 130
-    if sweep_rc > 128:  # interrupted (SIGINT / SIGTERM / SIGUSR1): the runs in flight saved a checkpoint
+    if sweep_rc > 128 or sweep_rc < 0:  # interrupted (SIGINT / SIGTERM / SIGUSR1, or killed): runs in flight
+        # saved a checkpoint (a kill -9 of the sweep itself leaves the last periodic one)
         print(
             f"[attnres] interrupted: runs in flight saved a checkpoint and were recorded as interrupted; re-run the "
             f"same command to resume (log: {report / 'sweep.log'})",
             flush=True,
         )
-        return sweep_rc
+        return sweep_rc if sweep_rc > 0 else 128 - sweep_rc  # killed by signal n: 128 + n, as a shell reports it
     print(
         f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {report / 'sweep.log'}",
         flush=True,

@@ -64,6 +64,15 @@ def _release_hydra():
         _HYDRA = None
 
 
+@pytest.fixture(autouse=True)
+def _forget_interrupts():
+    """A test that interrupts a run in this process leaves the signal remembered (experiments.interrupts: a launch
+    starts no run after one); each test starts without."""
+    yield
+    if "experiments.interrupts" in sys.modules:
+        sys.modules["experiments.interrupts"].reset()
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """A temp dataset cache holding the TEST_MAX_BYTES stdlib slice (prepared once per session)."""
