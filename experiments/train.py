@@ -160,7 +160,10 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
         recorder.ensure_loaded(trainer)  # fit returns at once when the checkpoint was already at the last step
         if trainer.global_step < plan.steps:
             raise RuntimeError(f"training stopped at step {trainer.global_step} of {plan.steps}")
-        if recorder.last_eval is None or recorder.last_eval["step"] != plan.steps:
+        evaluate = recorder.last_eval is None or recorder.last_eval["step"] != plan.steps
+        if trainer.world_size > 1:  # rank zero records the evaluations: its answer holds for every rank
+            evaluate = bool(trainer.strategy.broadcast(evaluate, src=0))
+        if evaluate:
             trainer.validate(module, datamodule=plan.datamodule, verbose=False)  # the last step is always evaluated
         if trainer.is_global_zero:
             recorder.flush()
