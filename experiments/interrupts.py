@@ -19,12 +19,12 @@ launch exits with 128 + its number (:func:`exit_code`), so a sweep stops instead
 
 **Parent death.** A process whose parent put the parent's pid in ``ATTNRES_PARENT_PID`` (sweeps.study for its
 sweep, every launcher for its workers: :func:`watch_parent`) polls its parent once a second; when the parent is
-gone (kill -9), the process sends itself SIGTERM, so its run stops as above and is recorded ``interrupted``. A
-poll and not ``prctl(PR_SET_PDEATHSIG)``: the prctl signal fires when the parent *thread* that started the child
-exits (loky starts workers from a helper thread) and exists on Linux only. Output to a pipe whose reader is gone
-goes to /dev/null from then on instead of raising BrokenPipeError in whatever wrote (:func:`tolerate_closed_pipes`).
+gone (kill -9), the process sends itself SIGTERM, so its run stops as above and is recorded ``interrupted``. Output
+to a pipe whose reader is gone goes to /dev/null from then on instead of raising BrokenPipeError in whatever wrote
+(:func:`tolerate_closed_pipes`).
 
-Standard library only: the entry point installs these before anything heavy is imported.
+Decisions (the consistent points, why a poll and not PR_SET_PDEATHSIG): docs/runs.md. Standard library only: the
+entry point installs these before anything heavy is imported.
 """
 
 from __future__ import annotations
