@@ -30,6 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from . import interrupts
 from .compiler import cpu_seconds
 from .errors import RunInterrupted
 from .records import atomic_write_text, utc_now
@@ -46,21 +47,31 @@ def _fmt(v: Any) -> str:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """metrics.csv back as a list of dicts (numbers parsed; empty cells None)."""
+    """metrics.csv back as a list of dicts (numbers parsed; empty cells None). A row that does not parse (a torn
+    tail, a garbled byte) is dropped with a warning naming the file and line, like a ledger row."""
     path = Path(path)
     if not path.is_file():
         return []
     rows = []
-    with open(path, newline="", encoding="utf-8") as f:
-        for raw in csv.DictReader(f):
-            row: dict[str, Any] = {}
-            for k, v in raw.items():
-                if v in ("", None):
-                    row[k] = None
-                elif k == "step" or k == "tokens":
-                    row[k] = int(float(v))
-                else:
-                    row[k] = float(v)
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.DictReader(f)
+        for raw in reader:
+            try:
+                row: dict[str, Any] = {}
+                for k, v in raw.items():
+                    if k is None or v is None:  # more fields than the header, or fewer (restval)
+                        raise ValueError("the row has the wrong number of fields")
+                    if v in ("", None):
+                        row[k] = None
+                    elif k == "step" or k == "tokens":
+                        row[k] = int(float(v))
+                    else:
+                        row[k] = float(v)
+                if row.get("step") is None:
+                    raise ValueError("no step")
+            except ValueError as e:
+                warnings.warn(f"{path}:{reader.line_num}: unreadable metrics row dropped ({e})", stacklevel=2)
+                continue
             rows.append(row)
     return rows
 
@@ -117,11 +128,17 @@ class RunRecorder(pl.Callback):
         self.diagnostics = []
         path = self.run_dir / "diagnostics.jsonl"
         if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
+            for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
                     d = json.loads(line)
-                    if d["step"] <= upto_step:
-                        self.diagnostics.append(d)
+                    step = int(d["step"])
+                except (ValueError, TypeError, KeyError) as e:  # a torn tail line: dropped, like a ledger row
+                    warnings.warn(f"{path}:{n}: unreadable diagnostics line dropped ({type(e).__name__})", stacklevel=2)
+                    continue
+                if step <= upto_step:
+                    self.diagnostics.append(d)
 
     def wall_time_s(self) -> float:
         return self.prior_wall_s + (time.time() - self.session_start)
@@ -270,51 +287,105 @@ class RunRecorder(pl.Callback):
 
 
 # ---- graceful interrupt ---------------------------------------------------------------------------------------
-INTERRUPT_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1")  # Ctrl-C; what SLURM sends before preemption / a time limit
+INTERRUPT_SIGNALS = interrupts.SIGNALS  # Ctrl-C; what SLURM sends before preemption / a time limit
 
 
 class GracefulInterrupt(pl.Callback):
-    """While installed, SIGINT, SIGTERM and SIGUSR1 only set a flag; at the end of the optimizer step in progress
-    the run saves ``checkpoint`` (the last.ckpt a relaunch resumes from) at that step and raises RunInterrupted.
-    A second SIGINT stops at once (KeyboardInterrupt; the last periodic checkpoint stands). Under DDP the ranks
-    agree through the strategy, so all of them stop at the same step."""
+    """While installed, SIGINT, SIGTERM and SIGUSR1 are only remembered (experiments.interrupts.on_signal); the run
+    then stops at the next consistent point, saves ``checkpoint`` (the last.ckpt a relaunch resumes from) at that
+    step and raises RunInterrupted:
+
+    * in training: at the end of the optimizer step in progress;
+    * in an evaluation (the periodic ones and the final one): once it is complete and recorded (it is bounded:
+      ``train.val_sequences`` windows), so the checkpoint holds the evaluated step and a relaunch does not
+      evaluate it again;
+    * while a checkpoint is written: right after it, at its step;
+    * after training (the final evaluation by ``trainer.validate``, the completed record): at
+      :meth:`stop_if_received`, which experiments.train calls after fit, after validate and before the record.
+
+    Lightning's own SIGTERM handler (which stops the loops between two evaluation batches, without a checkpoint)
+    is replaced by this one when training and evaluation start; the signal is passed on to the processes
+    Lightning's launcher started, as that handler did. A second SIGINT stops at once (KeyboardInterrupt; the last
+    periodic checkpoint stands). Under DDP the ranks agree through the strategy, so all of them stop at the same
+    step."""
 
     def __init__(self, checkpoint: str | Path) -> None:
         self.checkpoint = str(checkpoint)
-        self.received: str | None = None
+        self._trainer: pl.Trainer | None = None
+
+    @property
+    def received(self) -> str | None:
+        return interrupts.received()
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
+        first = interrupts.received() is None
+        interrupts.on_signal(signum, frame)
+        launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
+        if first and launcher is not None:
+            launcher.kill(signum)  # the ranks Lightning started (they stop at the same step)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         """The handlers, for the duration of the block (main thread only; elsewhere the block runs without)."""
+        with interrupts.handling(self._handler):
+            yield
+
+    def _take_over(self, trainer: pl.Trainer) -> None:
         import threading
 
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {}
-        for name in INTERRUPT_SIGNALS:
-            if hasattr(signal, name):
-                num = getattr(signal, name)
-                previous[num] = signal.signal(num, self._handler)
-        try:
-            yield
-        finally:
-            for num, handler in previous.items():
-                signal.signal(num, handler)
+        self._trainer = trainer
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handler)  # Lightning's fit/validate registered its own just before
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def _agreed(self, trainer: pl.Trainer) -> bool:
         stop = self.received is not None
         if trainer.world_size > 1:
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop:
-            return
-        trainer.save_checkpoint(self.checkpoint)
+        return stop
+
+    def _saved(self, trainer: pl.Trainer) -> bool:
+        """Whether this process saved ``checkpoint`` at the current step already (rank zero's answer under DDP)."""
+        from .checkpoint_io import AtomicCheckpointIO
+
+        io = trainer.strategy.checkpoint_io
+        saved = isinstance(io, AtomicCheckpointIO) and io.saved_at(self.checkpoint) == trainer.global_step
+        if trainer.world_size > 1:
+            saved = bool(trainer.strategy.broadcast(saved, src=0))
+        return saved
+
+    def stop(self, trainer: pl.Trainer) -> None:
+        """Save the checkpoint at this step (unless this process saved it at this step already) and raise
+        RunInterrupted."""
+        if not self._saved(trainer):
+            trainer.save_checkpoint(self.checkpoint)
         raise RunInterrupted(self.received or "SIGTERM", trainer.global_step, self.checkpoint)
+
+    def stop_if_received(self, trainer: pl.Trainer) -> None:
+        """:meth:`stop` when a signal arrived (outside Lightning's loops: after fit, after validate)."""
+        if self._agreed(trainer):
+            self.stop(trainer)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self._take_over(trainer)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self._take_over(trainer)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        # a signal while the periodic checkpoint of the step just done was written (the checkpoint callbacks run
+        # after this one): stop at that step, with that checkpoint; under DDP the ranks agree at the step's end
+        if trainer.world_size == 1 and self.received is not None and self._saved(trainer):
+            raise RunInterrupted(self.received, trainer.global_step, self.checkpoint)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._agreed(trainer):
+            self.stop(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        # in fit: the evaluation is complete and recorded (RunRecorder.on_validation_end ran first); a validate()
+        # after fit returns first and experiments.train stops the run then
+        if not trainer.sanity_checking and trainer.state.fn == "fit" and self._agreed(trainer):
+            self.stop(trainer)
 
 
 # ---- test-only fault injection (conf: fault.kill_at_step / fault.nan_at_step; excluded from config_hash) ------
@@ -331,14 +402,37 @@ class KillAtStep(pl.Callback):
 
 
 class SignalAtStep(pl.Callback):
-    """Send this process `signame` just before optimizer step `step` + 1 starts, as a user or SLURM would."""
+    """Send this process `signame`, as a user or SLURM would, in `phase` at optimizer step `step`:
 
-    def __init__(self, step: int, signame: str) -> None:
-        self.step, self.signame = step, signame
+    * ``train``: just before step `step` + 1 starts;
+    * ``eval``: during the evaluation of step `step` (at its first batch; fit's periodic or final one, or the
+      validate() after fit);
+    * ``checkpoint``: while the checkpoint of step `step` is being written."""
+
+    PHASES = ("train", "eval", "checkpoint")
+
+    def __init__(self, step: int, signame: str, phase: str = "train") -> None:
+        if phase not in self.PHASES:
+            raise ValueError(f"fault.signal_phase={phase!r}; allowed values: {', '.join(self.PHASES)}")
+        self.step, self.signame, self.phase = step, signame, phase
+        self._sent = False
+
+    def _send(self, trainer: pl.Trainer, phase: str) -> None:
+        if phase == self.phase and trainer.global_step == self.step and not self._sent:
+            self._sent = True
+            os.kill(os.getpid(), getattr(signal, self.signame))
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), getattr(signal, self.signame))
+        self._send(trainer, "train")
+
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._send(trainer, "eval")
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self._send(trainer, "checkpoint")
 
 
 class RaiseAtStep(pl.Callback):

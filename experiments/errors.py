@@ -27,3 +27,14 @@ class RunInterrupted(BaseException):
         super().__init__(f"{signame} at step {step}")
         self.signame, self.step, self.checkpoint = signame, step, checkpoint
         self.exit_code = 128 + int(getattr(signal, signame, signal.SIGINT))
+
+
+class StopRequested(BaseException):
+    """An interrupt signal outside a run's training (composing, preparing data, between the runs of a sweep), or
+    before a run started: there is nothing to save, so nothing is written for the run; the launch stops with
+    ``exit_code`` = 128 + the signal number. A BaseException, so that no ``except Exception`` swallows it."""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(f"interrupted by {signame}")
+        self.signame = signame
+        self.exit_code = 128 + int(getattr(signal, signame, signal.SIGINT))

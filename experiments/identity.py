@@ -9,6 +9,7 @@ No torch, no Lightning: computed before anything heavy is imported.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +109,19 @@ def identity_config(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_identity(cfg: DictConfig) -> tuple[str, str, Path, Path]:
-    """(config_hash, run_id, run_dir, study directory) of a composed config."""
+    """(config_hash, run_id, run_dir, study directory) of a composed config. A run directory that is not
+    ``<paths.runs_root>/<study>/<run_id>`` once normalised (a name holding a separator or ``..``; the names are
+    checked by experiments.validation.check_name first) is a ValueError: nothing is ever written outside the root."""
     container = resolved_container(cfg)
     chash = records.config_hash(identity_config(container))
     run_id = f"{cfg.model.variant}_{cfg.size.name}_s{cfg.seed}_{chash[:8]}"
-    study_dir = Path(cfg.paths.runs_root).expanduser().resolve() / str(cfg.study)
-    return chash, run_id, study_dir / run_id, study_dir
+    root = Path(cfg.paths.runs_root).expanduser().resolve()
+    study_dir = root / str(cfg.study)
+    run_dir = study_dir / run_id
+    normal = Path(os.path.normpath(run_dir))
+    if normal != run_dir or normal.parent.parent != root or normal.parent.name != str(cfg.study):
+        raise ValueError(
+            f"the run directory {normal} is not <paths.runs_root>/<study>/<run id> under paths.runs_root={root}: "
+            "study, size.name and model.variant must be plain names"
+        )
+    return chash, run_id, run_dir, study_dir

@@ -39,7 +39,11 @@ def fault_callbacks(cfg: DictConfig) -> list[Any]:
     if fault.get("nan_at_step") is not None:
         callbacks.append(NaNAtStep(int(fault.nan_at_step)))
     if fault.get("signal_at_step") is not None:
-        callbacks.append(SignalAtStep(int(fault.signal_at_step), str(fault.get("signal", "SIGTERM"))))
+        callbacks.append(
+            SignalAtStep(
+                int(fault.signal_at_step), str(fault.get("signal", "SIGTERM")), str(fault.get("signal_phase", "train"))
+            )
+        )
     if fault.get("raise_at_step") is not None:
         callbacks.append(RaiseAtStep(int(fault.raise_at_step)))
     return callbacks
@@ -72,13 +76,23 @@ def instantiate_trainer(
     cfg: DictConfig, plan: RunPlan, callbacks: list[Any], loggers: list[Any], root_dir: Path
 ) -> Any:
     """The lightning.pytorch.Trainer of ``cfg.trainer`` with the plan's settings, ``callbacks`` and ``loggers``
-    (none: no logger), writing under ``root_dir``."""
+    (none: no logger), writing under ``root_dir``; its checkpoints are saved atomically
+    (experiments.checkpoint_io.AtomicCheckpointIO, added to ``cfg.trainer.plugins`` unless they name a CheckpointIO)."""
     from hydra.utils import instantiate
+    from lightning.fabric.plugins import CheckpointIO
+    from omegaconf import ListConfig
 
+    from .checkpoint_io import AtomicCheckpointIO
+
+    nodes = cfg.trainer.get("plugins") or []
+    plugins = [instantiate(node) for node in (nodes if isinstance(nodes, (list, ListConfig)) else [nodes])]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
     return instantiate(
         cfg.trainer,
         **planned_trainer_kwargs(cfg, plan),
         callbacks=callbacks,
         logger=loggers or False,
         default_root_dir=str(root_dir),
+        plugins=plugins,
     )

@@ -6,6 +6,7 @@ sweeps.callbacks.SweepSummary reads back at the end of the multirun: :func:`writ
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 from collections.abc import Callable
@@ -14,8 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from . import records
-from .errors import RunBusy, RunInterrupted, SetupError
+from . import interrupts, records
+from .errors import RunBusy, RunInterrupted, SetupError, StopRequested
 from .identity import run_identity
 
 JOB_FILE = "attnres_job.json"
@@ -54,18 +55,41 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
     In a multirun a failed run is recorded and reported, not raised, so the sweep goes on and ends with a summary
     (sweeps.callbacks.SweepSummary) whose exit status says whether every run was fine. A config or data error
     (SetupError) prints one line (exit status 2 for a single run); a run another process is training (RunBusy) is
-    skipped with a message (exit status 3 for a single run); an interrupt stops the run and, in a multirun, the
-    sweep (exit status 128 + the signal number).
+    skipped with a message (exit status 3 for a single run); a diverged run is one line (exit status 1 for a single
+    run, no traceback).
+
+    An interrupt (experiments.interrupts) stops the run and the sweep: no run starts after it in this process, and
+    the launch exits with 128 + the signal number. In the launching process (a single run, Hydra's basic launcher)
+    that is a SystemExit at once; in a launcher's worker process (the joblib launcher) the job returns, tells the
+    launcher (which passes the signal on to every worker) and starts no further run, so every run in flight stops
+    cleanly and the sweep's summary (sweeps.callbacks.SweepSummary) exits with that status. A signal while the
+    completed record is written lets it be written: the run stands as completed and the sweep stops.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    worker = multirun and multiprocessing.parent_process() is not None  # a launcher's worker process (joblib)
+    if worker:
+        interrupts.install_worker()
+
+    def stop(signame: str, summary: dict[str, Any]) -> None:
+        write_job_summary({**summary, "signal": signame})
+        if not worker:
+            raise SystemExit(interrupts.exit_code(signame))
+        interrupts.notify_parent(signame)
+
+    if (signame := interrupts.received()) is not None:  # this launch was interrupted: start nothing
+        stop(signame, {"status": "not_started", "run_id": run_id_or_guess(cfg), "error": f"{signame} before it"})
+        return None
     try:
         record = train(cfg)
     except RunInterrupted as e:
-        write_job_summary({"status": "interrupted", "run_id": run_id_or_guess(cfg), "error": str(e)})
-        raise SystemExit(e.exit_code) from None
+        stop(e.signame, {"status": "interrupted", "run_id": run_id_or_guess(cfg), "error": str(e)})
+        return None
+    except StopRequested as e:  # before the run started training: nothing was written for it
+        stop(e.signame, {"status": "not_started", "run_id": run_id_or_guess(cfg), "error": f"{e.signame} before it"})
+        return None
     except (SetupError, RunBusy) as e:
         kind, status, code = ("config error", "failed", 2) if isinstance(e, SetupError) else ("busy", "skipped", 3)
         print(f"[attnres] {run_id_or_guess(cfg)}: {kind}: {e}", file=sys.stderr, flush=True)
@@ -74,16 +98,31 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
             raise SystemExit(code) from None
         return None
     except Exception as e:
-        if not multirun:
-            raise
-        from .module import DivergedError
+        diverged = False  # a DivergedError exists only once experiments.module was imported
+        if "experiments.module" in sys.modules:
+            from .module import DivergedError
 
-        status, run_id = "diverged" if isinstance(e, DivergedError) else "failed", run_id_or_guess(cfg)
-        print(f"[attnres] {run_id}: {status}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            diverged = isinstance(e, DivergedError)  # its line is printed already (experiments.run_outcome)
+        if not multirun:
+            if diverged:
+                raise SystemExit(1) from None
+            raise
+        status, run_id = "diverged" if diverged else "failed", run_id_or_guess(cfg)
+        if not diverged:
+            print(f"[attnres] {run_id}: {status}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         write_job_summary({"status": status, "run_id": run_id, "error": f"{type(e).__name__}: {e}"})
         return None
     status = "skipped" if record.get("skipped") else str(record.get("status", "completed"))
-    write_job_summary({"status": status, "run_id": record.get("run_id"), "val_loss": record.get("val_loss")})
+    summary = {"status": status, "run_id": record.get("run_id"), "val_loss": record.get("val_loss")}
+    if (signame := interrupts.received()) is not None:  # while its completed record was written
+        print(
+            f"[attnres] {record.get('run_id')}: {signame} while its completed record was written: the record "
+            "stands; stopping the sweep",
+            flush=True,
+        )
+        stop(signame, summary)
+    else:
+        write_job_summary(summary)
     val = record.get("val_loss")
     try:
         return float(val) if val not in (None, "") else None

@@ -238,13 +238,22 @@ def read_rows(table: str | Path) -> list[dict[str, str]]:
     return [r for _, r in rows]
 
 
-def find_completed(study_dir: str | Path, config_hash_: str) -> dict[str, Any] | None:
-    """The last record with this config_hash if it is `completed`, else None.
+FINISHED = (
+    "completed",
+    "diverged",
+)  # a relaunch skips a run whose last record has one of these (docs/results_schema.md)
+
+
+def find_completed(
+    study_dir: str | Path, config_hash_: str, statuses: tuple[str, ...] = ("completed",)
+) -> dict[str, Any] | None:
+    """The last record with this config_hash if its status is one of ``statuses`` (FINISHED: completed or
+    diverged, the skip rule), else None.
 
     The last record decides, as in the analysis (a run re-run with force=true that then failed is not
     "completed" any more, and is retried). Unreadable records are reported and skipped: they never stop a launch."""
     hits = [r for r in read_records(study_dir) if r.get("config_hash") == config_hash_]
-    return hits[-1] if hits and hits[-1].get("status") == "completed" else None
+    return hits[-1] if hits and hits[-1].get("status") in statuses else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +33,8 @@ def recorded_outcome(run: RunRecord, interrupt: Any, rank_zero: bool) -> Iterato
     """Run the block with ``interrupt``'s signal handlers installed; record how it ended.
 
     On an exception (unless the completed record was already written: that record stands) rank zero writes the
-    record with the status above, the W&B run ends with exit code 1, and the exception is re-raised. A second
+    record with the status above, the W&B run ends with exit code 1, and the exception is re-raised (a divergence
+    after one line saying at which step). A second
     Ctrl-C (KeyboardInterrupt after a first signal) becomes RunInterrupted without a checkpoint at this step; a
     RunInterrupted is re-raised after a message saying how to resume. On success the W&B run ends with the
     completed record in its summary.
@@ -53,8 +54,19 @@ def recorded_outcome(run: RunRecord, interrupt: Any, rank_zero: bool) -> Iterato
             try:
                 run.write(run.record(status, error=message))
             except Exception as write_error:  # noqa: BLE001 - never mask the original error
-                warnings.warn(f"could not write the {status} record of {run.run_id}: {write_error}", stacklevel=2)
+                print(
+                    f"[attnres] {run.run_id}: could not write its {status} record ({type(write_error).__name__}: "
+                    f"{write_error}); the study's earlier records are untouched",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finish_wandb(exit_code=1)
+        if status == "diverged" and rank_zero:
+            print(
+                f"[attnres] {run.run_id}: diverged at step {run.step + 1} ({e}); recorded as diverged: a relaunch "
+                "skips it (force=true re-runs it)",
+                flush=True,
+            )
         if isinstance(e, RunInterrupted):
             if rank_zero:
                 saved = (

@@ -1,6 +1,6 @@
 """A run's result record: :class:`RunRecord` gathers what the record is made of while the run progresses (so a
 failed run records what it had) and writes it, to the study's ledger and to the run's ``results.json``
-(experiments.records). Before a run starts: :func:`find_completed` (the skip check) and :func:`warn_other_data`.
+(experiments.records). Before a run starts: :func:`find_finished` (the skip check) and :func:`warn_other_data`.
 """
 
 from __future__ import annotations
@@ -147,14 +147,20 @@ class RunRecord:
         records.write_json(self.run_dir / records.RESULTS_JSON, record)
 
 
-def find_completed(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] | None:
-    """The study's completed record of this config (``skipped`` set, after a message saying so), or None."""
-    done = records.find_completed(study_dir, chash)
+def find_finished(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] | None:
+    """The study's last record of this config when it is finished, completed or diverged (``skipped`` set, after a
+    message saying so), or None: a relaunch trains neither again unless force=true."""
+    done = records.find_completed(study_dir, chash, records.FINISHED)
     if done is None:
         return None
+    what = (
+        f"a completed run with config_hash {chash} (val_loss {done.get('val_loss')})"
+        if done.get("status") == "completed"
+        else f"this config (config_hash {chash}) as diverged after {done.get('steps')} steps ({done.get('error')})"
+    )
     print(
-        f"[attnres] skipping {run_id}: {study_dir / records.RESULTS_TABLE} already holds a completed run with "
-        f"config_hash {chash} (val_loss {done.get('val_loss')}); pass force=true to re-run it"
+        f"[attnres] skipping {run_id}: {study_dir / records.RESULTS_TABLE} already holds {what}; pass force=true to "
+        "re-run it"
     )
     return {**done, "skipped": True}
 

@@ -6,13 +6,14 @@
 
 A run is identified by its config_hash (experiments/identity.py) and lives in
 ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``: relaunching the same config resumes from
-``checkpoints/last.ckpt``, or skips a run the study already holds as completed (``force=true`` re-runs it, moving
-the old directory aside). Every run that started training writes ``results.json`` and one record to the study's
-ledger (experiments/run_record.py, experiments/records.py), however it ended (experiments/run_outcome.py); a config
-or data error found before training writes nothing. One process trains a run at a time (experiments/locks.py).
+``checkpoints/last.ckpt``, or skips a run the study already holds as completed or diverged (``force=true`` re-runs
+it, moving the old directory aside). Every run that started training writes ``results.json`` and one record to the
+study's ledger (experiments/run_record.py, experiments/records.py), however it ended (experiments/run_outcome.py); a
+config or data error found before training writes nothing. One process trains a run at a time (experiments/locks.py).
 
 Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
-diagnostics.json(+l) (experiments/callbacks.py), checkpoints/last.ckpt, and the loggers' files (wandb/, csv_logs/).
+diagnostics.json(+l) (experiments/callbacks.py), checkpoints/last.ckpt and the one before it, last.prev.ckpt (written
+atomically, checked before a resume: experiments/checkpoint_io.py), and the loggers' files (wandb/, csv_logs/).
 
 Lightning is imported only inside :func:`train`, so ``--help`` and config composition stay fast.
 """
@@ -28,16 +29,16 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from . import config_schema, records, resolvers
-from .compose import conf_dir
-from .errors import SetupError
+from . import config_schema, interrupts, records, resolvers
+from .compose import cli_problem, conf_dir
+from .errors import SetupError, StopRequested
 from .identity import resolved_container, run_identity
 from .job import run_job
 from .locks import acquire_run_lock
 from .run_env import environment, is_rank_zero, quiet_lightning
 from .run_plan import plan_run
-from .run_record import RunRecord, find_completed, warn_other_data
-from .validation import check_config
+from .run_record import RunRecord, find_finished, warn_other_data
+from .validation import check_config, check_writable
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
 # job's config (hydra.sweep.dir uses ${attnres_pid:}) without running main(); conf/ names the structured configs.
@@ -52,19 +53,21 @@ def _setup_error(e: BaseException) -> SetupError:
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run (or resume, or skip) one training run; returns its result record.
 
-    Before training (nothing written, Lightning not imported): the config checks, the run's identity and the skip
-    check, then the data and model checks. Any problem there raises SetupError and leaves no trace. Then the
-    run's lock (RunBusy when another process is training it), the run directory, and training: from here every
-    way the run ends is recorded (completed, failed, diverged; interrupted by a signal, after a checkpoint at
-    that step: RunInterrupted).
+    Before training (nothing written, Lightning not imported): the config checks, the run's identity (inside
+    ``paths.runs_root``), that the runs root is writable and the skip check, then the data and model checks. Any
+    problem there raises SetupError and leaves no trace. Then the run's lock (RunBusy when another process is
+    training it), the run directory, and training: from here every way the run ends is recorded (completed, failed,
+    diverged; interrupted by a signal, after a checkpoint at that step: RunInterrupted).
     """
     cfg = copy.deepcopy(cfg)
+    interrupts.reset()  # a new run (experiments.job.run_job starts none after an interrupt of its launch)
     try:
         check_config(cfg)
         chash, run_id, run_dir, study_dir = run_identity(cfg)
+        check_writable(study_dir)
     except ValueError as e:
         raise _setup_error(e) from e
-    if not cfg.force and (done := find_completed(study_dir, chash, run_id)) is not None:
+    if not cfg.force and (done := find_finished(study_dir, chash, run_id)) is not None:
         return done  # every rank checks, so all of a multi-device run skip together
     if cfg.get("threads"):
         import torch
@@ -79,13 +82,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         warn_other_data(study_dir, plan)
     lock = acquire_run_lock(study_dir, run_id) if rank_zero else None
     try:
-        if not cfg.force and (done := find_completed(study_dir, chash, run_id)) is not None:
+        if not cfg.force and (done := find_finished(study_dir, chash, run_id)) is not None:
             return done  # completed by another process while this one was getting ready
         replacing = cfg.force and (run_dir / records.RESULTS_JSON).is_file()
-        if rank_zero and replacing and records.find_completed(study_dir, chash):
+        if rank_zero and replacing and (old := records.find_completed(study_dir, chash, records.FINISHED)):
             aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             shutil.move(str(run_dir), str(aside))
-            print(f"[attnres] force=true: moved the completed run's directory to {aside}")
+            print(f"[attnres] force=true: moved the {old['status']} run's directory to {aside}")
+        if (signame := interrupts.received()) is not None:  # while the data and the model were prepared
+            raise StopRequested(signame)
         run_dir.mkdir(parents=True, exist_ok=True)
         with open_dict(cfg):
             cfg.run_id = run_id
@@ -101,6 +106,7 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
     from hydra.utils import instantiate
 
     from .callbacks import GracefulInterrupt, RunRecorder
+    from .checkpoint_io import resume_checkpoint
     from .instantiators import fault_callbacks, instantiate_callbacks, instantiate_loggers, instantiate_trainer
     from .module import LMModule
     from .run_outcome import recorded_outcome
@@ -134,28 +140,34 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
         )
         recorder.session_start, recorder.session_cpu_start = run.t0, run.cpu0  # this launch's setup included
         callbacks = [recorder, *instantiate_callbacks(cfg), interrupt, *fault_callbacks(cfg)]
-        resuming = ckpt.is_file()
+        resume_from = resume_checkpoint(ckpt, run.run_id, rank_zero)  # a damaged one is reported and set aside
+        resuming = resume_from is not None
         loggers = instantiate_loggers(cfg, wandb_run_id(run.run_dir, resuming) if rank_zero else "")
         run.trainer = trainer = instantiate_trainer(cfg, plan, callbacks, loggers, run.run_dir)
 
         derived = run.derived()
         log_hyperparameters(loggers, {**container, **derived}, rank_zero)
         if rank_zero:
-            state = f"resuming from {ckpt}" if resuming else "starting"
+            state = f"resuming from {resume_from}" if resuming else "starting"
             print(
                 f"[attnres] {run.run_id}: {state}; {plan.steps} steps x {run.tokens_per_step} tokens, "
                 f"N={derived['derived/params_non_embedding']:,}, C={derived['derived/flops']:.3g} FLOPs -> "
                 f"{run.run_dir}"
             )
 
-        trainer.fit(module, datamodule=plan.datamodule, ckpt_path=str(ckpt) if resuming else None)
+        trainer.fit(module, datamodule=plan.datamodule, ckpt_path=str(resume_from) if resuming else None)
+        interrupt.stop_if_received(trainer)  # each phase after training is a point an interrupt stops at
         recorder.ensure_loaded(trainer)  # fit returns at once when the checkpoint was already at the last step
         if trainer.global_step < plan.steps:
             raise RuntimeError(f"training stopped at step {trainer.global_step} of {plan.steps}")
-        if recorder.last_eval is None or recorder.last_eval["step"] != plan.steps:
+        evaluate = recorder.last_eval is None or recorder.last_eval["step"] != plan.steps
+        if trainer.world_size > 1:  # rank zero records the evaluations: its answer holds for every rank
+            evaluate = bool(trainer.strategy.broadcast(evaluate, src=0))
+        if evaluate:
             trainer.validate(module, datamodule=plan.datamodule, verbose=False)  # the last step is always evaluated
         if trainer.is_global_zero:
             recorder.flush()
+        interrupt.stop_if_received(trainer)  # after this, a signal lets the completed record be written first
         record = run.record("completed")
         if rank_zero:
             run.write(record)
@@ -177,17 +189,26 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """``python -m experiments.train`` and the console script ``attnres-train`` (any working directory): the
-    Hydra app, with a Ctrl-C outside training (composing, preparing data) ending in one line, not a traceback."""
+    Hydra app. A command line Hydra would refuse (a group choice or key that does not exist, an override that does
+    not parse) ends in one line and exit status 2 before anything runs (experiments.compose.cli_problem). An
+    interrupt outside training (composing, preparing data, between the runs of a sweep) ends in one line, not a
+    traceback, with exit status 128 + the signal number (experiments.interrupts.install_launcher)."""
+    problem = cli_problem(sys.argv[1:])
+    if problem is not None:
+        print(f"[attnres] config error: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    interrupts.install_launcher()
     try:
         hydra_main()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, StopRequested) as e:
+        signame = e.signame if isinstance(e, StopRequested) else "SIGINT"
         print(
-            "[attnres] interrupted: a run in training saves a checkpoint and is recorded as interrupted (relaunch "
-            "to resume); one that had not started training leaves nothing",
+            f"[attnres] interrupted by {signame}: a run in training saves a checkpoint and is recorded as "
+            "interrupted (relaunch to resume); one that had not started training leaves nothing",
             file=sys.stderr,
             flush=True,
         )
-        raise SystemExit(130) from None
+        raise SystemExit(interrupts.exit_code(signame)) from None
 
 
 if __name__ == "__main__":

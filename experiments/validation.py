@@ -1,7 +1,7 @@
 """Config checks before anything heavy runs: :func:`check_config` (every setting the harness reads, failing with
-a message naming the key and what is allowed), :func:`planned_steps` (a run's step count from its token count or
-FLOP budget, conflicts named) and :func:`build_model_config` (``cfg.model`` instantiated: an
-``attnres.ModelConfig``).
+a message naming the key and what is allowed), :func:`check_name` (the names that become directories),
+:func:`check_writable` (the runs root), :func:`planned_steps` (a run's step count from its token count or FLOP
+budget, conflicts named) and :func:`build_model_config` (``cfg.model`` instantiated: an ``attnres.ModelConfig``).
 
 Each concern is checked in one place: the ``train`` node and the ``optimizer`` and ``scheduler`` groups by their
 structured configs (experiments/config_schema.py: types when composed, ranges when check_config builds them), the
@@ -16,7 +16,12 @@ torch is imported.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+import difflib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,6 +39,79 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp", "single_device")
 
+# The names that become paths: <runs_root>/<study>/<variant>_<size>_s<seed>_<hash8> (and the record files named
+# after the run id). A bounded, plain file name each: no separator, no leading dot, nothing a shell or a file
+# system treats specially; 48 characters keep the longest record file name (timestamp, run id, host, pid) under
+# the usual 255-byte limit.
+NAME_KEYS = ("study", "size.name", "model.variant")
+NAME_MAX_LEN = 48
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+NAME_RULE = f"letters, digits, '-', '_' and '.', starting with a letter or a digit, at most {NAME_MAX_LEN} characters"
+
+# The top-level keys of conf/train.yaml (tests/test_configs.py keeps this equal to the composed config's). Anything
+# else at the top (``+trainr.max_steps=3``) is read by no code: refused, so that a typo neither passes silently nor
+# becomes part of a run's identity.
+TOP_LEVEL_KEYS = (
+    "study",
+    "study_kind",
+    "project",
+    "tags",
+    "seed",
+    "threads",
+    "run_id",
+    "lr_protocol",
+    "force",
+    "compile",
+    "activation_checkpointing",
+    "model",
+    "train",
+    "fault",
+    "size",
+    "data",
+    "optimizer",
+    "scheduler",
+    "trainer",
+    "logger",
+    "callbacks",
+    "paths",
+    "tuned_lr",
+)
+
+
+def closest(word: str, choices: list[str] | tuple[str, ...], n: int = 3) -> str:
+    """``"; closest: a, b"`` (difflib) or "" when nothing is close: the tail of an unknown-name message."""
+    close = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.5)
+    return f"; closest: {', '.join(close)}" if close else ""
+
+
+def check_name(key: str, value: Any) -> str:
+    """``value`` when it is a safe name for a directory (NAME_RULE), else a ValueError naming ``key`` and the rule."""
+    if isinstance(value, str) and len(value) <= NAME_MAX_LEN and NAME_PATTERN.fullmatch(value):
+        return value
+    shown = (
+        repr(value)
+        if not isinstance(value, str) or len(value) <= 60
+        else f"{value[:40]!r}... ({len(value)} characters)"
+    )
+    raise ValueError(f"{key}={shown} is not a valid name ({key} names a directory under paths.runs_root): {NAME_RULE}")
+
+
+def check_writable(directory: Path, key: str = "paths.runs_root") -> None:
+    """Fail with one line unless a file can be created in ``directory`` (or, while it does not exist yet, in its
+    nearest existing parent, where it will be created). Leaves nothing behind."""
+    probe_dir = Path(directory)
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    try:
+        fd, name = tempfile.mkstemp(dir=probe_dir, prefix=".attnres-write-test-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise ValueError(
+            f"{key}: cannot write to {probe_dir} ({e.strerror or e}), where {directory} would be; choose a writable "
+            f"directory ({key}=<dir>) or fix its permissions"
+        ) from None
+
 
 def _check_structured(node: DictConfig, group: str) -> None:
     """Build a node typed by a structured config, which runs its checks (its ``__post_init__``); a node without
@@ -49,6 +127,14 @@ def _check_structured(node: DictConfig, group: str) -> None:
 def check_config(cfg: DictConfig) -> None:
     """Fail before training with a message naming the key and what is allowed (the model's own fields are
     checked by attnres.ModelConfig when :func:`build_model_config` builds it)."""
+    extra = [key for key in cfg if key not in TOP_LEVEL_KEYS and key != "hydra"]
+    if extra:
+        raise ValueError(
+            f"{extra[0]} is not a setting: no code reads a top-level key {extra[0]!r} (added with +{extra[0]}...?)"
+            f"{closest(str(extra[0]), TOP_LEVEL_KEYS)}; the top-level keys are {', '.join(TOP_LEVEL_KEYS)}"
+        )
+    for key in NAME_KEYS:
+        check_name(key, OmegaConf.select(cfg, key, throw_on_missing=False))
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
         raise ValueError(f"seed={cfg.seed!r} must be an integer >= 0")
     if cfg.threads is not None:
@@ -56,8 +142,6 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("compile", "activation_checkpointing", "force"):
         if not isinstance(cfg[key], bool):
             raise ValueError(f"{key}={cfg[key]!r} must be true or false")
-    if not cfg.model.get("variant") or not isinstance(cfg.model.variant, str):
-        raise ValueError("model.variant must be a non-empty name (the model config's file name)")
     for group in ("train", "optimizer", "scheduler"):
         _check_structured(cfg[group], group)
     # trainer
@@ -84,8 +168,18 @@ def check_config(cfg: DictConfig) -> None:
     if tr.get("gradient_clip_val") is not None:
         _number(tr.gradient_clip_val, "trainer.gradient_clip_val", 0, float("inf"))
     check_data_config(cfg.data, prefix="data.")
+    seq_len, context = cfg.train.seq_len, cfg.model.get("max_seq_len")
+    if _is_count(seq_len) and _is_count(context) and seq_len > context:
+        raise ValueError(
+            f"train.seq_len={seq_len} is longer than the model's context, model.max_seq_len={context} (size.seq_len "
+            f"sets both): set size.seq_len={seq_len} to train a model of that context, or train.seq_len <= {context}"
+        )
     if cfg.get("study_kind", "scaling") not in STUDY_KINDS:
         raise ValueError(f"study_kind={cfg.get('study_kind')!r}; allowed values: {', '.join(STUDY_KINDS)}")
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
 def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:

@@ -23,6 +23,7 @@ running the same command again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -128,7 +129,14 @@ def sweep_config(sweep: str, overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def run_streaming(cmd: list[str], log_path: Path) -> int:
-    """Run a command, keep its full output in a log file and echo the lines a person wants to see."""
+    """Run a command, keep its full output in a log file and echo the lines a person wants to see.
+
+    SIGTERM and SIGUSR1 to this process are passed on to the command (which stops its runs cleanly) and its end is
+    awaited; Ctrl-C reaches both anyway. The command watches this process (``ATTNRES_PARENT_PID``,
+    experiments.interrupts.watch_parent): if this one is killed outright, the sweep stops its run in flight as
+    interrupted instead of going on with nobody reading its output."""
+    from experiments.interrupts import PARENT_ENV
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
@@ -138,9 +146,15 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
         )
         assert proc.stdout is not None
+
+        def forward(signum: int, frame: object) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+        previous = {num: signal.signal(num, forward) for num in (signal.SIGTERM, signal.SIGUSR1)}
         try:
             for line in proc.stdout:
                 log.write(line)
@@ -153,6 +167,9 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
             log.write(proc.stdout.read())
             proc.wait()
             raise
+        finally:
+            for num, handler in previous.items():
+                signal.signal(num, handler)
         return proc.wait()
 
 
@@ -307,13 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(f"model={ARMS[args.arms]}")
     cmd = sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + args.overrides)
     overrides = cmd[len(TRAIN_COMMAND) + 1 :]  # what the sweep command sets beyond +sweep=<sweep>
-    from hydra.errors import HydraException
+    from experiments.compose import cli_problem
+    from experiments.validation import check_name
 
-    try:
-        cfg = sweep_config(study.sweep, overrides)
-    except HydraException as e:  # a bad override: the sweep would fail the same way
-        print(f"[attnres] error: {e}", file=sys.stderr)
+    problem = cli_problem(["-m", f"+sweep={study.sweep}", *overrides])  # a bad override: the sweep would fail
+    if problem is not None:
+        print(f"[attnres] config error: {problem}", file=sys.stderr)
         return 2
+    cfg = sweep_config(study.sweep, overrides)
     kind = str(cfg.study_kind)
     if kind not in STUDY_KINDS:
         print(f"[attnres] error: study_kind={kind!r}; allowed values: {', '.join(STUDY_KINDS)}", file=sys.stderr)
@@ -321,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     if ARMS[args.arms] is not None and kind != "lr":
         ap.error("--arms applies to the lr study only")
     study_name = _sweep_key(study.sweep, "study", overrides, cfg)
+    try:
+        check_name("study", study_name)  # it names <runs-root>/<study> and <reports-root>/<study>
+    except ValueError as e:
+        print(f"[attnres] config error: {e}", file=sys.stderr)
+        return 2
     seeds = _sweep_key(study.sweep, "seed", overrides, cfg)
     results = Path(args.runs_root) / study_name / "results.csv"
     report = Path(args.reports_root) / study_name
@@ -342,13 +365,14 @@ def main(argv: list[str] | None = None) -> int:
         sweep_rc = run_streaming(cmd, report / "sweep.log")
     except KeyboardInterrupt:
         sweep_rc = 130
-    if sweep_rc > 128:  # interrupted (SIGINT / SIGTERM / SIGUSR1): the runs in flight saved a checkpoint
+    if sweep_rc > 128 or sweep_rc < 0:  # interrupted (SIGINT / SIGTERM / SIGUSR1, or killed): runs in flight
+        # saved a checkpoint (a kill -9 of the sweep itself leaves the last periodic one)
         print(
             f"[attnres] interrupted: runs in flight saved a checkpoint and were recorded as interrupted; re-run the "
             f"same command to resume (log: {report / 'sweep.log'})",
             flush=True,
         )
-        return sweep_rc
+        return sweep_rc if sweep_rc > 0 else 128 - sweep_rc  # killed by signal n: 128 + n, as a shell reports it
     print(
         f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {report / 'sweep.log'}",
         flush=True,

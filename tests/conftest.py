@@ -64,6 +64,15 @@ def _release_hydra():
         _HYDRA = None
 
 
+@pytest.fixture(autouse=True)
+def _forget_interrupts():
+    """A test that interrupts a run in this process leaves the signal remembered (experiments.interrupts: a launch
+    starts no run after one); each test starts without."""
+    yield
+    if "experiments.interrupts" in sys.modules:
+        sys.modules["experiments.interrupts"].reset()
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """A temp dataset cache holding the TEST_MAX_BYTES stdlib slice (prepared once per session)."""
@@ -120,6 +129,48 @@ def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: f
     }
     return subprocess.run(
         [sys.executable, "-m", "experiments.train", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+_NAMESPACE: list[str] | bool | None = False  # not probed yet
+
+
+def mount_namespace() -> list[str] | None:
+    """The command prefix that runs a command in a private mount namespace (so a test may mount a tmpfs or a
+    read-only bind mount that nothing else sees): ``unshare --mount`` as root, else with a user namespace that maps
+    this user to root; None where neither works (the test then skips)."""
+    import shutil
+    import subprocess
+
+    global _NAMESPACE
+    if _NAMESPACE is False:
+        _NAMESPACE = None
+        if shutil.which("unshare") and sys.platform == "linux":
+            prefix = (
+                ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user", "--mount"]
+            )
+            probe = subprocess.run([*prefix, "true"], capture_output=True)
+            _NAMESPACE = prefix if probe.returncode == 0 else None
+    return _NAMESPACE  # type: ignore[return-value]
+
+
+def run_cli_mounted(mount: str, args: list[str], after: str = "true", timeout: float = 300):
+    """`python -m experiments.train <args>` after the shell commands `mount` (e.g. a tmpfs or a read-only bind mount)
+    and before `after` (e.g. copying files off that tmpfs), all inside a private mount namespace (mount_namespace();
+    the test must skip when it is None). The return code is the training command's."""
+    import subprocess
+
+    prefix = mount_namespace()
+    assert prefix is not None
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    script = f'{mount} || exit 99; "$0" -m experiments.train "$@"; rc=$?; {after}; exit $rc'
+    return subprocess.run(
+        [*prefix, "sh", "-c", script, sys.executable, *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -347,8 +347,10 @@ def test_checksum_and_token_range_verified(shard_copy: Path) -> None:
         f.seek(0)
         f.write(bytes([(first[0] + 1) % 256]))
     TokenShards(shard_copy)  # size is fine: opening without verify works
-    with pytest.raises(ValueError, match=r"checksum mismatch for .*train\.bin"):
+    with pytest.raises(ValueError, match=r"checksum mismatch for .*train\.bin") as err:
         TokenShards(shard_copy, verify=True)
+    # the fix, as a command that can be pasted whole (issue 23 #14: the backtick stood before --force)
+    assert str(err.value).endswith("or run `python -m experiments.prepare_data stdlib --force`"), str(err.value)
     # token ids beyond the header's vocabulary, with consistent checksums
     _rewrite_header(
         shard_copy,

@@ -47,8 +47,10 @@ def test_cpu_requirements_take_the_cpu_build_of_torch_on_linux():
     assert not torch_linux.specifier.contains("2.13.0")
     (torch_mac,) = [r for r in reqs if r.name == "torch" and r.marker.evaluate({"sys_platform": "darwin"})]
     assert torch_mac.specifier.contains("2.13.0")
-    # CI installs from this file, and on this machine the installed torch is what it pins
-    assert "-r requirements-cpu.txt" in (REPO / ".ci" / "run").read_text()
+    # CI installs from this file (through requirements-cpu-triton.txt), and on this machine the installed torch is
+    # what it pins
+    assert "-r requirements-cpu-triton.txt" in (REPO / ".ci" / "run").read_text()
+    assert "-r requirements-cpu.txt" in _requirements("requirements-cpu-triton.txt")[0]
     if sys.platform == "linux":
         assert torch_linux.specifier.contains(torch.__version__), torch.__version__
 
@@ -184,3 +186,73 @@ def test_console_scripts_from_an_editable_install_in_another_directory(tmp_path,
     elsewhere.mkdir()
     _check_console_scripts(bindir, elsewhere, tmp_path, data_cache)
     assert (tmp_path / "runs" / "smoke_edited").is_dir()
+
+
+# ---- issue 23: the CPU install without triton, where outputs go, the quick study's time ---------------------------
+def test_triton_is_an_opt_in_extra_of_the_cpu_install_and_ci_installs_it():
+    """#12: a plain CPU install has no triton (bigger than torch); requirements-cpu-triton.txt adds the version
+    torch 2.13's CUDA build uses, CI installs that file, and the README states the sizes."""
+    _, cpu = _requirements("requirements-cpu.txt")
+    assert "triton" not in {r.name for r in cpu}
+    options, extra = _requirements("requirements-cpu-triton.txt")
+    assert "-r requirements-cpu.txt" in options
+    (triton,) = [r for r in extra if r.name == "triton"]
+    assert triton.specifier.contains("3.9.0")
+    assert triton.marker.evaluate({"sys_platform": "linux"})
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "-r requirements-cpu-triton.txt" in ci
+    readme = (REPO / "README.md").read_text()
+    assert "pip install -r requirements-cpu-triton.txt" in readme
+    for size in ("1.4 GiB installed", "997 MiB installed", "2.4 GiB in all"):
+        assert size in readme, size
+
+
+def test_the_triton_interpreter_tests_skip_with_a_reason_without_triton(tmp_path):
+    """#12: without triton (here hidden behind a package that cannot be imported) the interpreter tests skip,
+    saying how to install it; nothing else fails on the import."""
+    hidden = tmp_path / "hide" / "triton"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ModuleNotFoundError('no triton here', name='triton')\n")
+    env = {**os.environ, "PYTHONPATH": f"{hidden.parent}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_triton_kernels.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode in (0, 5), out.stdout[-3000:] + out.stderr[-2000:]  # 5: the module skipped as a whole
+    assert "1 skipped" in out.stdout, out.stdout[-2000:]
+    assert "warning" not in out.stdout, out.stdout[-2000:]
+    assert "triton is not installed: pip install -r requirements-cpu-triton.txt" in out.stdout
+
+
+def test_outputs_go_under_the_working_directory_and_the_readme_says_so(tmp_path, monkeypatch):
+    """#13: runs/ and outputs/ are relative to where a command runs (Hydra does not chdir), next to the console
+    scripts in the README."""
+    from conftest import compose
+
+    from experiments.identity import run_identity
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose(["experiment=smoke"])
+    assert run_identity(cfg)[3] == tmp_path.resolve() / "runs" / "smoke"
+    assert cfg.paths.hydra_root == "outputs"
+    readme = " ".join((REPO / "README.md").read_text().split())
+    scripts = readme.index("Both console scripts")
+    where = readme.index("Where their outputs go:")
+    assert 0 < where - scripts < 600  # beside the console scripts
+    assert "are relative to the directory you run the command from (Hydra does not change directory)" in readme
+    assert "from another directory they land there" in readme
+
+
+def test_the_readme_times_the_quick_study_as_a_range_with_the_load():
+    """#15: the quick study's time depends on the machine's load: a range, each end with its condition."""
+    import re
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    quick = readme[readme.index("`python -m sweeps.study quick` is a first contact") :][:600]
+    assert re.search(r"\d+ min \d+ s to \d+ min \d+ s", quick), quick
+    assert "with the cores to itself" in quick
+    assert "while other jobs were using them" in quick

@@ -234,6 +234,34 @@ def test_nan_loss_is_recorded_as_diverged(train_cfg):
     assert rec["steps"] == "2"
 
 
+def test_a_diverged_run_is_one_line_and_a_relaunch_skips_it_unless_forced(train_cfg, capsys):
+    """Issue 23 #11: a NaN loss ends a single run with one line and exit status 1 (it was a 93-line traceback), and
+    a relaunch skips the diverged run (docs/results_schema.md, the skip rule) instead of training it again."""
+    from experiments.job import run_job
+
+    cfg = train_cfg("fault.nan_at_step=3")
+    with pytest.raises(SystemExit) as exit_:
+        run_job(train, cfg)
+    assert exit_.value.code == 1
+    out = capsys.readouterr()
+    lines = [ln for ln in (out.out + out.err).splitlines() if ": diverged" in ln]
+    assert len(lines) == 1, out
+    line = lines[0]
+    assert ": diverged at step 3 (training loss is nan at step 3" in line
+    assert "a relaunch skips it (force=true re-runs it)" in line
+    study = Path(cfg.paths.runs_root) / "smoke"
+    assert [r["status"] for r in records.read_records(study)] == ["diverged"]
+
+    assert run_job(train, train_cfg("fault.nan_at_step=3")) is None  # skipped: no new record, exit status 0
+    assert "already holds this config" in capsys.readouterr().out
+    assert [r["status"] for r in records.read_records(study)] == ["diverged"]
+
+    with pytest.raises(SystemExit):
+        run_job(train, train_cfg("fault.nan_at_step=3", "force=true"))
+    assert [r["status"] for r in records.read_records(study)] == ["diverged", "diverged"]
+    assert len(list(study.glob("baseline_*.replaced-*"))) == 1  # the first attempt's directory, kept aside
+
+
 # ---- bad data and bad configs: a clear error before training, and no trace (issue 15 #7) -----------------------
 def _no_trace(cfg) -> None:
     """A config that never trained leaves no run directory and no record."""

@@ -24,7 +24,9 @@ import torch
 
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (its own library functions read it)
-pytest.importorskip("triton", reason="triton is not installed (requirements-cpu.txt installs it for these tests)")
+pytest.importorskip(
+    "triton", reason="triton is not installed: pip install -r requirements-cpu-triton.txt for these tests (CI does)"
+)
 
 from depth_cases import merge_case, sharp_model
 

@@ -31,7 +31,6 @@ SEPARATOR = 0  # token id written after every document
 DTYPE_CAPACITY = {"uint8": 2**8, "uint16": 2**16, "uint32": 2**32}  # largest vocab each dtype can hold
 BLOCK = 1 << 24  # bytes (or tokens) per read when hashing / scanning files
 
-HINT_STDLIB = "run `python -m experiments.prepare_data stdlib`"
 HINT_ANY = (
     "prepare shards with `python -m experiments.prepare_data stdlib` (the built-in default corpus), "
     "`python -m experiments.prepare_data files <paths...> --out DIR` or `... hf <name> --out DIR`"
@@ -108,7 +107,7 @@ def fix_hint(path: Path, source: dict[str, Any] | None = None) -> str:
     """How to rebuild the shards at `path`, phrased for the command that made them."""
     kind = (source or {}).get("kind")
     if kind == "stdlib":
-        return f"delete {path} (it is rebuilt on next use) or {HINT_STDLIB} --force"
+        return f"delete {path} (it is rebuilt on next use) or run `python -m experiments.prepare_data stdlib --force`"
     if kind == "files":
         return f"re-run `python -m experiments.prepare_data files <paths...> --out {path}`"
     if kind == "hf":

@@ -1,0 +1,234 @@
+"""Interrupts of a whole launch: SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (what SLURM sends before a preemption or a
+time limit), and the death of the process that started this one.
+
+Where a signal lands decides what it does:
+
+* **during a run** (experiments.callbacks.GracefulInterrupt installs :func:`on_signal` around training): the
+  signal is only remembered. The run stops at its next consistent point (the end of the optimizer step, of the
+  evaluation or of the checkpoint in progress, or before its completed record), saves a checkpoint at that step,
+  is recorded ``interrupted`` and the launch stops. A second SIGINT stops at once.
+* **in the process that launches** (:func:`install_launcher`, from experiments.train.main): outside a run there is
+  nothing to save, so a signal stops at once (KeyboardInterrupt for SIGINT, experiments.errors.StopRequested for
+  the others); while the launcher's worker processes train (Hydra's joblib launcher), it is passed on to each of
+  them as SIGTERM and the launcher waits for them to stop.
+* **in a launcher's worker process** (:func:`install_worker`): remembered for good; the run in progress stops as
+  above and the worker starts no further run.
+
+The process remembers the first signal (:func:`received`): experiments.job.run_job starts no run after it, and the
+launch exits with 128 + its number (:func:`exit_code`), so a sweep stops instead of going on to its next run.
+
+**Parent death.** A process whose parent put the parent's pid in ``ATTNRES_PARENT_PID`` (sweeps.study for its
+sweep, every launcher for its workers: :func:`watch_parent`) polls its parent once a second; when the parent is
+gone (kill -9), the process sends itself SIGTERM, so its run stops as above and is recorded ``interrupted``. Output
+to a pipe whose reader is gone goes to /dev/null from then on instead of raising BrokenPipeError in whatever wrote
+(:func:`tolerate_closed_pipes`).
+
+Decisions (the consistent points, why a poll and not PR_SET_PDEATHSIG): docs/runs.md. Standard library only: the
+entry point installs these before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .errors import StopRequested
+
+SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1")
+PARENT_ENV = "ATTNRES_PARENT_PID"
+PARENT_POLL_S = 1.0
+
+_received: str | None = None
+_watching = False
+
+
+def received() -> str | None:
+    """The name of the first interrupt signal this process received (None: none)."""
+    return _received
+
+
+def reset() -> None:
+    """Forget a received signal (the Python API between two runs in one process, and tests)."""
+    global _received
+    _received = None
+
+
+def exit_code(signame: str) -> int:
+    """128 + the signal's number: the exit status of a launch stopped by it."""
+    return 128 + int(getattr(signal, signame, signal.SIGINT))
+
+
+def on_signal(signum: int, frame: Any = None) -> None:
+    """The handler while a run trains: remember the signal; a second SIGINT raises KeyboardInterrupt (stop now)."""
+    global _received
+    if _received is not None and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if _received is None:
+        _received = signal.Signals(signum).name
+
+
+def _launcher_handler(signum: int, frame: Any) -> None:
+    global _received
+    first = _received is None
+    if first:
+        _received = signal.Signals(signum).name
+    import multiprocessing
+
+    workers = multiprocessing.active_children()
+    if workers and (first or signum != signal.SIGINT):  # they stop their runs cleanly: wait for them
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(worker.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise StopRequested(signal.Signals(signum).name)
+
+
+def _install(handler: Callable[[int, Any], None]) -> dict[int, Any]:
+    """``handler`` for every interrupt signal (main thread only: elsewhere nothing changes); the previous ones."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    for name in SIGNALS:
+        if hasattr(signal, name):
+            num = getattr(signal, name)
+            previous[num] = signal.signal(num, handler)
+    return previous
+
+
+@contextlib.contextmanager
+def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` for the interrupt signals during the block, the previous handlers restored after it."""
+    previous = _install(handler)
+    try:
+        yield
+    finally:
+        for num, old in previous.items():
+            signal.signal(num, old)
+
+
+def install_launcher() -> None:
+    """The handlers of a launching process (experiments.train.main), for good; also :func:`watch_parent` and
+    :func:`tolerate_closed_pipes`."""
+    tolerate_closed_pipes()
+    watch_parent()
+    _install(_launcher_handler)
+
+
+def install_worker() -> None:
+    """The handlers of a launcher's worker process (once per process): every signal is remembered, none stops at
+    once; also :func:`watch_parent` and :func:`tolerate_closed_pipes`."""
+    tolerate_closed_pipes()
+    watch_parent()
+    if signal.getsignal(signal.SIGTERM) is not on_signal:
+        _install(on_signal)
+
+
+def notify_parent(signame: str) -> None:
+    """Tell the launcher that started this worker that the launch is interrupted by ``signame`` (it passes it on to
+    every worker as SIGTERM, and exits with its status): the signal, to the parent named in ``ATTNRES_PARENT_PID``
+    (:func:`watch_parent`) while it is still ours. SIGINT goes as SIGTERM: a Ctrl-C reached the launcher already,
+    and a second SIGINT there stops at once."""
+    parent = _parent_pid
+    if parent is not None and parent == os.getppid():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(parent, signal.SIGTERM if signame == "SIGINT" else getattr(signal, signame, signal.SIGTERM))
+
+
+_parent_pid: int | None = None
+
+
+def watch_parent() -> None:
+    """Once per process: when ``ATTNRES_PARENT_PID`` is this process's parent, a daemon thread polls it and, once
+    it is gone, sends this process SIGTERM (its output to the dead parent's pipe going to /dev/null). Sets the
+    variable to this process's pid for the processes it starts."""
+    global _watching, _parent_pid
+    if _watching:
+        return
+    _watching = True
+    named = os.environ.get(PARENT_ENV)
+    os.environ[PARENT_ENV] = str(os.getpid())
+    parent = os.getppid()
+    if named != str(parent):
+        return
+    _parent_pid = parent
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        _silence_pipes()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="attnres-parent-watch", daemon=True).start()
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+def _to_devnull(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+
+def _silence_pipes() -> None:
+    for fd in (1, 2):
+        if _is_pipe(fd):
+            _to_devnull(fd)
+
+
+class _PipeSafe:
+    """A text stream that, once the reader of its pipe is gone (EPIPE), writes to /dev/null instead of raising."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _drop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            _to_devnull(self._stream.fileno())
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()  # what was buffered goes to /dev/null now
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def tolerate_closed_pipes() -> None:
+    """Wrap sys.stdout and sys.stderr where they are pipes (a parent reading them) so that a write after the
+    reader died goes to /dev/null instead of raising BrokenPipeError; a terminal or a file is left as it is."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, _PipeSafe) or stream is None:
+            continue
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            continue
+        if _is_pipe(fd):
+            setattr(sys, name, _PipeSafe(stream))

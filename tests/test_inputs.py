@@ -1,0 +1,154 @@
+"""Issue 23, inputs refused before anything is written: names that would become paths, a sequence longer than the
+model's context, Hydra's own errors, top-level keys no code reads, a read-only runs root. Each ends in one line
+naming the key and what is allowed, exit status 2, and no run directory or record."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TEST_MAX_BYTES, compose, mount_namespace, run_cli_mounted
+
+from experiments.identity import run_identity
+from experiments.job import run_job
+from experiments.train import main, train
+from experiments.validation import TOP_LEVEL_KEYS, check_config
+
+
+def _refused(cfg, capsys) -> str:
+    """Run ``cfg`` as a single Hydra job would: exit status 2 and one line on stderr, which is returned."""
+    with pytest.raises(SystemExit) as exit_:
+        run_job(train, cfg)
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.out + captured.err
+    return lines[0]
+
+
+def _nothing_under(*paths: Path) -> None:
+    for path in paths:
+        assert not path.exists(), sorted(path.rglob("*"))[:5] if path.is_dir() else path
+
+
+# ---- 6. names that become paths --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("study=../../escape", "study"),
+        ("study={tmp}/abs", "study"),
+        ("study=a/b", "study"),
+        ("study=", "study"),
+        ("study=.hidden", "study"),
+        ("study=" + "x" * 300, "study"),
+        ("size.name=/../../../zzesc", "size.name"),
+        ("model.variant=../v", "model.variant"),
+    ],
+    ids=["dotdot", "absolute", "nested", "empty", "leading-dot", "300-chars", "size-escape", "variant-escape"],
+)
+def test_names_that_would_become_paths_are_refused_before_anything_is_written(
+    train_cfg, tmp_path, capsys, override, key
+):
+    runs = tmp_path / "deep" / "runs"
+    t0 = time.perf_counter()
+    line = _refused(train_cfg(override.format(tmp=tmp_path), runs_root=runs), capsys)
+    assert time.perf_counter() - t0 < 5  # checked first, not after the data and the model (the 300 characters: 11 s)
+    assert f"config error: {key}=" in line
+    assert "letters, digits, '-', '_' and '.', starting with a letter or a digit, at most 48 characters" in line
+    _nothing_under(runs, tmp_path / "escape", tmp_path / "abs", tmp_path / "deep" / "escape", Path("/zzesc"))
+
+
+def test_a_run_directory_outside_the_runs_root_is_refused_even_without_the_name_check(tmp_path):
+    cfg = compose(["experiment=smoke", f"paths.runs_root={tmp_path / 'runs'}", "study=../outside"])
+    with pytest.raises(ValueError, match=r"is not <paths.runs_root>/<study>/<run id> under paths.runs_root="):
+        run_identity(cfg)  # the second line of defence: the normalised directory itself
+
+
+def test_the_study_command_refuses_a_bad_study_name_before_writing_a_log(tmp_path, monkeypatch, capsys):
+    from sweeps import study
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(study, "run_streaming", lambda *a, **k: pytest.fail("the sweep was launched"))
+    rc = study.main(["quick", "study=../../escape", "--runs-root", "runs", "--reports-root", "reports"])
+    assert rc == 2
+    assert "study='../../escape' is not a valid name" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no reports/<study>/sweep.log, no runs/
+
+
+# ---- 7. a sequence longer than the model's context ---------------------------------------------------------
+def test_a_sequence_longer_than_the_models_context_is_a_config_error(train_cfg, tmp_path, capsys):
+    line = _refused(train_cfg("train.seq_len=4096"), capsys)
+    assert "config error: train.seq_len=4096 is longer than the model's context, model.max_seq_len=128" in line
+    assert "size.seq_len=4096" in line
+    _nothing_under(tmp_path / "runs")
+
+
+# ---- 8. Hydra's own errors, 9. added top-level keys ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["model=nosuchmodel"], "model=nosuchmodel: no such config in group model; choices: baseline, block_attnres"),
+        (["model=blok_attnres"], "model=blok_attnres: no such config in group model; closest: block_attnres"),
+        (["-m", "model=baseline,nosuch"], "model=nosuch: no such config in group model"),
+        (["+sweep=ladder"], "sweep=ladder: no such config in group sweep; closest: cpu_ladder"),
+        (["trainr.max_steps=3"], "trainr.max_steps=3: the config has no key 'trainr'; closest: trainer, train"),
+        (["train.max_stepz=3"], "train.max_stepz=3: train has no key 'max_stepz'; its keys: tokens"),
+        (["train.batch_size=abc"], "train.batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+        (["seed=[1"], "seed=[1: not a valid override"),
+    ],
+)
+def test_hydras_own_errors_are_one_line_with_the_closest_choices(tmp_path, monkeypatch, capsys, argv, expected):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["attnres-train", *argv, f"paths.runs_root={tmp_path / 'runs'}"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("[attnres] config error: ")
+    assert expected in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # not even Hydra's outputs/
+
+
+def test_an_added_top_level_key_no_code_reads_is_refused(train_cfg, tmp_path, capsys):
+    line = _refused(train_cfg("+trainr.max_steps=3"), capsys)
+    assert "config error: trainr is not a setting: no code reads a top-level key 'trainr'" in line
+    assert "closest: trainer, train" in line
+    _nothing_under(tmp_path / "runs")
+    check_config(train_cfg("+trainer.max_time=null"))  # a new key inside a node that takes any (Lightning's) is fine
+
+
+def test_the_top_level_keys_are_those_of_conf_train_yaml():
+    assert tuple(compose([])) == TOP_LEVEL_KEYS
+    assert tuple(compose(["+sweep=cpu_ladder", "+launcher=parallel", "experiment=paper_scaling"])) == TOP_LEVEL_KEYS
+
+
+# ---- 10. a read-only runs root ----------------------------------------------------------------------------------
+def test_a_read_only_runs_root_is_one_line_before_the_model_is_built(tmp_path, data_cache):
+    if mount_namespace() is None:
+        pytest.skip("no private mount namespace here (unshare) for a read-only bind mount")
+    root = tmp_path / "ro"
+    root.mkdir()
+    ro = shlex.quote(str(root))
+    t0 = time.perf_counter()
+    proc = run_cli_mounted(
+        f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}",
+        [
+            "experiment=smoke",
+            f"paths.runs_root={root}",
+            f"paths.hydra_root={tmp_path / 'outputs'}",
+            f"data.cache_dir={data_cache}",
+            f"data.max_bytes={TEST_MAX_BYTES}",
+        ],
+    )
+    took = time.perf_counter() - t0
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"config error: paths.runs_root: cannot write to {root} (Read-only file system)" in line
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "starting;" not in proc.stdout
+    assert took < 10, took  # before the data and the model (it took 14.6 s to fail in locks.py)
