@@ -1,7 +1,7 @@
 """The main job in one command: run a study's sweep, then the analysis, and print the headline.
 
     python -m sweeps.study            # the CPU ladder: 3 arms x 4 sizes x 3 seeds on the embedded data, then the fit
-    python -m sweeps.study tiny       # the same ladder on the eager step, as the committed result was trained
+    python -m sweeps.study tiny       # the same d = 32 ladder, in its own table (runs/tiny)
     python -m sweeps.study cpu5       # the same study with its fifth rung (cpu_xl) added
     python -m sweeps.study quick      # first contact: 3 arms x 3 small sizes, 1 seed, short budgets
     python -m sweeps.study per_arm    # Full and Block AttnRes at their own tuned lr, into the CPU ladder's table:
@@ -58,30 +58,28 @@ class Study:
 
 
 COMMITTED_LADDER = "docs/results/cpu_ladder/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), d = 32 ladder
-COMPILED = "train_path=compiled"  # the compiled training step, where it pays (docs/performance.md)
 STUDIES = {
     "cpu": Study(
         "cpu_ladder",
         "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_l, every arm at the baseline's tuned lr",
-        overrides=(COMPILED,),
         committed=COMMITTED_LADDER,
     ),
     "tiny": Study(
         "cpu_ladder",
-        "the d = 32 CPU ladder as committed (eager step, so its recorded runs are found and reproduce bit for bit)",
-        overrides=("study=tiny",),  # its own table: never pooled with the compiled runs of the same cells
+        "the d = 32 CPU ladder as committed, in its own table (the name the next ladder leaves it)",
+        overrides=("study=tiny",),
         committed=COMMITTED_LADDER,
     ),
     "cpu5": Study(
         "cpu_ladder",
         "CPU ladder with its fifth rung: baseline / Full / Block AttnRes x cpu_xs..cpu_xl",
-        overrides=("size=cpu_xs,cpu_s,cpu_m,cpu_l,cpu_xl", COMPILED),
+        overrides=("size=cpu_xs,cpu_s,cpu_m,cpu_l,cpu_xl",),
     ),
     "quick": Study("quick", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
     "per_arm": Study(
         "cpu_ladder",
         "CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
-        overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres", COMPILED),
+        overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres"),
     ),
     "lr": Study(
         "cpu_lr", "LR tuning of the CPU ladder (a log-spaced lr grid per size)", tuned_config="conf/tuned_lr/cpu.yaml"
