@@ -36,7 +36,6 @@ def configure_compiler(threads: int) -> Path:
     """Apply the settings above for a run with ``threads`` torch threads; returns the inductor cache directory."""
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
-
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir as torch_default
 
     current = os.environ.get(CACHE_ENV)  # torch sets it to its own default (the temp dir) once it has looked
