@@ -513,7 +513,8 @@ def summarize_arm(
     the compilation's CPU seconds over a warm run, and the ``amortised`` figures for a study with K = 1 ..
     STUDY_SEEDS runs of the shape per worker (one of them cold). With ``full_steps`` (the real run's, when the
     bench trained a fraction of it): ``projected``, the same figures for runs of that length from the measured
-    parts (:func:`project_cpu_s`; cold = projected warm + the measured compilation)."""
+    parts (:func:`project_cpu_s`; cold = projected warm + the measured compilation; ``disk_amortised``: one
+    disk-warm run in STUDY_SEEDS, as when a study starts with the inductor cache of an earlier one)."""
     eager = [r for r in runs if r["kind"] == "eager"]
     by_round = {r["round"]: r for r in eager}
     kinds = {k: [r for r in runs if r["kind"] == k] for k in ("cold", "warm", "disk")}
@@ -551,6 +552,9 @@ def summarize_arm(
                 "cold_tokens_per_cpu_s": full_steps * tps / pc,
                 "warm_vs_eager": pe / pw,
                 "cold_vs_eager": pe / pc,
+                "disk_vs_eager": (
+                    pe / (pw + out["compile_cpu_s"]["disk"]) if out["compile_cpu_s"]["disk"] is not None else None
+                ),
                 "eager": rates(pe / full_steps, floor_s, step_flops, peak),
                 "amortised": {},
             }
@@ -561,19 +565,28 @@ def summarize_arm(
                     "vs_eager": pe / cpu,
                     **rates(cpu / full_steps, floor_s, step_flops, peak),
                 }
+            if out["compile_cpu_s"]["disk"] is not None:  # the inductor cache warm on disk when the study starts
+                cpu = amortised_cpu_s(pw + out["compile_cpu_s"]["disk"], pw, STUDY_SEEDS)
+                proj["disk_amortised"] = {
+                    "k": STUDY_SEEDS,
+                    "tokens_per_cpu_s": full_steps * tps / cpu,
+                    "vs_eager": pe / cpu,
+                    **rates(cpu / full_steps, floor_s, step_flops, peak),
+                }
             out["projected"] = proj
     return out
 
 
 def step_ratios(runs: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """An arm's step against the baseline's on the same path, round by round: ``steady`` (steady steps),
-    ``whole`` (CPU seconds per step of the whole runs), ``whole_warm`` (the same without the cold runs)."""
+    ``whole`` (CPU seconds per step of the whole runs), ``whole_warm`` (the same, warm in-process runs only: no
+    compilation in them)."""
     b = {(r["round"], r["kind"]): r for r in base}
     pairs = [(r, b[(r["round"], r["kind"])]) for r in runs if (r["round"], r["kind"]) in b]
     return {
         "steady": summarize([r["steady_step_s"] / q["steady_step_s"] for r, q in pairs]),
         "whole": summarize([r["cpu_s_per_step"] / q["cpu_s_per_step"] for r, q in pairs]),
-        "whole_warm": summarize([r["cpu_s_per_step"] / q["cpu_s_per_step"] for r, q in pairs if r["kind"] != "cold"]),
+        "whole_warm": summarize([r["cpu_s_per_step"] / q["cpu_s_per_step"] for r, q in pairs if r["kind"] == "warm"]),
     }
 
 
@@ -855,12 +868,106 @@ def print_ladder(res: dict[str, Any], log: Callable[[str], None] = print) -> Non
         log(f"  [{'PASS' if c['pass'] else 'FAIL'}] {c['name']}: {c['value']:.3f} (target {c['limit']})")
 
 
+def markdown(res: dict[str, Any]) -> str:
+    """The ladder section's results (``res``: bench JSON's ``ladder``) as the Markdown tables of docs/performance.md,
+    "The compiled CPU step"."""
+    k = str(STUDY_SEEDS)
+
+    def f(v: float | None, fmt: str, scale: float = 1.0) -> str:
+        return format(v * scale, fmt) if v is not None else "-"
+
+    def g(d: dict[str, Any] | None, *keys: str) -> Any:
+        for key in keys:
+            d = (d or {}).get(key)
+        return d
+
+    def header(*cols: str) -> list[str]:
+        return ["", "| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+
+    out = [f"Tokens per CPU-second, train.tokens x {res['fraction']:g} (x: compiled / eager; 1/{k}: one cold in {k})"]
+    out += header(
+        *("size", "arm", "eager", "compiled cold", "warm", "disk", f"1/{k}", "x cold", "x warm", "x disk"),
+        *(f"x 1/{k}", "projected x warm", f"projected x 1/{k}", f"projected x 1 disk in {k}"),
+    )
+    for s in res["sizes"]:
+        for scheme, a in s["arms"].items():
+            cells = [g(a, x, "tokens_per_cpu_s") for x in ("eager", "cold", "warm", "disk")]
+            cells.append(g(a, "amortised", k, "tokens_per_cpu_s"))
+            ratios = [g(a, x, "vs_eager") for x in ("cold", "warm", "disk")] + [g(a, "amortised", k, "vs_eager")]
+            proj = [
+                g(a, "projected", "warm_vs_eager"),
+                g(a, "projected", "amortised", k, "vs_eager"),
+                g(a, "projected", "disk_amortised", "vs_eager"),
+            ]
+            out.append(
+                f"| {s['size']['name']} | {scheme} | "
+                + " | ".join(f(c, ".0f") for c in cells)
+                + " | "
+                + " | ".join(f(r, ".2f") for r in ratios + proj)
+                + " |"
+            )
+    out += ["", "Step against the GEMM floor (floor / step) and the matmul peak (step FLOP/s / peak)"]
+    out += header(
+        *("size", "floor ms", "peak GFLOP/s", "arm", "eager step ms", "compiled step ms", "floor: eager steady"),
+        *("compiled steady", "eager whole", f"compiled whole, 1/{k}", f"projected 1/{k}", "GFLOP/s eager"),
+        *("compiled", "peak: eager", "compiled"),
+    )
+    for s in res["sizes"]:
+        for scheme, a in s["arms"].items():
+            out.append(
+                f"| {s['size']['name']} | {1e3 * s['gemm_floor']['floor_s']:.2f} | {s['matmul_peak_gflop_per_s']:.0f} "
+                f"| {scheme} | {f(g(a, 'eager', 'steady_step_s'), '.1f', 1e3)} | "
+                f"{f(g(a, 'warm', 'steady_step_s'), '.1f', 1e3)} | "
+                f"{f(g(a, 'eager', 'steady', 'floor_fraction'), '.2f')} | "
+                f"{f(g(a, 'warm', 'steady', 'floor_fraction'), '.2f')} | "
+                f"{f(g(a, 'eager', 'whole', 'floor_fraction'), '.2f')} | "
+                f"{f(g(a, 'amortised', k, 'floor_fraction'), '.2f')} | "
+                f"{f(g(a, 'projected', 'amortised', k, 'floor_fraction'), '.2f')} | "
+                f"{f(g(a, 'eager', 'steady', 'gflop_per_s'), '.1f')} | "
+                f"{f(g(a, 'warm', 'steady', 'gflop_per_s'), '.1f')} | "
+                f"{f(g(a, 'eager', 'steady', 'peak_fraction'), '.2f')} | "
+                f"{f(g(a, 'warm', 'steady', 'peak_fraction'), '.2f')} |"
+            )
+    paths = res["paths"]
+    out += ["", "Step / the baseline's step, same path, median [q1, q3] over rounds"]
+    out += header("size", "arm", *(f"{p} {w}" for p in paths for w in ("steady", "whole", "whole, warm runs")))
+    for s in res["sizes"]:
+        for scheme, by_path in s["step_ratios"].items():
+            cells = []
+            for p in paths:
+                r = by_path[p]
+                st, wh, ww = r["steady"], r["whole"], r["whole_warm"]
+                cells.append(f"{f(st['median'], '.3f')} [{f(st['q1'], '.3f')}, {f(st['q3'], '.3f')}]")
+                cells.append(f"{f(wh['median'], '.3f')}")
+                cells.append(f"{f(ww['median'], '.3f')}")
+            out.append(f"| {s['size']['name']} | {scheme} | " + " | ".join(cells) + " |")
+    out += ["", "Compilation: CPU seconds above a warm in-process run of the same length"]
+    out += header("size", "arm", "cold", "disk", "cold first step, wall s", "other cores busy (median of rounds)")
+    for s in res["sizes"]:
+        busy = g(s, "other_cores_busy", "median")
+        for scheme, a in s["arms"].items():
+            out.append(
+                f"| {s['size']['name']} | {scheme} | {f(g(a, 'compile_cpu_s', 'cold'), '.1f')} | "
+                f"{f(g(a, 'compile_cpu_s', 'disk'), '.1f')} | {f(g(a, 'cold', 'first_step_wall_s'), '.1f')} | "
+                f"{f(busy, '.2f')} |"
+            )
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """``--child SPEC``: one ladder run in this (new) process, its measurements printed as one JSON line."""
+    """``--child SPEC``: one ladder run in this (new) process, its measurements printed as one JSON line;
+    ``--markdown BENCH_JSON``: the tables of a bench --ladder run (:func:`markdown`)."""
     cpu_at_start = cpu_seconds()  # torch and Lightning imported already (this module's imports)
     p = argparse.ArgumentParser(prog="python -m experiments.bench_ladder", description=main.__doc__)
-    p.add_argument("--child", required=True, help="JSON: overrides, timer, cache")
-    spec = json.loads(p.parse_args(argv).child)
+    p.add_argument("--child", help="JSON: overrides, timer, cache")
+    p.add_argument("--markdown", metavar="BENCH_JSON", help="print a bench --ladder JSON's tables as Markdown")
+    a = p.parse_args(argv)
+    if a.markdown:
+        print(markdown(json.loads(Path(a.markdown).read_text())["ladder"]))
+        return
+    if not a.child:
+        p.error("one of --child, --markdown")
+    spec = json.loads(a.child)
     from .compose import initialize
 
     initialize()

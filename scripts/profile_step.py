@@ -65,7 +65,8 @@ PARTS = (
     "other hooks",
     "loop",
 )
-RUN_PARTS = ("setup", "first step", "steps 2..n", "eval", "checkpoint", "rest")
+OPS_WINDOW = (31, 50)  # --ops: torch.profiler over these steps (1-based), left out of the phase figures
+RUN_PARTS = ("setup", "first step", "steps 2..n", "eval", "checkpoint", "torch.profiler window", "rest")
 
 
 def cpu_clock() -> float:
@@ -104,9 +105,11 @@ class PhaseProfiler(Profiler):
     """Exclusive CPU seconds per step part (:func:`part_of`), for step 1 and for steps 2 .. n apart, and per run
     part; written as JSON to ``path`` at every teardown."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, skip_from: int = 0, skip_to: int = -1) -> None:
         super().__init__()
         self.path = Path(path)
+        self.skip = (skip_from, skip_to)  # steps charged to ``window`` instead (the torch.profiler window of --ops)
+        self.window: dict[str, float] = defaultdict(float)
         self.stack: list[list[Any]] = []  # [name, start, children's seconds]
         self.step = 0  # training batches started
         self.first: dict[str, float] = defaultdict(float)
@@ -133,7 +136,9 @@ class PhaseProfiler(Profiler):
         part = part_of(name)
         own = total - children
         self.counts[name] += 1
-        if part in ("eval", "checkpoint"):
+        if self.skip[0] <= self.step <= self.skip[1] or "OpWindow" in name:
+            self.window[part] += own
+        elif part in ("eval", "checkpoint"):
             self.rest[part] += own
         elif self.step == 0:
             self.before_first[part] += own
@@ -155,6 +160,8 @@ class PhaseProfiler(Profiler):
                     "first": self.first,
                     "rest": self.rest,
                     "before_first": self.before_first,
+                    "window": self.window,
+                    "window_steps": max(0, self.skip[1] - self.skip[0] + 1),
                     "t_step1": self.t_step1,
                     "counts": self.counts,
                 }
@@ -217,18 +224,21 @@ def profile_run(
         size, scheme, path, 0, tmp / f"runs_{tag}", tmp / f"timer_{tag}.json", fraction, data_cache
     )
     overrides += ["+trainer.profiler._target_=__main__.PhaseProfiler", f"+trainer.profiler.path={prof}"]
-    if ops:
+    if ops:  # batches 30..49 (steps 31..50) under torch.profiler, kept out of the phase figures
         overrides += [
             "+callbacks.op_window._target_=__main__.OpWindow",
             f"+callbacks.op_window.path={op_path}",
-            "+callbacks.op_window.start=30",
-            "+callbacks.op_window.stop=50",
+            f"+callbacks.op_window.start={OPS_WINDOW[0] - 1}",
+            f"+callbacks.op_window.stop={OPS_WINDOW[1]}",
+            f"+trainer.profiler.skip_from={OPS_WINDOW[0]}",
+            f"+trainer.profiler.skip_to={OPS_WINDOW[1]}",
         ]
     with bl.inductor_cache(tmp / f"inductor_{tag}", fresh=True):
         c0 = cpu_clock()
         run = bl.train_once(overrides, tmp / f"timer_{tag}.json")
     p = json.loads(prof.read_text())
     steps = int(p["steps"])
+    timed = steps - 1 - int(p["window_steps"])  # steps 2..n outside the torch.profiler window
     rest = dict(p["rest"])
     eval_s, ckpt_s = rest.pop("eval", 0.0), rest.pop("checkpoint", 0.0)
     run_parts = {
@@ -237,6 +247,7 @@ def profile_run(
         "steps 2..n": sum(rest.values()),
         "eval": eval_s,
         "checkpoint": ckpt_s,
+        "torch.profiler window": sum(p["window"].values()),
     }
     run_parts["rest"] = run["cpu_s"] - sum(run_parts.values())
     op_ms = None
@@ -250,16 +261,41 @@ def profile_run(
         "steps": steps,
         "op_ms_per_step": op_ms,
         "run": {k: v for k, v in run.items() if not isinstance(v, dict)},
-        "per_step_ms": {k: 1e3 * rest.get(k, 0.0) / max(1, steps - 1) for k in PARTS},
+        "per_step_ms": {k: 1e3 * rest.get(k, 0.0) / max(1, timed) for k in PARTS},
+        "timed_steps": timed,
         "first_step_ms": {k: 1e3 * p["first"].get(k, 0.0) for k in PARTS},
         "run_parts_s": run_parts,
         "action_counts": p["counts"],
     }
 
 
+def attention_backends(batch: int, heads: int, seq: int, head_dim: int) -> dict[str, float]:
+    """CPU ms of one causal attention forward + backward at [batch, heads, seq, head_dim] (one thread, median) per
+    SDPA backend: the CPU default (``flash``: the fused kernel eager and compiled steps call) and ``math`` (QK^T,
+    softmax, PV as bmm: the GEMM floor's attention)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from experiments.bench_ladder import time_call
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, generator=g, requires_grad=True) for _ in range(3))
+    out = {}
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("math", SDPBackend.MATH)):
+
+        def step(backend=backend) -> None:
+            with sdpa_kernel(backend):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y.sum().backward()
+
+        out[name] = 1e3 * time_call(step, repeats=9, min_batch_s=2e-2)
+    return out
+
+
 def markdown(results: list[dict], floor_ms: float) -> str:
     cols = [f"{r['scheme']}, {r['path']}" for r in results]
-    lines = ["| part of a step (CPU ms per step, steps 2..n) | " + " | ".join(cols) + " |"]
+    lines = ["| part of a step (CPU ms per step, steps 2..n outside --ops' window) | " + " | ".join(cols) + " |"]
     lines.append("|---" * (len(cols) + 1) + "|")
     for part in PARTS:
         lines.append(f"| {part} | " + " | ".join(f"{r['per_step_ms'][part]:.2f}" for r in results) + " |")
@@ -302,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     initialize()
     s = conf_size(args.size)
     floor = bl.gemm_floor(s.model_config("baseline"), s.batch_size, s.seq_len)
+    attention = attention_backends(s.batch_size, s.n_heads, s.seq_len, s.head_dim or s.d_model // s.n_heads)
     results, monitor = [], CoreMonitor()
     with tempfile.TemporaryDirectory(prefix="attnres_profile_") as tmp:
         for scheme in args.schemes.split(","):
@@ -321,11 +358,16 @@ def main(argv: list[str] | None = None) -> None:
         "threads": 1,
         "torch": torch.__version__,
         "gemm_floor_s": floor["floor_s"],
+        "attention_ms_per_layer": attention,
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(markdown(results, 1e3 * floor["floor_s"]))
+    print(
+        f"\none layer's causal attention, forward + backward, CPU ms: flash (CPU default) {attention['flash']:.3f}, "
+        f"math (bmm) {attention['math']:.3f}"
+    )
     print(f"\nwrote {args.out}")
 
 

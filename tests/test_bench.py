@@ -571,8 +571,15 @@ def test_the_ladder_section_classifies_and_summarises_every_kind_of_run(monkeypa
         assert arm["projected"]["amortised"]["3"]["vs_eager"] == pytest.approx(
             eager_full / ((warm_full + 26 + 2 * warm_full) / 3)
         )
+        assert arm["projected"]["disk_amortised"]["vs_eager"] == pytest.approx(
+            eager_full / ((warm_full + 2 + 2 * warm_full) / 3)
+        )
     assert size["step_ratios"]["full_attnres"]["compiled"]["steady"]["n"] == 3  # cold, warm, disk: by round
     names = [c["name"] for c in res["checks"]]
     assert "cpu_xs block_attnres: compiled steady step / baseline's" in names
     assert any(line.startswith("  [PASS]") for line in lines)
     assert any(line.startswith("  [FAIL]") for line in lines)  # 1 cold in 3 is 0.79x eager here
+    tables = bench_ladder.markdown(res)
+    row = "| cpu_xs | full_attnres | 1.000 [1.000, 1.000] | 1.000 | 1.000 | 1.000 [1.000, 1.000] | 1.000 | 1.000 |"
+    assert row in tables
+    assert "| cpu_xs | baseline | 26.0 | 2.0 |" in tables
