@@ -580,6 +580,6 @@ def test_the_ladder_section_classifies_and_summarises_every_kind_of_run(monkeypa
     assert any(line.startswith("  [PASS]") for line in lines)
     assert any(line.startswith("  [FAIL]") for line in lines)  # 1 cold in 3 is 0.79x eager here
     tables = bench_ladder.markdown(res)
-    row = "| cpu_xs | full_attnres | 1.000 [1.000, 1.000] | 1.000 | 1.000 | 1.000 [1.000, 1.000] | 1.000 | 1.000 |"
+    row = "| cpu_xs | full_attnres | 1.000 [1.000, 1.000] | 1.000 | - | 1.000 [1.000, 1.000] | 1.000 | 1.000 |"
     assert row in tables
     assert "| cpu_xs | baseline | 26.0 | 2.0 |" in tables
