@@ -5,6 +5,7 @@
     python -m experiments.bench --options             # also eager vs torch.compile / bf16 / checkpointing
     python -m experiments.bench --device cuda --sizes paper_194m --bf16 --sdpa flash   # scripts/gpu_bench.sh
     python -m experiments.bench ... --compile regional --decode-tokens 32             # scripts/gpu_suite.sh
+    python -m experiments.bench --ladder              # CPU ladder: eager vs compiled real runs (bench_ladder.py)
 
 Per size, for each residual scheme (baseline, full, block by default):
   * training step time (forward + backward + AdamW step + zero_grad), tokens/s, achieved FLOP/s
@@ -859,6 +860,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("none", "csv", "wandb"),
         help="logger of the timed harness runs (default: none; the run's own metrics.csv is always on)",
     )
+    p.add_argument(
+        "--ladder",
+        action="store_true",
+        help="the CPU ladder's eager and compiled training paths side by side, real experiments.train runs "
+        "(experiments/bench_ladder.py; this section only: the others are skipped)",
+    )
+    p.add_argument("--ladder-sizes", default="cpu_xs,cpu_s,cpu_m,cpu_l", help="ladder sizes (conf/size/)")
+    p.add_argument(
+        "--ladder-schemes", default="baseline,block_attnres,full_attnres", help="arms (conf/model/; first: reference)"
+    )
+    p.add_argument("--ladder-paths", default="eager,compiled", help="training paths (conf/train_path/)")
+    p.add_argument(
+        "--ladder-fraction", type=float, default=1.0, help="train.tokens x this (default 1.0: the real runs)"
+    )
+    p.add_argument(
+        "--ladder-seeds",
+        type=int,
+        default=2,
+        help="rounds per size, one seed each (round 0 compiles cold, later ones reuse the compiled code; default 2)",
+    )
+    p.add_argument(
+        "--ladder-disk-warm",
+        action="store_true",
+        help="also one compiled run per (size, arm) in a new process with the warm inductor cache",
+    )
+    p.add_argument(
+        "--ladder-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more Hydra override of every ladder run (repeatable; e.g. train.val_sequences=8 on a small corpus)",
+    )
     p.add_argument("--data-cache", default=None, help="dataset cache dir for the harness (default: the project's)")
     p.add_argument("--data-max-bytes", type=int, default=None, help="stdlib slice for the harness (tests)")
     p.add_argument("--quick", action="store_true", help="<= 30 s smoke of every section on the tiny size")
@@ -906,7 +939,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         raise SystemExit("--harness-steps must be >= 4 (K steps give K - 1 timed gaps, the first two warm-up)")
     if args.device not in ("cpu", "cuda"):
         raise SystemExit(f"--device={args.device!r}; allowed values: cpu, cuda")
+    _parse_ladder(args)
     return args
+
+
+def _parse_ladder(args: argparse.Namespace) -> None:
+    """--ladder-* as lists, each value checked against conf/."""
+    for name, group in (("sizes", "size"), ("schemes", "model"), ("paths", "train_path")):
+        values = [v.strip() for v in getattr(args, f"ladder_{name}").split(",") if v.strip()]
+        allowed = sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise SystemExit(f"--ladder-{name}: unknown {bad}; allowed values: {', '.join(allowed)}")
+        setattr(args, f"ladder_{name}", values)
+    if not args.ladder_fraction > 0:
+        raise SystemExit("--ladder-fraction must be > 0")
+    if args.ladder_seeds < 1:
+        raise SystemExit("--ladder-seeds must be >= 1")
 
 
 def environment(args: argparse.Namespace, device: Any) -> dict[str, Any]:
@@ -973,12 +1022,19 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         "sizes": [],
         "harness": None,
         "options": None,
+        "ladder": None,
     }
+    if args.ladder:  # this section alone (experiments/bench_ladder.py)
+        from .bench_ladder import bench_ladder, print_ladder
+
+        out["ladder"] = bench_ladder(args, log=log)
+        print_ladder(out["ladder"], log=log)
+        sizes, args.harness = [], "off"
     for size in sizes:
         res = bench_size(size, args.schemes, args, device, log=log)
         print_size(res, log=log)
         out["sizes"].append(res)
-    if args.options:
+    if args.options and sizes:
         res = bench_options(sizes[0], args.schemes, args.option_variants, args, device, log=log)
         print_options(res, log=log)
         out["options"] = res
