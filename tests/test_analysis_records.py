@@ -163,7 +163,8 @@ def test_the_record_schema_is_the_documented_table():
     assert records.COLUMNS is schema.COLUMNS
     assert records.STATUSES is schema.STATUSES
     assert set(schema.NUMERIC_COLUMNS) | set(schema.STR_COLUMNS) == set(schema.COLUMNS)
-    assert schema.COLUMNS[-1] == "study_kind"  # new fields are appended, never inserted
+    # new fields are appended, never inserted: the newest, in the order they were added
+    assert schema.COLUMNS[-3:] == ("study_kind", "train_path", "cpu_time_s")
     assert set(schema.REQUIRED + schema.REQUIRED_IF_COMPLETED) <= set(schema.COLUMNS)
 
 
