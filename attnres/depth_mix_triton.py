@@ -432,7 +432,7 @@ def merge_fwd(
             ss += h * h
         r = tl.rsqrt(tl.sum(ss, axis=1) / D + eps)
         tl.store(rstd_ptr + t, r, mask=tmask)
-        for d0 in tl.range(0, D, CH, loop_unroll_factor=UNROLL):
+        for d0 in range(0, D, CH):  # stores in the loop: unrolling would not let the next loads go first
             d = d0 + j
             mask = tmask[:, None] & (d < D)[None, :]
             y = _mixed(base_ptr, tab, a0, ak, t, tmask, d, D, K, LO) * r[:, None]
@@ -523,7 +523,7 @@ def merge_bwd(
                 lg = tl.load(logit_ptr + k * N + t, mask=tmask, other=0.0)
                 sc = sc + (gz * kr,)
                 cf = cf + (gz * lg * kr * kr / D,)
-        for d0 in tl.range(0, D, CH, loop_unroll_factor=UNROLL):
+        for d0 in range(0, D, CH):  # stores in the loop: unrolling would not let the next loads go first
             d = d0 + j
             dmask = d < D
             offs = t[:, None] * D + d[None, :]

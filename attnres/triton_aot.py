@@ -272,7 +272,7 @@ def select_tiles(keys=TABLE_KEYS, D: int = SELECT_WIDTH, log=None) -> dict[str, 
             cfg = Launch(t.block_t, CHUNK, -(-D // CHUNK), t.warps, t.stages, t.per_sm, t.unroll)
             c = compile_call(call, D, cfg)
             results.append((t, c.registers, c.spill_stores, c.blocks_per_sm))
-        chosen[key(kernel, n, has_q)] = select(results)
+        chosen[key(kernel, n, has_q)] = select(results, kernel, n)
         if log is not None:
             log(f"{key(kernel, n, has_q)}: {chosen[key(kernel, n, has_q)]}  (of {results})")
     return chosen

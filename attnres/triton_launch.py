@@ -42,6 +42,7 @@ REGISTER_GRANULE = 256  # registers are allocated per warp in units of 256 (8 pe
 
 CHUNK = 32
 MIN_WARPS_PER_SM = 16  # select: the occupancy a tile must leave (below it, another is chosen if one compiles)
+IN_FLIGHT_BYTES = 32 * 1024  # select: loads in flight per SM that cover HBM's latency (4.8 TB/s x ~0.9 us / 132)
 
 
 @dataclass(frozen=True)
@@ -122,22 +123,38 @@ def candidates(kernel: str) -> list[Tile]:
     ]
 
 
-def select(compiled: list[tuple[Tile, int, int, int]]) -> Tile:
+def row_bytes(kernel: str, n: int) -> int:
+    """Bytes one token's chunk of D brings in per step of the kernel's main loop (bf16 sources, fp32 base, y and
+    gradients): attend one source; merge_fwd base and the K extras; merge_bwd dL/dy, y and the K extras."""
+    if kernel.startswith("attend"):
+        return 2 * CHUNK
+    if kernel == "merge_fwd":
+        return (4 + 2 * n) * CHUNK
+    return (8 + 2 * n) * CHUNK
+
+
+def select(compiled: list[tuple[Tile, int, int, int]], kernel: str, n: int) -> Tile:
     """The rule of the packaged table, given (tile, registers, spill bytes, blocks per SM) of every candidate of
-    one key: no spills; then at least MIN_WARPS_PER_SM resident warps if any tile leaves them; then the most
-    token rows in flight per SM (blocks x block_t x unroll: what hides the memory latency); then fewer
-    registers, then the earlier candidate. The tile's per_sm is its blocks per SM."""
+    one key: no spills; then at least MIN_WARPS_PER_SM resident warps if any tile leaves them; then the bytes its
+    loops have in flight per SM (blocks x block_t x unroll x row_bytes: what hides the memory latency), up to
+    IN_FLIGHT_BYTES; then the least unrolling (code size and compile time), fewer registers, the earlier
+    candidate. The tile's per_sm is its blocks per SM."""
     clean = [c for c in compiled if c[2] == 0] or list(compiled)
     full = [c for c in clean if c[3] * c[0].warps >= MIN_WARPS_PER_SM]
     pool = full or clean
-    best = max(pool, key=lambda c: (c[3] * c[0].block_t * c[0].unroll, -c[1], -compiled.index(c)))
-    tile, _, _, blocks = best
+
+    def score(c):
+        t, registers, _, blocks = c
+        in_flight = min(IN_FLIGHT_BYTES, blocks * t.block_t * t.unroll * row_bytes(kernel, n))
+        return (in_flight, -t.unroll, -registers, -compiled.index(c))
+
+    tile, _, _, blocks = max(pool, key=score)
     return Tile(tile.block_t, tile.warps, tile.unroll, tile.stages, max(1, blocks))
 
 
 def fallback(kernel: str, n: int, has_q: bool = True) -> Tile:
-    """The tile for a key no table has: 4 tokens, 4 warps, no unrolling (the smallest state; at the largest Q and
-    K the kernels take it still compiles without spills, tests/test_triton_aot.py)."""
+    """The tile for a key no table has: 4 tokens, 4 warps, no unrolling (the smallest state: at K = 16, the most
+    extras a merge takes, it compiles for sm_90a without spills, 242-249 registers; docs/performance.md)."""
     return Tile(4, 4, 1, 1, 4)
 
 

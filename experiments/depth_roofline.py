@@ -86,13 +86,14 @@ def kernel_calls_of(call) -> list[tuple[str, dict[str, Any]]]:
     return [("merge_fwd", kw), ("merge_bwd", kw)]
 
 
-def step_calls(n_layers: int, scheme: str, precision: str = "bf16-mixed") -> Counter:
-    """The depth-op calls of one training step of a model of ``n_layers`` with ``scheme`` ("block" with N = 8,
-    or "full"), as a Counter of attnres.triton_aot.OpCall."""
+def step_calls(n_layers: int, scheme: str, precision: str = "bf16-mixed", n_blocks: int = 8) -> Counter:
+    """The depth-op calls of one training step of a model of ``n_layers`` with ``scheme`` ("block" with
+    ``n_blocks`` blocks, or "full"), as a Counter of attnres.triton_aot.OpCall."""
     from attnres import ModelConfig
     from attnres.triton_aot import op_calls
 
-    config = ModelConfig(n_layers=n_layers, d_model=16, n_heads=1, **SCHEMES[scheme])  # type: ignore[arg-type]
+    kw = SCHEMES[scheme] | ({"n_blocks": n_blocks} if scheme == "block" else {})
+    config = ModelConfig(n_layers=n_layers, d_model=16, n_heads=1, **kw)  # type: ignore[arg-type]
     return Counter(op_calls(config, precision))
 
 
@@ -186,7 +187,7 @@ def measure(size, device, precision: str = "bf16-mixed", log: Callable[[str], No
     tokens, D = size.batch_size * size.seq_len, size.d_model
     out: dict[str, Any] = {"peak_bandwidth": peak, "tokens": tokens, "D": D, "precision": precision, "schemes": {}}
     for scheme in SCHEMES:
-        calls = step_calls(size.n_layers, scheme, precision)
+        calls = step_calls(size.n_layers, scheme, precision, size.n_blocks)
         rows, total_s = [], 0.0
         for call, count in sorted(calls.items(), key=lambda kv: (kv[0].op, len(kv[0].sources), kv[0].n)):
             t = time_call(call, tokens, D, device)
@@ -244,7 +245,7 @@ def tune(sizes, device, path: str, log: Callable[[str], None] = print) -> dict[s
         tokens, D = size.batch_size * size.seq_len, size.d_model
         calls: dict[tuple, Any] = {}
         for scheme in SCHEMES:
-            for call in step_calls(size.n_layers, scheme):
+            for call in step_calls(size.n_layers, scheme, n_blocks=size.n_blocks):
                 k = (call.op, call.n, call.has_q)
                 if k not in calls or len(call.sources) > len(calls[k].sources):
                     calls[k] = call
@@ -271,7 +272,7 @@ def print_bytes(sizes, log: Callable[[str], None] = print) -> list[dict[str, Any
     for size in sizes:
         tokens, D = size.batch_size * size.seq_len, size.d_model
         for scheme in SCHEMES:
-            b = step_bytes(step_calls(size.n_layers, scheme), tokens, D)
+            b = step_bytes(step_calls(size.n_layers, scheme, n_blocks=size.n_blocks), tokens, D)
             out.append({"size": size.name, "scheme": scheme, "tokens": tokens} | asdict(b))
             log(
                 f"{size.name:11s} {scheme:5s} {tokens} tokens: {b.minimum / 1e9:6.2f} GB minimum, "
