@@ -1,34 +1,36 @@
 """Triton kernels for the depth mixing of AttnRes on CUDA (attnres/gpu_kernels.py launches them).
 
 The same ops as depth.py's references (attend_batched_reference, merge_read_reference; the CPU kernels in
-csrc/depth_mix.c use the same algebra), written for a GPU. A program takes BLOCK_T tokens at a time and loops
-over token blocks (a persistent grid: pid, pid + P, ...), so what every token block shares (the queries, the
-queries' gradient) is loaded or kept once per program. A token's row of width D is held in registers as NC
-chunks of CH elements (a tuple of [BLOCK_T, CH] tiles, D padded only to a multiple of CH); every sum over D adds
-the chunks element-wise first and reduces once. Accumulation is in fp32 throughout.
+csrc/depth_mix.c use the same algebra), written for a GPU. Every kernel walks D in chunks of CH (= 32, one warp's
+width: tokens across warps, one element of a row per lane; D padded to a multiple of CH at most) and holds no
+state of width D; a program takes BLOCK_T tokens at a time and loops over token blocks (a persistent grid: pid,
+pid + P, ...). Sums over D are reduced within a warp. Accumulation is in fp32 throughout. UNROLL unrolls the
+loops that do not store (their loads issued together: Triton pipelines no load that does not feed a tl.dot);
+attend_bwd loads its sources in groups of UNROLL instead. The launch tiles: attnres/triton_launch.py.
 
 * attend_fwd / attend_bwd: phase 1 of Q reads with static pseudo-queries over S sources (paper Algorithm 1),
-  *scoring included*: logit[s, q] = rstd_s (v_s . w_q), rstd_s = (mean v_s^2 + eps)^-1/2, an online softmax over
-  s, out_q = sum_s a[s, q] v_s and lse_q. Each source is read once forward (for its RMS, its Q logits and its Q
-  multiply-adds) and twice backward (pass 1: the Q dot products g_q . v_s that softmax's backward needs summed
-  over s, c_q = sum_s a g_q.v_s; pass 2, in reverse order so that the sources read last come first: everything
-  else). The gradient flows through lse as well. While a source is worked on, the next one's loads are in
-  flight (a prefetch in registers: Triton pipelines no load that does not feed a tl.dot).
-* merge_fwd / merge_bwd: one read's phase 2, the online-softmax merge of K extras into a phase-1 output (with
-  queries, the extras' key logits are computed here), fused with the PreNorm normalisation: y = h rstd is
-  stored (with y32, its fp32 value, when y itself is low precision), h never is. Backward starts from y32
-  (depth._MergeReadC docstring): dL/dh = rstd (g - mean(g y) y), and the extras' logit gradients as
-  a_k dL/dh . (e_k - h) with h = y32 / rstd, which stays accurate where e_k ~ h (a_k ~ 1).
+  *scoring included*: logit[s, q] = rstd_s (v_s . w_q), rstd_s = (mean v_s^2 + eps)^-1/2, a softmax over s,
+  out_q = sum_s a[s, q] v_s and lse_q. Forward reads each source twice (its logits, then its share of the mix,
+  chunk by chunk) and keeps the logits and rstd for backward; backward reads each source and dL/dout twice
+  (the dot products g_q . v_s that softmax's backward needs summed over s, c_q = sum_s a g_q.v_s; then every
+  gradient). The gradient flows through lse as well.
+* merge_fwd / merge_bwd: one read's phase 2, the softmax merge of K extras into a phase-1 output (with queries,
+  the extras' key logits are computed here), fused with the PreNorm normalisation: y = h rstd is stored (with
+  y32, its fp32 value, when y itself is low precision), h never is (three walks over D: the key logits, the sum of
+  squares of h, y). Backward starts from y32 (depth._MergeReadC docstring): dL/dh = rstd (g - mean(g y) y), and
+  the extras' logit gradients as a_k dL/dh . (e_k - h) with h = y32 / rstd, which stays accurate where
+  e_k ~ h (a_k ~ 1).
 
 Sources, extras and gradient targets are given as a table of int64 addresses (no stacked copy) with a dtype code
 each: 0 = fp32, 1 = the one low-precision dtype LO (bf16 or fp16) of the call. Each gradient target has a mode:
 0 skip, 1 write, 2 accumulate (a tracked source's fp32 sink; grad_sinks.GradSink.target). Gradients of the queries
-are summed per program into a [P, Q, D] buffer that the caller reduces (deterministic, no atomics). write_table
-fills such a table from kernel arguments, so that no host memory is read at run time (CUDA-graph capture).
+are added per program into a zeroed [P, Q, D] buffer that the caller reduces (deterministic, no atomics).
+write_table fills such a table from kernel arguments, so that no host memory is read at run time (CUDA graphs).
 
 Rules that keep these kernels runnable under the Triton interpreter (TRITON_INTERPRET=1, the CPU tests): every
-load is widened to fp32 before any arithmetic, arithmetic on a loop index goes through tl.cast, and a
-low-precision store rounds to nearest even by hand (_round: the interpreter would truncate a bf16 store).
+load is widened to fp32 before any arithmetic, arithmetic on a loop index goes through tl.cast, masks come from
+full-shape comparisons (a scalar condition and-ed with a tensor is not a mask there), and a low-precision store
+rounds to nearest even by hand (_round: the interpreter would truncate a bf16 store).
 """
 
 from __future__ import annotations

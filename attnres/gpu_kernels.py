@@ -1,15 +1,18 @@
 """Triton kernels for the depth mixing on CUDA (depth_mix_triton.py), as torch.library custom ops.
 
-The kernels read each source once per group of reads, score it in the same pass, and keep the read h out of
-memory (the merge is fused with the PreNorm normalisation). They are a speed path only: depth.py calls them
-through its dispatch functions, its plain-torch references run wherever they do not apply (no triton, another
-device, float64, ATTNRES_TRITON=0 or ``use_kernels(False)``), and the tests check them against those references.
+The kernels read each source for a whole group of reads at once (scoring it in the same kernel), keep the read
+h out of memory (the merge is fused with the PreNorm normalisation), and launch with the tiles of
+attnres/triton_launch.py, writing their tables of addresses on the device (no host copy: CUDA-graph safe).
+They are a speed path only: depth.py calls them through its dispatch functions, its plain-torch references run
+wherever they do not apply (no triton, another device, float64, ATTNRES_TRITON=0 or ``use_kernels(False)``), and
+the tests check them against those references.
 
 Two ops, as on the CPU (cpu_kernels.py):
-  * attend(sources, queries, eps) -> (Q outputs [B, T, D] fp32, lse [B, T, Q]): phase 1 of Q reads with static
-    pseudo-queries over S sources, the key logits included (depth.attend_batched);
-  * merge(base, z, extras, queries, ...) -> y: one read's online-softmax merge of K extras, fused with the PreNorm
-    normalisation (depth.merge_read).
+  * attend(sources, queries, eps) -> (Q outputs [B, T, D] fp32, lse [B, T, Q], and for backward the sources'
+    logits and rstd): phase 1 of Q reads with static pseudo-queries over S sources, the key logits included
+    (depth.attend_batched);
+  * merge(base, z, extras, queries, ...) -> y (and for backward y32, y's fp32 value when y is low precision): one
+    read's softmax merge of K extras, fused with the PreNorm normalisation (depth.merge_read).
 Each is a ``torch.library.custom_op`` (``attnres::attend``, ``attnres::merge`` and their ``*_backward``) with a
 fake implementation and registered autograd, so torch.compile(fullgraph=True) traces through them as opaque
 kernels. Sources of any mix of fp32 and one low-precision dtype (bf16 or fp16), any D (masked), any strides
@@ -36,8 +39,7 @@ from .triton_launch import Launch, launch
 ENV_SWITCH = "ATTNRES_TRITON"  # "0" / "off" / "false" / "no": never use the Triton kernels
 MAX_READS = 16  # attend: at most this many queries (Q) per call
 MAX_EXTRAS = 16  # merge: at most this many extras (K) per call
-MAX_WIDTH = 8192  # D; the kernels hold a token's whole row in registers
-_TILE = 8192  # attend_fits: at most 4 x _TILE elements of Q_PAD x D
+MAX_WIDTH = 8192  # D: the widest the kernels are tested at (they walk D in chunks: no limit of their own)
 _LOW = (torch.bfloat16, torch.float16)
 _FLOATS = (torch.float32, *_LOW)
 
@@ -129,10 +131,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def attend_fits(Q: int, D: int) -> bool:
-    """Whether attend takes Q queries of width D: its programs keep Q_PAD x D (rounded to a chunk) fp32 elements of
-    the queries, of their gradient and of the accumulators per token in registers, at most 32768 of Q_PAD x D (the
-    paper sizes need 8192 at most)."""
-    return Q <= MAX_READS and _pow2(Q) * D <= 4 * _TILE
+    """Whether attend takes Q queries (of width D, which the kernels walk in chunks: any D applies() takes)."""
+    return Q <= MAX_READS
 
 
 def _low_dtype(tensors: list[torch.Tensor]):
