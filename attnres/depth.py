@@ -321,7 +321,7 @@ def attend_batched(
     """Phase 1 of Q reads with static queries over the same S sources (paper Algorithm 1), scoring included:
     attend_batched_reference, returning (Q outputs [B, T, D] fp32, lse [B, T, Q]); the gradient flows through
     both (merge_read's z is an extra's logit minus lse). sources S x [B, T, D], queries [Q, D] (gains folded in).
-    CUDA: one Triton pass reads each source once for its RMS, its Q logits and its Q multiply-adds."""
+    CUDA: one Triton kernel scores and mixes the sources for all Q reads (gpu_kernels.attend)."""
     if queries.dim() != 2 or queries.shape[-1] != sources[0].shape[-1]:
         raise ValueError(
             f"attend_batched: queries must be [Q, D] with D = {sources[0].shape[-1]}; got {tuple(queries.shape)}"

@@ -1,15 +1,18 @@
 """Triton kernels for the depth mixing on CUDA (depth_mix_triton.py), as torch.library custom ops.
 
-The kernels read each source once per group of reads, score it in the same pass, and keep the read h out of
-memory (the merge is fused with the PreNorm normalisation). They are a speed path only: depth.py calls them
-through its dispatch functions, its plain-torch references run wherever they do not apply (no triton, another
-device, float64, ATTNRES_TRITON=0 or ``use_kernels(False)``), and the tests check them against those references.
+The kernels read each source for a whole group of reads at once (scoring it in the same kernel), keep the read
+h out of memory (the merge is fused with the PreNorm normalisation), and launch with the tiles of
+attnres/triton_launch.py, writing their tables of addresses on the device (no host copy: CUDA-graph safe).
+They are a speed path only: depth.py calls them through its dispatch functions, its plain-torch references run
+wherever they do not apply (no triton, another device, float64, ATTNRES_TRITON=0 or ``use_kernels(False)``), and
+the tests check them against those references.
 
 Two ops, as on the CPU (cpu_kernels.py):
-  * attend(sources, queries, eps) -> (Q outputs [B, T, D] fp32, lse [B, T, Q]): phase 1 of Q reads with static
-    pseudo-queries over S sources, the key logits included (depth.attend_batched);
-  * merge(base, z, extras, queries, ...) -> y: one read's online-softmax merge of K extras, fused with the PreNorm
-    normalisation (depth.merge_read).
+  * attend(sources, queries, eps) -> (Q outputs [B, T, D] fp32, lse [B, T, Q], and for backward the sources'
+    logits and rstd): phase 1 of Q reads with static pseudo-queries over S sources, the key logits included
+    (depth.attend_batched);
+  * merge(base, z, extras, queries, ...) -> y (and for backward y32, y's fp32 value when y is low precision): one
+    read's softmax merge of K extras, fused with the PreNorm normalisation (depth.merge_read).
 Each is a ``torch.library.custom_op`` (``attnres::attend``, ``attnres::merge`` and their ``*_backward``) with a
 fake implementation and registered autograd, so torch.compile(fullgraph=True) traces through them as opaque
 kernels. Sources of any mix of fp32 and one low-precision dtype (bf16 or fp16), any D (masked), any strides
@@ -31,12 +34,12 @@ import torch
 
 from .grad_sinks import sinks_of
 from .kernel_switch import KernelSwitch
+from .triton_launch import Launch, launch
 
 ENV_SWITCH = "ATTNRES_TRITON"  # "0" / "off" / "false" / "no": never use the Triton kernels
 MAX_READS = 16  # attend: at most this many queries (Q) per call
 MAX_EXTRAS = 16  # merge: at most this many extras (K) per call
-MAX_WIDTH = 8192  # D; the kernels hold a token's whole row in registers
-_TILE = 8192  # elements of a program's largest register tile (Q_PAD x BLOCK_T x BLOCK_D), one configuration
+MAX_WIDTH = 8192  # D: the widest the kernels are tested at (they walk D in chunks: no limit of their own)
 _LOW = (torch.bfloat16, torch.float16)
 _FLOATS = (torch.float32, *_LOW)
 
@@ -128,9 +131,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def attend_fits(Q: int, D: int) -> bool:
-    """Whether attend takes Q queries of width D: its programs hold Q_PAD x BLOCK_D rows (at most 32768 fp32
-    elements; the paper sizes need 8192 at most)."""
-    return Q <= MAX_READS and _pow2(Q) * _pow2(D) <= 4 * _TILE
+    """Whether attend takes Q queries (of width D, which the kernels walk in chunks: any D applies() takes)."""
+    return Q <= MAX_READS
 
 
 def _low_dtype(tensors: list[torch.Tensor]):
@@ -148,11 +150,18 @@ def _code(t: torch.Tensor | None) -> int:
 
 
 def _table(values: list[int], device: torch.device) -> torch.Tensor:
-    """An int64 table of addresses / codes on the device: one pinned, asynchronous copy (no host sync)."""
-    host = torch.tensor(values, dtype=torch.int64)
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host
+    """An int64 table of addresses / codes on the device, written by kernels whose arguments carry the values: no
+    host memory is read when it runs, so a CUDA graph that captured it replays it (the addresses of a captured
+    graph's tensors are fixed), and no host-device synchronisation or copy happens."""
+    from . import depth_mix_triton as k
+
+    table = torch.empty(max(1, len(values)), dtype=torch.int64, device=device)
+    width = k.TABLE_WIDTH
+    for at in range(0, len(values), width):
+        part = values[at : at + width]
+        args = [v + k.TABLE_BIAS for v in part] + [k.TABLE_BIAS] * (width - len(part))
+        k.write_table[(1,)](table[at:], len(part), *args, num_warps=1)
+    return table
 
 
 def _placed_targets(targets: list[torch.Tensor], modes: list[int]) -> list[torch.Tensor | None]:
@@ -173,21 +182,34 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _programs(n_blocks: int, device: torch.device) -> int:
-    """Programs of a backward kernel (each loops over token blocks and keeps one slice of the queries' gradient)."""
+_SMS: dict[int, int] = {}  # streaming multiprocessors per CUDA device index
+
+
+def _programs(n_blocks: int, device: torch.device, launch: Launch) -> int:
+    """Programs of a persistent grid: launch.per_sm per SM (at most one per token block); 2 on the CPU (the
+    interpreter), so that a program loops over several token blocks there too."""
     if device.type != "cuda":
-        return min(n_blocks, 2)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(n_blocks, 4 * sms))
+        return max(1, min(n_blocks, 2))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return max(1, min(n_blocks, launch.per_sm * _SMS[index]))
 
 
-def _blocks(rows_per_tile: int, D: int) -> tuple[int, int, int]:
-    """(BLOCK_T, BLOCK_D, num_warps) for tiles of rows_per_tile x BLOCK_T x BLOCK_D elements."""
-    block_d = _pow2(D)
-    block_t = max(1, min(64, _TILE // (rows_per_tile * block_d)))
-    block_t = 1 << (block_t.bit_length() - 1)  # a power of two
-    warps = 4 if rows_per_tile * block_t * block_d <= 4096 else 8
-    return block_t, block_d, warps
+def _low_name(lo) -> str:
+    return "fp16" if str(lo) == "fp16" else "bf16"
+
+
+def _meta(lo, cfg: Launch) -> dict:
+    """The constexprs and launch options every depth kernel takes from its Launch."""
+    return {
+        "LO": lo,
+        "BLOCK_T": cfg.block_t,
+        "CH": cfg.chunk,
+        "UNROLL": cfg.unroll,
+        "num_warps": cfg.warps,
+        "num_stages": cfg.stages,
+    }
 
 
 def _grid(t: torch.Tensor) -> tuple[torch.device, int]:
@@ -199,31 +221,41 @@ def _grid(t: torch.Tensor) -> tuple[torch.device, int]:
 
 
 @torch.library.custom_op("attnres::attend", mutates_args=())
-def attend(sources: list[torch.Tensor], queries: torch.Tensor, eps: float) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Q reads with static queries [Q, D] over S sources [B, T, D]: (Q outputs [B, T, D] fp32, lse [B, T, Q])."""
+def attend(
+    sources: list[torch.Tensor], queries: torch.Tensor, eps: float
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q reads with static queries [Q, D] over S sources [B, T, D]: (Q outputs [B, T, D] fp32, lse [B, T, Q],
+    every source's logits [S, B, T, Q] and rstd [S, B, T], fp32; the last two are kept for backward)."""
     from . import depth_mix_triton as k
 
     srcs = [_rows(v) for v in sources]
     device, N = _grid(srcs[0])
-    D, Q = srcs[0].shape[-1], queries.shape[0]
+    D, Q, S = srcs[0].shape[-1], queries.shape[0], len(srcs)
+    lead = srcs[0].shape[:-1]
     w = _rows(queries.to(torch.float32))
     outs = [torch.empty(srcs[0].shape, dtype=torch.float32, device=device) for _ in range(Q)]
-    lse = torch.empty((*srcs[0].shape[:-1], Q), dtype=torch.float32, device=device)
+    lse = torch.empty((*lead, Q), dtype=torch.float32, device=device)
+    logits = torch.empty((S, *lead, Q), dtype=torch.float32, device=device)
+    rstd = torch.empty((S, *lead), dtype=torch.float32, device=device)
     tab = _table([v.data_ptr() for v in srcs] + [_code(v) for v in srcs] + [o.data_ptr() for o in outs], device)
-    q_pad = _pow2(Q)
-    bt, bd, warps = _blocks(q_pad, D)
-    k.attend_fwd[(_cdiv(N, bt),)](
-        tab, len(srcs), w, lse, N, D, Q, eps, LO=_low_dtype(srcs), Q_PAD=q_pad, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps
+    lo = _low_dtype(srcs)
+    cfg = launch("attend_fwd", D, Q, True, _low_name(lo))
+    n_blocks = _cdiv(N, cfg.block_t)
+    k.attend_fwd[(_programs(n_blocks, device, cfg),)](
+        tab, S, w, lse, logits, rstd, N, D, Q, eps, n_blocks, **_meta(lo, cfg), Q_PAD=_pow2(Q)
     )
-    return outs, lse
+    return outs, lse, logits, rstd
 
 
 @attend.register_fake
 def _(sources, queries, eps):
-    v = sources[0]
+    v, Q, S = sources[0], queries.shape[0], len(sources)
+    lead, f32 = v.shape[:-1], torch.float32
     return (
-        [v.new_empty(v.shape, dtype=torch.float32) for _ in range(queries.shape[0])],
-        v.new_empty((*v.shape[:-1], queries.shape[0]), dtype=torch.float32),
+        [v.new_empty(v.shape, dtype=f32) for _ in range(Q)],
+        v.new_empty((*lead, Q), dtype=f32),
+        v.new_empty((S, *lead, Q), dtype=f32),
+        v.new_empty((S, *lead), dtype=f32),
     )
 
 
@@ -232,14 +264,16 @@ def attend_backward(
     sources: list[torch.Tensor],
     queries: torch.Tensor,
     lse: torch.Tensor,
+    logits: torch.Tensor,
+    rstd: torch.Tensor,
     grads: list[torch.Tensor],
     grad_lse: torch.Tensor,
-    eps: float,
     targets: list[torch.Tensor],
     modes: list[int],
 ) -> torch.Tensor:
-    """Backward of attend: writes (mode 1) or adds into (mode 2) each source's gradient target (targets: one per
-    source whose mode is not 0, in order) and returns the queries' gradient [Q, D] fp32."""
+    """Backward of attend (lse, logits, rstd: its outputs): writes (mode 1) or adds into (mode 2) each source's
+    gradient target (targets: one per source whose mode is not 0, in order) and returns the queries' gradient
+    [Q, D] fp32."""
     from . import depth_mix_triton as k
 
     srcs = [_rows(v) for v in sources]
@@ -258,54 +292,41 @@ def attend_backward(
         + [g.data_ptr() for g in gs],
         device,
     )
-    q_pad = _pow2(Q)
-    bt, bd, warps = _blocks(q_pad, D)
-    n_blocks = _cdiv(N, bt)
-    P = _programs(n_blocks, device)
-    dq = torch.empty((P, Q, D), dtype=torch.float32, device=device)
+    lo = _low_dtype(srcs + [t for t in tgt if t is not None])
+    cfg = launch("attend_bwd", D, Q, True, _low_name(lo))
+    n_blocks = _cdiv(N, cfg.block_t)
+    P = _programs(n_blocks, device, cfg)
+    scratch = torch.empty_like(logits)  # [S, B, T, Q]: g_q . v_s, then dL/dlogit * rstd
+    coef = torch.empty_like(rstd)  # [S, B, T]
+    dq = torch.zeros((P, Q, D), dtype=torch.float32, device=device)
     k.attend_bwd[(P,)](
-        tab,
-        S,
-        w,
-        _rows(lse),
-        glse,
-        dq,
-        N,
-        D,
-        Q,
-        eps,
-        n_blocks,
-        P,
-        LO=_low_dtype(srcs + [t for t in tgt if t is not None]),
-        Q_PAD=q_pad,
-        BLOCK_T=bt,
-        BLOCK_D=bd,
-        num_warps=warps,
-    )
+        tab, S, w, _rows(lse), glse, logits, rstd, scratch, coef, dq, N, D, Q, n_blocks,
+        **_meta(lo, cfg), Q_PAD=_pow2(Q),
+    )  # fmt: skip
     return dq.sum(0)
 
 
 @attend_backward.register_fake
-def _(sources, queries, lse, grads, grad_lse, eps, targets, modes):
+def _(sources, queries, lse, logits, rstd, grads, grad_lse, targets, modes):
     return queries.new_empty(queries.shape, dtype=torch.float32)
 
 
 def _attend_setup(ctx, inputs, output) -> None:
-    sources, queries, eps = inputs
-    _, lse = output
-    ctx.eps = eps
+    sources, queries, _eps = inputs
+    _, lse, logits, rstd = output
     ctx.sinks = sinks_of(sources)  # eager: tracked sources (attnres/grad_sinks.py); compiled: none
     ctx.source_grad = [v.requires_grad for v in sources]
     ctx.queries_grad, ctx.queries_dtype = queries.requires_grad, queries.dtype
-    ctx.save_for_backward(queries, lse, *sources)
+    ctx.save_for_backward(queries, lse, logits, rstd, *sources)
+    ctx.mark_non_differentiable(logits, rstd)
 
 
-def _attend_grad(ctx, grad_outs, grad_lse):
-    queries, lse, *sources = ctx.saved_tensors
+def _attend_grad(ctx, grad_outs, grad_lse, *_unused):
+    queries, lse, logits, rstd, *sources = ctx.saved_tensors
     targets, modes, grads = _targets(ctx.sinks, ctx.source_grad, sources)
     grad_outs = [torch.zeros_like(sources[0], dtype=torch.float32) if g is None else g for g in grad_outs]
     grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
-    grad_q = attend_backward(sources, queries, lse, grad_outs, grad_lse, ctx.eps, targets, modes)
+    grad_q = attend_backward(sources, queries, lse, logits, rstd, grad_outs, grad_lse, targets, modes)
     return grads, grad_q.to(ctx.queries_dtype) if ctx.queries_grad else None, None
 
 
@@ -348,10 +369,10 @@ def merge(
     key_eps: float,
     eps: float,
     out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = rmsnorm_unit(a_0 base + sum_k a_k extras[k]) in out_dtype, a = softmax([0, z (+ key logits)]).
-    Returns (y, a [K + 1, B, T], rstd [B, T], logits, key_rstd [K, B, T] with queries, else empty), all fp32
-    but y."""
+    Returns (y, y32: y's fp32 value when out_dtype is not fp32 (else empty), a [K + 1, B, T], rstd [B, T],
+    logits, key_rstd [K, B, T] with queries (else empty)), all fp32 but y."""
     from . import depth_mix_triton as k
 
     b = _rows(base)
@@ -360,6 +381,8 @@ def merge(
     ext = [_rows(e) for e in extras]
     lead = b.shape[:-1]
     y = torch.empty(b.shape, dtype=out_dtype, device=device)
+    low_y = out_dtype != torch.float32
+    y32 = torch.empty(b.shape if low_y else (0,), dtype=torch.float32, device=device)
     a = torch.empty((K + 1, *lead), dtype=torch.float32, device=device)
     rstd = torch.empty(lead, dtype=torch.float32, device=device)
     has_q = queries is not None and K > 0
@@ -370,16 +393,17 @@ def merge(
         assert z is not None  # the extras' logits
         zz = _rows(z.to(torch.float32))
     qq = _rows(queries.to(torch.float32)) if queries is not None and K > 0 else a  # if has_q
-    # an int64 table even without extras: the kernel's address casts must compile
-    tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext] if K else [0], device)
-    bt, bd, warps = _blocks(1, D)
-    k.merge_fwd[(_cdiv(N, bt),)](
+    tab = _table([e.data_ptr() for e in ext] + [_code(e) for e in ext], device)
+    lo = _low_dtype([*ext, b, y])
+    cfg = launch("merge_fwd", D, K, has_q, _low_name(lo))
+    n_blocks = _cdiv(N, cfg.block_t)
+    k.merge_fwd[(_programs(n_blocks, device, cfg),)](
         b,
         zz,
         tab,
-        K,
         qq,
         y,
+        y32 if low_y else y,
         a,
         rstd,
         logits if has_q else a,
@@ -388,14 +412,13 @@ def merge(
         D,
         key_eps,
         eps,
+        n_blocks,
+        K=K,
         HAS_Q=has_q,
-        LO=_low_dtype([*ext, b, y]),
-        K_PAD=_pow2(max(K, 1)),
-        BLOCK_T=bt,
-        BLOCK_D=bd,
-        num_warps=warps,
+        LOW_Y=low_y,
+        **_meta(lo, cfg),
     )
-    return y, a, rstd, logits, key_rstd
+    return y, y32, a, rstd, logits, key_rstd
 
 
 @merge.register_fake
@@ -405,6 +428,7 @@ def _(base, z, extras, queries, key_eps, eps, out_dtype):
     f32 = torch.float32
     return (
         base.new_empty(base.shape, dtype=out_dtype),
+        base.new_empty(base.shape if out_dtype != f32 else (0,), dtype=f32),
         base.new_empty((K + 1, *lead), dtype=f32),
         base.new_empty(lead, dtype=f32),
         base.new_empty((K, *lead) if has_q else (0,), dtype=f32),
@@ -418,7 +442,6 @@ def merge_backward(
     y: torch.Tensor,
     a: torch.Tensor,
     rstd: torch.Tensor,
-    eps: float,
     extras: list[torch.Tensor],
     queries: torch.Tensor | None,
     logits: torch.Tensor,
@@ -427,10 +450,12 @@ def merge_backward(
     targets: list[torch.Tensor],
     modes: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward of merge: (grad_base in base_dtype, grad_z [K, B, T] fp32, grad_queries [K, D] fp32 or empty);
-    each extra's gradient goes into its target (mode 1: =, 2: +=; targets: one per extra whose mode is not 0)."""
+    """Backward of merge from y [B, T, D] fp32 (merge's y32, or y itself when it is fp32): (grad_base in
+    base_dtype, grad_z [K, B, T] fp32, grad_queries [K, D] fp32 or empty); each extra's gradient goes into its
+    target (mode 1: =, 2: +=; targets: one per extra whose mode is not 0)."""
     from . import depth_mix_triton as k
 
+    assert y.dtype == torch.float32
     g = _rows(grad_out)
     device, N = _grid(g)
     D, K = g.shape[-1], len(extras)
@@ -444,15 +469,14 @@ def merge_backward(
         + [_code(e) for e in ext]
         + [0 if t is None else t.data_ptr() for t in tgt]
         + [_code(t) for t in tgt]
-        + list(modes)
-        if K
-        else [0],
+        + list(modes),
         device,
-    )  # int64 even without extras: the kernel's address casts must compile
-    bt, bd, warps = _blocks(1, D)
-    n_blocks = _cdiv(N, bt)
-    P = _programs(n_blocks, device)
-    dq = torch.empty((P, K, D) if has_q else (0,), dtype=torch.float32, device=device)
+    )
+    lo = _low_dtype(ext + [g, grad_base] + [t for t in tgt if t is not None])
+    cfg = launch("merge_bwd", D, K, has_q, _low_name(lo))
+    n_blocks = _cdiv(N, cfg.block_t)
+    P = _programs(n_blocks, device, cfg)
+    dq = torch.zeros((P, K, D) if has_q else (0,), dtype=torch.float32, device=device)
     qq = _rows(queries.to(torch.float32)) if queries is not None and K > 0 else a  # if has_q
     k.merge_bwd[(P,)](
         g,
@@ -460,7 +484,6 @@ def merge_backward(
         a,
         rstd,
         tab,
-        K,
         qq,
         logits if has_q else a,
         key_rstd if has_q else a,
@@ -469,21 +492,16 @@ def merge_backward(
         dq if has_q else a,
         N,
         D,
-        eps,
         n_blocks,
-        P,
+        K=K,
         HAS_Q=has_q,
-        LO=_low_dtype(ext + [g, y, grad_base] + [t for t in tgt if t is not None]),
-        K_PAD=_pow2(max(K, 1)),
-        BLOCK_T=bt,
-        BLOCK_D=bd,
-        num_warps=warps,
+        **_meta(lo, cfg),
     )
     return grad_base, grad_z, dq.sum(0) if has_q else dq
 
 
 @merge_backward.register_fake
-def _(grad_out, y, a, rstd, eps, extras, queries, logits, key_rstd, base_dtype, targets, modes):
+def _(grad_out, y, a, rstd, extras, queries, logits, key_rstd, base_dtype, targets, modes):
     K = len(extras)
     has_q = queries is not None and K > 0
     return (
@@ -494,24 +512,25 @@ def _(grad_out, y, a, rstd, eps, extras, queries, logits, key_rstd, base_dtype, 
 
 
 def _merge_setup(ctx, inputs, output) -> None:
-    base, z, extras, queries, _key_eps, eps, _out_dtype = inputs
-    y, a, rstd, logits, key_rstd = output
-    ctx.eps, ctx.base_dtype, ctx.z_dtype = eps, base.dtype, None if z is None else z.dtype
+    base, z, extras, queries, _key_eps, _eps, out_dtype = inputs
+    y, y32, a, rstd, logits, key_rstd = output
+    ctx.base_dtype, ctx.z_dtype = base.dtype, None if z is None else z.dtype
     ctx.sinks = sinks_of(extras)
     ctx.extra_grad = [e.requires_grad for e in extras]
     ctx.base_grad = base.requires_grad
     ctx.z_grad = z is not None and z.requires_grad
     ctx.queries_grad = queries is not None and queries.requires_grad
     ctx.queries_dtype = None if queries is None else queries.dtype
-    ctx.save_for_backward(y, a, rstd, logits, key_rstd, queries, *extras)
-    ctx.mark_non_differentiable(a, rstd, logits, key_rstd)
+    # backward needs y in fp32 (a bf16 y loses the softmax gradient's small differences)
+    ctx.save_for_backward(y32 if out_dtype != torch.float32 else y, a, rstd, logits, key_rstd, queries, *extras)
+    ctx.mark_non_differentiable(y32, a, rstd, logits, key_rstd)
 
 
 def _merge_grad(ctx, grad_y, *_unused):
     y, a, rstd, logits, key_rstd, queries, *extras = ctx.saved_tensors
     targets, modes, grads = _targets(ctx.sinks, ctx.extra_grad, extras)
     grad_base, grad_z, grad_q = merge_backward(
-        grad_y, y, a, rstd, ctx.eps, extras, queries, logits, key_rstd, ctx.base_dtype, targets, modes
+        grad_y, y, a, rstd, extras, queries, logits, key_rstd, ctx.base_dtype, targets, modes
     )
     return (
         grad_base if ctx.base_grad else None,
@@ -535,7 +554,8 @@ def attend_batched(
     sources: list[torch.Tensor], queries: torch.Tensor, eps: float
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """depth.attend_batched on the kernels (check applies() first)."""
-    return attend(list(sources), queries, float(eps))
+    outs, lse, _logits, _rstd = attend(list(sources), queries, float(eps))
+    return outs, lse
 
 
 def merge_read(

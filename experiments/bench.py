@@ -1033,6 +1033,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     for size in sizes:
         res = bench_size(size, args.schemes, args, device, log=log)
         print_size(res, log=log)
+        if device.type == "cuda":  # the depth kernels' time and achieved GB/s beside the steps (depth_roofline)
+            from .depth_roofline import measure
+
+            res["depth_roofline"] = measure(size, device, "bf16-mixed" if args.bf16 else "fp32", log=log)
         out["sizes"].append(res)
     if args.options and sizes:
         res = bench_options(sizes[0], args.schemes, args.option_variants, args, device, log=log)

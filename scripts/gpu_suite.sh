@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one prepared script, in order of priority, at most 8 minutes on one H200:
-# each step has its own time limit (the limits add up to 470 s), so one that fails or overruns does not take the
+# Every GPU check of the project in one prepared script, in order of priority, at most 8.5 minutes on one H200:
+# each step has its own time limit (the limits add up to 510 s), so one that fails or overruns does not take the
 # others with it and the whole script stays inside its budget.
 #   1. tests              tests/test_gpu.py: the Triton depth kernels == the torch path (ops at the paper
 #                         widths, fp32 and bf16; Block and Full models), cached decoding == full forward,
@@ -15,6 +15,9 @@
 #   5. regional_528m      the same at paper_528m
 #   6. whole_194m         paper_194m, the whole model compiled (each model's first step = its compile time, logged
 #                         as each finishes; before the Triton kernels three did not compile in 250 s): faster?
+#   7. depth_roofline     the depth kernels alone at paper_194m and paper_528m (8 x 8192 tokens): every call of a
+#                         Block and a Full step timed, its minimum bytes, achieved GB/s and % of the HBM peak
+#                         (experiments/depth_roofline.py; eager_* print the same beside their step times)
 # Optional steps (not in the default STEPS): bench_fp32 (fp32, TF32 off), harness (Lightning vs a plain loop).
 # Results go to $OUT (default reports/gpu); logs to $OUT/gpu_suite.log.
 #
@@ -34,14 +37,14 @@ LOG="$OUT/gpu_suite.log"
 : >"$LOG"
 
 if [[ "${1:-}" == "--dry-run" ]]; then
-  DEV=(--device cpu --threads 1); S194=tiny; S528=tiny; SEQ=64; B194=2; B528=2; R=1; R528=1; DEC=4; T=1
+  DEV=(--device cpu --threads 1); S194=tiny; S528=tiny; SEQ=64; B194=2; B528=2; R=1; R528=1; DEC=4; T=1; RB=2
   FLASH=(--sdpa math); HSTEPS=4
 else
-  DEV=(--device cuda); S194=paper_194m; S528=paper_528m; SEQ=8192; B194=4; B528=2; R=5; R528=3; DEC=32; T=0
+  DEV=(--device cuda); S194=paper_194m; S528=paper_528m; SEQ=8192; B194=4; B528=2; R=5; R528=3; DEC=32; T=0; RB=8
   FLASH=(--sdpa flash); HSTEPS=14
 fi
 
-STEPS="${STEPS:-tests eager_194m eager_528m regional_194m regional_528m whole_194m}"
+STEPS="${STEPS:-tests eager_194m eager_528m regional_194m regional_528m whole_194m depth_roofline}"
 failed=()
 step() {  # step <name> <seconds> <command...>
   local name=$1 limit=$2; shift 2
@@ -72,6 +75,8 @@ step regional_528m 50 "${bench[@]}" --sizes "$S528" --batch-size "$B528" --repea
   --no-prefill --out "$OUT/gpu_regional_528m.json"
 step whole_194m 60 "${bench[@]}" --sizes "$S194" --batch-size "$B194" --repeats 2 --compile whole --no-prefill \
   --out "$OUT/gpu_whole_194m.json"
+step depth_roofline 40 "$PYTHON" -m experiments.depth_roofline "${DEV[@]:0:2}" --sizes "$S194,$S528" \
+  --batch-size "$RB" --seq-len "$SEQ" --out "$OUT/gpu_depth_roofline.json"
 # optional
 step bench_fp32 50 "$PYTHON" -m experiments.bench "${DEV[@]}" --seq-len "$SEQ" --harness off --sizes "$S194" \
   --batch-size "$B194" --repeats 2 --no-memory --out "$OUT/gpu_bench_fp32.json"

@@ -12,9 +12,9 @@ unfused read under bf16 (and keeps one fp32 [B, T, d] less per read); torch.comp
 
 The Triton depth kernels (attnres/gpu_kernels.py; on CUDA by default) are checked here compiled, as
 tests/test_triton_kernels.py checks them in Triton's interpreter on the CPU: the two ops at the paper's widths
-(d 896 and 1264: BLOCK_D 1024 and 2048) in fp32 and with bf16 sources against the torch path, Block and Full
-models end to end, cached decoding == the full forward, regional and whole-model compile (fullgraph through the
-custom ops) == eager.
+(d 896 and 1264) in fp32 and with bf16 sources against the torch path, Block and Full models end to end, cached
+decoding == the full forward, regional and whole-model compile (fullgraph through the custom ops) == eager, and
+the four kernels captured in a CUDA graph and replayed on new inputs == run eagerly on them.
 """
 
 from __future__ import annotations
@@ -363,3 +363,48 @@ def test_cuda_compile_fullgraph_through_the_triton_ops():
     got = torch.compile(fn, fullgraph=True)(q, *vs)
     for a, b in zip((got, *torch.autograd.grad(got, [q, *vs])), (eager, *g_eager)):
         assert _rel_err(a, b) <= 1e-4
+
+
+def test_cuda_graph_replays_the_triton_ops_on_new_inputs():
+    """attend and merge, their forward and backward kernels (the custom ops, tables included), captured in one
+    CUDA graph: replayed after new values are copied into the captured inputs, they give what running them
+    eagerly on those values gives, bit for bit. The launch path reads no host memory (its tables are written by
+    kernels whose arguments carry the addresses), so the replay is the captured computation."""
+    from attnres import gpu_kernels as gk
+
+    torch.manual_seed(0)
+    B, T, D, S, Q = 2, 128, 896, 4, 3
+    vs = [torch.randn(B, T, D, device=CUDA).bfloat16() for _ in range(S)]
+    q = torch.randn(Q + 1, D, device=CUDA)
+    extra = torch.randn(B, T, D, device=CUDA).bfloat16()
+    grad_y = torch.randn(B, T, D, device=CUDA)
+    inputs = [*vs, q, extra, grad_y]
+
+    def step() -> list[torch.Tensor]:
+        source_grads = [torch.empty_like(v) for v in vs]
+        extra_grad = torch.empty_like(extra)
+        outs, lse, logits, rstd = gk.attend(vs, q[:Q], 1e-6)
+        y, y32, a, r, lg, kr = gk.merge(outs[0], -lse[None, ..., 0], [extra], q[Q:], 1e-6, 1e-6, torch.bfloat16)
+        gb, gz, gq = gk.merge_backward(grad_y, y32, a, r, [extra], q[Q:], lg, kr, torch.float32, [extra_grad], [1])
+        grads = [gb, *(o * 0.5 for o in outs[1:])]
+        gq1 = gk.attend_backward(vs, q[:Q], lse, logits, rstd, grads, -gz[0, ..., None].expand_as(lse).contiguous(),
+                                 source_grads, [1] * S)  # fmt: skip
+        return [*outs, lse, y, gb, gz, gq, gq1, extra_grad, *source_grads]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: compiles the kernels outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for x in inputs:
+        x.copy_(torch.randn(x.shape, device=CUDA).to(x.dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [c.clone() for c in captured]
+    eager = step()
+    for i, (a, b) in enumerate(zip(replayed, eager)):
+        assert torch.equal(a, b), i
