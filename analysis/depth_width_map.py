@@ -211,10 +211,13 @@ def map_markdown(cells: pd.DataFrame, bounds: pd.DataFrame, opts: MapOptions = M
     if bounds.empty:
         lines.append("No width has pairs at two depths yet.")
     for r in bounds.itertuples():
+        where = f"crossing at L_b = {_fmt_depth(r.crossing)}"
+        if r.crossing == r.depths[0]:
+            where = f"Δ is already below zero at the shallowest depth, L_b = {r.depths[0]} (no crossing inside the map)"
         lines.append(
-            f"- d_model {r.d_model} (depths {', '.join(map(str, r.depths))}): crossing at L_b = "
-            f"{_fmt_depth(r.crossing)} [{_fmt_depth(r.ci_lo)}, {_fmt_depth(r.ci_hi)}]; "
-            f"no crossing in {100 * r.p_no_crossing:.0f}% of resamples"
+            f"- d_model {r.d_model} (depths {', '.join(map(str, r.depths))}): {where}; resampled 95% interval of the "
+            f"crossing [{_fmt_depth(r.ci_lo)}, {_fmt_depth(r.ci_hi)}], no crossing in {100 * r.p_no_crossing:.0f}% "
+            "of resamples"
         )
     return lines
 
