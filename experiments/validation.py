@@ -61,7 +61,6 @@ TOP_LEVEL_KEYS = (
     "run_id",
     "lr_protocol",
     "force",
-    "compile",
     "activation_checkpointing",
     "model",
     "train",
@@ -75,6 +74,7 @@ TOP_LEVEL_KEYS = (
     "callbacks",
     "paths",
     "tuned_lr",
+    "compile",  # set by the train_path group, composed after train.yaml's own keys
 )
 
 
