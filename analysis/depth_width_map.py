@@ -272,8 +272,9 @@ def map_figure(cells: pd.DataFrame, stem: Path, opts: MapOptions = MapOptions())
 def analyse_map(
     df: pd.DataFrame, out: Path, opts: MapOptions = MapOptions(), cells: list[tuple[int, int]] | None = None
 ) -> dict[str, Any]:
-    """Everything the map study reports, written under ``out``: map.json, map_summary.md, fig7_map.png/pdf."""
-    import json
+    """Everything the map study reports, written under ``out``: map.json, map_summary.md, fig7_map.png/pdf. In
+    map.json a crossing beyond the map's depths is the string "inf" (other non-finite numbers are null)."""
+    from .report import write_json
 
     out.mkdir(parents=True, exist_ok=True)
     table = cell_table(df, opts, cells)
@@ -282,27 +283,13 @@ def analyse_map(
         "arm": opts.arm,
         "baseline": opts.baseline,
         "level": opts.level,
-        "cells": _json_ready(table.to_dict(orient="records")),
-        "boundaries": _json_ready(bounds.to_dict(orient="records")),
+        "cells": table.to_dict(orient="records"),
+        "boundaries": bounds.astype(object).replace([math.inf], "inf").to_dict(orient="records"),
     }
-    (out / "map.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(doc, out / "map.json")
     (out / "map_summary.md").write_text(
         "\n".join(["# Depth-by-width map", "", *map_markdown(table, bounds, opts)]) + "\n"
     )
     files = map_figure(table, out / "fig7_map", opts)
     doc["files"] = [str(p.name) for p in files] + ["map.json", "map_summary.md"]
     return doc
-
-
-def _json_ready(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return None if math.isnan(obj) else ("inf" if math.isinf(obj) else obj)
-    if isinstance(obj, dict):
-        return {k: _json_ready(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_ready(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return _json_ready(float(obj))
-    return obj

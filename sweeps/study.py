@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.schema import STUDY_KINDS, FitDocument
+from analysis.schema import STUDY_KINDS, FitDocument, Multiplier
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -225,6 +225,12 @@ def regime_sentence(results: Path) -> str:
     )
 
 
+def _multiplier_text(m: Multiplier) -> str:
+    """``m = 1.234x (95% CI 1.100-1.400)``: a multiplier with its interval, as every study line prints it."""
+    lo, hi = m.m_ci95 or (float("nan"), float("nan"))
+    return f"m = {m.m:.3f}x (95% CI {lo:.3f}-{hi:.3f})"
+
+
 def committed_lines(path: Path) -> list[str]:
     """The committed full result's multipliers (fit.json at ``path``), one line per arm."""
     if not path.is_file():
@@ -235,10 +241,9 @@ def committed_lines(path: Path) -> list[str]:
     for name, m in fit.multipliers.items():
         if m.m is None:
             continue
-        lo, hi = m.m_ci95 or (float("nan"), float("nan"))
         lines.append(
             f"  committed ({'/'.join(map(str, seeds)) or '?'} seeds per size, {path.parent.relative_to(REPO)}): "
-            f"{name}: m = {m.m:.3f}x (95% CI {lo:.3f}-{hi:.3f})"
+            f"{name}: {_multiplier_text(m)}"
         )
     return lines
 
@@ -255,10 +260,8 @@ def headline(fit_path: Path) -> list[str]:
     for name, m in fit.multipliers.items():
         if m.m is None:
             continue
-        lo, hi = m.m_ci95 or (float("nan"), float("nan"))
         lines.append(
-            f"  {name}: compute multiplier m = {m.m:.3f}x (95% CI {lo:.3f}-{hi:.3f}), "
-            f"P(m <= 1) = {m.p_m_le_1:.3f}"
+            f"  {name}: compute multiplier {_multiplier_text(m)}, P(m <= 1) = {m.p_m_le_1:.3f}"
             + (f", paper-form M at largest C = {m.paper_M:.3f}x" if m.paper_M is not None else "")
         )
     for name, p in fit.protocols.items():
