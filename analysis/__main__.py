@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip (with a warning) variants with fewer than 3 sizes instead of failing",
     )
+    f.add_argument(
+        "--seeds",
+        type=_seed_list,
+        help="fit only the runs of these seeds, comma-separated (e.g. a study's held-out seeds 20,21,22)",
+    )
     f.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
 
     r = sub.add_parser(
@@ -119,6 +124,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 20,21,22") from None
+
+
 def _f(x: float | None) -> str:
     return "n/a" if x is None or x != x else f"{x:.3f}"
 
@@ -138,11 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "fit":
             from .pipeline import load_any, run_fit
-            from .records import select_dataset
+            from .records import select_dataset, select_seeds
 
             df = load_any(args.results, args.wandb, args.wandb_group)
             if args.dataset:
                 df = select_dataset(df, args.dataset)
+            if args.seeds:
+                df = select_seeds(df, args.seeds)
             doc = run_fit(
                 df,
                 args.out,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +296,22 @@ def select_dataset(df: pd.DataFrame, which: str) -> pd.DataFrame:
             f"--dataset {which!r} matches no run; data sets present: {', '.join(known) or 'none recorded'}"
         )
     out = out.copy()
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def select_seeds(df: pd.DataFrame, seeds: Sequence[int]) -> pd.DataFrame:
+    """The runs whose ``seed`` is one of ``seeds`` (e.g. a study's held-out seeds, fitted apart from its design
+    seeds); a seed that no run has is an error naming the seeds present."""
+    wanted = {int(s) for s in seeds}
+    present = sorted({int(s) for s in pd.to_numeric(df.get("seed"), errors="coerce").dropna()})
+    missing = sorted(wanted - set(present))
+    if missing:
+        raise ValueError(
+            f"--seeds {','.join(map(str, missing))}: no run has that seed; seeds present: "
+            f"{','.join(map(str, present)) or 'none'}"
+        )
+    out = df[pd.to_numeric(df["seed"], errors="coerce").isin(wanted)].copy()
     out.attrs = dict(df.attrs)
     return out
 

@@ -8,8 +8,9 @@ before ``@hydra.main`` composes, also in a launcher's worker process).
 * ``${attnres_scale:<value>,<factor>}`` -- an int budget scaled by a factor (the quick study's short runs);
 * ``${attnres_arch:<field>,<N>,<d/L_b>,<H/L_b>,<head_dim>,<d_ff/d>,<d multiple>,<d_ff multiple>}`` -- one field of
   a derived shape (experiments.sizes.derive_arch_shape; conf/size/paper_arch.yaml);
-* ``${attnres_map:<field>,<L_b>,<d_model>}`` -- one field of a depth-by-width map cell (experiments.sizes.map_cell;
-  conf/size/cpu_map.yaml);
+* ``${attnres_map:<field>,<L_b>,<d_model>[,<head_dim>]}`` -- one field of a depth-by-width map cell
+  (experiments.sizes.map_cell; head_dim 16 unless given; conf/size/cpu_map.yaml, and the deep ladder's rungs,
+  conf/size/cpu_deep.yaml);
 * ``${attnres_lr:<size name>}`` -- the tuned peak learning rate of this run, from the generated table
   ``tuned_lr`` (conf/tuned_lr/*.yaml, written by ``python -m analysis lr``) under ``lr_protocol``:
   ``baseline`` gives every arm the baseline's tuned lr (the paper's protocol), ``per_arm`` each arm its own.
@@ -22,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .sizes import ARCH_SHAPE_FIELDS, MAP_CELL_FIELDS, derive_arch_shape, map_cell
+from .sizes import ARCH_SHAPE_FIELDS, MAP_CELL_FIELDS, MAP_HEAD_DIM, derive_arch_shape, map_cell
 
 LR_PROTOCOLS = ("baseline", "per_arm")
 BASELINE_VARIANT = "baseline"
@@ -44,10 +45,10 @@ def _arch_field(
     return int(getattr(shape, field))
 
 
-def _map_field(field: str, n_layers: int, d_model: int) -> int:
+def _map_field(field: str, n_layers: int, d_model: int, head_dim: int = MAP_HEAD_DIM) -> int:
     if field not in MAP_CELL_FIELDS:
         raise ValueError(f"attnres_map: unknown field {field!r}; allowed values: {', '.join(MAP_CELL_FIELDS)}")
-    return int(getattr(map_cell(int(n_layers), int(d_model)), field))
+    return int(getattr(map_cell(int(n_layers), int(d_model), int(head_dim)), field))
 
 
 def tuned_lr(table: Any, size: str, variant: str, protocol: str) -> float:

@@ -1,12 +1,16 @@
 """The main job in one command: run a study's sweep, then the analysis, and print the headline.
 
-    python -m sweeps.study            # the CPU ladder: 3 arms x 4 sizes x 3 seeds on the embedded data, then the fit
+    python -m sweeps.study            # the deep CPU ladder: 3 arms x 5 rungs (L_b 8..16, d_model = 2 L_b) x 3 seeds
+                                      # on the embedded data, then the fit (= python -m sweeps.study deep)
+    python -m sweeps.study deep_per_arm   # its Full and Block AttnRes at their own tuned lr, into the same table
+    python -m sweeps.study deep_lr    # its LR tuning (--arms all: every arm), written to conf/tuned_lr/cpu_deep.yaml
+    python -m sweeps.study cpu        # the d = 32 CPU ladder: 3 arms x 4 sizes x 3 seeds (runs/cpu_ladder)
     python -m sweeps.study tiny       # the same d = 32 ladder, in its own table (runs/tiny)
-    python -m sweeps.study cpu5       # the same study with its fifth rung (cpu_xl) added
+    python -m sweeps.study cpu5       # the d = 32 ladder with its fifth rung (cpu_xl) added
     python -m sweeps.study quick      # first contact: 3 arms x 3 small sizes, 1 seed, short budgets
-    python -m sweeps.study per_arm    # Full and Block AttnRes at their own tuned lr, into the CPU ladder's table:
+    python -m sweeps.study per_arm    # Full and Block AttnRes at their own tuned lr, into the d = 32 ladder's table:
                                       # the fit then reports the multiplier under both lr protocols
-    python -m sweeps.study lr         # LR tuning of the CPU ladder (baseline; --arms all: every arm), then
+    python -m sweeps.study lr         # LR tuning of the d = 32 ladder (baseline; --arms all: every arm), then
                                       # `python -m analysis lr`, which writes conf/tuned_lr/cpu.yaml (the sizes read it)
     python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block AttnRes x a 3 x 3 shape grid at
                                       # fixed compute
@@ -55,20 +59,46 @@ class Study:
     lr_rule: str = "trend"  # study_kind lr: which lr each size gets (`--rule` overrides it)
     notes: tuple[str, ...] = field(default_factory=tuple)
     committed: str | None = None  # fit.json of the study's committed full result, printed beside a new run's
+    why: str | None = None  # why the study measures at its shape: the end of the regime sentence
 
 
 COMMITTED_LADDER = "docs/results/cpu_ladder/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), d = 32 ladder
+COMMITTED_DEEP = "docs/results/cpu_deep/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), the deep ladder
+WHY_DEEP = (
+    "the deep ladder grows depth and width together at d_model = 2 L_b, the depth-by-width map's deep, narrow "
+    "aspect, where Block AttnRes won (docs/results/cpu_map/)"
+)
+WHY_TINY = (
+    "the d = 32 ladder grows depth alone at one width, where the map finds no decided effect at L_b 4-8 "
+    "(docs/results/cpu_map/)"
+)
+DEFAULT_STUDY = "deep"
 STUDIES = {
+    "deep": Study(
+        "cpu_deep",
+        "deep CPU ladder: baseline / Full / Block AttnRes x L_b 8..16 at d_model = 2 L_b, every arm at the "
+        "baseline's tuned lr",
+        committed=COMMITTED_DEEP,
+        why=WHY_DEEP,
+    ),
+    "deep_per_arm": Study(
+        "cpu_deep",
+        "deep CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
+        overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres"),
+        why=WHY_DEEP,
+    ),
     "cpu": Study(
         "cpu_ladder",
         "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_l, every arm at the baseline's tuned lr",
         committed=COMMITTED_LADDER,
+        why=WHY_TINY,
     ),
     "tiny": Study(
         "cpu_ladder",
         "the d = 32 CPU ladder as committed, in its own table (the name the next ladder leaves it)",
         overrides=("study=tiny",),
         committed=COMMITTED_LADDER,
+        why=WHY_TINY,
     ),
     "cpu5": Study(
         "cpu_ladder",
@@ -92,6 +122,11 @@ STUDIES = {
         "LR of the depth-by-width map: the baseline of every cell on a coarse lr grid",
         tuned_config="conf/tuned_lr/cpu_map.yaml",
         lr_rule="per_size",  # the cells are not a ladder: no power law across them
+    ),
+    "deep_lr": Study(
+        "cpu_deep_lr",
+        "LR tuning of the deep CPU ladder (a coarse lr grid per rung; --arms all: every arm)",
+        tuned_config="conf/tuned_lr/cpu_deep.yaml",
     ),
     "map": Study(
         "cpu_map",
@@ -199,10 +234,10 @@ def restore_records(source: Path, study_dir: Path) -> tuple[int, list[str]]:
     return copied, problems
 
 
-def regime_sentence(results: Path) -> str:
+def regime_sentence(results: Path, why: str | None = None) -> str:
     """One sentence on the regime a study's completed runs measured: depths, widths, heads, context, tokens per
-    parameter, and where that sits against the paper's claim (24-34 sublayers, d_model 896-1264, ~200 tokens per
-    parameter)."""
+    parameter, where that sits against the paper's claim (24-34 sublayers, d_model 896-1264, ~200 tokens per
+    parameter), and ``why`` the study measures there."""
     from analysis.records import load_results
 
     df = load_results(results)
@@ -221,7 +256,8 @@ def regime_sentence(results: Path) -> str:
         f"regime: L_b {span('n_layers')} transformer blocks ({sublayers} sublayers), d_model {span('d_model')} "
         f"({span('n_heads')} heads), context {span('seq_len')}, {tpp_text} tokens per parameter; the paper's claim is "
         "at 24-34 sublayers, d_model 896-1264 and ~200 tokens per parameter, so a result here speaks for this "
-        "shape, not for the paper's (where Block AttnRes starts to pay at CPU scale: docs/results/cpu_map/)"
+        "shape, not for the paper's"
+        + (f"; {why}" if why else " (where Block AttnRes starts to pay at CPU scale: docs/results/cpu_map/)")
     )
 
 
@@ -287,7 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m sweeps.study", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("study", nargs="?", default="cpu", choices=sorted(STUDIES), help="which study (default: cpu)")
+    ap.add_argument(
+        "study",
+        nargs="?",
+        default=DEFAULT_STUDY,
+        choices=sorted(STUDIES),
+        help=f"which study (default: {DEFAULT_STUDY})",
+    )
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the sweep config's)")
     ap.add_argument(
         "--arms",
@@ -423,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         if study.committed:
             for line in committed_lines(REPO / study.committed):
                 print(line)
-        print(f"[attnres] {regime_sentence(results)}")
+        print(f"[attnres] {regime_sentence(results, study.why)}")
     return sweep_rc or fit_rc
 
 

@@ -450,3 +450,27 @@ def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
         r"using 'block_attnres'",
     ):
         assert block_size_sweep(pd.concat([df, other], ignore_index=True)) == block_size_sweep(df)
+
+
+def test_a_seed_subset_is_fitted_apart_and_a_missing_seed_is_named(tmp_path: Path) -> None:
+    """`analysis fit --seeds` fits a study's held-out seeds apart from its design seeds (one table, all seeds)."""
+    import json
+
+    from analysis.__main__ import main
+    from analysis.records import select_seeds
+
+    df = synthetic_ladder({"block_attnres": 1.25}, seeds=(0, 1, 2, 20, 21, 22))
+    held_out = select_seeds(df, [20, 21, 22])
+    assert sorted(held_out["seed"].unique()) == [20, 21, 22]
+    assert len(held_out) == len(df) // 2
+    with pytest.raises(ValueError, match=r"--seeds 7: no run has that seed; seeds present: 0,1,2,20,21,22"):
+        select_seeds(df, [0, 7])
+    path = _table(tmp_path / "study" / "results.csv", df)
+    out = tmp_path / "heldout"
+    args = ["fit", "--results", str(path), "--out", str(out), "--no-figures", "--bootstrap", "20"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([*args, "--seeds", "20,21,22"]) == 0
+        assert main([*args, "--seeds", "7"]) == 2
+    fit = json.loads((out / "fit.json").read_text())
+    assert set(fit["bootstrap"]["seeds_per_size"].values()) == {3}

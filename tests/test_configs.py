@@ -61,7 +61,9 @@ def test_variant_and_size_names_are_their_file_names():
         assert OmegaConf.load(path).variant == path.stem, path
     for path in (CONF / "size").glob("*.yaml"):
         s = OmegaConf.load(path)
-        if "d_over_lb" in s:  # a derived size names its grid cell: <file name>_d<d/L_b>_h<H/L_b>
+        if path.stem == "cpu_deep":  # a rung of the deep ladder: deep_L<L_b>
+            assert s.name == f"deep_L{s.n_layers}", path
+        elif "d_over_lb" in s:  # a derived size names its grid cell: <file name>_d<d/L_b>_h<H/L_b>
             assert s.name == f"{path.stem}_d{s.d_over_lb}_h{s.heads_over_lb}", path
         elif "tokens_per_param" in s:  # a map cell (cpu_map.yaml): map_L<L_b>_d<d_model>
             assert s.name == f"map_L{s.n_layers}_d{s.d_model}", path

@@ -162,6 +162,8 @@ SWEEP_KINDS = {
     "cpu_arch_grid": "arch_grid",
     "cpu_map_lr": "lr",
     "cpu_map": "map",
+    "cpu_deep_lr": "lr",
+    "cpu_deep": "scaling",
 }
 
 

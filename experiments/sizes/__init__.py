@@ -203,9 +203,10 @@ MAP_MAX_BLOCKS = 8  # Block AttnRes' N: the paper's 8 blocks, or one block per t
 
 @dataclass(frozen=True)
 class MapCell:
-    """The shape of a map cell: ``n_heads = d_model / 16``, ``d_ff = 2.5 d_model`` (a multiple of 8), N by the
-    baseline formula above, and Block AttnRes' ``n_blocks = min(8, L_b)`` (S = 2 sublayers per block up to
-    L_b = 8, as in the CPU ladder at L_b = 4; S = 2 L_b / 8 above, as in the paper)."""
+    """The shape of a map cell: ``n_heads = d_model / head_dim`` (head_dim 16 in the map; L_b on the deep ladder,
+    2 heads), ``d_ff = 2.5 d_model`` (a multiple of 8), N by the baseline formula above, and Block AttnRes'
+    ``n_blocks = min(8, L_b)`` (S = 2 sublayers per block up to L_b = 8, as in the CPU ladder at L_b = 4;
+    S = 2 L_b / 8 above, as in the paper)."""
 
     n_layers: int
     d_model: int
@@ -215,13 +216,13 @@ class MapCell:
     n_blocks: int
 
 
-def map_cell(n_layers: int, d_model: int) -> MapCell:
-    if n_layers < 1 or d_model % MAP_HEAD_DIM or d_model <= 0:
+def map_cell(n_layers: int, d_model: int, head_dim: int = MAP_HEAD_DIM) -> MapCell:
+    if n_layers < 1 or head_dim < 1 or d_model <= 0 or d_model % head_dim:
         raise ValueError(
-            f"map cell L_b={n_layers}, d_model={d_model}: L_b must be >= 1 and d_model a positive multiple of "
-            f"{MAP_HEAD_DIM} (the head width)"
+            f"map cell L_b={n_layers}, d_model={d_model}, head_dim={head_dim}: L_b must be >= 1 and d_model a "
+            f"positive multiple of the head width"
         )
-    n_heads = d_model // MAP_HEAD_DIM
+    n_heads = d_model // head_dim
     d_ff = 8 * round(MAP_FF_RATIO * d_model / 8)
-    params = baseline_non_embedding(n_layers, d_model, n_heads * MAP_HEAD_DIM, d_ff)
+    params = baseline_non_embedding(n_layers, d_model, n_heads * head_dim, d_ff)
     return MapCell(n_layers, d_model, n_heads, d_ff, params, min(MAP_MAX_BLOCKS, n_layers))
