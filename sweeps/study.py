@@ -1,7 +1,9 @@
 """The main job in one command: run a study's sweep, then the analysis, and print the headline.
 
-    python -m sweeps.study            # the deep CPU ladder: 3 arms x 5 rungs (L_b 8..16, d_model = 2 L_b) x 3 seeds
-                                      # on the embedded data, then the fit (= python -m sweeps.study deep)
+    python -m sweeps.study            # the deep CPU ladder's 30-minute slice: baseline / Block AttnRes x 4 rungs
+                                      # (L_b 8..16, d_model = 2 L_b) x 3 seeds on the embedded data, then the fit
+                                      # (= python -m sweeps.study deep)
+    python -m sweeps.study deep_full  # the same ladder with Full AttnRes too (3 arms), into the same table
     python -m sweeps.study deep_per_arm   # its Full and Block AttnRes at their own tuned lr, into the same table
     python -m sweeps.study deep_lr    # its LR tuning (--arms all: every arm), written to conf/tuned_lr/cpu_deep.yaml
     python -m sweeps.study cpu        # the d = 32 CPU ladder: 3 arms x 4 sizes x 3 seeds (runs/cpu_ladder)
@@ -76,8 +78,16 @@ DEFAULT_STUDY = "deep"
 STUDIES = {
     "deep": Study(
         "cpu_deep",
-        "deep CPU ladder: baseline / Full / Block AttnRes x L_b 8..16 at d_model = 2 L_b, every arm at the "
-        "baseline's tuned lr",
+        "deep CPU ladder, its 30-minute slice: baseline / Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b, "
+        "Block at the baseline's tuned lr",
+        overrides=("model=baseline,block_attnres",),
+        committed=COMMITTED_DEEP,
+        why=WHY_DEEP,
+    ),
+    "deep_full": Study(
+        "cpu_deep",
+        "deep CPU ladder, all three arms: baseline / Full / Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b, "
+        "every arm at the baseline's tuned lr (adds Full to the slice's table)",
         committed=COMMITTED_DEEP,
         why=WHY_DEEP,
     ),
@@ -127,6 +137,7 @@ STUDIES = {
         "cpu_deep_lr",
         "LR tuning of the deep CPU ladder (a coarse lr grid per rung; --arms all: every arm)",
         tuned_config="conf/tuned_lr/cpu_deep.yaml",
+        lr_rule="per_size",  # the trend's power law is set by noisy small rungs (docs/results/cpu_deep/design.md)
     ),
     "map": Study(
         "cpu_map",

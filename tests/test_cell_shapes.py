@@ -16,7 +16,7 @@ from experiments.identity import resolved_container
 from experiments.sizes import map_cell
 from experiments.validation import build_model_config
 
-DEEP_RUNGS = (8, 10, 12, 14, 16)
+DEEP_RUNGS = (8, 10, 12, 16)
 MAP_CELLS = [(L, d) for d in (32, 64, 128) for L in (4, 8, 16)]
 
 

@@ -4,7 +4,15 @@ and one sentence on the regime its runs measured."""
 from __future__ import annotations
 
 from experiments import records
-from sweeps.study import COMMITTED_LADDER, REPO, STUDIES, committed_lines, regime_sentence
+from sweeps.study import (
+    COMMITTED_DEEP,
+    COMMITTED_LADDER,
+    DEFAULT_STUDY,
+    REPO,
+    STUDIES,
+    committed_lines,
+    regime_sentence,
+)
 
 
 def test_the_regime_sentence_describes_the_runs_shape(tmp_path):
@@ -31,9 +39,24 @@ def test_the_regime_sentence_describes_the_runs_shape(tmp_path):
     assert text.startswith("regime: L_b 4-7 transformer blocks (8-14 sublayers), d_model 32 (2 heads), context 128, 9")
     assert "tokens per parameter" in text
     assert "24-34 sublayers" in text
+    assert "docs/results/cpu_map/" in text
+    # a study says why it measures at its shape, at the end of the same sentence
+    why = regime_sentence(study / "results.csv", STUDIES["deep"].why)
+    assert why.startswith(text.split("(where")[0].rstrip())
+    assert why.endswith(STUDIES["deep"].why) and "d_model = 2 L_b" in why
 
 
-def test_the_default_study_prints_the_committed_result_beside_its_own():
+def test_the_default_study_is_the_deep_ladders_slice_beside_its_committed_result():
+    """`python -m sweeps.study` runs the deep ladder's baseline and Block AttnRes; the full result it prints beside
+    its own is the committed six-seed deep ladder, and every study of that ladder says why it measures there."""
+    deep = STUDIES[DEFAULT_STUDY]
+    assert DEFAULT_STUDY == "deep" and deep.sweep == "cpu_deep"
+    assert "model=baseline,block_attnres" in deep.overrides
+    assert deep.committed == STUDIES["deep_full"].committed == COMMITTED_DEEP
+    assert all(STUDIES[name].why for name in ("deep", "deep_full", "deep_per_arm", "cpu", "tiny"))
+
+
+def test_the_d32_ladder_prints_the_committed_result_beside_its_own():
     assert STUDIES["cpu"].committed == STUDIES["tiny"].committed == COMMITTED_LADDER
     lines = committed_lines(REPO / COMMITTED_LADDER)
     assert len(lines) == 2
