@@ -43,14 +43,16 @@ def test_the_regime_sentence_describes_the_runs_shape(tmp_path):
     # a study says why it measures at its shape, at the end of the same sentence
     why = regime_sentence(study / "results.csv", STUDIES["deep"].why)
     assert why.startswith(text.split("(where")[0].rstrip())
-    assert why.endswith(STUDIES["deep"].why) and "d_model = 2 L_b" in why
+    assert why.endswith(STUDIES["deep"].why)
+    assert "d_model = 2 L_b" in why
 
 
 def test_the_default_study_is_the_deep_ladders_slice_beside_its_committed_result():
     """`python -m sweeps.study` runs the deep ladder's baseline and Block AttnRes; the full result it prints beside
     its own is the committed six-seed deep ladder, and every study of that ladder says why it measures there."""
     deep = STUDIES[DEFAULT_STUDY]
-    assert DEFAULT_STUDY == "deep" and deep.sweep == "cpu_deep"
+    assert DEFAULT_STUDY == "deep"
+    assert deep.sweep == "cpu_deep"
     assert "model=baseline,block_attnres" in deep.overrides
     assert deep.committed == STUDIES["deep_full"].committed == COMMITTED_DEEP
     assert all(STUDIES[name].why for name in ("deep", "deep_full", "deep_per_arm", "cpu", "tiny"))
