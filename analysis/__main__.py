@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "fit":
             from .pipeline import load_any, run_fit
-            from .records import select_dataset, select_seeds
+            from .runs import select_dataset, select_seeds
 
             df = load_any(args.results, args.wandb, args.wandb_group)
             if args.dataset:
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
         elif args.command == "lr":
             from .lr import run_lr
-            from .records import check_one_dataset, load_results, select_dataset
+            from .runs import check_one_dataset, load_results, select_dataset
 
             command = "python -m analysis " + " ".join(argv if argv is not None else sys.argv[1:])
             df = load_results(args.results)
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pathlib import Path
 
             from .depth_width_map import MapOptions, analyse_map
-            from .records import check_one_dataset, load_results
+            from .runs import check_one_dataset, load_results
 
             df = load_results(args.results)
             check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)

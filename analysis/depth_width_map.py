@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .records import AnalysisWarning
+from .runs import AnalysisWarning
 
 ARM = "block_attnres"
 BASELINE = "baseline"

@@ -24,8 +24,8 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .fit import PowerLaw
-from .records import AnalysisWarning, resolve_run_dir, size_order
-from .schema import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw
+from .fit_document import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw
+from .runs import AnalysisWarning, resolve_run_dir, size_order
 
 COLORS = {
     "baseline": "#4d4d4d",

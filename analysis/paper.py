@@ -16,9 +16,9 @@ import pandas as pd
 from . import figures
 from .bootstrap import DEFAULT_B
 from .fit import PowerLaw, fit_power_law, multiplier_curve
+from .fit_document import FitDocument
 from .markdown import ablation_markdown, summary_markdown
 from .report import analyse_scaling, write_json
-from .schema import FitDocument
 
 PFLOPS_DAY = 1e15 * 86400
 FIG4_VARIANTS = ["baseline", "block_attnres", "full_attnres"]  # the three series of the paper's Fig. 4

@@ -10,10 +10,10 @@ import pandas as pd
 
 from . import figures
 from .bootstrap import DEFAULT_B
+from .fit_document import FitDocument
 from .markdown import ablation_markdown, arch_grid_markdown, summary_markdown
-from .records import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
 from .report import SCHEMA_VERSION, ablation_table, analyse_scaling, arch_grid_table, block_size_sweep, write_json
-from .schema import FitDocument
+from .runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
 
 
 def run_fit(

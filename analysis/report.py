@@ -26,7 +26,7 @@ from .fit import (
     multiplier_curve,
     wls_line,
 )
-from .records import AnalysisWarning, keep_most_common, runs_of_kind, size_order
+from .runs import AnalysisWarning, keep_most_common, runs_of_kind, size_order
 
 SCHEMA_VERSION = 1
 MIN_SIZES = 3
@@ -400,7 +400,7 @@ def flag_runs(
     Curve flags are recomputed from the run's metrics.csv when its directory is found (so every run is judged by
     the current rule), else taken from the record's ``health`` column; ``off_mates`` compares each run with its
     (variant, size) cell."""
-    from .records import resolve_run_dir
+    from .runs import resolve_run_dir
 
     df = df.copy()
     flags: list[list[str]] = []

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from analysis import bootstrap as bs
-from analysis.records import AnalysisWarning
 from analysis.report import analyse_scaling
+from analysis.runs import AnalysisWarning
 from analysis.synthetic import synthetic_ladder
 
 TRUE_M = (1.0, 1.25, 1.6)

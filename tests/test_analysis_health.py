@@ -12,8 +12,8 @@ import pytest
 
 from analysis import health
 from analysis.pipeline import run_fit
-from analysis.records import AnalysisWarning
 from analysis.report import OWN_LR, analyse_scaling, flag_runs
+from analysis.runs import AnalysisWarning
 from analysis.synthetic import synthetic_ladder
 
 TOTAL = 1000

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from analysis import figures
+from analysis.fit_document import FitDocument
 from analysis.report import analyse_scaling
-from analysis.schema import FitDocument
 from analysis.synthetic import synthetic_ladder
 
 
