@@ -151,15 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fit":
             from .pipeline import load_any, run_fit
             from .runs import select_dataset, select_seeds
+            from .scaling import FitOptions
 
             df = load_any(args.results, args.wandb, args.wandb_group)
             if args.dataset:
                 df = select_dataset(df, args.dataset)
             if args.seeds:
                 df = select_seeds(df, args.seeds)
-            doc = run_fit(
-                df,
-                args.out,
+            options = FitOptions(
                 baseline=args.baseline,
                 study=args.study,
                 compute=args.compute,
@@ -170,9 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed_rho=args.seed_rho,
                 form=args.form,
                 skip_incomplete=args.skip_incomplete,
-                make_figures=not args.no_figures,
                 outliers=args.outliers,
             )
+            doc = run_fit(df, args.out, options, make_figures=not args.no_figures)
             for v, m in doc.multipliers.items():
                 lo, hi = m.m_ci95 or (None, None)
                 print(

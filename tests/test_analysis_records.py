@@ -1,4 +1,4 @@
-"""Reading result records (analysis.records) and the input errors of the analysis."""
+"""Reading result records (analysis.runs, results.ledger) and the input errors of the analysis."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from analysis.report import analyse_scaling, check_ladder
 from analysis.runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
+from analysis.scaling import FitOptions, analyse_scaling, check_ladder
 from analysis.synthetic import synthetic_ladder, write_study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_too_few_sizes_is_a_clear_error() -> None:
         assert check_ladder(short, "baseline", skip_incomplete=True) == ["baseline"]
     single = synthetic_ladder({"full_attnres": 1.25}, n_sizes=1)
     with pytest.raises(ValueError, match="only 1 size"):
-        analyse_scaling(single, B=10)
+        analyse_scaling(single, FitOptions(B=10))
     with pytest.raises(ValueError, match=r"no completed runs of the baseline 'base'.*--baseline"):
         check_ladder(df, "base")
 
@@ -245,7 +245,7 @@ def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
     for name, df in (("legacy", legacy), ("renamed", renamed)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AnalysisWarning)
-            docs.append(run_fit(df, tmp_path / name, B=50, make_figures=False))
+            docs.append(run_fit(df, tmp_path / name, FitOptions(B=50), make_figures=False))
     a, b = docs
     assert b.study == "ladder_v2"
     assert a.study == "cpu_ladder"
@@ -257,7 +257,7 @@ def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
     assert len(b.ablations) == 12
     unlabelled = renamed.drop(columns=["study_kind"])  # what the name rule alone makes of the renamed studies
     with pytest.raises(ValueError, match=r"several scaling studies \(fig6_cpu, ladder_v2, table4_cpu\)"):
-        run_fit(unlabelled, tmp_path / "unlabelled", B=50, make_figures=False)
+        run_fit(unlabelled, tmp_path / "unlabelled", FitOptions(B=50), make_figures=False)
 
 
 def test_an_lr_study_is_not_a_scaling_ladder() -> None:
@@ -272,7 +272,7 @@ def test_an_lr_study_is_not_a_scaling_ladder() -> None:
 
 
 def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
-    from analysis.report import ablation_table
+    from analysis.ablations import ablation_table
     from analysis.synthetic import ablation_records
 
     big = ablation_records(seeds=(0, 1))
@@ -434,7 +434,7 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
 
 def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
     """Not the variant's name: a sweep of another Block variant is found; two swept Block variants are one too many."""
-    from analysis.report import block_size_sweep
+    from analysis.block_size import block_size_sweep
     from analysis.synthetic import block_size_sweep_records
 
     df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")

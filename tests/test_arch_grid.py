@@ -350,10 +350,10 @@ def _grid_records(study: str = "arch_grid") -> pd.DataFrame:
 
 
 def test_arch_grid_table_pivots_records(tmp_path):
-    from analysis.markdown import arch_grid_markdown
+    from analysis.arch_grid import arch_grid_markdown, arch_grid_table
     from analysis.pipeline import run_fit
-    from analysis.report import arch_grid_table
     from analysis.runs import AnalysisWarning
+    from analysis.scaling import FitOptions
 
     df = _grid_records()
     table = arch_grid_table(df)
@@ -377,7 +377,7 @@ def test_arch_grid_table_pivots_records(tmp_path):
 
     # `python -m analysis fit` on an arch_grid-only table: no scaling fit, the grid table and figure instead
     with pytest.warns(AnalysisWarning, match="no scaling-ladder runs"):
-        doc = run_fit(df, tmp_path / "report", B=10)
+        doc = run_fit(df, tmp_path / "report", FitOptions(B=10))
     assert doc.arch_grid.best["baseline"].d_over_lb == 4.0
     assert not doc.multipliers
     assert {"fig7_arch_grid.png", "fig7_arch_grid.pdf", "fig7_arch_grid.md"} <= set(doc.files)
