@@ -254,7 +254,7 @@ def _paired_multiplier(
     E) with the weights held at their point values, plus a normal between-size term of variance tau^2 sum(w^2).
     The constant-multiplier assumption of the shared-exponent joint fit applies; a small heterogeneity p says the
     sizes disagree with it."""
-    per_size, ln_point, ln_boot, weight = _paired_sizes(d, pair, Ls, Ws, plan, law, law_boot, pair_sd)
+    per_size, ln_point, ln_boot, weight = _paired_sizes(d, pair, (Ls, Ws), plan, (law, law_boot), pair_sd)
     if not per_size:
         return {"m": None, "m_ci95": None, "p_m_le_1": None, "per_size": {}}
     return _pool_sizes(per_size, ln_point, ln_boot, weight, plan, law)
@@ -263,16 +263,16 @@ def _paired_multiplier(
 def _paired_sizes(
     d: pd.DataFrame,
     pair: _Pair,
-    Ls: np.ndarray,
-    Ws: np.ndarray,
+    draws: tuple[np.ndarray, np.ndarray],
     plan: bs.ResamplePlan,
-    law: tuple[float, float],
-    law_boot: tuple[np.ndarray, np.ndarray],
+    laws: tuple[tuple[float, float], tuple[np.ndarray, np.ndarray]],
     pair_sd: dict[str, float] | None,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, np.ndarray], dict[str, float | None]]:
     """Per size with same-seed pairs: its entry (m_s, interval, mean and sd of the differences), ln m_s and its
-    replicates, and its weight (pairs / sd^2; None without an sd)."""
-    (alpha, E), (alpha_boot, E_boot) = law, law_boot
+    replicates, and its weight (pairs / sd^2; None without an sd). ``draws``: the replicates (losses, weights);
+    ``laws``: the baseline's (alpha, E) and their replicates."""
+    Ls, Ws = draws
+    (alpha, E), (alpha_boot, E_boot) = laws
     isv, L, C, sizes = pair.isv, pair.L, pair.C, pair.sizes
     seeds = d["seed"].astype(str).to_numpy()
     per_size: dict[str, Any] = {}
