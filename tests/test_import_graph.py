@@ -226,6 +226,16 @@ def test_records_cross_between_training_and_analysis_only_through_results():
     assert not bad, "experiments/ reads or writes records through results/, not analysis/:\n" + "\n".join(bad)
 
 
+def test_module_names_are_unique_across_packages():
+    """One name for one thing (docs/DEVELOPING.md): no two modules of the project share a file name."""
+    names: dict[str, list[str]] = {}
+    for dotted, path in module_files(ROOT, PACKAGES).items():
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.stem, []).append(dotted)
+    shared = {name: where for name, where in names.items() if len(where) > 1}
+    assert not shared, f"module names used more than once: {shared}"
+
+
 # ---- the checker on small trees with known answers ---------------------------------------------------------
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
