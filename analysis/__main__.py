@@ -147,101 +147,113 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     saved = warnings.formatwarning
     warnings.formatwarning = _format_warning
+    command = {"fit": _fit, "lr": _lr, "map": _map}.get(args.command, _paper)
     try:
-        if args.command == "fit":
-            from .pipeline import load_any, run_fit
-            from .records import select_dataset, select_seeds
-
-            df = load_any(args.results, args.wandb, args.wandb_group)
-            if args.dataset:
-                df = select_dataset(df, args.dataset)
-            if args.seeds:
-                df = select_seeds(df, args.seeds)
-            doc = run_fit(
-                df,
-                args.out,
-                baseline=args.baseline,
-                study=args.study,
-                compute=args.compute,
-                B=args.bootstrap,
-                seed=args.seed,
-                bootstrap_mode=args.bootstrap_mode,
-                seed_sigma=args.seed_sigma,
-                seed_rho=args.seed_rho,
-                form=args.form,
-                skip_incomplete=args.skip_incomplete,
-                make_figures=not args.no_figures,
-                outliers=args.outliers,
-            )
-            for v, m in doc.multipliers.items():
-                lo, hi = m.m_ci95 or (None, None)
-                print(
-                    f"{v}: m = {_f(m.m)} [{_f(lo)}, {_f(hi)}], P(m<=1) = {_f(m.p_m_le_1)}, "
-                    f"paper M = {_f(m.paper_M)}, per-size geo-mean = {_f(m.per_size_geomean)}"
-                )
-                c = m.paper_M_curve
-                if m.headline == "curve" and c is not None:
-                    print(
-                        f"  exponents differ significantly: M(C) runs from {_f(c.M[0])} at C = {c.C[0]:.3g} "
-                        f"to {_f(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
-                    )
-        elif args.command == "lr":
-            from .lr import run_lr
-            from .records import check_one_dataset, load_results, select_dataset
-
-            command = "python -m analysis " + " ".join(argv if argv is not None else sys.argv[1:])
-            df = load_results(args.results)
-            if args.dataset:
-                df = select_dataset(df, args.dataset)
-            check_one_dataset(df[df["status"].isin(["completed", "diverged"])] if "status" in df.columns else df)
-            doc = run_lr(
-                df,
-                args.out,
-                B=args.bootstrap,
-                seed=args.seed,
-                seed_sigma=args.seed_sigma,
-                write_config=args.write_config,
-                command=command,
-                make_figures=not args.no_figures,
-                rule=args.rule,
-            )
-            for r in doc["table"].itertuples():
-                lo, hi = r.ci95
-                edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""
-                print(f"{r.variant} {r.size}: lr = {_f3(r.lr)} [{_f3(lo)}, {_f3(hi)}]{edge}")
-            print(f"wrote {', '.join(doc['files'])}")
-            return 0
-        elif args.command == "map":
-            from pathlib import Path
-
-            from .depth_width_map import MapOptions, analyse_map
-            from .records import check_one_dataset, load_results
-
-            df = load_results(args.results)
-            check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
-            opts = MapOptions(arm=args.arm, baseline=args.baseline, B=args.bootstrap, seed=args.seed)
-            mdoc = analyse_map(df, Path(args.out), opts)
-            for c in mdoc["cells"]:
-                lo, hi = c["ci_lo"], c["ci_hi"]
-                ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None else "(one pair)"
-                print(
-                    f"L_b {c['n_layers']} x d {c['d_model']}: delta {c['delta']:+.4f} {ci}, "
-                    f"{c['n_pairs']} pairs, {c['verdict']}"
-                )
-            print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
-            return 0
-        else:
-            from .paper import headline_numbers, run_paper
-
-            doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
-            print(headline_numbers(doc))
-        print(f"wrote {', '.join(doc.files)} to {args.out}")
+        command(args, argv)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
         warnings.formatwarning = saved
     return 0
+
+
+def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
+    from .pipeline import load_any, run_fit
+    from .runs import select_dataset, select_seeds
+    from .scaling import FitOptions
+
+    df = load_any(args.results, args.wandb, args.wandb_group)
+    if args.dataset:
+        df = select_dataset(df, args.dataset)
+    if args.seeds:
+        df = select_seeds(df, args.seeds)
+    options = FitOptions(
+        baseline=args.baseline,
+        study=args.study,
+        compute=args.compute,
+        B=args.bootstrap,
+        seed=args.seed,
+        bootstrap_mode=args.bootstrap_mode,
+        seed_sigma=args.seed_sigma,
+        seed_rho=args.seed_rho,
+        form=args.form,
+        skip_incomplete=args.skip_incomplete,
+        outliers=args.outliers,
+    )
+    doc = run_fit(df, args.out, options, make_figures=not args.no_figures)
+    for v, m in doc.multipliers.items():
+        lo, hi = m.m_ci95 or (None, None)
+        print(
+            f"{v}: m = {_f(m.m)} [{_f(lo)}, {_f(hi)}], P(m<=1) = {_f(m.p_m_le_1)}, "
+            f"paper M = {_f(m.paper_M)}, per-size geo-mean = {_f(m.per_size_geomean)}"
+        )
+        c = m.paper_M_curve
+        if m.headline == "curve" and c is not None:
+            print(
+                f"  exponents differ significantly: M(C) runs from {_f(c.M[0])} at C = {c.C[0]:.3g} "
+                f"to {_f(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
+            )
+    print(f"wrote {', '.join(doc.files)} to {args.out}")
+
+
+def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""
+    from .lr import run_lr
+    from .runs import check_one_dataset, load_results, select_dataset
+
+    command = "python -m analysis " + " ".join(argv if argv is not None else sys.argv[1:])
+    df = load_results(args.results)
+    if args.dataset:
+        df = select_dataset(df, args.dataset)
+    check_one_dataset(df[df["status"].isin(["completed", "diverged"])] if "status" in df.columns else df)
+    doc = run_lr(
+        df,
+        args.out,
+        B=args.bootstrap,
+        seed=args.seed,
+        seed_sigma=args.seed_sigma,
+        write_config=args.write_config,
+        command=command,
+        make_figures=not args.no_figures,
+        rule=args.rule,
+    )
+    for r in doc["table"].itertuples():
+        lo, hi = r.ci95
+        edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""
+        print(f"{r.variant} {r.size}: lr = {_f3(r.lr)} [{_f3(lo)}, {_f3(hi)}]{edge}")
+    print(f"wrote {', '.join(doc['files'])}")
+
+
+def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """``map``: map.json, map_summary.md and the heat map, then each cell's verdict."""
+    from pathlib import Path
+
+    from .depth_width_map import MapOptions, analyse_map
+    from .runs import check_one_dataset, load_results
+
+    df = load_results(args.results)
+    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    opts = MapOptions(arm=args.arm, baseline=args.baseline, B=args.bootstrap, seed=args.seed)
+    mdoc = analyse_map(df, Path(args.out), opts)
+    for c in mdoc["cells"]:
+        lo, hi = c["ci_lo"], c["ci_hi"]
+        ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None else "(one pair)"
+        print(
+            f"L_b {c['n_layers']} x d {c['d_model']}: delta {c['delta']:+.4f} {ci}, "
+            f"{c['n_pairs']} pairs, {c['verdict']}"
+        )
+    print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
+
+
+def _paper(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """``paper``: the paper's own numbers refitted, with the headline."""
+    from .paper import headline_numbers, run_paper
+
+    doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
+    print(headline_numbers(doc))
+    print(f"wrote {', '.join(doc.files)} to {args.out}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ the cell's effect is measured on same-seed pairs:
 * :func:`map_markdown`, :func:`map_figure` -- the table and the Fig. 7-style heat map, every cell annotated with
   its delta, half-width and pair count; cells without pairs are drawn as missing, never interpolated.
 
-Plain functions on tidy DataFrames (analysis.records.load_results); no torch.
+Plain functions on tidy DataFrames (analysis.runs.load_results); no torch.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .records import AnalysisWarning
+from .runs import AnalysisWarning
 
 ARM = "block_attnres"
 BASELINE = "baseline"

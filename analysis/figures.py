@@ -24,8 +24,9 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .fit import PowerLaw
-from .records import AnalysisWarning, resolve_run_dir, size_order
-from .schema import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw
+from .fit_document import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw
+from .runs import AnalysisWarning, resolve_run_dir, size_order
+from .scaling import OWN_LR  # an arm trained at its own tuned lr
 
 COLORS = {
     "baseline": "#4d4d4d",
@@ -56,9 +57,6 @@ plt.rcParams.update(
         "grid.linewidth": 0.6,
     }
 )
-
-
-OWN_LR = "@own_lr"  # analysis.report.OWN_LR: an arm trained at its own tuned lr
 
 
 def color_of(variant: str, order: list[str] | None = None) -> str:

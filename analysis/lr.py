@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .records import AnalysisWarning
+from results.io import atomic_write_text
+
+from .runs import AnalysisWarning
 
 WINDOW = 2  # grid steps on each side of the grid minimum used by the quadratic fit
 CI_LEVEL = 0.95
@@ -419,21 +421,13 @@ def tuned_document(
 
 def write_tuned_config(doc: dict[str, Any], path: str | Path, command: str) -> Path:
     """Write the generated config atomically (a half-written file must never be read by a launching run)."""
-    import os
-    import tempfile
-
     import yaml
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = TUNED_HEADER.format(command=command) + yaml.safe_dump(
         doc, sort_keys=False, default_flow_style=None, width=110
     )
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
     return path
 
 

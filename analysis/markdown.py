@@ -1,47 +1,45 @@
-"""Markdown rendering of the fit document (analysis.report.analyse_scaling, schema: docs/analysis.md).
+"""summary.md of ``python -m analysis fit`` and ``paper``: the fit document (schema: docs/analysis.md) as Markdown.
 
-Pure functions from the document's dicts to text: summary.md, the Table 4 ablations and the Fig. 7 grid. Nothing
-here fits or resamples; every number printed is read from the document.
+Pure functions from the document's dicts to text: the scaling ladder's sections here, one function a section, then
+each other study kind's section from its own module (analysis.block_size, analysis.ablations, analysis.arch_grid).
+Nothing here fits or resamples; every number printed is read from the document.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from .report import PAIRED_SD_FLOOR
-
-
-def _fmt(x: Any, digits: int = 4) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
-
-
-def _ci(ci: list[float] | None, digits: int = 3) -> str:
-    if not ci or ci[0] is None or not all(isinstance(c, float) and math.isfinite(c) for c in ci):
-        return "–"
-    return f"[{ci[0]:.{digits}g}, {ci[1]:.{digits}g}]"
-
-
-def _loss_cell(r: dict[str, Any]) -> str:
-    s = f"{r['val_loss']:.4f}"
-    if r.get("val_loss_sd") is not None:
-        s += f" ± {r['val_loss_sd']:.4f}"
-    return s
-
-
-def _num(x: float) -> str:
-    return f"{x:g}"
+from .ablations import ablation_markdown
+from .arch_grid import arch_grid_markdown
+from .block_size import block_size_markdown
+from .multipliers import PAIRED_SD_FLOOR
+from .table_format import ci as _ci
+from .table_format import fmt as _fmt
+from .table_format import loss_cell as _loss_cell
 
 
 def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") -> str:
-    """The tables a user pastes into a paper: losses per size and variant, fitted laws, multipliers."""
+    """The tables a user pastes into a paper: losses per size and variant, fitted laws, multipliers; then the
+    block-size, ablation and architecture-grid sections of a document that holds them."""
     lines = [f"# {title}", ""]
     if doc.get("source"):
         lines += [f"Source: `{doc['source']}`" + (f", study `{doc['study']}`" if doc.get("study") else "") + ".", ""]
     variants = list(doc.get("variants", {}))
     base = doc.get("baseline", "baseline")
+    for section in _SCALING_SECTIONS:
+        lines += section(doc, base, variants)
+    if doc.get("block_size_sweep"):
+        lines += block_size_markdown(doc["block_size_sweep"])
+    if doc.get("ablations"):
+        lines += ["## Ablations", "", *ablation_markdown(doc["ablations"]), ""]
+    if doc.get("arch_grid"):
+        lines += ["## Architecture grid (Fig. 7)", "", *arch_grid_markdown(doc["arch_grid"]), ""]
+    return "\n".join(lines)
+
+
+def _losses(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """Validation loss per size and variant, with the difference from the baseline."""
+    lines: list[str] = []
     if doc.get("losses"):
         lines += ["## Validation loss per size", ""]
         header = ["size", f"C ({doc.get('compute_units', 'PFLOP/s-days')}, {base})"] + [
@@ -63,6 +61,12 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
             lines.append("| " + " | ".join(cells) + " |")
         n_seeds = sorted({r["n_runs"] for r in doc["losses"]})
         lines += ["", f"Mean ± sd over seeds ({', '.join(map(str, n_seeds))} per cell).", ""]
+    return lines
+
+
+def _laws(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """Each arm's fitted paper-form law."""
+    lines: list[str] = []
     if variants:
         lines += ["## Fitted laws (paper form, L = A·C^−α, C in PFLOP/s-days)", ""]
         lines += ["| variant | A [95% CI] | α [95% CI] | sizes | rmse(log L) |", "|---|---|---|---|---|"]
@@ -72,6 +76,12 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
                 f"{len(f['sizes'])} | {f['rmse_log']:.2g} |"
             )
         lines.append("")
+    return lines
+
+
+def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """The multipliers table, each variant's joint fit and per-size m_s, and how the intervals were drawn."""
+    lines: list[str] = []
     if doc.get("multipliers"):
         lines += [f"## Compute multipliers vs {base}", ""]
         lines += [
@@ -123,6 +133,12 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
         else:
             how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
         lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
+    return lines
+
+
+def _precision(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """How well the study resolves its answer (fit.json ``precision``)."""
+    lines: list[str] = []
     pr = doc.get("precision")
     if pr:
         sds = [v for v in pr["baseline_seed_sd"].values() if v is not None]
@@ -147,6 +163,12 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
             + ".",
             "",
         ]
+    return lines
+
+
+def _paired_deltas(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """The same-seed differences per size and variant."""
+    lines: list[str] = []
     if doc.get("paired_deltas"):
         lines += [f"## Paired differences vs {base} (same seed: same initialisation and data order)", ""]
         lines += ["| size | variant | pairs | mean Δ | sd of Δ | Δ per seed |", "|---|---|---|---|---|---|"]
@@ -157,6 +179,12 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
                 + " |"
             )
         lines.append("")
+    return lines
+
+
+def _paired_multiplier(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """The paired multiplier per size, pooled, and the sizes' heterogeneity."""
+    lines: list[str] = []
     paired = {v: m["paired"] for v, m in doc.get("multipliers", {}).items() if (m.get("paired") or {}).get("m")}
     if paired:
         lines += [
@@ -200,6 +228,12 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
                     f"I² = {_fmt(h['I2'], 2)}, τ(ln m) = {h['tau']:.3f}: {verdict}."
                 )
         lines.append("")
+    return lines
+
+
+def _protocols(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """The multiplier at the shared and at each arm's own tuned lr."""
+    lines: list[str] = []
     if doc.get("protocols"):
         lines += [
             "## Learning-rate protocols",
@@ -227,6 +261,12 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
                 f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])} | {paired[0]} | {paired[1]} |"
             )
         lines.append("")
+    return lines
+
+
+def _outliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """The outlier rule, the runs it flags, the disagreeing cells and the fit without the flagged runs."""
+    lines: list[str] = []
     o = doc.get("outliers") or {}
     if o:
         rule = o["rule"]
@@ -271,6 +311,12 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
                     + "."
                 )
         lines.append("")
+    return lines
+
+
+def _excluded(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
+    """The runs left out of the fit, and why."""
+    lines: list[str] = []
     if doc.get("excluded_runs"):
         lines += ["## Excluded runs", ""]
         lines += [
@@ -278,66 +324,17 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
             for e in doc["excluded_runs"]
         ]
         lines.append("")
-    if doc.get("block_size_sweep"):
-        sw = doc["block_size_sweep"]
-        lines += [
-            f"## Block size sweep (Block AttnRes, size {sw['size']})",
-            "",
-            "| block size S | val loss |",
-            "|---|---|",
-        ]
-        lines += [
-            f"| {p['block_size']}{' (Full)' if p['block_size'] == 1 else ''} | {_loss_cell(p)} |" for p in sw["points"]
-        ]
-        for key, label in (("full", "Full AttnRes"), ("baseline", "Baseline")):
-            if sw.get(key):
-                lines.append(f"| {label} | {_loss_cell(sw[key])} |")
-        lines.append("")
-    if doc.get("ablations"):
-        lines += ["## Ablations", "", *ablation_markdown(doc["ablations"]), ""]
-    if doc.get("arch_grid"):
-        lines += ["## Architecture grid (Fig. 7)", "", *arch_grid_markdown(doc["arch_grid"]), ""]
-    return "\n".join(lines)
-
-
-def ablation_markdown(table: list[dict[str, Any]]) -> list[str]:
-    """The Table 4 rows of an ablation table (analysis.report.ablation_table): loss ± sd, Δ vs baseline, runs."""
-    out = ["| variant | val loss | Δ vs baseline | runs |", "|---|---|---|---|"]
-    for r in table:
-        d = "–" if r.get("delta_vs_baseline") is None else f"{r['delta_vs_baseline']:+.4f}"
-        out.append(f"| {r['variant']} | {_loss_cell(r)} | {d} | {r['n_runs']} |")
-    return out
-
-
-def arch_grid_markdown(table: dict[str, Any]) -> list[str]:
-    """The Fig. 7 table: one block of rows per variant (H/L_b, largest first) x d/L_b columns, then Δ vs baseline."""
-    xs, ys = table["d_over_lb"], table["heads_over_lb"]
-    head = ["| variant | H/L_b ↓ · d/L_b → | " + " | ".join(_num(x) for x in xs) + " |", "|---|---|" + "---|" * len(xs)]
-
-    def block(name: str, grid: list[list[float | None]], fmt: str, best: tuple[int, int] | None) -> list[str]:
-        out = []
-        for i, y in enumerate(ys):
-            cells = []
-            for j in range(len(xs)):
-                v = grid[i][j]
-                text = "–" if v is None else format(v, fmt)
-                cells.append(f"**{text}**" if best == (i, j) else text)
-            out.append(f"| {name if i == 0 else ''} | {_num(y)} | " + " | ".join(cells) + " |")
-        return out
-
-    lines = [
-        "Final validation loss at fixed compute"
-        + (f" C = {table['flops_budget']:.3g} FLOPs" if table.get("flops_budget") else "")
-        + " (mean over seeds; bold: the variant's best cell).",
-        "",
-        *head,
-    ]
-    for v in table["variants"]:
-        b = table["best"].get(v)
-        pos = (ys.index(b["heads_over_lb"]), xs.index(b["d_over_lb"])) if b else None
-        lines += block(v, table["val_loss"][v], ".4f", pos)
-    if table.get("delta_vs_baseline"):
-        lines += ["", f"Δ vs {table['baseline']} (negative: lower loss than the baseline in that cell).", "", *head]
-        for v, grid in table["delta_vs_baseline"].items():
-            lines += block(v, grid, "+.4f", None)
     return lines
+
+
+_SCALING_SECTIONS = (
+    _losses,
+    _laws,
+    _multipliers,
+    _precision,
+    _paired_deltas,
+    _paired_multiplier,
+    _protocols,
+    _outliers,
+    _excluded,
+)

@@ -14,11 +14,13 @@ from typing import Any
 import pandas as pd
 
 from . import figures
+from .ablations import ablation_markdown
 from .bootstrap import DEFAULT_B
 from .fit import PowerLaw, fit_power_law, multiplier_curve
-from .markdown import ablation_markdown, summary_markdown
-from .report import analyse_scaling, write_json
-from .schema import FitDocument
+from .fit_document import FitDocument
+from .markdown import summary_markdown
+from .report import write_json
+from .scaling import FitOptions, analyse_scaling
 
 PFLOPS_DAY = 1e15 * 86400
 FIG4_VARIANTS = ["baseline", "block_attnres", "full_attnres"]  # the three series of the paper's Fig. 4
@@ -141,10 +143,8 @@ def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma:
     paper = load_paper()
     labels = dict(paper["table2"]["variants"])
     df = paper_results(paper)
-    parts = analyse_scaling(
-        df, B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma, source=df.attrs["source"]
-    )
-    parts.pop("_frame")  # the analysed runs (for figures); not part of fit.json
+    options = FitOptions(B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma)
+    parts = analyse_scaling(df, options, source=df.attrs["source"]).parts
     parts["paper"] = paper_comparison(paper)
     f6 = paper["fig6"]
     parts["block_size_sweep"] = {

@@ -9,38 +9,30 @@ from typing import Any
 import pandas as pd
 
 from . import figures
-from .bootstrap import DEFAULT_B
-from .markdown import ablation_markdown, arch_grid_markdown, summary_markdown
-from .records import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
-from .report import SCHEMA_VERSION, ablation_table, analyse_scaling, arch_grid_table, block_size_sweep, write_json
-from .schema import FitDocument
+from .ablations import ablation_markdown, ablation_table
+from .arch_grid import arch_grid_markdown, arch_grid_table
+from .block_size import block_size_sweep
+from .fit_document import FitDocument
+from .markdown import summary_markdown
+from .report import SCHEMA_VERSION, write_json
+from .runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
+from .scaling import FitOptions, analyse_scaling
 
 
 def run_fit(
-    df: pd.DataFrame,
-    out: str | Path,
-    *,
-    baseline: str = "baseline",
-    study: str | None = None,
-    compute: str = "pflops_days",
-    B: int = DEFAULT_B,
-    seed: int = 0,
-    bootstrap_mode: str = "auto",
-    seed_sigma: float | None = None,
-    seed_rho: float = 0.0,
-    form: str = "auto",
-    skip_incomplete: bool = False,
-    make_figures: bool = True,
-    outliers: str = "keep",
+    df: pd.DataFrame, out: str | Path, options: FitOptions | None = None, *, make_figures: bool = True
 ) -> FitDocument:
     """Fit one results table and write everything under ``out`` (fit.json, summary.md, tables, figures); returns
-    the fit document. What is fitted follows each record's study kind: the ``scaling`` study (or ``study``) as a
-    compute ladder, the ``block_size``, ``ablations`` and ``arch_grid`` studies as their sweep and tables."""
+    the fit document. What is fitted follows each record's study kind: the ``scaling`` study (or
+    ``options.study``) as a compute ladder, the ``block_size``, ``ablations`` and ``arch_grid`` studies as their
+    sweep and tables."""
+    opt = options if options is not None else FitOptions()
+    baseline, compute = opt.baseline, opt.compute
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base_dir = df.attrs.get("base_dir")
     completed, excluded = select_completed(df, compute)
-    ladder = scaling_runs(completed, study)
+    ladder = scaling_runs(completed, opt.study)
     if ladder.empty:
         warnings.warn(
             "no scaling-ladder runs: only block-size / ablation / arch-grid outputs are written",
@@ -55,30 +47,26 @@ def run_fit(
             "excluded_runs": excluded,
         }
     else:
-        parts = analyse_scaling(
-            ladder,
-            baseline=baseline,
-            compute=compute,
-            B=B,
-            seed=seed,
-            bootstrap_mode=bootstrap_mode,
-            seed_sigma=seed_sigma,
-            seed_rho=seed_rho,
-            form=form,
-            skip_incomplete=skip_incomplete,
-            excluded=excluded,
-            source=df.attrs.get("source"),
-            study=study,
-            outliers=outliers,
-            base_dir=base_dir,
-        )
-        ladder = parts.pop("_frame")
+        fit = analyse_scaling(ladder, opt, excluded=excluded, source=df.attrs.get("source"), base_dir=base_dir)
+        parts, ladder = fit.parts, fit.runs
     parts |= {
         "block_size_sweep": block_size_sweep(completed, baseline),
         "ablations": ablation_table(completed, baseline),
         "arch_grid": arch_grid_table(completed, baseline),
     }
     doc = FitDocument.from_dict(parts)
+    written = _write_tables(doc, out)
+    if make_figures:
+        written += _draw_figures(doc, ladder, out, compute, base_dir)
+    doc.files = [*sorted(str(p.relative_to(out)) for p in written), "fit.json", "summary.md"]
+    plain = doc.to_dict()
+    write_json(plain, out / "fit.json")
+    (out / "summary.md").write_text(summary_markdown(plain))
+    return doc
+
+
+def _write_tables(doc: FitDocument, out: Path) -> list[Path]:
+    """The non-ladder kinds' stand-alone tables: table4_ablations.md, fig7_arch_grid.md (where they apply)."""
     written: list[Path] = []
     if doc.ablations:
         md = ["# Ablations (Table 4 style)", "", *ablation_markdown(doc.ablations)]
@@ -88,25 +76,24 @@ def run_fit(
         md = ["# Architecture grid (Fig. 7 style)", "", *arch_grid_markdown(doc.arch_grid.to_dict())]
         (out / "fig7_arch_grid.md").write_text("\n".join(md) + "\n")
         written.append(out / "fig7_arch_grid.md")
-    if make_figures:
-        fitted = ladder[ladder["variant"].isin(list(doc.variants))] if not ladder.empty else ladder
-        if doc.variants:
-            written += figures.scaling_figure(fitted, doc, out / "fig4_scaling", compute=compute)
-        if not fitted.empty:
-            written += figures.loss_curves_figure(fitted, out / "loss_curves", base_dir=base_dir, compute=compute)
-            written += figures.dynamics_figure(fitted, out / "fig5_dynamics", base_dir=base_dir, compute=compute)
-            written += figures.depth_weights_figure(
-                fitted, out / "fig8_depth_weights", base_dir=base_dir, compute=compute
-            )
-        if doc.block_size_sweep:
-            written += figures.block_size_figure(doc.block_size_sweep, out / "fig6_block_size")
-        if doc.arch_grid:
-            written += figures.arch_grid_figure(doc.arch_grid, out / "fig7_arch_grid")
-    doc.files = [*sorted(str(p.relative_to(out)) for p in written), "fit.json", "summary.md"]
-    plain = doc.to_dict()
-    write_json(plain, out / "fit.json")
-    (out / "summary.md").write_text(summary_markdown(plain))
-    return doc
+    return written
+
+
+def _draw_figures(doc: FitDocument, ladder: pd.DataFrame, out: Path, compute: str, base_dir: str | None) -> list[Path]:
+    """Every figure the document and the analysed ladder runs allow (PNG and PDF each)."""
+    written: list[Path] = []
+    fitted = ladder[ladder["variant"].isin(list(doc.variants))] if not ladder.empty else ladder
+    if doc.variants:
+        written += figures.scaling_figure(fitted, doc, out / "fig4_scaling", compute=compute)
+    if not fitted.empty:
+        written += figures.loss_curves_figure(fitted, out / "loss_curves", base_dir=base_dir, compute=compute)
+        written += figures.dynamics_figure(fitted, out / "fig5_dynamics", base_dir=base_dir, compute=compute)
+        written += figures.depth_weights_figure(fitted, out / "fig8_depth_weights", base_dir=base_dir, compute=compute)
+    if doc.block_size_sweep:
+        written += figures.block_size_figure(doc.block_size_sweep, out / "fig6_block_size")
+    if doc.arch_grid:
+        written += figures.arch_grid_figure(doc.arch_grid, out / "fig7_arch_grid")
+    return written
 
 
 def load_any(results: str | None, wandb_project: str | None, wandb_group: str | None) -> pd.DataFrame:

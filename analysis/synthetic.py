@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# CPU-ladder-like sizes: (name, n_layers, d_model, n_heads, relative compute).
+# CPU-ladder-like sizes: (name, n_layers, d_model, n_heads); their compute is spread over C_range (synthetic_ladder).
 SIZES = (
     ("cpu_xs", 2, 64, 2),
     ("cpu_s", 3, 96, 3),

@@ -962,18 +962,17 @@ def environment(args: argparse.Namespace, device: Any) -> dict[str, Any]:
     import torch
 
     from attnres import cpu_kernels, gpu_kernels
-
-    from . import records
+    from results.io import git_commit, utc_now
 
     env = {
-        "created": records.utc_now(),
+        "created": utc_now(),
         "argv": sys.argv,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
-        "git_commit": records.git_commit(),
+        "git_commit": git_commit(),
         "quick": bool(args.quick),
         "bf16": bool(args.bf16),
         "compile": args.compile or False,

@@ -30,10 +30,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from results.io import atomic_write_text, utc_now
+
 from . import interrupts
 from .compiler import cpu_seconds
 from .errors import RunInterrupted
-from .records import atomic_write_text, utc_now
 
 METRIC_COLUMNS = ("step", "tokens", "flops", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s")
 

@@ -1,6 +1,6 @@
 """One run as a Hydra job (:func:`run_job`): how each way a run ends becomes an exit status or, in a multirun, a
 line of the sweep's summary (``attnres_job.json`` in the job's Hydra output directory, which
-sweeps.callbacks.SweepSummary reads back at the end of the multirun: :func:`write_job_summary`).
+sweeps.sweep_summary.SweepSummary reads back at the end of the multirun: :func:`write_job_summary`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from . import interrupts, records
+from results.io import atomic_write_text
+
+from . import interrupts
 from .errors import RunBusy, RunInterrupted, SetupError, StopRequested
 from .identity import run_identity
 
@@ -46,14 +48,14 @@ def write_job_summary(summary: dict[str, Any]) -> None:
     out = Path(hc.runtime.output_dir)
     threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
     summary = {"job_num": hc.job.get("num", 0), "pid": os.getpid(), "threads": threads, **summary}
-    records.atomic_write_text(out / JOB_FILE, json.dumps(summary, default=str) + "\n")
+    atomic_write_text(out / JOB_FILE, json.dumps(summary, default=str) + "\n")
 
 
 def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> float | None:
     """``train(cfg)`` as one job; returns the run's val_loss (None when it has none).
 
     In a multirun a failed run is recorded and reported, not raised, so the sweep goes on and ends with a summary
-    (sweeps.callbacks.SweepSummary) whose exit status says whether every run was fine. A config or data error
+    (sweeps.sweep_summary.SweepSummary) whose exit status says whether every run was fine. A config or data error
     (SetupError) prints one line (exit status 2 for a single run); a run another process is training (RunBusy) is
     skipped with a message (exit status 3 for a single run); a diverged run is one line (exit status 1 for a single
     run, no traceback).
@@ -62,7 +64,7 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
     the launch exits with 128 + the signal number. In the launching process (a single run, Hydra's basic launcher)
     that is a SystemExit at once; in a launcher's worker process (the joblib launcher) the job returns, tells the
     launcher (which passes the signal on to every worker) and starts no further run, so every run in flight stops
-    cleanly and the sweep's summary (sweeps.callbacks.SweepSummary) exits with that status. A signal while the
+    cleanly and the sweep's summary (sweeps.sweep_summary.SweepSummary) exits with that status. A signal while the
     completed record is written lets it be written: the run stands as completed and the sweep stops.
     """
     from hydra.core.hydra_config import HydraConfig

@@ -1,18 +1,14 @@
-"""File locks, both on the ``filelock`` package.
-
-* :func:`acquire_run_lock`: one process trains a run at a time (a lease file under ``<study>/.locks/``), on this
-  host or any other that shares the runs directory; a dead holder's lease is taken over.
-* :func:`exclusive_lock`: an advisory ``flock`` held around a block, for work that stays correct without it and
-  only saves duplicate effort when it holds (preparing a corpus, rebuilding a results table).
+"""The run lock, on the ``filelock`` package: :func:`acquire_run_lock`, one process trains a run at a time (a lease
+file under ``<study>/.locks/``), on this host or any other that shares the runs directory; a dead holder's lease is
+taken over. The advisory ``flock`` around work that stays correct without it (preparing a corpus, rebuilding a
+results table) is results.io.exclusive_lock.
 
 Light on purpose: the stdlib at import, ``filelock`` when a lock is taken.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,31 +63,3 @@ def acquire_run_lock(study_dir: Path, run_id: str) -> filelock.SoftFileLease:
         f"{LOCK_HEARTBEAT_S:.0f} s); not starting a second copy. It is released when that run ends; a "
         f"holder that died is taken over at once on its own host, after {LOCK_LEASE_S:.0f} s elsewhere"
     )
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: str | Path) -> Iterator[bool]:
-    """Hold an exclusive advisory lock on the file ``path`` for the block, waiting as long as another holder keeps
-    it (process or thread; the file and its parent are created when missing and stay after release).
-
-    Yields True while the lock is held, False when this file system has no working ``flock`` (some network file
-    systems): the block then runs unlocked, so callers must be correct without it, and may use the flag to tell
-    whether what they find beside the lock (a half-written temporary directory) can belong to a live writer."""
-    import filelock
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # No soft fallback: a marker file left by a killed holder would block every later caller forever.
-    lock = filelock.FileLock(str(path), fallback_to_soft=False)
-    try:
-        lock.acquire()
-        held = True
-    except OSError:  # flock refused (ENOSYS, ENOLCK, ...); filelock.Timeout cannot occur without a timeout
-        held = False
-    if not held:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        lock.release()

@@ -38,8 +38,8 @@ def environment(datamodule: Any) -> dict[str, Any]:
     import torch
 
     from attnres import cpu_kernels
-
-    from . import records
+    from results.config_hash import data_fingerprint
+    from results.io import git_commit
 
     shards = datamodule.load()
     header = shards.header
@@ -51,13 +51,13 @@ def environment(datamodule: Any) -> dict[str, Any]:
             "n_tokens": header.n_tokens,
             "checksum": header.checksum,
             "source": header.source,
-            "fingerprint": records.ledger.data_fingerprint(header.checksum),
+            "fingerprint": data_fingerprint(header.checksum),
             "verified": datamodule.verified,
         },  # the files hashed against the checksums, or a valid stamp
         "python": platform.python_version(),
         "torch": torch.__version__,
         "lightning": lightning.__version__,
-        "git_commit": records.git_commit(),
+        "git_commit": git_commit(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
         "host": platform.node(),

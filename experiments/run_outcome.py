@@ -1,7 +1,7 @@
 """Every way a run that started training can end is recorded: :func:`recorded_outcome` wraps the training of a run
 (experiments.train) and, when it raises, writes the record with its status before the exception goes on.
 
-    completed     the body returned after the completed record was written (RunRecord.completed)
+    completed     the body returned after the completed record was written (RecordBuilder.completed)
     interrupted   SIGINT / SIGTERM / SIGUSR1 (experiments.callbacks.GracefulInterrupt), raised as RunInterrupted
     diverged      experiments.module.DivergedError
     failed        any other exception
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import RunInterrupted
-from .run_record import RunRecord
+from .record_builder import RecordBuilder
 from .wandb_setup import finish_wandb
 
 
@@ -29,7 +29,7 @@ def _status(e: BaseException) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def recorded_outcome(run: RunRecord, interrupt: Any, rank_zero: bool) -> Iterator[None]:
+def recorded_outcome(run: RecordBuilder, interrupt: Any, rank_zero: bool) -> Iterator[None]:
     """Run the block with ``interrupt``'s signal handlers installed; record how it ended.
 
     On an exception (unless the completed record was already written: that record stands) rank zero writes the

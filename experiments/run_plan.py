@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
-from analysis.ledger import data_fingerprint
+from results.config_hash import data_fingerprint
 
 from .validation import build_model_config, planned_steps
 
@@ -28,7 +28,7 @@ class RunPlan:
     flops_per_token: float  # attnres.flops_per_token(model_config, seq_len).total
     eval_every: int  # optimizer steps between evaluations (the last step is always evaluated)
     dataset: str  # the shards' path
-    data_fingerprint: str  # analysis.ledger.data_fingerprint of the shards' checksums
+    data_fingerprint: str  # results.config_hash.data_fingerprint of the shards' checksums
 
     @property
     def tokens_per_step(self) -> int:

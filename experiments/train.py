@@ -4,11 +4,11 @@
     python -m experiments.train experiment=smoke model=full_attnres               # seconds
     python -m experiments.train -m experiment=cpu_ladder model=baseline,full_attnres,block_attnres seed=0,1
 
-A run is identified by its config_hash (experiments/identity.py) and lives in
+A run is identified by its config_hash (results/config_hash.py, experiments/identity.py) and lives in
 ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``: relaunching the same config resumes from
 ``checkpoints/last.ckpt``, or skips a run the study already holds as completed or diverged (``force=true`` re-runs
 it, moving the old directory aside). Every run that started training writes ``results.json`` and one record to the
-study's ledger (experiments/run_record.py, experiments/records.py), however it ended (experiments/run_outcome.py); a
+study's ledger (experiments/record_builder.py, results/ledger.py), however it ended (experiments/run_outcome.py); a
 config or data error found before training writes nothing. One process trains a run at a time (experiments/locks.py).
 
 Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
@@ -29,15 +29,18 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from . import config_schema, interrupts, records, resolvers
+from results import ledger
+from results.io import atomic_write_text, write_json
+
+from . import config_schema, interrupts, resolvers
 from .compose import cli_problem, conf_dir
 from .errors import SetupError, StopRequested
 from .identity import resolved_container, run_identity
 from .job import run_job
 from .locks import acquire_run_lock
+from .record_builder import RecordBuilder, find_finished, warn_other_data
 from .run_env import environment, is_rank_zero, quiet_lightning
 from .run_plan import plan_run
-from .run_record import RunRecord, find_finished, warn_other_data
 from .validation import check_config, check_writable
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
@@ -84,8 +87,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         if not cfg.force and (done := find_finished(study_dir, chash, run_id)) is not None:
             return done  # completed by another process while this one was getting ready
-        replacing = cfg.force and (run_dir / records.RESULTS_JSON).is_file()
-        if rank_zero and replacing and (old := records.find_completed(study_dir, chash, records.FINISHED)):
+        replacing = cfg.force and (run_dir / ledger.RESULTS_JSON).is_file()
+        if rank_zero and replacing and (old := ledger.find_completed(study_dir, chash, ledger.FINISHED)):
             aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             shutil.move(str(run_dir), str(aside))
             print(f"[attnres] force=true: moved the {old['status']} run's directory to {aside}")
@@ -95,13 +98,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         with open_dict(cfg):
             cfg.run_id = run_id
             cfg.paths.run_dir = str(run_dir)
-        return _fit(cfg, RunRecord(cfg, chash, run_id, run_dir, study_dir, plan), rank_zero)
+        return _fit(cfg, RecordBuilder(cfg, chash, run_id, run_dir, study_dir, plan), rank_zero)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
+def _fit(cfg: DictConfig, run: RecordBuilder, rank_zero: bool) -> dict[str, Any]:
     """Train ``run`` to its planned step, evaluate the last step and write the completed record."""
     from hydra.utils import instantiate
 
@@ -117,8 +120,8 @@ def _fit(cfg: DictConfig, run: RunRecord, rank_zero: bool) -> dict[str, Any]:
     with recorded_outcome(run, interrupt, rank_zero):
         container = resolved_container(cfg)
         if rank_zero:
-            records.atomic_write_text(run.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(container)))
-            records.write_json(run.run_dir / "environment.json", environment(plan.datamodule))
+            atomic_write_text(run.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(container)))
+            write_json(run.run_dir / "environment.json", environment(plan.datamodule))
 
         import lightning.pytorch as pl
 

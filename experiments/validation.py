@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from analysis.schema import STUDY_KINDS
+from results.record import STUDY_KINDS
 
 from .config_schema import number as _number
 from .config_schema import positive_int as _positive_int

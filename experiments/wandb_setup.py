@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from . import records
+from results.io import atomic_write_text
 
 WANDB_ID_FILE = "wandb_id.txt"
 
@@ -21,7 +21,7 @@ def wandb_run_id(run_dir: Path, resuming: bool) -> str:
     if resuming and path.is_file():
         return path.read_text().strip()
     wid = uuid.uuid4().hex[:12]
-    records.atomic_write_text(path, wid + "\n")
+    atomic_write_text(path, wid + "\n")
     return wid
 
 

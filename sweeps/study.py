@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.schema import STUDY_KINDS, FitDocument, Multiplier
+from analysis.fit_document import FitDocument, Multiplier
+from results.record import STUDY_KINDS
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -224,8 +225,7 @@ def restore_records(source: Path, study_dir: Path) -> tuple[int, list[str]]:
     unreadable or malformed files, which are reported and left out)."""
     import shutil
 
-    from analysis.ledger import RECORDS_DIR, read_record_file
-    from experiments.records import rebuild_table
+    from results.ledger import RECORDS_DIR, read_record_file, rebuild_table
 
     src = source / RECORDS_DIR if (source / RECORDS_DIR).is_dir() else source
     if not src.is_dir():
@@ -249,7 +249,7 @@ def regime_sentence(results: Path, why: str | None = None) -> str:
     """One sentence on the regime a study's completed runs measured: depths, widths, heads, context, tokens per
     parameter, where that sits against the paper's claim (24-34 sublayers, d_model 896-1264, ~200 tokens per
     parameter), and ``why`` the study measures there."""
-    from analysis.records import load_results
+    from analysis.runs import load_results
 
     df = load_results(results)
     df = df[df["status"] == "completed"] if "status" in df.columns else df

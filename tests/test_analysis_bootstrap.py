@@ -1,4 +1,4 @@
-"""Bootstrap intervals (analysis.bootstrap + report.analyse_scaling): pairing, reproducibility and coverage.
+"""Bootstrap intervals (analysis.bootstrap + scaling.analyse_scaling): pairing, reproducibility and coverage.
 
 The coverage tests are the acceptance check that the 95% interval of the joint-fit multiplier m is honest:
 over many synthetic ladders with known m the interval must contain the truth at a stated rate.
@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from analysis import bootstrap as bs
-from analysis.records import AnalysisWarning
-from analysis.report import analyse_scaling
+from analysis.runs import AnalysisWarning
+from analysis.scaling import FitOptions, analyse_scaling
 from analysis.synthetic import synthetic_ladder
 
 TRUE_M = (1.0, 1.25, 1.6)
@@ -71,9 +71,9 @@ def test_bootstrap_is_reproducible_and_seeded() -> None:
     df = synthetic_ladder({"v": 1.25}, seeds=(0, 1), rng=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnalysisWarning)
-        a = analyse_scaling(df, B=300, seed=11)["multipliers"]["v"]
-        b = analyse_scaling(df, B=300, seed=11)["multipliers"]["v"]
-        c = analyse_scaling(df, B=300, seed=12)["multipliers"]["v"]
+        a = analyse_scaling(df, FitOptions(B=300, seed=11)).parts["multipliers"]["v"]
+        b = analyse_scaling(df, FitOptions(B=300, seed=11)).parts["multipliers"]["v"]
+        c = analyse_scaling(df, FitOptions(B=300, seed=12)).parts["multipliers"]["v"]
     assert a["m_ci95"] == b["m_ci95"]
     assert a["per_size"] == b["per_size"]
     assert a["m"] == c["m"]
@@ -89,7 +89,7 @@ def _coverage(seeds: tuple[int, ...], n_rep: int, B: int, **kw) -> dict[str, np.
         df = synthetic_ladder({"v": m}, seeds=seeds, sigma=0.01, rho=0.5, rng=1000 + r, **law)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AnalysisWarning)
-            res = analyse_scaling(df, B=B, seed=r, **kw)["multipliers"]["v"]
+            res = analyse_scaling(df, FitOptions(B=B, seed=r, **kw)).parts["multipliers"]["v"]
         lo, hi = res["m_ci95"]
         hits.append(lo <= m <= hi)
         est.append(res["m"])

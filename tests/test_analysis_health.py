@@ -12,8 +12,8 @@ import pytest
 
 from analysis import health
 from analysis.pipeline import run_fit
-from analysis.records import AnalysisWarning
-from analysis.report import OWN_LR, analyse_scaling, flag_runs
+from analysis.runs import AnalysisWarning
+from analysis.scaling import OWN_LR, FitOptions, analyse_scaling, flag_runs
 from analysis.synthetic import synthetic_ladder
 
 TOTAL = 1000
@@ -96,7 +96,8 @@ def test_analysis_flags_a_planted_outlier_keeps_it_and_reports_the_fit_without_i
     df.loc[(df["variant"] == "block_attnres") & (df["size"] == "cpu_s") & (df["seed"] == 0), "health"] = "spike@300"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        doc = analyse_scaling(df, B=200)
+        fit = analyse_scaling(df, FitOptions(B=200))
+    doc = fit.parts
     msgs = [str(w.message) for w in caught if issubclass(w.category, AnalysisWarning)]
     flagged = {f["run_id"]: f["flags"] for f in doc["outliers"]["flagged"]}
     assert flagged == {
@@ -109,9 +110,9 @@ def test_analysis_flags_a_planted_outlier_keeps_it_and_reports_the_fit_without_i
     assert any("seeds disagree: baseline at cpu_m" in m for m in msgs)
     assert doc["n_runs"] == len(df)  # kept, never silently dropped
     assert set(doc["without_flagged"]) == {"block_attnres"}
-    frame = doc["_frame"]
+    frame = fit.runs
     assert (frame.loc[frame["run_id"] == df.loc[hit, "run_id"].item(), "flags"] == "off_mates").all()
-    ex = analyse_scaling(df, B=200, outliers="exclude")
+    ex = analyse_scaling(df, FitOptions(B=200, outliers="exclude")).parts
     assert ex["n_runs"] == len(df) - 2
     assert {e["reason"] for e in ex["excluded_runs"]} == {
         "outlier rule: off_mates",
@@ -122,7 +123,7 @@ def test_analysis_flags_a_planted_outlier_keeps_it_and_reports_the_fit_without_i
 def test_clean_ladder_flags_nothing() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        doc = analyse_scaling(_ladder(), B=200)
+        doc = analyse_scaling(_ladder(), FitOptions(B=200)).parts
     assert doc["outliers"]["flagged"] == []
     assert doc["outliers"]["cells_disagreeing"] == []
     assert "without_flagged" not in doc
@@ -131,7 +132,7 @@ def test_clean_ladder_flags_nothing() -> None:
 
 def test_paired_deltas_per_size() -> None:
     df = _ladder()
-    doc = analyse_scaling(df, B=100)
+    doc = analyse_scaling(df, FitOptions(B=100)).parts
     rows = {r["size"]: r for r in doc["paired_deltas"]}
     assert list(rows) == ["cpu_xs", "cpu_s", "cpu_m", "cpu_l", "cpu_xl"]
     for size, r in rows.items():
@@ -163,7 +164,7 @@ def test_two_lr_protocols_give_both_multipliers_and_their_ratio(tmp_path: Path) 
     df["health"] = "ok"
     df.loc[df.index[own][0], "health"] = "spike@120"  # one flagged own-lr run: the fit without it is a refit
     df.attrs["source"] = "synthetic"
-    doc = run_fit(df, tmp_path, B=400, make_figures=True)
+    doc = run_fit(df, tmp_path, FitOptions(B=400), make_figures=True)
     assert set(doc.multipliers) == {"block_attnres", "block_attnres" + OWN_LR}
     assert set(doc.without_flagged) == set(doc.multipliers)  # the refit does not rename the arms again
     p = doc.protocols["block_attnres"]

@@ -13,7 +13,7 @@ import yaml
 
 from analysis.__main__ import main
 from analysis.lr import lr_optima, quadratic_vertex, reference_optimum
-from analysis.records import AnalysisWarning
+from analysis.runs import AnalysisWarning
 from analysis.synthetic import synthetic_lr_study
 
 SQRT2_GRID = tuple(1e-3 * 2 ** (k / 2) for k in range(9))  # 1e-3 .. 1.6e-2

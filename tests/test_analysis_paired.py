@@ -10,15 +10,15 @@ import warnings
 import numpy as np
 import pytest
 
-from analysis.report import analyse_scaling, pooled_pair_sd
+from analysis.multipliers import pooled_pair_sd
+from analysis.scaling import FitOptions, analyse_scaling
 from analysis.synthetic import synthetic_ladder
 
 
 def _fit(df):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        doc = analyse_scaling(df, B=400)
-    doc.pop("_frame")
+        doc = analyse_scaling(df, FitOptions(B=400)).parts
     return doc
 
 

@@ -1,4 +1,4 @@
-"""Reading result records (analysis.records) and the input errors of the analysis."""
+"""Reading result records (analysis.runs, results.ledger) and the input errors of the analysis."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from analysis.records import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
-from analysis.report import analyse_scaling, check_ladder
+from analysis.runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
+from analysis.scaling import FitOptions, analyse_scaling, check_ladder
 from analysis.synthetic import synthetic_ladder, write_study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_too_few_sizes_is_a_clear_error() -> None:
         assert check_ladder(short, "baseline", skip_incomplete=True) == ["baseline"]
     single = synthetic_ladder({"full_attnres": 1.25}, n_sizes=1)
     with pytest.raises(ValueError, match="only 1 size"):
-        analyse_scaling(single, B=10)
+        analyse_scaling(single, FitOptions(B=10))
     with pytest.raises(ValueError, match=r"no completed runs of the baseline 'base'.*--baseline"):
         check_ladder(df, "base")
 
@@ -153,15 +153,14 @@ def _documented_columns() -> list[tuple[str, str]]:
 
 
 def test_the_record_schema_is_the_documented_table():
-    """One definition (analysis.schema.RunRecord): its fields, in order and with their types, are the table of
+    """One definition (results.record.RunRecord): its fields, in order and with their types, are the table of
     docs/results_schema.md §1, and the writer's columns are its fields."""
-    from analysis import schema
-    from experiments import records
+    from results import ledger
+    from results import record as schema
 
     assert [c for c, _ in _documented_columns()] == list(schema.COLUMNS)
     assert {c: t for c, t in _documented_columns()} == {c: schema.COLUMN_TYPES[c].__name__ for c in schema.COLUMNS}
-    assert records.COLUMNS is schema.COLUMNS
-    assert records.STATUSES is schema.STATUSES
+    assert list(ledger.make_record(run_id="r", status="completed")) == list(schema.COLUMNS)
     assert set(schema.NUMERIC_COLUMNS) | set(schema.STR_COLUMNS) == set(schema.COLUMNS)
     # new fields are appended, never inserted: the newest, in the order they were added
     assert schema.COLUMNS[-3:] == ("study_kind", "train_path", "cpu_time_s")
@@ -169,8 +168,8 @@ def test_the_record_schema_is_the_documented_table():
 
 
 def test_the_writer_builds_records_through_the_schema():
-    from analysis.schema import COLUMNS
-    from experiments.records import make_record
+    from results.ledger import make_record
+    from results.record import COLUMNS
 
     rec = make_record(run_id="r", status="completed", study="s", study_kind="ablations", seed=3)
     assert list(rec) == list(COLUMNS)
@@ -185,7 +184,7 @@ def test_the_writer_builds_records_through_the_schema():
 
 
 def test_malformed_names_what_breaks_the_schema():
-    from analysis.schema import malformed
+    from results.record import malformed
 
     ok = {"run_id": "r", "status": "completed", "val_loss": "2.5", "pflops_days": "1e-9", "seed": "1"}
     assert malformed(ok) is None
@@ -202,7 +201,7 @@ def test_malformed_names_what_breaks_the_schema():
 
 def test_study_kind_of_records_with_and_without_the_field():
     """The field decides; records written before it existed get the kind their study's name implied."""
-    from analysis.schema import study_kind
+    from results.record import study_kind
 
     assert study_kind({"study": "ablations", "study_kind": "scaling"}) == "scaling"
     assert study_kind({"study": "my_grid", "study_kind": "arch_grid"}) == "arch_grid"
@@ -246,7 +245,7 @@ def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
     for name, df in (("legacy", legacy), ("renamed", renamed)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AnalysisWarning)
-            docs.append(run_fit(df, tmp_path / name, B=50, make_figures=False))
+            docs.append(run_fit(df, tmp_path / name, FitOptions(B=50), make_figures=False))
     a, b = docs
     assert b.study == "ladder_v2"
     assert a.study == "cpu_ladder"
@@ -258,11 +257,11 @@ def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
     assert len(b.ablations) == 12
     unlabelled = renamed.drop(columns=["study_kind"])  # what the name rule alone makes of the renamed studies
     with pytest.raises(ValueError, match=r"several scaling studies \(fig6_cpu, ladder_v2, table4_cpu\)"):
-        run_fit(unlabelled, tmp_path / "unlabelled", B=50, make_figures=False)
+        run_fit(unlabelled, tmp_path / "unlabelled", FitOptions(B=50), make_figures=False)
 
 
 def test_an_lr_study_is_not_a_scaling_ladder() -> None:
-    from analysis.records import runs_of_kind, study_kinds
+    from analysis.runs import runs_of_kind, study_kinds
 
     ladder = synthetic_ladder(seeds=(0,))
     grid = synthetic_ladder(seeds=(10,), study="cpu_lr").assign(study_kind="lr")
@@ -273,7 +272,7 @@ def test_an_lr_study_is_not_a_scaling_ladder() -> None:
 
 
 def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
-    from analysis.report import ablation_table
+    from analysis.ablations import ablation_table
     from analysis.synthetic import ablation_records
 
     big = ablation_records(seeds=(0, 1))
@@ -287,7 +286,7 @@ def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
 
 
 def test_keep_most_common_keeps_the_majority_and_warns_at_its_callers_caller() -> None:
-    from analysis.records import keep_most_common
+    from analysis.runs import keep_most_common
 
     rows = pd.DataFrame({"variant": ["b", "a", "a", "b", "c"], "x": range(5)})
     with pytest.warns(AnalysisWarning, match=r"^sweeps several \(a, b, c\); using 'a'$") as caught:
@@ -390,7 +389,7 @@ def test_runs_of_different_data_sets_are_never_pooled(tmp_path: Path) -> None:
 def test_older_records_get_their_fingerprint_from_environment_json(tmp_path: Path) -> None:
     import json
 
-    from analysis.ledger import data_fingerprint
+    from results.config_hash import data_fingerprint
 
     df = synthetic_ladder(seeds=(0,)).head(2)
     df["run_dir"] = df["run_id"]
@@ -411,7 +410,7 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
     """Bootstrap draws follow row order; the order runs finished in must not change the intervals."""
     import pandas as pd
 
-    from analysis.records import select_completed
+    from analysis.runs import select_completed
 
     rows = [
         {
@@ -435,7 +434,7 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
 
 def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
     """Not the variant's name: a sweep of another Block variant is found; two swept Block variants are one too many."""
-    from analysis.report import block_size_sweep
+    from analysis.block_size import block_size_sweep
     from analysis.synthetic import block_size_sweep_records
 
     df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")
@@ -457,7 +456,7 @@ def test_a_seed_subset_is_fitted_apart_and_a_missing_seed_is_named(tmp_path: Pat
     import json
 
     from analysis.__main__ import main
-    from analysis.records import select_seeds
+    from analysis.runs import select_seeds
 
     df = synthetic_ladder({"block_attnres": 1.25}, seeds=(0, 1, 2, 20, 21, 22))
     held_out = select_seeds(df, [20, 21, 22])

@@ -20,10 +20,11 @@ from omegaconf import OmegaConf
 
 from experiments import resolvers
 from experiments.compose import sweep_cells
-from experiments.identity import identity_config, resolved_container, run_identity
+from experiments.identity import resolved_container, run_identity
 from experiments.sizes import ArchShape, baseline_non_embedding, derive_arch_shape, steps_for, steps_for_budget
 from experiments.train import train
 from experiments.validation import build_model_config, check_config, planned_steps
+from results.config_hash import identity_config
 
 PAPER_GRID = {"d_over_lb": (15, 30, 45, 60, 75), "heads_over_lb": (0.3, 0.4, 0.5, 0.6, 0.7)}  # Fig. 7
 CPU_GRID = {"d_over_lb": (2, 4, 6), "heads_over_lb": (0.3, 0.5, 0.7)}
@@ -281,7 +282,7 @@ def test_every_arch_grid_cell_composes(sweep, size_name, grid, vocab):
 # ---- one real run at a fixed budget ----------------------------------------------------------------------
 def test_real_run_trains_for_its_flop_budget(train_cfg):
     from attnres import flops_per_token
-    from experiments import records
+    from results import ledger
 
     budget = 1.5e10
     cfg = train_cfg(
@@ -303,8 +304,8 @@ def test_real_run_trains_for_its_flop_budget(train_cfg):
     assert abs(rec["flops"] - budget) <= 0.5 * 4096 * fpt
     assert rec["size"] == "cpu_arch_d4_h0.5"
     assert (rec["d_over_lb"], rec["heads_over_lb"]) == (4.0, 0.5)
-    table = Path(cfg.paths.runs_root) / "smoke" / records.RESULTS_TABLE
-    row = records.read_rows(table)[-1]
+    table = Path(cfg.paths.runs_root) / "smoke" / ledger.RESULTS_TABLE
+    row = ledger.read_rows(table)[-1]
     assert float(row["flops_budget"]) == budget
     assert int(row["steps"]) == expected
 
@@ -314,7 +315,7 @@ def test_real_run_trains_for_its_flop_budget(train_cfg):
         ValueError, match=r"train\.tokens \(size\.tokens\)=409600 gives 100 steps but train\.flops_budget"
     ):
         train(bad)
-    assert len(records.read_rows(table)) == 1
+    assert len(ledger.read_rows(table)) == 1
 
 
 # ---- analysis: the Fig. 7 table and heat map from records -----------------------------------------------
@@ -349,10 +350,10 @@ def _grid_records(study: str = "arch_grid") -> pd.DataFrame:
 
 
 def test_arch_grid_table_pivots_records(tmp_path):
-    from analysis.markdown import arch_grid_markdown
+    from analysis.arch_grid import arch_grid_markdown, arch_grid_table
     from analysis.pipeline import run_fit
-    from analysis.records import AnalysisWarning
-    from analysis.report import arch_grid_table
+    from analysis.runs import AnalysisWarning
+    from analysis.scaling import FitOptions
 
     df = _grid_records()
     table = arch_grid_table(df)
@@ -376,7 +377,7 @@ def test_arch_grid_table_pivots_records(tmp_path):
 
     # `python -m analysis fit` on an arch_grid-only table: no scaling fit, the grid table and figure instead
     with pytest.warns(AnalysisWarning, match="no scaling-ladder runs"):
-        doc = run_fit(df, tmp_path / "report", B=10)
+        doc = run_fit(df, tmp_path / "report", FitOptions(B=10))
     assert doc.arch_grid.best["baseline"].d_over_lb == 4.0
     assert not doc.multipliers
     assert {"fig7_arch_grid.png", "fig7_arch_grid.pdf", "fig7_arch_grid.md"} <= set(doc.files)

@@ -12,11 +12,11 @@ import pytest
 import torch
 from conftest import cli_overrides, mount_namespace, run_cli_mounted
 
-from experiments import records
 from experiments.callbacks import read_metrics
 from experiments.checkpoint_io import AtomicCheckpointIO, inspect_checkpoint
 from experiments.errors import RunInterrupted
 from experiments.train import train
+from results import ledger
 
 torch.set_num_threads(1)
 
@@ -27,7 +27,7 @@ def _interrupted(train_cfg, *overrides: str) -> Path:
     """A smoke run stopped by SIGTERM before step 8 (checkpoints at steps 5 and 8); its run directory."""
     with pytest.raises(RunInterrupted):
         train(train_cfg(*COMMON, "fault.signal_at_step=7", *overrides))
-    return Path(records.read_records(Path(train_cfg().paths.runs_root) / "smoke")[-1]["run_dir"])
+    return Path(ledger.read_records(Path(train_cfg().paths.runs_root) / "smoke")[-1]["run_dir"])
 
 
 def _step(path: Path) -> int:
@@ -79,7 +79,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one_or_starts_over(trai
     assert "fails its CRC-32 check" in second
     assert second.endswith("; no readable checkpoint is left: the run starts over from step 0")
     assert [r["step"] for r in read_metrics(run_dir / "metrics.csv")] == list(range(1, 13))
-    assert [r["status"] for r in records.read_records(run_dir.parent) if r["run_id"] == run_dir.name] == [
+    assert [r["status"] for r in ledger.read_records(run_dir.parent) if r["run_id"] == run_dir.name] == [
         "interrupted",
         "completed",
     ]
@@ -123,7 +123,7 @@ def test_a_full_disk_during_a_checkpoint_leaves_no_half_written_file(tmp_path, d
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     (run_dir,) = (out / "smoke").glob("baseline_*")
     assert list((run_dir / "checkpoints").iterdir()) == []  # neither a partial last.ckpt nor a temporary file
-    (rec,) = records.read_records(out / "smoke")
+    (rec,) = ledger.read_records(out / "smoke")
     assert rec["status"] == "failed"
     assert "could not write the checkpoint" in rec["error"]
     assert "No space left on device" in rec["error"]
@@ -146,7 +146,7 @@ def test_a_failure_record_that_cannot_be_written_is_one_line_and_the_earlier_rec
     def disk_full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(records, "add_record", disk_full)
+    monkeypatch.setattr(ledger, "add_record", disk_full)
     capsys.readouterr()
     with pytest.raises(RuntimeError, match="injected failure"):
         train(train_cfg(*COMMON, "fault.raise_at_step=9"))
@@ -160,4 +160,4 @@ def test_a_failure_record_that_cannot_be_written_is_one_line_and_the_earlier_rec
     assert (study / "results.csv").read_bytes() == table
     monkeypatch.undo()
     assert train(train_cfg(*COMMON))["status"] == "completed"  # and the run still resumes
-    assert [r["status"] for r in records.read_records(study)] == ["interrupted", "completed"]
+    assert [r["status"] for r in ledger.read_records(study)] == ["interrupted", "completed"]

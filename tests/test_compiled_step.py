@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import cli_overrides, compose, run_cli
 
-from experiments import records
 from experiments.callbacks import read_metrics
 from experiments.train import train
+from results import ledger
 
 STEPS = 50
 SMALL = [
@@ -56,7 +56,7 @@ def test_compiled_and_eager_paths_give_the_same_loss_curve(train_cfg, variant):
     assert compiled["val_loss"] == pytest.approx(eager["val_loss"], abs=TOLERANCE)
     for rec in (eager, compiled):
         assert rec["cpu_time_s"] > 0
-        assert {r["train_path"] for r in records.read_records(Path(rec["run_dir"]).parent)} >= {rec["train_path"]}
+        assert {r["train_path"] for r in ledger.read_records(Path(rec["run_dir"]).parent)} >= {rec["train_path"]}
 
 
 @pytest.mark.slow
@@ -72,7 +72,7 @@ def test_a_resumed_compiled_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path
     reference = train(compose([*common, f"paths.runs_root={tmp_path / 'b'}"]))
     (run_dir,) = (tmp_path / "a" / "smoke").glob("block_attnres_*")
     assert _losses(str(run_dir)) == _losses(reference["run_dir"])  # bit-identical
-    (rec,) = [r for r in records.read_records(run_dir.parent) if r["status"] == "completed"]
+    (rec,) = [r for r in ledger.read_records(run_dir.parent) if r["status"] == "completed"]
     assert rec["val_loss"] == reference["val_loss"]
     assert rec["train_path"] == reference["train_path"] == "compiled:whole"
     assert rec["cpu_time_s"] > 0

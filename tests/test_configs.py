@@ -14,10 +14,11 @@ import torch
 from conftest import CONF, compose
 from omegaconf import OmegaConf
 
-from experiments.identity import identity_config, resolved_container, run_identity
+from experiments.identity import resolved_container, run_identity
 from experiments.optim import param_groups, warmup_cosine
 from experiments.sizes import baseline_non_embedding, solve_d_ff, steps_for
 from experiments.validation import build_model_config, check_config
+from results.config_hash import identity_config
 
 torch.set_num_threads(1)
 
@@ -302,6 +303,11 @@ def test_model_node_spells_out_every_model_setting():
     assert set(cfg.model) - set(fields) == {"_target_", "variant"}
     for name in ("tie_embeddings", "rope_theta", "norm_eps", "init_std"):
         assert cfg.model[name] == fields[name].default, name
+    # the block geometry (which cpu_ladder sets) is the library's default wherever no preset sets it
+    for model in ("baseline", "block_attnres", "block_multihead", "block_no_key_norm"):
+        plain = compose([f"model={model}"])
+        for name in ("n_blocks", "block_size"):
+            assert plain.model[name] == fields[name].default, (model, name)
 
 
 @pytest.mark.parametrize("preset", ["gpu", "ddp", "fsdp"])
@@ -357,7 +363,7 @@ def test_canonical_block_geometry_is_what_ignoring_schemes_ignore():
     """identity.BLOCK_GEOMETRY_SCHEMES restates (without importing torch) which registered schemes read the block
     geometry; for every other scheme the model is the same whatever n_blocks / block_size say."""
     from attnres import RESIDUAL_SCHEMES, ModelConfig, Transformer
-    from experiments.identity import BLOCK_GEOMETRY_SCHEMES, CANONICAL_BLOCK_GEOMETRY
+    from results.config_hash import BLOCK_GEOMETRY_SCHEMES, CANONICAL_BLOCK_GEOMETRY
 
     assert set(BLOCK_GEOMETRY_SCHEMES) == {n for n, cls in RESIDUAL_SCHEMES.items() if cls.uses_block_geometry}
     assert set(CANONICAL_BLOCK_GEOMETRY) == {"n_blocks", "block_size"}

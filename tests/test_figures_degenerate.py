@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from analysis import figures
-from analysis.report import analyse_scaling
-from analysis.schema import FitDocument
+from analysis.fit_document import FitDocument
+from analysis.scaling import FitOptions, analyse_scaling
 from analysis.synthetic import synthetic_ladder
 
 
@@ -27,8 +27,8 @@ def test_fig4_axes_stay_near_the_data_on_a_one_seed_study(tmp_path, monkeypatch,
     df = synthetic_ladder(multipliers, n_sizes=3, seeds=(0,), sigma=0.08, C_range=(2e-6, 6e-6), rng=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        doc = analyse_scaling(df, B=200, bootstrap_mode="parametric")
-    frame = doc.pop("_frame")
+        fit = analyse_scaling(df, FitOptions(B=200, bootstrap_mode="parametric"))
+    doc, frame = fit.parts, fit.runs
     widest = max(
         hi
         for m in doc["multipliers"].values()

@@ -13,9 +13,12 @@ package (or an ancestor package) back *at import time* (a module-level statement
 namespace that is still half built. The same import inside a function runs after the package is complete and
 adds no edge.
 
-Layering (docs/DEVELOPING.md): ``attnres`` is pure torch (nothing from experiments/analysis/sweeps, no Lightning,
-Hydra, OmegaConf or W&B); ``analysis`` runs without the training stack (no torch, Lightning or triton, nothing from
-attnres/experiments/sweeps); ``experiments`` imports nothing from ``sweeps`` (the study drives the trainer).
+Layering (docs/DEVELOPING.md): ``attnres`` is pure torch (nothing from the harness: experiments, results, analysis,
+sweeps; no Lightning, Hydra, OmegaConf or W&B); ``results``, the record contract, is neutral ground (the standard
+library and filelock: nothing from any other project package, no torch, numpy, pandas, Lightning, Hydra, OmegaConf,
+W&B or triton); ``analysis`` runs without the training stack (no torch, Lightning or triton, nothing from
+attnres/experiments/sweeps; its records come from ``results``); ``experiments`` imports nothing from ``sweeps`` (the
+study drives the trainer).
 """
 
 from __future__ import annotations
@@ -30,18 +33,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("attnres", "experiments", "analysis", "sweeps")
+PACKAGES = ("attnres", "experiments", "results", "analysis", "sweeps")
 
 # top-level distribution names each package must not import (any import: module level, deferred, type-only)
 FORBIDDEN_EXTERNAL = {
     "attnres": {"lightning", "pytorch_lightning", "hydra", "omegaconf", "wandb"},
+    "results": {"torch", "numpy", "pandas", "scipy", "lightning", "pytorch_lightning", "hydra", "omegaconf", "wandb"}
+    | {"triton", "matplotlib"},
     "analysis": {"torch", "lightning", "pytorch_lightning", "triton"},
 }
 FORBIDDEN_INTERNAL = {
-    "attnres": {"experiments", "analysis", "sweeps"},
+    "attnres": {"experiments", "results", "analysis", "sweeps"},
+    "results": {"attnres", "experiments", "analysis", "sweeps"},  # the contract both sides import
     "analysis": {"attnres", "experiments", "sweeps"},
     "experiments": {"sweeps"},  # sweeps drive experiments, never the other way
 }
+
+
+# Records cross between training and analysis only through ``results``: what experiments/ takes from analysis/ is
+# limited to these modules (the training-curve health rule, which the recorder flags with and the analysis reads).
+EXPERIMENTS_MAY_IMPORT_FROM_ANALYSIS = {"analysis.health"}
 
 
 @dataclass(frozen=True)
@@ -201,6 +212,28 @@ def test_layering(package):
     assert imports, f"no imports found in {package}/"
     bad = layering_violations(imports, ROOT)
     assert not bad, f"{package}/ breaks the layering of docs/DEVELOPING.md:\n" + "\n".join(bad)
+
+
+def test_records_cross_between_training_and_analysis_only_through_results():
+    imports = scan_imports(ROOT, PACKAGES)
+    bad = [
+        f"{imp.importer} imports {imp.target}   {imp.where(ROOT)}"
+        for imp in imports
+        if imp.importer.split(".")[0] == "experiments"
+        and imp.target.split(".")[0] == "analysis"
+        and imp.target not in EXPERIMENTS_MAY_IMPORT_FROM_ANALYSIS
+    ]
+    assert not bad, "experiments/ reads or writes records through results/, not analysis/:\n" + "\n".join(bad)
+
+
+def test_module_names_are_unique_across_packages():
+    """One name for one thing (docs/DEVELOPING.md): no two modules of the project share a file name."""
+    names: dict[str, list[str]] = {}
+    for dotted, path in module_files(ROOT, PACKAGES).items():
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.stem, []).append(dotted)
+    shared = {name: where for name, where in names.items() if len(where) > 1}
+    assert not shared, f"module names used more than once: {shared}"
 
 
 # ---- the checker on small trees with known answers ---------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, TEST_MAX_BYTES
 from packaging.requirements import Requirement
 
-PACKAGE_PARTS = ("attnres", "experiments", "analysis", "sweeps", "conf", "pyproject.toml", "README.md")
+PACKAGE_PARTS = ("attnres", "experiments", "results", "analysis", "sweeps", "conf", "pyproject.toml", "README.md")
 
 
 def _requirements(name: str) -> tuple[list[str], list[Requirement]]:

@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import REPO, TEST_MAX_BYTES, cli_overrides, compose
 
-from experiments import records
 from experiments.callbacks import read_metrics
 from experiments.job import run_job
 from experiments.train import train
+from results import ledger
 
 torch.set_num_threads(1)
 
@@ -74,7 +74,7 @@ def test_an_interrupt_in_any_phase_checkpoints_a_consistent_step_and_resumes(
     (line,) = [ln for ln in out.splitlines() if f"interrupted by {signame}" in ln]
     assert f"interrupted by {signame} at step {step}; checkpoint " in line
     assert "last.ckpt saved at that step; recorded as interrupted" in line
-    (rec,) = records.read_records(Path(cfg.paths.runs_root) / "smoke")
+    (rec,) = ledger.read_records(Path(cfg.paths.runs_root) / "smoke")
     assert (rec["status"], rec["steps"]) == ("interrupted", step)
     run_dir = Path(rec["run_dir"])
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -97,20 +97,20 @@ def test_an_interrupt_in_any_phase_checkpoints_a_consistent_step_and_resumes(
 def test_an_interrupt_while_the_completed_record_is_written_keeps_it_and_stops(train_cfg, capsys, monkeypatch, signame):
     """The last phase: the run is complete and its record is being written. The record is written whole and stands
     (nothing is lost, nothing needs a relaunch), and the launch stops with the signal's exit status."""
-    real = records.add_record
+    real = ledger.add_record
 
     def signalled(study_dir, record):
         if record["status"] == "completed":
             os.kill(os.getpid(), getattr(signal, signame))
         return real(study_dir, record)
 
-    monkeypatch.setattr(records, "add_record", signalled)
+    monkeypatch.setattr(ledger, "add_record", signalled)
     cfg = train_cfg(*COMMON)
     with pytest.raises(SystemExit) as exit_:
         run_job(train, cfg)
     assert exit_.value.code == 128 + getattr(signal, signame)
     assert f"{signame} while its completed record was written: the record stands; stopping" in capsys.readouterr().out
-    (rec,) = records.read_records(Path(cfg.paths.runs_root) / "smoke")
+    (rec,) = ledger.read_records(Path(cfg.paths.runs_root) / "smoke")
     assert rec["status"] == "completed"
 
 
@@ -138,7 +138,7 @@ def test_an_interrupt_stops_a_basic_multirun_instead_of_starting_the_next_run(tm
     )
     assert proc.returncode == 130, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
-    (rec,) = records.read_records(tmp_path / "runs" / "smoke")
+    (rec,) = ledger.read_records(tmp_path / "runs" / "smoke")
     assert (rec["seed"], rec["status"], rec["steps"]) == (0, "interrupted", 12)
     assert not list((tmp_path / "runs" / "smoke").glob("baseline_cpu_xs_s1_*"))  # the second run never started
 
@@ -193,7 +193,7 @@ def test_a_signal_to_one_joblib_worker_stops_every_run_in_flight_and_the_sweep(t
     assert proc.returncode == 128 + signal.SIGUSR1, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
     assert "4 runs: 0 completed, 0 skipped, 0 failed, 0 diverged, 2 interrupted, 2 not_started" in out, out[-3000:]
-    recs = records.read_records(tmp_path / "runs" / "smoke")
+    recs = ledger.read_records(tmp_path / "runs" / "smoke")
     assert sorted(r["status"] for r in recs) == ["interrupted", "interrupted"]
     assert {r["error"].split(" at ")[0] for r in recs} <= {"interrupted by SIGUSR1", "interrupted by SIGTERM"}
     for rec in recs:
@@ -251,7 +251,7 @@ def test_killing_the_study_stops_its_sweep_cleanly_and_a_relaunch_runs_exactly_t
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("the orphaned sweep did not stop: " + "".join(seen)[-2000:])
     (study,) = (tmp_path / "runs").iterdir()
-    recs = records.read_records(study)
+    recs = ledger.read_records(study)
     assert [(r["seed"], r["status"]) for r in recs] == [(0, "interrupted")], "".join(seen)[-2000:]
     assert not list(study.glob("baseline_cpu_xs_s1_*"))  # never started: no failed record, no directory
     ckpt = torch.load(Path(recs[0]["run_dir"]) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -261,5 +261,5 @@ def test_killing_the_study_stops_its_sweep_cleanly_and_a_relaunch_runs_exactly_t
     assert "sweep done" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
     (resumed,) = [ln for ln in again.stdout.splitlines() if "_s0_" in ln and ": resuming from" in ln]
     assert "checkpoints/last.ckpt" in resumed
-    recs = records.read_records(study)
+    recs = ledger.read_records(study)
     assert [(r["seed"], r["status"]) for r in recs] == [(0, "interrupted"), (0, "completed"), (1, "completed")]

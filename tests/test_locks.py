@@ -1,5 +1,5 @@
-"""experiments/locks.py exclusive_lock (the one flock helper) and its two users: records.locked, an exclusive lock
-around a results-table rebuild, and data.publish.corpus_lock, which also tells whether it holds the lock."""
+"""results/io.py exclusive_lock (the one flock helper) and its two users: the ledger's table rebuild
+(results.ledger.rebuild_table), and data.publish.corpus_lock, which also tells whether it holds the lock."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import records
-from experiments.locks import exclusive_lock
+from results import ledger
+from results.io import exclusive_lock
 
 fcntl = pytest.importorskip("fcntl")
 
@@ -94,21 +94,28 @@ def test_without_flock_the_block_runs_unlocked(tmp_path, monkeypatch):
         raise KeyError("boom")
 
 
-def test_records_locked_holds_the_table_lock_during_a_rebuild(tmp_path):
-    table = tmp_path / "study" / "results.csv"
-    with records.locked(table):
-        assert _held_elsewhere(table.with_name("results.csv.lock"))
-    assert not _held_elsewhere(table.with_name("results.csv.lock"))
+def test_a_table_rebuild_holds_the_table_lock(tmp_path, monkeypatch):
+    study = tmp_path / "study"
+    lock = study / "results.csv.lock"
+    held = []
+    read_study = ledger.read_study
+
+    def probing(study_dir):
+        held.append(_held_elsewhere(lock))
+        return read_study(study_dir)
+
+    monkeypatch.setattr(ledger, "read_study", probing)
+    ledger.rebuild_table(study)
+    assert held == [True]
+    assert not _held_elsewhere(lock)
 
 
 def test_records_are_published_where_flock_does_not_work(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", _no_flock)
     study = tmp_path / "study"
     for i in range(2):
-        records.add_record(
-            study, records.make_record(run_id=f"r{i}", status="completed", val_loss=2.5, pflops_days=1e-9)
-        )
-    assert [r["run_id"] for r in records.read_rows(study / "results.csv")] == ["r0", "r1"]
+        ledger.add_record(study, ledger.make_record(run_id=f"r{i}", status="completed", val_loss=2.5, pflops_days=1e-9))
+    assert [r["run_id"] for r in ledger.read_rows(study / "results.csv")] == ["r0", "r1"]
 
 
 def test_the_corpus_lock_says_whether_it_is_held(tmp_path, monkeypatch):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shutil
 
-from experiments import records
 from experiments.train import train
+from results import ledger
 from sweeps.study import restore_records
 
 
@@ -22,7 +22,7 @@ def test_restored_records_make_a_relaunch_skip_the_completed_runs(train_cfg, tmp
     assert copied == 1
     assert len(problems) == 1
     assert "torn.json" in problems[0]
-    assert [r["config_hash"] for r in records.read_records(study_b)] == [done["config_hash"]]
+    assert [r["config_hash"] for r in ledger.read_records(study_b)] == [done["config_hash"]]
     assert (study_b / "results.csv").is_file()
 
     again = train(train_cfg(runs_root=tmp_path / "machine_b"))

@@ -15,12 +15,12 @@ import pytest
 import torch
 from conftest import REPO, TEST_MAX_BYTES, cli_overrides, compose, run_cli
 
-from experiments import records
 from experiments.callbacks import read_metrics
 from experiments.errors import RunBusy
 from experiments.identity import run_identity
 from experiments.run_env import is_rank_zero
 from experiments.train import train
+from results import ledger
 
 torch.set_num_threads(1)
 
@@ -122,7 +122,7 @@ def test_two_launches_of_one_config_at_once_train_it_once(tmp_path, data_cache):
     outs = [p.communicate(timeout=300)[0] for p in procs]
     codes = sorted(p.returncode for p in procs)
     (study,) = (tmp_path / "runs").iterdir()
-    recs = records.read_records(study)
+    recs = ledger.read_records(study)
     assert [r["status"] for r in recs] == ["completed"], outs
     assert codes in ([0, 0], [0, 3]), outs  # the second one skipped it (done) or stopped (busy), with a message
     if codes == [0, 3]:
@@ -144,7 +144,7 @@ def test_sigterm_checkpoints_the_step_records_interrupted_and_resumes_bit_identi
     assert "last.ckpt saved at that step" in line
     assert "Relaunch" in line
     (run_dir,) = (tmp_path / "a" / "smoke").glob("baseline_*")
-    (rec,) = records.read_records(run_dir.parent)
+    (rec,) = ledger.read_records(run_dir.parent)
     assert rec["status"] == "interrupted"
     assert rec["steps"] == 8
     assert "SIGTERM" in rec["error"]
@@ -160,7 +160,7 @@ def test_sigterm_checkpoints_the_step_records_interrupted_and_resumes_bit_identi
     assert [r["step"] for r in got] == list(range(1, 13))
     assert [r["train_loss"] for r in got] == [r["train_loss"] for r in want]  # bit-identical
     assert resumed["val_loss"] == reference["val_loss"]
-    assert [r["status"] for r in records.read_records(run_dir.parent)] == ["interrupted", "completed"]
+    assert [r["status"] for r in ledger.read_records(run_dir.parent)] == ["interrupted", "completed"]
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGUSR1"])
@@ -172,7 +172,7 @@ def test_ctrl_c_and_sigusr1_are_interrupts_too(tmp_path, data_cache, signame):
     assert "Traceback" not in out
     assert "KeyboardInterrupt" not in out
     assert f"interrupted by {signame} at step 4" in out
-    (rec,) = records.read_records(tmp_path / "r" / "smoke")
+    (rec,) = ledger.read_records(tmp_path / "r" / "smoke")
     assert rec["status"] == "interrupted"
     assert rec["steps"] == 4
 
@@ -224,7 +224,7 @@ def test_ctrl_c_of_a_study_stops_with_one_line_and_the_run_resumes(tmp_path, dat
     assert "KeyboardInterrupt" not in out, out[-3000:]
     assert "re-run the same command to resume" in out
     (study,) = (tmp_path / "runs").iterdir()
-    (rec,) = records.read_records(study)
+    (rec,) = ledger.read_records(study)
     assert rec["status"] == "interrupted"
     assert rec["steps"] > 0
     ckpt = torch.load(Path(rec["run_dir"]) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -249,7 +249,7 @@ def test_thread_count_is_recorded_and_a_completed_run_is_skipped_across_thread_c
     try:
         first = train(train_cfg("threads=1", "size.tokens=8192", "train.eval_count=1"))
         assert first["threads"] == 1
-        (row,) = records.read_rows(Path(first["run_dir"]).parent / "results.csv")
+        (row,) = ledger.read_rows(Path(first["run_dir"]).parent / "results.csv")
         assert row["threads"] == "1"
         second = train(train_cfg("threads=2", "size.tokens=8192", "train.eval_count=1"))
         assert second.get("skipped")

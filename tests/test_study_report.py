@@ -3,7 +3,7 @@ and one sentence on the regime its runs measured."""
 
 from __future__ import annotations
 
-from experiments import records
+from results import ledger as records
 from sweeps.study import (
     COMMITTED_DEEP,
     COMMITTED_LADDER,

@@ -170,8 +170,8 @@ SWEEP_KINDS = {
 def test_every_sweep_config_sets_its_study_kind():
     """study_kind comes from the sweep config (the analysis fits by it, not by the study's name); a plain run is a
     scaling run, and the kind stays out of the run's identity."""
-    from analysis.schema import STUDY_KINDS
-    from experiments.identity import HASH_EXCLUDE
+    from results.config_hash import HASH_EXCLUDE
+    from results.record import STUDY_KINDS
     from sweeps.study import sweep_config
 
     assert {p.stem for p in (REPO / "conf" / "sweep").glob("*.yaml")} == set(SWEEP_KINDS)
@@ -242,7 +242,7 @@ def test_study_command_stops_at_a_bad_override_before_any_run(tmp_path, monkeypa
 
 
 def test_sweep_summary_counts_and_exit_status(tmp_path):
-    from sweeps.callbacks import JOB_FILE, collect, summarize
+    from sweeps.sweep_summary import JOB_FILE, collect, summarize
 
     for i, status in enumerate(["completed", "skipped", "failed", "completed"]):
         d = tmp_path / str(i)

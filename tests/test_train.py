@@ -16,9 +16,10 @@ import torch
 from conftest import TEST_MAX_BYTES, cli_overrides, run_cli
 
 from attnres import RESIDUAL_SCHEMES
-from experiments import records
 from experiments.callbacks import METRIC_COLUMNS, read_metrics
 from experiments.train import train
+from results import ledger
+from results.record import COLUMNS
 
 torch.set_num_threads(1)
 
@@ -28,7 +29,7 @@ def _run_dir(record) -> Path:
 
 
 def _assert_valid_record(rec: dict, status: str = "completed") -> None:
-    assert list(rec) == list(records.COLUMNS)
+    assert list(rec) == list(COLUMNS)
     assert rec["status"] == status
     for key in (
         "run_id",
@@ -71,10 +72,10 @@ def test_smoke_run_each_variant(train_cfg, variant):
     assert rec["run_id"] == run_dir.name
     # the record, twice: results.json and one row of the study's table
     assert json.loads((run_dir / "results.json").read_text())["config_hash"] == rec["config_hash"]
-    rows = records.read_rows(run_dir.parent / "results.csv")
+    rows = ledger.read_rows(run_dir.parent / "results.csv")
     assert len(rows) == 1
     assert rows[0]["run_id"] == rec["run_id"]
-    assert list(rows[0]) == list(records.COLUMNS)
+    assert list(rows[0]) == list(COLUMNS)
     assert (run_dir / "config.yaml").is_file()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     env = json.loads((run_dir / "environment.json").read_text())  # what else the result depends on
@@ -152,7 +153,7 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, data_cache):
         if w["val_loss"] is not None:
             assert g["val_loss"] == pytest.approx(w["val_loss"], rel=1e-6)
     assert resumed["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-6)
-    assert len(records.read_rows(tmp_path / "a" / "smoke" / "results.csv")) == 1
+    assert len(ledger.read_rows(tmp_path / "a" / "smoke" / "results.csv")) == 1
 
 
 @pytest.mark.parametrize("residual", sorted(RESIDUAL_SCHEMES))
@@ -214,10 +215,10 @@ def test_skip_completed_and_force(train_cfg, capsys):
     assert second["config_hash"] == first["config_hash"]
     assert second["status"] == "completed"
     table = _run_dir(first).parent / "results.csv"
-    assert len(records.read_rows(table)) == 1
+    assert len(ledger.read_rows(table)) == 1
     third = train(train_cfg("size.tokens=8192", "train.eval_count=1", "force=true"))
     assert third["status"] == "completed"
-    assert len(records.read_rows(table)) == 2
+    assert len(ledger.read_rows(table)) == 2
     assert list(_run_dir(first).parent.glob(f"{first['run_id']}.replaced-*"))  # the old run kept, moved aside
 
 
@@ -227,7 +228,7 @@ def test_nan_loss_is_recorded_as_diverged(train_cfg):
     cfg = train_cfg("fault.nan_at_step=3")
     with pytest.raises(DivergedError, match="at step 3"):
         train(cfg)
-    (rec,) = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
+    (rec,) = ledger.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
     assert rec["status"] == "diverged"
     assert "DivergedError" in rec["error"]
     assert rec["val_loss"] == ""
@@ -250,15 +251,15 @@ def test_a_diverged_run_is_one_line_and_a_relaunch_skips_it_unless_forced(train_
     assert ": diverged at step 3 (training loss is nan at step 3" in line
     assert "a relaunch skips it (force=true re-runs it)" in line
     study = Path(cfg.paths.runs_root) / "smoke"
-    assert [r["status"] for r in records.read_records(study)] == ["diverged"]
+    assert [r["status"] for r in ledger.read_records(study)] == ["diverged"]
 
     assert run_job(train, train_cfg("fault.nan_at_step=3")) is None  # skipped: no new record, exit status 0
     assert "already holds this config" in capsys.readouterr().out
-    assert [r["status"] for r in records.read_records(study)] == ["diverged"]
+    assert [r["status"] for r in ledger.read_records(study)] == ["diverged"]
 
     with pytest.raises(SystemExit):
         run_job(train, train_cfg("fault.nan_at_step=3", "force=true"))
-    assert [r["status"] for r in records.read_records(study)] == ["diverged", "diverged"]
+    assert [r["status"] for r in ledger.read_records(study)] == ["diverged", "diverged"]
     assert len(list(study.glob("baseline_*.replaced-*"))) == 1  # the first attempt's directory, kept aside
 
 
@@ -348,9 +349,9 @@ def test_cli_bad_config_is_fast_one_line_and_leaves_no_debris(tmp_path, data_cac
 def test_records_name_the_data_and_a_study_of_other_data_is_flagged(train_cfg, tmp_path, capsys):
     """Issue 15 #4: every record says which data it was trained on (dataset, data_fingerprint); launching a run
     of other data into a study warns, and the analysis refuses to pool the two."""
-    from analysis.ledger import data_fingerprint
-    from analysis.records import load_results, select_completed
+    from analysis.runs import load_results, select_completed
     from experiments.data import TokenShards, prepare_text_files
+    from results.config_hash import data_fingerprint
 
     std = train(train_cfg("size.tokens=8192", "train.eval_count=1"))
     shards = TokenShards(Path(std["dataset"]))
@@ -402,7 +403,7 @@ def test_fused_adamw_with_mixed_precision_clipping(train_cfg):
     cfg = train_cfg("trainer.precision=bf16-mixed", "optimizer.fused=true", "size.tokens=8192", "train.eval_count=1")
     with pytest.raises(ValueError, match=r"optimizer\.fused=true"):
         train(cfg)
-    rows = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
+    rows = ledger.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
     assert rows[-1]["status"] == "failed"
     assert "optimizer.fused=true" in rows[-1]["error"]
     # and Lightning itself would refuse: its plugin sees a fused optimizer as one that unscales by itself
@@ -426,7 +427,7 @@ def test_dead_gradient_at_first_step_fails_the_run(train_cfg, monkeypatch):
     cfg = train_cfg("model=full_attnres", "size.tokens=8192", "train.eval_count=1")
     with pytest.raises(DeadGradientError, match=r"tok_emb\.weight at step 1"):
         train(cfg)
-    rows = records.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
+    rows = ledger.read_rows(Path(cfg.paths.runs_root) / "smoke" / "results.csv")
     assert rows[-1]["status"] == "failed"
     assert "tok_emb.weight" in rows[-1]["error"]
     # the check itself: the residual scheme's zero-initialised parameters are not flagged

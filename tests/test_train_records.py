@@ -1,4 +1,4 @@
-"""experiments/records.py: the ledger (one immutable record file per record, results.csv derived from them)
+"""results/ledger.py: the ledger (one immutable record file per record, results.csv derived from them)
 survives concurrent writers, torn and garbled bytes; identity and provenance helpers."""
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from experiments import records
+from results import ledger
+from results.config_hash import config_hash
+from results.io import git_commit, write_json
+from results.record import COLUMNS
 
 
 def _done(**fields):
     """A valid completed record (the schema requires a positive val_loss and compute)."""
-    return records.make_record(**{"status": "completed", "val_loss": 2.5, "pflops_days": 1e-9, **fields})
+    return ledger.make_record(**{"status": "completed", "val_loss": 2.5, "pflops_days": 1e-9, **fields})
 
 
 def _append_many(study: str, writer: int, n: int, barrier) -> None:
@@ -31,7 +34,7 @@ def _append_many(study: str, writer: int, n: int, barrier) -> None:
             val_loss=1.0 + i / 1000,
             error='a, "quoted"\nmultiline error' if i % 7 == 0 else "",
         )
-        records.add_record(study, rec)
+        ledger.add_record(study, rec)
 
 
 def test_two_processes_write_concurrently_without_losing_or_corrupting_rows(tmp_path):
@@ -47,55 +50,55 @@ def test_two_processes_write_concurrently_without_losing_or_corrupting_rows(tmp_
         assert p.exitcode == 0
     with open(table, newline="") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == list(records.COLUMNS)  # exactly one header
+    assert rows[0] == list(COLUMNS)  # exactly one header
     body = rows[1:]
     assert len(body) == 2 * n
-    assert all(len(r) == len(records.COLUMNS) for r in body)
+    assert all(len(r) == len(COLUMNS) for r in body)
     ids = [r[0] for r in body]
     assert sorted(ids) == sorted(f"w{w}_{i:04d}" for w in (0, 1) for i in range(n))
-    by_id = {r["run_id"]: r for r in records.read_rows(table)}
+    by_id = {r["run_id"]: r for r in ledger.read_rows(table)}
     assert by_id["w1_0007"]["error"] == 'a, "quoted"\nmultiline error'
     assert by_id["w0_0001"]["error"] == ""
     assert len(list((table.parent / "records").glob("*.json"))) == 2 * n  # one immutable file per record
 
 
 def test_record_columns_and_statuses(tmp_path):
-    rec = records.make_record(run_id="r", status="failed", error="boom")
-    assert list(rec) == list(records.COLUMNS)
+    rec = ledger.make_record(run_id="r", status="failed", error="boom")
+    assert list(rec) == list(COLUMNS)
     assert rec["val_loss"] is None
     with pytest.raises(KeyError, match="not result-record columns"):
-        records.make_record(run_id="r", loss=1.0)
+        ledger.make_record(run_id="r", loss=1.0)
     with pytest.raises(ValueError, match="allowed values: completed, failed, diverged, interrupted"):
-        records.make_record(run_id="r", status="done")
-    records.write_json(tmp_path / "results.json", {**rec, "val_loss": float("nan")})
+        ledger.make_record(run_id="r", status="done")
+    write_json(tmp_path / "results.json", {**rec, "val_loss": float("nan")})
     assert json.loads((tmp_path / "results.json").read_text())["val_loss"] is None
 
 
 def test_find_completed_and_widening(tmp_path):
     study = tmp_path / "study"
-    records.add_record(study, records.make_record(run_id="a", status="failed", config_hash="h1"))
-    assert records.find_completed(study, "h1") is None
-    records.add_record(study, _done(run_id="a", config_hash="h1", val_loss=2.5))
-    assert records.find_completed(study, "h1")["val_loss"] == 2.5
+    ledger.add_record(study, ledger.make_record(run_id="a", status="failed", config_hash="h1"))
+    assert ledger.find_completed(study, "h1") is None
+    ledger.add_record(study, _done(run_id="a", config_hash="h1", val_loss=2.5))
+    assert ledger.find_completed(study, "h1")["val_loss"] == 2.5
     # a newer schema with an extra column: the table is widened, old rows kept
-    records.add_record(study, {**_done(run_id="b", config_hash="h2"), "extra": 7})
-    rows = records.read_rows(study / "results.csv")
+    ledger.add_record(study, {**_done(run_id="b", config_hash="h2"), "extra": 7})
+    rows = ledger.read_rows(study / "results.csv")
     assert [r["run_id"] for r in rows] == ["a", "a", "b"]
     assert rows[-1]["extra"] == "7"
     assert rows[0]["extra"] == ""
 
 
 def test_config_hash_is_order_independent():
-    assert records.config_hash({"a": 1, "b": {"c": [1, 2]}}) == records.config_hash({"b": {"c": [1, 2]}, "a": 1})
-    assert records.config_hash({"a": 1}) != records.config_hash({"a": 2})
-    assert len(records.config_hash({})) == 16
+    assert config_hash({"a": 1, "b": {"c": [1, 2]}}) == config_hash({"b": {"c": [1, 2]}, "a": 1})
+    assert config_hash({"a": 1}) != config_hash({"a": 2})
+    assert len(config_hash({})) == 16
 
 
 def test_git_commit_tolerates_no_repository(tmp_path):
-    assert records.git_commit(tmp_path) == ""
+    assert git_commit(tmp_path) == ""
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    assert records.git_commit(tmp_path) == ""  # no commit yet
-    commit = records.git_commit(Path(__file__).resolve().parents[1])
+    assert git_commit(tmp_path) == ""  # no commit yet
+    commit = git_commit(Path(__file__).resolve().parents[1])
     assert commit == "" or len(commit.split("+")[0]) == 40
 
 
@@ -103,24 +106,24 @@ def test_find_completed_uses_the_last_record_of_a_run(tmp_path):
     """The trainer's skip rule and the analysis agree: the last record of a config decides."""
     study = tmp_path / "study"
     base = {"run_id": "r", "config_hash": "h1"}
-    records.add_record(study, records.make_record(**base, status="failed", error="killed"))
-    assert records.find_completed(study, "h1") is None
-    records.add_record(study, _done(**base, val_loss=1.5))
-    assert records.find_completed(study, "h1")["status"] == "completed"
-    records.add_record(study, records.make_record(**base, status="failed", error="re-run with force, failed"))
-    assert records.find_completed(study, "h1") is None
+    ledger.add_record(study, ledger.make_record(**base, status="failed", error="killed"))
+    assert ledger.find_completed(study, "h1") is None
+    ledger.add_record(study, _done(**base, val_loss=1.5))
+    assert ledger.find_completed(study, "h1")["status"] == "completed"
+    ledger.add_record(study, ledger.make_record(**base, status="failed", error="re-run with force, failed"))
+    assert ledger.find_completed(study, "h1") is None
 
 
 # ---- issue 15, items 1-3: bad bytes, torn rows and malformed records never hide another run ------------------
 def _legacy_table(path: Path, recs: list[dict]) -> None:
     """A results.csv as attnres wrote it before records/ existed (header + appended rows, no record_id)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = list(records.COLUMNS[: records.COLUMNS.index("health") + 1])
+    header = list(COLUMNS[: COLUMNS.index("health") + 1])
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(header)
         for r in recs:
-            w.writerow([records._cell(r.get(c)) for c in header])
+            w.writerow([ledger._cell(r.get(c)) for c in header])
 
 
 def test_a_non_utf8_row_is_reported_with_file_and_line_and_later_launches_still_work(tmp_path):
@@ -136,11 +139,11 @@ def test_a_non_utf8_row_is_reported_with_file_and_line_and_later_launches_still_
     lines = table.read_bytes().split(b"\n")
     lines[1] = lines[1].replace(b"a,", b"\xffa,", 1)  # one bad byte in run a's row (file line 2)
     table.write_bytes(b"\n".join(lines))
-    with pytest.warns(records.LedgerWarning, match=rf"{table}:2: not valid UTF-8 \(byte 0xff"):
-        assert records.find_completed(study, "hb")["run_id"] == "b"  # the launch's skip check does not crash
-    with pytest.warns(records.LedgerWarning, match=r"results.csv:2: not valid UTF-8"):
-        records.add_record(study, _done(run_id="c", config_hash="hc"))  # a new record is written and tabled
-    assert [r["run_id"] for r in records.read_rows(table)] == ["b", "c"]
+    with pytest.warns(ledger.LedgerWarning, match=rf"{table}:2: not valid UTF-8 \(byte 0xff"):
+        assert ledger.find_completed(study, "hb")["run_id"] == "b"  # the launch's skip check does not crash
+    with pytest.warns(ledger.LedgerWarning, match=r"results.csv:2: not valid UTF-8"):
+        ledger.add_record(study, _done(run_id="c", config_hash="hc"))  # a new record is written and tabled
+    assert [r["run_id"] for r in ledger.read_rows(table)] == ["b", "c"]
     assert b"\xffa," in (study / "results.csv.rejected").read_bytes()  # the unreadable line is kept, not lost
 
 
@@ -161,37 +164,37 @@ def test_a_torn_last_row_cannot_swallow_the_next_record(tmp_path):
     )
     data = table.read_bytes()
     table.write_bytes(data[: data.index(b"multiline")])  # cut inside run b's quoted field: no newline, open quote
-    with pytest.warns(records.LedgerWarning, match=r"results.csv:3: .*row skipped"):
-        records.add_record(study, _done(run_id="c", config_hash="hc"))
-    rows = records.read_rows(table)
+    with pytest.warns(ledger.LedgerWarning, match=r"results.csv:3: .*row skipped"):
+        ledger.add_record(study, _done(run_id="c", config_hash="hc"))
+    rows = ledger.read_rows(table)
     assert [r["run_id"] for r in rows] == ["a", "c"]  # the next run's record is there, whole
-    assert records.find_completed(study, "hc")["run_id"] == "c"
+    assert ledger.find_completed(study, "hc")["run_id"] == "c"
     # a legacy table torn mid-row, then appended to by an older attnres: the glued line is rejected, the row
     # after it is read
     _legacy_table(table, [_done(run_id="d", config_hash="hd")])
     data = table.read_bytes()
     table.write_bytes(data[:-20])  # torn, no trailing newline
     with open(table, "ab") as f:
-        header = list(records.COLUMNS[: records.COLUMNS.index("health") + 1])
+        header = list(COLUMNS[: COLUMNS.index("health") + 1])
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerow(
-            [records._cell(_done(run_id="e", config_hash="he").get(c)) for c in header]
+            [ledger._cell(_done(run_id="e", config_hash="he").get(c)) for c in header]
         )
         f.write(buf.getvalue().encode() * 2)  # glued onto the torn row, then once more on its own line
-    with pytest.warns(records.LedgerWarning, match=r"fields where the header has"):
-        rows = records.read_rows(table)
+    with pytest.warns(ledger.LedgerWarning, match=r"fields where the header has"):
+        rows = ledger.read_rows(table)
     assert [r["run_id"] for r in rows] == ["e"]
 
 
 def test_a_malformed_last_record_does_not_hide_the_valid_completed_one(tmp_path):
     study = tmp_path / "study"
-    records.add_record(study, _done(run_id="r", config_hash="h1", val_loss=1.5))
+    ledger.add_record(study, _done(run_id="r", config_hash="h1", val_loss=1.5))
     garbled = study / "records" / "99999999T999999.999999Z_r_garbled.json"
     garbled.write_bytes(b'{"run_id": "r", "config_hash": "h1", "status": "compl\xff')  # torn and garbled
     bad_status = study / "records" / "99999999T999999.999999Z_r_x.json"
     bad_status.write_text(json.dumps({**_done(run_id="r", config_hash="h1"), "status": "complet"}))
-    with pytest.warns(records.LedgerWarning) as caught:
-        done = records.find_completed(study, "h1")
+    with pytest.warns(ledger.LedgerWarning) as caught:
+        done = ledger.find_completed(study, "h1")
     assert done is not None
     assert done["val_loss"] == 1.5
     messages = " ".join(str(w.message) for w in caught)
@@ -203,7 +206,7 @@ def test_a_malformed_last_record_does_not_hide_the_valid_completed_one(tmp_path)
 def test_rebuild_derives_the_table_from_the_records(tmp_path):
     study = tmp_path / "study"
     for i in range(3):
-        records.add_record(study, _done(run_id=f"r{i}", config_hash=f"h{i}"))
+        ledger.add_record(study, _done(run_id=f"r{i}", config_hash=f"h{i}"))
     table = study / "results.csv"
     table.write_bytes(b"garbage\xff\n")
     out = subprocess.run(
@@ -213,8 +216,8 @@ def test_rebuild_derives_the_table_from_the_records(tmp_path):
         cwd=Path(__file__).resolve().parents[1],
     )
     assert out.returncode == 0, out.stderr
-    assert [r["run_id"] for r in records.read_rows(table)] == ["r0", "r1", "r2"]
-    assert all(r["record_id"] for r in records.read_rows(table))
+    assert [r["run_id"] for r in ledger.read_rows(table)] == ["r0", "r1", "r2"]
+    assert all(r["record_id"] for r in ledger.read_rows(table))
 
 
 def test_a_legacy_table_is_imported_and_kept(tmp_path):
@@ -223,14 +226,14 @@ def test_a_legacy_table_is_imported_and_kept(tmp_path):
     _legacy_table(
         study / "results.csv",
         [
-            records.make_record(run_id="a", config_hash="ha", status="failed", finished_at="2026-01-01T00:00:00+00:00"),
+            ledger.make_record(run_id="a", config_hash="ha", status="failed", finished_at="2026-01-01T00:00:00+00:00"),
             _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:05:00+00:00"),
             _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:03:00+00:00"),
         ],
     )
-    assert records.find_completed(study, "ha")["run_id"] == "a"
-    records.add_record(study, _done(run_id="c", config_hash="hc"))
-    rows = records.read_rows(study / "results.csv")
+    assert ledger.find_completed(study, "ha")["run_id"] == "a"
+    ledger.add_record(study, _done(run_id="c", config_hash="hc"))
+    rows = ledger.read_rows(study / "results.csv")
     assert [(r["run_id"], r["status"]) for r in rows] == [
         ("a", "failed"),
         ("b", "completed"),
@@ -238,14 +241,14 @@ def test_a_legacy_table_is_imported_and_kept(tmp_path):
         ("c", "completed"),
     ]
     assert len(list((study / "records").glob("*.json"))) == 4
-    records.rebuild_table(study)  # idempotent: importing again writes no second copy
+    ledger.rebuild_table(study)  # idempotent: importing again writes no second copy
     assert len(list((study / "records").glob("*.json"))) == 4
 
 
 def test_records_without_the_newer_fields_still_load(tmp_path):
     """A table from before record_id and study_kind existed: its rows are read, imported and tabled under the
     current header, the missing fields empty; the analysis reads the same runs and falls back to the name rule."""
-    from analysis.records import load_results, study_kinds
+    from analysis.runs import load_results, study_kinds
 
     study = tmp_path / "study"
     _legacy_table(
@@ -255,14 +258,14 @@ def test_records_without_the_newer_fields_still_load(tmp_path):
             _done(run_id="b", config_hash="hb", study="cpu_ladder"),
         ],
     )
-    records.rebuild_table(study)
+    ledger.rebuild_table(study)
     with open(study / "results.csv", newline="") as f:
         header, *body = list(csv.reader(f))
-    assert header == list(records.COLUMNS)
+    assert header == list(COLUMNS)
     assert len(body) == 2
-    assert [r.get("study_kind") for r in records.read_records(study)] == [None, None]
+    assert [r.get("study_kind") for r in ledger.read_records(study)] == [None, None]
     df = load_results(study)
     assert list(df["run_id"]) == ["a", "b"]
     assert list(study_kinds(df)) == ["ablations", "scaling"]
-    records.add_record(study, _done(run_id="c", config_hash="hc", study="renamed", study_kind="ablations"))
+    ledger.add_record(study, _done(run_id="c", config_hash="hc", study="renamed", study_kind="ablations"))
     assert list(study_kinds(load_results(study))) == ["ablations", "scaling", "ablations"]

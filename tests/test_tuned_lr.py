@@ -8,8 +8,9 @@ import yaml
 from conftest import CONF, compose
 from omegaconf import OmegaConf
 
-from experiments import records, resolvers
-from experiments.identity import identity_config, resolved_container
+from experiments import resolvers
+from experiments.identity import resolved_container
+from results.config_hash import config_hash, identity_config
 
 LADDER_SIZES = ("cpu_xs", "cpu_s", "cpu_m", "cpu_l")  # the default study's sizes (cpu5 adds cpu_xl)
 PAPER_SIZES = ("paper_194m", "paper_241m", "paper_296m", "paper_436m", "paper_528m")
@@ -111,4 +112,4 @@ def test_lr_protocol_enters_the_identity_only_when_not_the_default():
     assert "tuned_lr" not in ident()
     assert ident("lr_protocol=per_arm")["lr_protocol"] == "per_arm"
     # the same lr under both protocols is still two records: the analysis tells the arms apart by lr_protocol
-    assert records.config_hash(ident()) != records.config_hash(ident("lr_protocol=per_arm"))
+    assert config_hash(ident()) != config_hash(ident("lr_protocol=per_arm"))

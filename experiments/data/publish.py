@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..locks import exclusive_lock
+from results.io import exclusive_lock
+
 from .writers import build_shards
 
 

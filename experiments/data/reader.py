@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from results.io import atomic_write_text
 
 from .format import BLOCK, HINT_ANY, ShardHeader, fix_hint, import_tokenizers, sha256_file
 from .options import is_int
@@ -138,10 +139,7 @@ class TokenShards:
         want["files"] = {k: _stat_key(f) for k, f in self._files().items()}
         for stamp in _stamp_paths(self.path):
             try:
-                stamp.parent.mkdir(parents=True, exist_ok=True)
-                tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
-                tmp.write_text(json.dumps(want, sort_keys=True), encoding="utf-8")
-                os.replace(tmp, stamp)
+                atomic_write_text(stamp, json.dumps(want, sort_keys=True))
                 break
             except OSError:
                 continue

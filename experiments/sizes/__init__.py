@@ -13,6 +13,19 @@ so for a target N (the paper's activated-parameter column for the paper sizes, a
 sizes) d_ff = (N - d - L_b (4 a d + 2 d)) / (3 d L_b), rounded to a multiple of ``multiple``. AttnRes adds
 (4 L_b + 2) d parameters (a query and a key-norm gain per read), which is below 0.05% at every size here.
 
+The CPU ladder (conf/size/cpu_xs, cpu_s, cpu_m, cpu_l, cpu_xl.yaml; experiment/cpu_ladder.yaml; how it was chosen
+and what limits its precision: docs/results/cpu_ladder/design.md) is a depth ladder (AttnRes acts along depth):
+L_b = 4..8 transformer blocks on a residual stream of width d = 32 (2 heads x head_dim 16), context 128, byte
+vocabulary (256). The default study trains the first four sizes (cpu_xs..cpu_l); cpu_xl is the fifth rung
+(``python -m sweeps.study cpu5``). Its rules (checked by tests/test_configs.py):
+
+  * target non-embedding parameters form a geometric ladder, N_target = 48,000 x 1.25^i (i = 0..4);
+  * d_ff is solved for N_target with the equation above (:func:`solve_d_ff`, multiple of 8);
+  * batch 4 x 128 = 512 tokens per step (small batches win both loss and seed noise at this scale);
+  * tokens = 9 x N_target, rounded to whole batches by the trainer (844..2,060 steps): the most that fits the
+    study's 30-minute budget, since seed noise falls steeply with training length here;
+  * lr: tuned per size by the LR study (conf/sweep/cpu_lr.yaml), read from the generated conf/tuned_lr/cpu.yaml.
+
 Derived shapes (conf/size/paper_arch.yaml, cpu_arch.yaml; the arch_grid study, paper Fig. 7): a size given by
 (target N, r = d/L_b, h = H/L_b, head_dim, f = d_ff/d) gets its integer shape from :func:`derive_arch_shape`.
 Fixed-compute budgets: :func:`steps_for_budget` turns a FLOP budget C into whole optimizer steps.

@@ -17,8 +17,8 @@ import warnings
 
 import pandas as pd
 
-from analysis.records import load_results, scaling_runs
-from analysis.report import analyse_scaling
+from analysis.runs import load_results, scaling_runs
+from analysis.scaling import FitOptions, analyse_scaling
 
 MINUTES_3_SEEDS = 29.2  # measured: `python -m sweeps.study` in a fresh clone, data preparation and analysis included
 
@@ -39,7 +39,7 @@ def main(paths: list[str]) -> None:
             d = df[df["seed"].isin(sub)].reset_index(drop=True)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                doc = analyse_scaling(d, B=1000)
+                doc = analyse_scaling(d, FitOptions(B=1000)).parts
             pr = doc["precision"]
             row = {
                 "k": k,

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import ledger, schema
+from results import ledger, record
+from results.config_hash import data_fingerprint
 
 # The columns a scaling fit cannot do without; the schema has many more (tolerated, some used by figures).
 FIT_COLUMNS = ("run_id", "variant", "size", "seed", "status", "pflops_days", "val_loss")
@@ -29,10 +30,10 @@ class AnalysisWarning(UserWarning):
 
 def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
     df = df.copy()
-    for col in schema.STR_COLUMNS:
+    for col in record.STR_COLUMNS:
         if col in df.columns:
             df[col] = df[col].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
-    for col in schema.NUMERIC_COLUMNS:
+    for col in record.NUMERIC_COLUMNS:
         if col in df.columns and col != "seed":
             df[col] = pd.to_numeric(df[col], errors="coerce")
     if "seed" in df.columns:  # integers where they are integers (a garbled seed stays, and is reported as malformed)
@@ -46,7 +47,7 @@ def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
 def load_results(path: str | Path) -> pd.DataFrame:
     """Read result records from a study directory, its results.csv, a results.json, or a tree of run directories.
 
-    A study directory (or its ``results.csv``) is read through the ledger (analysis.ledger): the record files in
+    A study directory (or its ``results.csv``) is read through the ledger (results.ledger): the record files in
     ``records/`` are the truth, plus table rows that predate them. Unreadable or malformed records are skipped
     with an AnalysisWarning naming the file and line. A directory without a ledger is read through every
     ``results.json`` below it. Runs recorded before ``data_fingerprint`` existed get it from their run's
@@ -113,7 +114,7 @@ def _backfill_fingerprints(df: pd.DataFrame, base_dir: str | None) -> None:
             data = json.loads(env.read_text(encoding="utf-8")).get("dataset") or {}
         except (OSError, ValueError, AttributeError):
             continue
-        df.loc[i, "data_fingerprint"] = ledger.data_fingerprint(data.get("checksum"))
+        df.loc[i, "data_fingerprint"] = data_fingerprint(data.get("checksum"))
         if "dataset" in df.columns and not df.loc[i, "dataset"]:
             df.loc[i, "dataset"] = str(data.get("path", ""))
 
@@ -139,7 +140,7 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
         nested = summary.get("results") if isinstance(summary.get("results"), dict) else {}
         prefixed = {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("results/")}
         rec: dict[str, Any] = {}
-        for key in schema.COLUMNS:
+        for key in record.COLUMNS:
             for src in (nested, prefixed, summary, config):
                 if key in src and src[key] is not None:
                     rec[key] = src[key]
@@ -205,7 +206,7 @@ def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str = "a sca
 def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """Keep only runs that can be fitted; warn once, naming every excluded run and why.
 
-    In this order: malformed records (analysis.schema.malformed: e.g. an unknown status, a garbled number, a
+    In this order: malformed records (results.record.malformed: e.g. an unknown status, a garbled number, a
     ``completed`` record without a val_loss) are dropped, so that they never stand for their run; then all but the
     last record of a run_id (a re-run's earlier records); then runs whose last record is not ``completed`` or
     lacks a positive val_loss or compute. Completed runs of more than one data set (``data_fingerprint``) are an
@@ -229,7 +230,7 @@ def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd
                 }
             )
 
-    reasons = df.apply(lambda r: schema.malformed(r.to_dict()), axis=1) if len(df) else pd.Series([], dtype=object)
+    reasons = df.apply(lambda r: record.malformed(r.to_dict()), axis=1) if len(df) else pd.Series([], dtype=object)
     bad = reasons.notna()
     exclude(df[bad], lambda row: f"malformed record ({reasons[row.name]})")
     df = df[~bad]
@@ -347,12 +348,12 @@ def _int(v: Any) -> Any:
 
 
 def study_kinds(df: pd.DataFrame) -> pd.Series:
-    """Each row's study kind (analysis.schema.study_kind): its ``study_kind``, or for records written before that
+    """Each row's study kind (results.record.study_kind): its ``study_kind``, or for records written before that
     field existed, the kind its study's name implies."""
     cols = [c for c in ("study", "study_kind") if c in df.columns]
     if not cols:
         return pd.Series("scaling", index=df.index, dtype=object)
-    kinds = [schema.study_kind(dict(zip(cols, values))) for values in zip(*(df[c] for c in cols))]
+    kinds = [record.study_kind(dict(zip(cols, values))) for values in zip(*(df[c] for c in cols))]
     return pd.Series(kinds, index=df.index, dtype=object)
 
 
@@ -423,4 +424,29 @@ def resolve_run_dir(row: pd.Series, base_dir: str | Path | None) -> Path | None:
     for c in candidates:
         if c.is_dir():
             return c
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Summaries of run groups (the non-ladder studies' tables)
+
+
+def mean_sd(d: pd.DataFrame) -> dict[str, Any]:
+    """Mean final val loss of a group of runs, its sd over them (None for one run) and their number."""
+    return {
+        "val_loss": float(d["val_loss"].mean()),
+        "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
+        "n_runs": len(d),
+    }
+
+
+def reference_loss(df_all: pd.DataFrame, study_rows: pd.DataFrame, variant: str) -> dict[str, Any] | None:
+    """A reference variant's loss at the sweep's size: from the sweep study itself, else from any other study."""
+    if study_rows.empty:
+        return None
+    size = study_rows["size"].mode().iloc[0]
+    for pool in (study_rows, df_all):
+        d = pool[(pool["variant"] == variant) & (pool["size"] == size)]
+        if not d.empty:
+            return mean_sd(d) | {"size": size}
     return None

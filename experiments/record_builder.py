@@ -1,6 +1,7 @@
-"""A run's result record: :class:`RunRecord` gathers what the record is made of while the run progresses (so a
-failed run records what it had) and writes it, to the study's ledger and to the run's ``results.json``
-(experiments.records). Before a run starts: :func:`find_finished` (the skip check) and :func:`warn_other_data`.
+"""A run's result record in the making: :class:`RecordBuilder` gathers what the record (results.record.RunRecord)
+is made of while the run progresses (so a failed run records what it had) and writes it, to the study's ledger
+and to the run's ``results.json`` (results.ledger). Before a run starts: :func:`find_finished` (the skip check)
+and :func:`warn_other_data`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from . import records
+from results import ledger
+from results.io import git_commit, utc_now, write_json
+
 from .compiler import cpu_seconds
 from .run_env import torch_threads
 from .run_plan import RunPlan
@@ -25,15 +28,15 @@ def _float_or_none(value: Any) -> float | None:
         return None
 
 
-class RunRecord:
+class RecordBuilder:
     """The record of one run in the making. ``module``, ``trainer`` and ``recorder`` (experiments.callbacks.
     RunRecorder) are set by experiments.train as they are built; :meth:`record` uses whichever exist."""
 
     def __init__(self, cfg: DictConfig, chash: str, run_id: str, run_dir: Path, study_dir: Path, plan: RunPlan) -> None:
         self.cfg, self.chash, self.run_id, self.run_dir, self.study_dir = cfg, chash, run_id, run_dir, study_dir
         self.plan = plan
-        self.table = study_dir / records.RESULTS_TABLE
-        self.started_at = records.utc_now()
+        self.table = study_dir / ledger.RESULTS_TABLE
+        self.started_at = utc_now()
         self.t0 = time.time()
         self.cpu0 = cpu_seconds()
         self.module: Any = None
@@ -65,7 +68,8 @@ class RunRecord:
         }
 
     def record(self, status: str, error: str = "") -> dict[str, Any]:
-        """The result record as of now, with ``status`` (records.STATUSES) and ``error`` (empty unless failed)."""
+        """The result record as of now, with ``status`` (results.record.STATUSES) and ``error`` (empty unless
+        failed)."""
         from attnres import flops_per_token
 
         cfg, mc = self.cfg, self.plan.model_config
@@ -80,12 +84,12 @@ class RunRecord:
             "seq_len": int(cfg.train.seq_len),
             "batch_size": int(cfg.train.batch_size),
             "lr": float(cfg.optimizer.lr) if "lr" in cfg.optimizer else None,
-            "git_commit": records.git_commit(),
+            "git_commit": git_commit(),
             "config_hash": self.chash,
             "run_dir": str(self.run_dir),
             "error": error,
             "started_at": self.started_at,
-            "finished_at": records.utc_now(),
+            "finished_at": utc_now(),
             "wall_time_s": round(time.time() - self.t0, 3),
             "flops_budget": _float_or_none(cfg.train.get("flops_budget")),
             "d_over_lb": _float_or_none(cfg.size.get("d_over_lb")),
@@ -139,18 +143,18 @@ class RunRecord:
                 rec["val_loss"] = ev["val_loss"]
             if status == "completed":
                 rec["health"] = ",".join(self.recorder.health_flags(self.plan.steps or rec.get("steps") or 0)) or "ok"
-        return records.make_record(**rec)
+        return ledger.make_record(**rec)
 
     def write(self, record: dict[str, Any]) -> None:
         """Add ``record`` to the study's ledger and write it as the run's results.json (its record_id set)."""
-        record["record_id"] = records.add_record(self.study_dir, record)
-        records.write_json(self.run_dir / records.RESULTS_JSON, record)
+        record["record_id"] = ledger.add_record(self.study_dir, record)
+        write_json(self.run_dir / ledger.RESULTS_JSON, record)
 
 
 def find_finished(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] | None:
     """The study's last record of this config when it is finished, completed or diverged (``skipped`` set, after a
     message saying so), or None: a relaunch trains neither again unless force=true."""
-    done = records.find_completed(study_dir, chash, records.FINISHED)
+    done = ledger.find_completed(study_dir, chash, ledger.FINISHED)
     if done is None:
         return None
     what = (
@@ -159,7 +163,7 @@ def find_finished(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] | 
         else f"this config (config_hash {chash}) as diverged after {done.get('steps')} steps ({done.get('error')})"
     )
     print(
-        f"[attnres] skipping {run_id}: {study_dir / records.RESULTS_TABLE} already holds {what}; pass force=true to "
+        f"[attnres] skipping {run_id}: {study_dir / ledger.RESULTS_TABLE} already holds {what}; pass force=true to "
         "re-run it"
     )
     return {**done, "skipped": True}
@@ -168,7 +172,7 @@ def find_finished(study_dir: Path, chash: str, run_id: str) -> dict[str, Any] | 
 def warn_other_data(study_dir: Path, plan: RunPlan) -> None:
     """Say so when the study already holds completed runs of other data: the analysis will not pool them."""
     other: dict[str, str] = {}
-    for rec in records.read_records(study_dir):
+    for rec in ledger.read_records(study_dir):
         fp = rec.get("data_fingerprint") or ""
         if rec.get("status") == "completed" and fp and fp != plan.data_fingerprint:
             other[fp] = str(rec.get("dataset") or "?")

@@ -1,0 +1,163 @@
+"""The run record (docs/results_schema.md §1): :class:`RunRecord`, one row of a study's ledger, whose fields are
+the ledger's columns in order, with their types; the statuses and study kinds a record may hold; and
+:func:`malformed`, which says when a stored record breaks the schema.
+
+Standard library only: the writer (experiments), the readers (analysis, sweeps.study) and the ledger
+(results.ledger) import the one definition.
+
+* :data:`STUDY_KINDS` and :func:`study_kind` — what kind of study a record belongs to (a scaling ladder, an LR
+  grid, a block-size sweep, ablations, an architecture grid, a depth-width map); the analysis chooses what to fit
+  by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------------------
+# Study kinds
+
+STUDY_KINDS = ("scaling", "lr", "block_size", "ablations", "arch_grid", "map")
+# Records written before `study_kind` existed: their kind follows from the study's name, as the analysis decided it
+# then (these three names were the only non-ladder studies; every other study was a scaling ladder).
+LEGACY_KIND_OF_STUDY = {"block_size": "block_size", "ablations": "ablations", "arch_grid": "arch_grid"}
+
+
+def study_kind(record: Mapping[str, Any]) -> str:
+    """The record's study kind: its ``study_kind`` field, or for a record without one (written before the field
+    existed) the kind its study's name implies (LEGACY_KIND_OF_STUDY, else ``scaling``)."""
+    kind = record.get("study_kind")
+    if isinstance(kind, str) and kind:
+        return kind
+    return LEGACY_KIND_OF_STUDY.get(str(record.get("study") or ""), "scaling")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The run record
+
+STATUSES = ("completed", "failed", "diverged", "interrupted")
+
+
+@dataclass
+class RunRecord:
+    """One record of a study's ledger (docs/results_schema.md §1 has each field's meaning).
+
+    Every field may be empty (None) in a stored record except ``run_id`` and ``status`` (:data:`REQUIRED`); a
+    ``completed`` record also needs a positive ``val_loss`` and ``pflops_days`` (:data:`REQUIRED_IF_COMPLETED`).
+    Fields are only ever appended, so older records (and table rows) lack the newer ones and still load.
+    """
+
+    run_id: str | None = None
+    study: str | None = None
+    variant: str | None = None
+    residual: str | None = None
+    size: str | None = None
+    seed: int | None = None
+    status: str | None = None
+    n_layers: int | None = None
+    d_model: int | None = None
+    n_heads: int | None = None
+    d_ff: int | None = None
+    block_size: int | None = None
+    n_blocks: int | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    params: int | None = None
+    params_non_embedding: int | None = None
+    tokens: int | None = None
+    flops_per_token: float | None = None
+    flops: float | None = None
+    pflops_days: float | None = None
+    flops_6nd: float | None = None
+    pflops_days_6nd: float | None = None
+    val_loss: float | None = None
+    train_loss: float | None = None
+    steps: int | None = None
+    lr: float | None = None
+    wall_time_s: float | None = None
+    git_commit: str | None = None
+    config_hash: str | None = None
+    run_dir: str | None = None
+    error: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    flops_budget: float | None = None
+    d_over_lb: float | None = None
+    heads_over_lb: float | None = None
+    lr_protocol: str | None = None
+    health: str | None = None
+    dataset: str | None = None
+    data_fingerprint: str | None = None
+    threads: int | None = None
+    record_id: str | None = None
+    study_kind: str | None = None
+    train_path: str | None = None
+    cpu_time_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r}; allowed values: {', '.join(STATUSES)}")
+        if self.study_kind and self.study_kind not in STUDY_KINDS:
+            raise ValueError(f"study_kind={self.study_kind!r}; allowed values: {', '.join(STUDY_KINDS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a dict with exactly COLUMNS, in order."""
+        return {c: getattr(self, c) for c in COLUMNS}
+
+
+def _base_type(hint: Any) -> type:
+    """``int`` for ``int | None`` (the one non-None member of a field's type)."""
+    (t,) = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return t
+
+
+COLUMN_TYPES: dict[str, type] = {f: _base_type(t) for f, t in typing.get_type_hints(RunRecord).items()}
+COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunRecord))
+# Cells that must parse as numbers when they are not empty (a torn or garbled number makes the record malformed).
+NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if COLUMN_TYPES[c] in (int, float))
+STR_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if COLUMN_TYPES[c] is str)
+REQUIRED = ("run_id", "status")
+REQUIRED_IF_COMPLETED = ("val_loss", "pflops_days")
+
+
+def _number(value: Any) -> float | None:
+    """The value as a float, None when empty; raises ValueError when it is not a number."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(repr(value))
+    v = float(value)
+    return None if math.isnan(v) else v  # NaN: how a DataFrame holds an empty cell
+
+
+def malformed(record: Mapping[str, Any]) -> str | None:
+    """Why a stored record breaks the schema (None when it does not): no run_id, an unknown status or study_kind, a
+    cell that should be a number and is not, a seed that is not an integer, or a ``completed`` record without a
+    positive val_loss and compute (the schema leaves those empty only for runs that did not complete)."""
+    if not str(record.get("run_id") or "").strip():
+        return "no run_id"
+    status = record.get("status")
+    if status not in STATUSES:
+        return f"status={status!r} is not one of {', '.join(STATUSES)}"
+    kind = record.get("study_kind")
+    if isinstance(kind, str) and kind and kind not in STUDY_KINDS:
+        return f"study_kind={kind!r} is not one of {', '.join(STUDY_KINDS)}"
+    for col in NUMERIC_COLUMNS:
+        try:
+            v = _number(record.get(col))
+        except (TypeError, ValueError):
+            return f"{col}={record.get(col)!r} is not a number"
+        if col == "seed" and v is not None and v != int(v):
+            return f"seed={record.get(col)!r} is not an integer"
+    if status == "completed":
+        for col in REQUIRED_IF_COMPLETED:
+            if col in record:  # a table without the column is another error (analysis.runs.require_columns)
+                v = _number(record.get(col))
+                if v is None or not math.isfinite(v) or v <= 0:
+                    return f"status='completed' but {col}={record.get(col)!r} (must be a positive number)"
+    return None
