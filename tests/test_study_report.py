@@ -56,6 +56,10 @@ def test_the_default_study_is_the_deep_ladders_slice_beside_its_committed_result
     assert "model=baseline,block_attnres" in deep.overrides
     assert deep.committed == STUDIES["deep_full"].committed == COMMITTED_DEEP
     assert all(STUDIES[name].why for name in ("deep", "deep_full", "deep_per_arm", "cpu", "tiny"))
+    lines = committed_lines(REPO / COMMITTED_DEEP)
+    assert len(lines) == 4  # Block and Full, each at the shared and at its own lr
+    assert any("block_attnres: m = 1.075x (95% CI 0.975-1.158)" in line for line in lines)
+    assert all("6 seeds per size" in line for line in lines)
 
 
 def test_the_d32_ladder_prints_the_committed_result_beside_its_own():
