@@ -1,4 +1,4 @@
-"""Command line: ``python -m analysis {fit,lr,map,paper} ...`` (also installed as ``attnres-analysis``).
+"""Command line: ``python -m analysis {fit,lr,map,gallery,paper} ...`` (also installed as ``attnres-analysis``).
 
 Heavy imports (pandas, scipy, matplotlib) happen inside the subcommands so that ``--help`` is instant.
 """
@@ -114,6 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--seed", type=int, default=0, help="resampling seed (default: 0)")
 
+    g = sub.add_parser("gallery", help="the paper's figures and tables beside ours, one Markdown page")
+    g.add_argument(
+        "--results", default="docs/results", help="the committed results to draw from (default: docs/results)"
+    )
+    g.add_argument("--out", default=None, help="the page (default: <results>/README.md)")
     q = sub.add_parser("paper", help="refit the paper's published numbers and draw its figures")
     q.add_argument("--out", required=True, help="output directory")
     q.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
@@ -147,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     saved = warnings.formatwarning
     warnings.formatwarning = _format_warning
-    command = {"fit": _fit, "lr": _lr, "map": _map}.get(args.command, _paper)
+    command = {"fit": _fit, "lr": _lr, "map": _map, "gallery": _gallery}.get(args.command, _paper)
     try:
         command(args, argv)
     except (ValueError, FileNotFoundError, ImportError) as e:
@@ -245,6 +250,22 @@ def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
             f"{c['n_pairs']} pairs, {c['verdict']}"
         )
     print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
+
+
+def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """``gallery``: the page of every paper item beside ours, from committed results."""
+    from pathlib import Path
+
+    from .gallery import GallerySources, gallery_entries, write_gallery
+
+    results = Path(args.results)
+    if not results.is_dir():
+        raise FileNotFoundError(f"--results {results} is not a directory")
+    entries = gallery_entries(GallerySources.committed(results))
+    page = write_gallery(entries, Path(args.out) if args.out else results / "README.md")
+    for e in entries:
+        print(f"{e.item}: {e.verdict}")
+    print(f"wrote {page}")
 
 
 def _paper(args: argparse.Namespace, argv: Sequence[str] | None) -> None:

@@ -14,6 +14,11 @@
                                       # the fit then reports the multiplier under both lr protocols
     python -m sweeps.study lr         # LR tuning of the d = 32 ladder (baseline; --arms all: every arm), then
                                       # `python -m analysis lr`, which writes conf/tuned_lr/cpu.yaml (the sizes read it)
+    python -m sweeps.study deep_block_size   # Fig. 6 on the CPU: Block AttnRes at S = 1..32 on the deep ladder's
+                                      # top rung (L_b 16, d_model 32), baseline and Full as reference lines
+    python -m sweeps.study deep_ablations    # Table 4 on the CPU: ablations and peers at the deep ladder's L_b 12
+    python -m sweeps.study figures    # every paper figure and table reachable on the CPU, beside ours: the studies
+                                      # above (committed runs restored, the rest trained), then reports/README.md
     python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block AttnRes x a 3 x 3 shape grid at
                                       # fixed compute
     python -m sweeps.study map_lr     # the depth-by-width map's lr per cell (baseline), then
@@ -63,6 +68,9 @@ class Study:
     notes: tuple[str, ...] = field(default_factory=tuple)
     committed: str | None = None  # fit.json of the study's committed full result, printed beside a new run's
     why: str | None = None  # why the study measures at its shape: the end of the regime sentence
+    # one multirun per pass, in order, into the same study: each pass's overrides come after ``overrides`` (and
+    # before the user's own); a pass sets what a sweep file cannot vary per arm (e.g. one arm's own option)
+    passes: tuple[tuple[str, ...], ...] = ((),)
 
 
 COMMITTED_LADDER = "docs/results/cpu_ladder/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), d = 32 ladder
@@ -74,6 +82,14 @@ WHY_DEEP = (
 WHY_TINY = (
     "the d = 32 ladder grows depth alone at one width, where the map finds no decided effect at L_b 4-8 "
     "(docs/results/cpu_map/)"
+)
+WHY_FIG6 = (
+    "32 sublayers is the paper's Fig. 6 depth, and L_b 16 x d_model 32 is the depth-by-width map's cell where Block "
+    "AttnRes won (docs/results/cpu_map/)"
+)
+WHY_TABLE4 = (
+    "one rung below the map's winning cell on the deep ladder's aspect (d_model = 2 L_b), since 15 arms at L_b 16 "
+    "would take ~3x the CPU (docs/results/deep_ablations/design.md)"
 )
 DEFAULT_STUDY = "deep"
 STUDIES = {
@@ -140,12 +156,39 @@ STUDIES = {
         tuned_config="conf/tuned_lr/cpu_deep.yaml",
         lr_rule="per_size",  # the trend's power law is set by noisy small rungs (docs/results/cpu_deep/design.md)
     ),
+    "deep_block_size": Study(
+        "cpu_deep_block_size",
+        "block size (Fig. 6) at the deep ladder's top rung (L_b 16, d_model 32): Block AttnRes at S = 1..32, with the "
+        "baseline and Full AttnRes of the same rung and seeds as reference lines",
+        passes=((), ("model=baseline,full_attnres", "model.n_blocks=8")),
+        why=WHY_FIG6,
+    ),
+    "deep_ablations": Study(
+        "cpu_deep_ablations",
+        "ablations and peers (Table 4) at the deep ladder's L_b 12 rung (d_model 24): 15 arms, every arm at the "
+        "baseline's tuned lr",
+        passes=((), ("model=block_multihead", "model.residual_options.heads=4")),
+        why=WHY_TABLE4,
+    ),
     "map": Study(
         "cpu_map",
         "depth-by-width map: baseline / Block AttnRes x L_b {4, 8, 16} x d_model {32, 64, 128}, same-seed pairs",
     ),
 }
 
+
+# `python -m sweeps.study figures`: the studies behind the gallery (analysis/gallery.py), each with its seeds and
+# the committed record directories restored into its runs first (unless --fresh), then the map's and the paper's
+# analyses and the gallery page.
+FIGURES = "figures"
+FIGURE_STUDIES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
+    ("deep_full", "0,1,2,20,21,22", ("docs/results/cpu_deep",)),
+    ("deep_per_arm", "0,1,2,20,21,22", ("docs/results/cpu_deep",)),
+    ("deep_block_size", None, ("docs/results/deep_block_size", "docs/results/cpu_deep")),
+    ("deep_ablations", None, ("docs/results/deep_ablations", "docs/results/cpu_deep")),
+)
+FIGURE_MAP_RECORDS = "docs/results/cpu_map"  # the map costs ~55 core-hours: always its committed records
+FIGURE_ARCH_GRID = "docs/results/cpu_arch_grid"  # Fig. 7's fixed-compute grid: a committed demonstration
 
 TRAIN_COMMAND = (sys.executable, "-m", "experiments.train", "-m")
 
@@ -338,8 +381,15 @@ def main(argv: list[str] | None = None) -> int:
         "study",
         nargs="?",
         default=DEFAULT_STUDY,
-        choices=sorted(STUDIES),
-        help=f"which study (default: {DEFAULT_STUDY})",
+        choices=[*sorted(STUDIES), FIGURES],
+        help=f"which study (default: {DEFAULT_STUDY}); {FIGURES}: every study behind the gallery of the paper's "
+        "figures, then the gallery page",
+    )
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help=f"{FIGURES}: restore no committed records first, so that every run trains (hours; the map always "
+        "uses its committed records)",
     )
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the sweep config's)")
     ap.add_argument(
@@ -372,19 +422,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
     args = ap.parse_intermixed_args(argv)  # options may come between the study and its overrides
 
+    if args.study == FIGURES:
+        return run_figures(args.jobs, Path(args.runs_root), Path(args.reports_root), args.fresh)
     study = STUDIES[args.study]
     extra = list(study.overrides)
     if ARMS[args.arms] is not None:
         extra.append(f"model={ARMS[args.arms]}")
-    cmd = sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + args.overrides)
-    overrides = cmd[len(TRAIN_COMMAND) + 1 :]  # what the sweep command sets beyond +sweep=<sweep>
+    cmds = [
+        sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + list(p) + args.overrides)
+        for p in study.passes
+    ]
     from experiments.compose import cli_problem
     from experiments.validation import check_name
 
-    problem = cli_problem(["-m", f"+sweep={study.sweep}", *overrides])  # a bad override: the sweep would fail
-    if problem is not None:
-        print(f"[attnres] config error: {problem}", file=sys.stderr)
-        return 2
+    for cmd in cmds:  # a bad override: the sweep would fail
+        problem = cli_problem(["-m", f"+sweep={study.sweep}", *cmd[len(TRAIN_COMMAND) + 1 :]])
+        if problem is not None:
+            print(f"[attnres] config error: {problem}", file=sys.stderr)
+            return 2
+    overrides = cmds[0][len(TRAIN_COMMAND) + 1 :]  # what the first pass sets beyond +sweep=<sweep>
     cfg = sweep_config(study.sweep, overrides)
     kind = str(cfg.study_kind)
     if kind not in STUDY_KINDS:
@@ -411,14 +467,18 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"[attnres] warning: {problem}", file=sys.stderr)
         print(f"[attnres] restored {copied} record(s) from {args.from_records} into {results.parent}", flush=True)
-    print(
-        f"[attnres] {study.what}; seeds {seeds}; {args.jobs} parallel job(s)\n[attnres] $ {' '.join(cmd[1:])}",
-        flush=True,
-    )
-    try:
-        sweep_rc = run_streaming(cmd, report / "sweep.log")
-    except KeyboardInterrupt:
-        sweep_rc = 130
+    print(f"[attnres] {study.what}; seeds {seeds}; {args.jobs} parallel job(s)", flush=True)
+    sweep_rc = 0
+    for cmd in cmds:
+        print(f"[attnres] $ {' '.join(cmd[1:])}", flush=True)
+        try:
+            rc = run_streaming(cmd, report / "sweep.log")
+        except KeyboardInterrupt:
+            rc = 130
+        sweep_rc = sweep_rc or rc
+        if rc > 128 or rc < 0:
+            sweep_rc = rc
+            break
     if sweep_rc > 128 or sweep_rc < 0:  # interrupted (SIGINT / SIGTERM / SIGUSR1, or killed): runs in flight
         # saved a checkpoint (a kill -9 of the sweep itself leaves the last periodic one)
         print(
@@ -478,6 +538,50 @@ def main(argv: list[str] | None = None) -> int:
                 print(line)
         print(f"[attnres] {regime_sentence(results, study.why)}")
     return sweep_rc or fit_rc
+
+
+def run_figures(jobs: int, runs_root: Path, reports_root: Path, fresh: bool) -> int:
+    """The gallery from one command: every study behind it (completed runs are skipped; with ``fresh`` nothing
+    committed is restored first, so every run trains), the map's and the paper's analyses, then
+    ``<reports_root>/README.md``. Returns the first non-zero exit status, else 0."""
+    from analysis.gallery import GallerySources, gallery_entries, write_gallery
+
+    t0, rc = time.time(), 0
+    for name, seeds, committed in FIGURE_STUDIES:
+        study_name = _sweep_key(STUDIES[name].sweep, "study", STUDIES[name].overrides)
+        for src in () if fresh else committed:
+            if (REPO / src).is_dir():
+                copied, problems = restore_records(REPO / src, runs_root / study_name)
+                for problem in problems:
+                    print(f"[attnres] warning: {problem}", file=sys.stderr)
+                print(f"[attnres] restored {copied} record(s) from {src} into {runs_root / study_name}", flush=True)
+        argv = [name, "--jobs", str(jobs), "--runs-root", str(runs_root), "--reports-root", str(reports_root)]
+        study_rc = main(argv + (["--seeds", seeds] if seeds else []))
+        if study_rc > 128:  # interrupted: stop here, as a single study does
+            return study_rc
+        rc = rc or study_rc
+    restore_records(REPO / FIGURE_MAP_RECORDS, runs_root / "cpu_map")
+    for cmd in (
+        ["map", "--results", str(runs_root / "cpu_map"), "--out", str(reports_root / "cpu_map")],
+        ["paper", "--out", str(reports_root / "paper_refit")],
+    ):
+        print(f"[attnres] $ python -m analysis {' '.join(cmd)}", flush=True)
+        rc = rc or subprocess.call([sys.executable, "-m", "analysis", *cmd])
+    sources = GallerySources(
+        scaling=reports_root / "cpu_deep",
+        scaling_runs=runs_root / "cpu_deep",
+        block_size=reports_root / "deep_block_size",
+        block_size_runs=runs_root / "deep_block_size",
+        ablations=reports_root / "deep_ablations",
+        ablations_runs=runs_root / "deep_ablations",
+        depth_map=reports_root / "cpu_map",
+        depth_map_runs=runs_root / "cpu_map",
+        arch_grid=REPO / FIGURE_ARCH_GRID,
+        paper_refit=reports_root / "paper_refit",
+    )
+    page = write_gallery(gallery_entries(sources), reports_root / "README.md")
+    print(f"[attnres] gallery: {page} (the committed one: docs/results/README.md); total {time.time() - t0:.0f} s")
+    return rc
 
 
 def _sweep_key(sweep: str, key: str, overrides: Sequence[str] = (), cfg: DictConfig | None = None) -> str:

@@ -156,6 +156,8 @@ SWEEP_KINDS = {
     "paper_lr": "lr",
     "block_size": "block_size",
     "cpu_block_size": "block_size",
+    "cpu_deep_block_size": "block_size",
+    "cpu_deep_ablations": "ablations",
     "ablations": "ablations",
     "cpu_ablations": "ablations",
     "arch_grid": "arch_grid",

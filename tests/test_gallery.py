@@ -1,0 +1,82 @@
+"""The gallery page (analysis/gallery.py): every entry's sentence follows its numbers, a missing study never hides
+the others, links resolve, and the runs' wall time leaves out pauses between sessions."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import gallery
+from analysis.fit_document import FitDocument
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "docs" / "results"
+
+
+def test_active_wall_time_is_the_union_of_run_spans_without_long_pauses():
+    t = pd.Timestamp("2026-12-01T10:00:00Z")
+    s = pd.Timedelta(seconds=1)
+    df = pd.DataFrame(
+        {
+            "started_at": [t, t + 50 * s, t + 100 * s, t + 10_000 * s],  # two overlapping, one after, one much later
+            "finished_at": [t + 100 * s, t + 120 * s, t + 160 * s, t + 10_030 * s],
+        }
+    )
+    assert gallery.active_wall_s(df) == pytest.approx(160 + 30)
+    assert gallery.active_wall_s(df.iloc[:0]) == 0.0
+
+
+def test_the_scaling_entry_states_the_committed_multiplier_and_where_the_papers_lies():
+    entry = gallery.scaling_entry(RESULTS / "cpu_deep" / "pooled", None, "cmd", "a regime")
+    block = FitDocument.from_json(RESULTS / "cpu_deep" / "pooled" / "fit.json").multipliers["block_attnres"]
+    lo, hi = block.m_ci95
+    assert f"m = {block.m:.3f} [{lo:.3f}, {hi:.3f}]" in entry.verdict
+    expected = "inside our interval" if lo <= 1.25 <= hi else ("above our interval" if 1.25 > hi else "below it")
+    assert f"the paper's 1.25 is {expected}" in entry.verdict
+    assert ("not decided" in entry.verdict) == (lo <= 1.0 <= hi)
+    assert any(row.startswith("| block_attnres |") for row in entry.ours)
+
+
+def _map_json(tmp_path: Path, cells: list[dict]) -> Path:
+    (tmp_path / "map.json").write_text(json.dumps({"cells": cells}))
+    return tmp_path
+
+
+def _cell(L: int, d: int, delta: float, verdict: str) -> dict:
+    return {
+        "n_layers": L,
+        "d_model": d,
+        "n_pairs": 6,
+        "delta": delta,
+        "ci_lo": delta - 0.01,
+        "ci_hi": delta + 0.01,
+        "verdict": verdict,
+    }
+
+
+def test_the_map_entry_counts_verdicts_and_claims_a_direction_only_when_the_cells_show_one(tmp_path):
+    deep_wins = _map_json(tmp_path, [_cell(16, 32, -0.03, "wins"), _cell(4, 64, 0.02, "loses")])
+    e = gallery.map_entry(deep_wins, None, "cmd")
+    assert "wins in 1 (L_b 16 x d 32), loses in 1 (L_b 4 x d 64) and is undecided in 0" in e.verdict
+    assert "deeper and narrower" in e.verdict
+    shallow_wins = _map_json(tmp_path, [_cell(4, 64, -0.03, "wins"), _cell(16, 32, 0.02, "loses")])
+    assert "deeper and narrower" not in gallery.map_entry(shallow_wins, None, "cmd").verdict
+
+
+def test_a_missing_study_becomes_a_not_yet_run_entry_and_the_page_keeps_the_others(tmp_path):
+    sources = gallery.GallerySources.committed(RESULTS)
+    sources = gallery.GallerySources(**{**sources.__dict__, "paper_refit": tmp_path / "nowhere"})
+    entries = gallery.gallery_entries(sources)
+    by_key = {e.key: e for e in entries}
+    assert by_key["table2"].verdict.startswith("no result yet") and not by_key["table2"].figures
+    assert by_key["fig4"].figures and by_key["table3"].reachable is False
+    page = gallery.write_gallery(entries, tmp_path / "docs" / "README.md")
+    text = page.read_text()
+    assert text.index("## Table 2") < text.index("## Fig. 4") < text.index("## Table 3") < text.index("## Fig. 7")
+    for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+        assert (page.parent / link).resolve().is_file(), link
+    assert "not yet run" in text  # the summary table marks the missing entry
