@@ -412,6 +412,23 @@ class GallerySources:
             paper_refit=results / "paper_refit",
         )
 
+    @classmethod
+    def from_studies(cls, reports: Path, runs: Path, arch_grid: Path | None) -> GallerySources:
+        """A fresh run of the studies: each study's report under ``reports`` and its runs under ``runs``, both
+        named by the study (sweeps.study's ``figures``)."""
+        return cls(
+            scaling=reports / "cpu_deep",
+            scaling_runs=runs / "cpu_deep",
+            block_size=reports / "deep_block_size",
+            block_size_runs=runs / "deep_block_size",
+            ablations=reports / "deep_ablations",
+            ablations_runs=runs / "deep_ablations",
+            depth_map=reports / "cpu_map",
+            depth_map_runs=runs / "cpu_map",
+            arch_grid=arch_grid,
+            paper_refit=reports / "paper_refit",
+        )
+
 
 # The commands that reproduce each entry (what the gallery prints; sweeps.study's `figures` runs them all).
 COMMANDS = {

@@ -567,18 +567,7 @@ def run_figures(jobs: int, runs_root: Path, reports_root: Path, fresh: bool) -> 
     ):
         print(f"[attnres] $ python -m analysis {' '.join(cmd)}", flush=True)
         rc = rc or subprocess.call([sys.executable, "-m", "analysis", *cmd])
-    sources = GallerySources(
-        scaling=reports_root / "cpu_deep",
-        scaling_runs=runs_root / "cpu_deep",
-        block_size=reports_root / "deep_block_size",
-        block_size_runs=runs_root / "deep_block_size",
-        ablations=reports_root / "deep_ablations",
-        ablations_runs=runs_root / "deep_ablations",
-        depth_map=reports_root / "cpu_map",
-        depth_map_runs=runs_root / "cpu_map",
-        arch_grid=REPO / FIGURE_ARCH_GRID,
-        paper_refit=reports_root / "paper_refit",
-    )
+    sources = GallerySources.from_studies(reports_root, runs_root, REPO / FIGURE_ARCH_GRID)
     page = write_gallery(gallery_entries(sources), reports_root / "README.md")
     print(f"[attnres] gallery: {page} (the committed one: docs/results/README.md); total {time.time() - t0:.0f} s")
     return rc
