@@ -114,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--seed", type=int, default=0, help="resampling seed (default: 0)")
 
+    for name, what in (("block-size", "block size (Fig. 6)"), ("ablations", "ablations and peers (Table 4)")):
+        k = sub.add_parser(name, help=f"{what}: same-seed differences with 95%% t intervals, beside the paper's")
+        k.add_argument("--results", required=True, help="the study's results.csv (or a study directory)")
+        k.add_argument("--out", required=True, help="output directory (JSON, Markdown, figure)")
+        k.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+
     g = sub.add_parser("gallery", help="the paper's figures and tables beside ours, one Markdown page")
     g.add_argument(
         "--results", default="docs/results", help="the committed results to draw from (default: docs/results)"
@@ -152,7 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     saved = warnings.formatwarning
     warnings.formatwarning = _format_warning
-    command = {"fit": _fit, "lr": _lr, "map": _map, "gallery": _gallery}.get(args.command, _paper)
+    command = {
+        "fit": _fit,
+        "lr": _lr,
+        "map": _map,
+        "block-size": _fixed_shape,
+        "ablations": _fixed_shape,
+        "gallery": _gallery,
+    }.get(args.command, _paper)
     try:
         command(args, argv)
     except (ValueError, FileNotFoundError, ImportError) as e:
@@ -250,6 +263,22 @@ def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
             f"{c['n_pairs']} pairs, {c['verdict']}"
         )
     print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
+
+
+def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """``block-size`` and ``ablations``: the study's JSON, Markdown table and figure, then its verdict."""
+    from pathlib import Path
+
+    from .ablations import analyse_ablations
+    from .block_size import analyse_block_size
+    from .runs import check_one_dataset, load_results
+
+    df = load_results(args.results)
+    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    analyse = analyse_block_size if args.command == "block-size" else analyse_ablations
+    doc = analyse(df, Path(args.out), args.baseline)
+    print(doc["verdict"])
+    print(f"wrote {', '.join(doc['files'])} to {args.out}")
 
 
 def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> None:

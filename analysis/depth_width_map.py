@@ -30,6 +30,8 @@ import pandas as pd
 from scipy import stats
 
 from .runs import AnalysisWarning
+from .seed_stats import t_interval
+from .seed_stats import verdict as cell_verdict
 
 ARM = "block_attnres"
 BASELINE = "baseline"
@@ -45,16 +47,6 @@ class MapOptions:
     level: float = 0.95
     B: int = 2000
     seed: int = 0
-
-
-def t_interval(deltas: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """The Student-t interval for the mean of ``deltas`` (NaNs when fewer than two)."""
-    n = len(deltas)
-    if n < 2:
-        return (math.nan, math.nan)
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * float(np.std(deltas, ddof=1)) / math.sqrt(n)
-    m = float(np.mean(deltas))
-    return (m - half, m + half)
 
 
 def interval_coverage(
@@ -110,11 +102,7 @@ def cell_table(
         c = p[(p["n_layers"] == n_layers) & (p["d_model"] == d_model)]
         d = c["delta"].to_numpy(float)
         lo, hi = t_interval(d, opts.level)
-        verdict = "missing" if len(d) == 0 else "undecided"
-        if np.isfinite(hi) and hi < 0:
-            verdict = "wins"
-        elif np.isfinite(lo) and lo > 0:
-            verdict = "loses"
+        verdict = cell_verdict([lo, hi], len(d))
         params = int(c["params"].iloc[0]) if len(c) else None
         rows.append(
             {

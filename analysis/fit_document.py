@@ -213,14 +213,25 @@ class LossReference(_Part):
     val_loss_sd: float | None = None
     n_runs: int | None = None
     size: str | None = field(default=None, metadata={"omit_if_none": True})
+    val_loss_ci95: Interval | None = field(default=None, metadata={"omit_if_none": True})  # t interval over seeds
+    seeds: list[int] | None = field(default=None, metadata={"omit_if_none": True})
+    # Same-seed difference from the baseline (analysis.seed_stats.paired_delta), for a reference arm that is not it.
+    vs_baseline: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
 
 @dataclass
 class BlockSizePoint(_Part):
+    """One block size S: the mean loss over seeds and, for a measured sweep, its t interval and its same-seed
+    differences from the references (analysis.block_size; each a dict of analysis.seed_stats.paired_delta)."""
+
     block_size: int | None = None
     val_loss: float | None = None
     val_loss_sd: float | None = None
     n_runs: int | None = None
+    val_loss_ci95: Interval | None = field(default=None, metadata={"omit_if_none": True})
+    seeds: list[int] | None = field(default=None, metadata={"omit_if_none": True})
+    vs_baseline: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})  # arm - baseline
+    vs_full: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
 
 @dataclass
@@ -228,6 +239,11 @@ class BlockSizeSweep(_Part):
     """Fig. 6: Block AttnRes loss per block size S at one model size, with the baseline and Full as references."""
 
     size: str | None = None
+    variant: str | None = field(default=None, metadata={"omit_if_none": True})
+    lr_protocol: str | None = field(default=None, metadata={"omit_if_none": True})
+    n_sublayers: int | None = field(default=None, metadata={"omit_if_none": True})
+    d_model: int | None = field(default=None, metadata={"omit_if_none": True})
+    tokens_per_param: float | None = field(default=None, metadata={"omit_if_none": True})
     points: list[BlockSizePoint] = field(default_factory=list)
     baseline: LossReference | None = None
     full: LossReference | None = None

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from .fit_document import FitDocument
-from .paper import load_paper
+from .paper_data import load_paper
 from .runs import load_results
 
 GALLERY_DATA = Path(__file__).with_name("data") / "paper_gallery.json"
@@ -283,6 +283,62 @@ def map_entry(report: Path, runs: pd.DataFrame | None, command: str, arch_grid: 
     )
 
 
+def _study_runs(runs: pd.DataFrame | None, kind: str) -> pd.DataFrame | None:
+    """The runs the study of ``kind`` trained itself (its references from other studies are counted there)."""
+    if runs is None or "study_kind" not in runs.columns:
+        return runs
+    return runs[runs["study_kind"] == kind]
+
+
+def block_size_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
+    """Fig. 6: Block AttnRes' loss per block size S (``report``: ``python -m analysis block-size``'s directory)."""
+    from .block_size import block_size_markdown
+
+    text = load_gallery_text()["fig6"]
+    doc = json.loads((report / "block_size.json").read_text(encoding="utf-8"))
+    regime = (
+        f"Shape: L_b {doc['n_sublayers'] // 2}, d_model {doc['d_model']} ({doc['n_sublayers']} sublayers, as the "
+        f"paper's), {doc['tokens_per_param']:.0f} tokens per parameter, every arm at the baseline's lr."
+    )
+    table = block_size_markdown(doc)[2:]  # the study's table without its heading
+    own = _study_runs(runs, "block_size")
+    return Entry(
+        "fig6",
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        doc["verdict"],
+        [regime, "", *table],
+        [f for f in [report / "fig6_block_size.png"] if f.is_file()],
+        provenance(own, command) if own is not None else Provenance(command),
+    )
+
+
+def ablations_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
+    """Table 4: ablations and peers (``report``: ``python -m analysis ablations``' directory)."""
+    from .ablations import ablation_markdown
+
+    text = load_gallery_text()["table4"]
+    doc = json.loads((report / "ablations.json").read_text(encoding="utf-8"))
+    own = _study_runs(runs, "ablations")
+    notes = sorted({r["note"] for r in doc["rows"] if r.get("note")})
+    ours = [f"Shape {doc['size']}; Δ on same-seed pairs, arm minus baseline.", "", *ablation_markdown(doc["rows"])]
+    if notes:
+        ours += ["", *[f"Rows marked from another study: {n}." for n in notes]]
+    return Entry(
+        "table4",
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        doc["verdict"],
+        ours,
+        [f for f in [report / "fig_table4_ablations.png"] if f.is_file()],
+        provenance(own, command) if own is not None else Provenance(command),
+    )
+
+
 def table3_entry(command: str) -> Entry:
     """Table 3: not reachable at CPU scale; how a GPU user produces it."""
     text = load_gallery_text()["table3"]
@@ -453,6 +509,8 @@ def gallery_entries(src: GallerySources) -> list[Entry]:
         "fig4": lambda: scaling_entry(src.scaling, scaling_runs, COMMANDS["fig4"], DEEP_REGIME),
         "fig5": lambda: reading_entry("fig5", src.scaling / "fig5_dynamics.png", scaling_runs, COMMANDS["fig4"]),
         "table3": lambda: table3_entry(COMMANDS["table3"]),
+        "table4": lambda: ablations_entry(src.ablations, load_runs(src.ablations_runs), COMMANDS["table4"]),
+        "fig6": lambda: block_size_entry(src.block_size, load_runs(src.block_size_runs), COMMANDS["fig6"]),
         "fig7": lambda: map_entry(src.depth_map, load_runs(src.depth_map_runs), COMMANDS["fig7"], src.arch_grid),
         "fig8": lambda: reading_entry("fig8", src.scaling / "fig8_depth_weights.png", scaling_runs, COMMANDS["fig4"]),
     }

@@ -6,8 +6,6 @@ compute reconstructed as stated in paper.json) and adds the paper-only figures (
 
 from __future__ import annotations
 
-import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +17,12 @@ from .bootstrap import DEFAULT_B
 from .fit import PowerLaw, fit_power_law, multiplier_curve
 from .fit_document import FitDocument
 from .markdown import summary_markdown
+from .paper_data import load_paper
 from .report import write_json
 from .scaling import FitOptions, analyse_scaling
 
 PFLOPS_DAY = 1e15 * 86400
 FIG4_VARIANTS = ["baseline", "block_attnres", "full_attnres"]  # the three series of the paper's Fig. 4
-
-
-def load_paper() -> dict[str, Any]:
-    return json.loads(resources.files("analysis").joinpath("data/paper.json").read_text())
 
 
 def paper_compute(

@@ -190,6 +190,13 @@ FIGURE_STUDIES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
 FIGURE_MAP_RECORDS = "docs/results/cpu_map"  # the map costs ~55 core-hours: always its committed records
 FIGURE_ARCH_GRID = "docs/results/cpu_arch_grid"  # Fig. 7's fixed-compute grid: a committed demonstration
 
+# The study kinds measured at one shape on same-seed pairs: their `python -m analysis` command and what it writes.
+FIXED_SHAPE_REPORTS = {
+    "map": ("map", "map_summary.md, map.json, fig7_map.png"),
+    "block_size": ("block-size", "block_size_summary.md, block_size.json, fig6_block_size.png"),
+    "ablations": ("ablations", "table4_ablations.md, ablations.json, fig_table4_ablations.png"),
+}
+
 TRAIN_COMMAND = (sys.executable, "-m", "experiments.train", "-m")
 
 
@@ -517,15 +524,14 @@ def main(argv: list[str] | None = None) -> int:
             if tuned is not None:
                 print(f"[attnres] tuned lrs written to {tuned}: the ladder's sizes read them from now on")
         return sweep_rc or fit_rc
-    if kind == "map":
-        map_cmd = [sys.executable, "-m", "analysis", "map", "--results", str(results), "--out", str(report)]
-        print(f"[attnres] $ {' '.join(map_cmd[1:])}", flush=True)
-        map_rc = subprocess.call(map_cmd)
-        if map_rc == 0:
-            print(
-                f"[attnres] report: {report}/ (map_summary.md, map.json, fig7_map.png); total {time.time() - t0:.0f} s"
-            )
-        return sweep_rc or map_rc
+    if kind in FIXED_SHAPE_REPORTS:
+        command, files = FIXED_SHAPE_REPORTS[kind]
+        report_cmd = [sys.executable, "-m", "analysis", command, "--results", str(results), "--out", str(report)]
+        print(f"[attnres] $ {' '.join(report_cmd[1:])}", flush=True)
+        report_rc = subprocess.call(report_cmd)
+        if report_rc == 0:
+            print(f"[attnres] report: {report}/ ({files}); total {time.time() - t0:.0f} s")
+        return sweep_rc or report_rc
     fit_cmd = [sys.executable, "-m", "analysis", "fit", "--results", str(results), "--out", str(report)]
     print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)
     fit_rc = subprocess.call(fit_cmd)
