@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .fit import PowerLaw
-from .fit_document import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw
+from .fit_document import ArchGrid, FitDocument, Multiplier, VariantLaw
 from .runs import AnalysisWarning, resolve_run_dir, size_order
 from .scaling import OWN_LR  # an arm trained at its own tuned lr
 
@@ -603,49 +603,8 @@ def depth_weights_figure(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Fig. 6 (block size sweep) and Fig. 7 (architecture grid)
+# Fig. 7 (architecture grid); Fig. 6 is drawn by analysis.block_size
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def block_size_figure(sweep: BlockSizeSweep, stem: Path, title: str | None = None) -> list[Path]:
-    """Fig. 6: Block AttnRes validation loss vs block size S (sublayers), with Full and baseline references."""
-    pts = sweep.points
-    S = np.array([p.block_size for p in pts], float)
-    y = np.array([p.val_loss for p in pts], float)
-    err = np.array([p.val_loss_sd or 0.0 for p in pts], float)
-    refs = {"baseline": sweep.baseline, "full": sweep.full}
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    ax.errorbar(
-        S,
-        y,
-        yerr=err if err.any() else None,
-        color=COLORS["block_attnres"],
-        marker="o",
-        ms=5,
-        lw=1.5,
-        capsize=3,
-        label="Block AttnRes",
-    )
-    for key, name, style in (("baseline", "baseline", "--"), ("full", "full_attnres", ":")):
-        ref = refs[key]
-        if ref:
-            ax.axhline(ref.val_loss, color=COLORS[name], ls=style, lw=1.3, label=f"{LABELS[name]} ({ref.val_loss:.3f})")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(S)
-    ax.set_xticklabels([f"{int(s)}" + (" (Full)" if s == 1 else "") for s in S])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    for s, v in zip(S, y):
-        ax.annotate(f"{v:.3f}", (s, v), textcoords="offset points", xytext=(6, 0), ha="left", va="center", fontsize=7.5)
-    lo = min([y.min()] + [r.val_loss for r in refs.values() if r])
-    hi = max([y.max()] + [r.val_loss for r in refs.values() if r])
-    ax.set_ylim(lo - 0.12 * (hi - lo), hi + 0.12 * (hi - lo))
-    ax.set_xlim(S.min() / 1.4, S.max() * 1.6)  # room for the value labels right of each point
-    ax.set_xlabel("Block size S (sublayers per block)")
-    ax.set_ylabel("Validation loss")
-    ax.set_title(title or f"Block size sweep ({sweep.size})")
-    ax.legend(frameon=True, framealpha=0.9, loc="lower right")
-    fig.tight_layout()
-    return save(fig, stem)
 
 
 def _grid_heatmaps(

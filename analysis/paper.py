@@ -13,6 +13,7 @@ import pandas as pd
 
 from . import figures
 from .ablations import ablation_markdown
+from .block_size import block_size_figure
 from .bootstrap import DEFAULT_B
 from .fit import PowerLaw, fit_power_law, multiplier_curve
 from .fit_document import FitDocument
@@ -172,7 +173,7 @@ def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma:
         variants=FIG4_VARIANTS,
         title="AttnRes paper, Fig. 4 refit (Table 2 losses)",
     )
-    written += figures.block_size_figure(
+    written += block_size_figure(
         doc.block_size_sweep,
         out / "fig6_block_size",
         title="AttnRes paper, Fig. 6: block size (436M model, 32 sublayers)",

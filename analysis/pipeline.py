@@ -11,7 +11,7 @@ import pandas as pd
 from . import figures
 from .ablations import ablation_markdown, ablation_table
 from .arch_grid import arch_grid_markdown, arch_grid_table
-from .block_size import block_size_sweep
+from .block_size import block_size_figure, block_size_sweep
 from .fit_document import FitDocument
 from .markdown import summary_markdown
 from .report import SCHEMA_VERSION, write_json
@@ -90,7 +90,7 @@ def _draw_figures(doc: FitDocument, ladder: pd.DataFrame, out: Path, compute: st
         written += figures.dynamics_figure(fitted, out / "fig5_dynamics", base_dir=base_dir, compute=compute)
         written += figures.depth_weights_figure(fitted, out / "fig8_depth_weights", base_dir=base_dir, compute=compute)
     if doc.block_size_sweep:
-        written += figures.block_size_figure(doc.block_size_sweep, out / "fig6_block_size")
+        written += block_size_figure(doc.block_size_sweep, out / "fig6_block_size")
     if doc.arch_grid:
         written += figures.arch_grid_figure(doc.arch_grid, out / "fig7_arch_grid")
     return written
