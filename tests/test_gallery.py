@@ -82,3 +82,32 @@ def test_a_missing_study_becomes_a_not_yet_run_entry_and_the_page_keeps_the_othe
     for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
         assert (page.parent / link).resolve().is_file(), link
     assert "not yet run" in text  # the summary table marks the missing entry
+
+
+def test_the_figures_command_restores_runs_each_study_then_writes_the_page(tmp_path, monkeypatch):
+    from sweeps import study
+
+    calls: list[list[str]] = []
+    analyses: list[list[str]] = []
+    monkeypatch.setattr(study, "main", lambda argv: calls.append(list(argv)) or 0)
+    monkeypatch.setattr(study.subprocess, "call", lambda cmd: analyses.append(list(cmd[3:4])) or 0)
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    assert study.run_figures(2, runs, reports, fresh=False) == 0
+    assert [c[0] for c in calls] == [name for name, _, _ in study.FIGURE_STUDIES]
+    assert ["--seeds", "0,1,2,20,21,22"] == calls[0][-2:]
+    committed = len(list((RESULTS / "deep_block_size" / "records").glob("*.json")))
+    assert len(list((runs / "deep_block_size" / "records").glob("*.json"))) >= committed
+    assert analyses == [["map"], ["paper"]]
+    page = (reports / "README.md").read_text()
+    for item in ("Table 2", "Fig. 4", "Fig. 5", "Table 3", "Table 4", "Fig. 6", "Fig. 7", "Fig. 8"):
+        assert f"## {item}" in page
+
+
+def test_the_figures_command_stops_at_an_interrupted_study_and_fresh_restores_nothing(tmp_path, monkeypatch):
+    from sweeps import study
+
+    calls: list[str] = []
+    monkeypatch.setattr(study, "main", lambda argv: calls.append(argv[0]) or 130)
+    assert study.run_figures(1, tmp_path / "runs", tmp_path / "reports", fresh=True) == 130
+    assert calls == [study.FIGURE_STUDIES[0][0]]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.json"))
