@@ -126,8 +126,9 @@ class AttnResLM(TemplateLM):
     Arguments (also as lm-eval ``model_args``): ``checkpoint`` (run directory or .ckpt), ``config`` (its
     config.yaml, default found beside it), ``device`` (default cuda when available), ``dtype`` (float32, or
     bfloat16 / float16: autocast around the forwards; log-softmax in fp32), ``batch_size`` (sequences per
-    loglikelihood forward), ``max_length`` (default the model's max_seq_len), ``max_gen_toks`` (default 256
-    bytes), ``add_bos_token`` (prefix contexts with the separator id 0; default True). Or pass a built ``model``
+    loglikelihood forward; lm-eval's "auto" means 16 here, and its ``max_batch_size`` is accepted and unused),
+    ``max_length`` (default the model's max_seq_len), ``max_gen_toks`` (default 256 bytes), ``add_bos_token``
+    (prefix contexts with the separator id 0; default True). Or pass a built ``model``
     instead of ``checkpoint`` (tests)."""
 
     def __init__(
@@ -141,7 +142,7 @@ class AttnResLM(TemplateLM):
         max_gen_toks: int = 256,
         add_bos_token: bool | str = True,
         model: Transformer | None = None,
-        **_: Any,
+        max_batch_size: int | None = None,
     ) -> None:
         super().__init__()
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

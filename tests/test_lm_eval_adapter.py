@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[eval]')")
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from tests.conftest import compose  # noqa: E402
+from tests.conftest import compose
 
 SEQ_LEN = 32  # the tiny model's context: the long example and the rolling text exceed it
 
@@ -41,7 +41,7 @@ def run_dir(tmp_path, monkeypatch):
     run.mkdir()
     (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved_container(cfg))))
     torch.manual_seed(0)
-    module = LMModule(build_model_config(cfg), None, None, total_steps=1, log_every=1, eval_every=1)  # type: ignore[arg-type]
+    module = LMModule(build_model_config(cfg), None, None, total_steps=1, log_every=1, eval_every=1)
     with torch.no_grad():
         module.model.lm_head.weight[128:] = 0.0
         module.model.lm_head.weight[0] = 0.0
@@ -109,11 +109,11 @@ def test_lm_eval_answers_match_plain_forwards(run_dir, tmp_path):
     # tasks: three multiple-choice questions, one context longer than the model's context, one choice the
     # model's own greedy continuation; and a generation task whose stop string occurs in the greedy output
     long_q = "Q: " + "the quick brown fox jumps over the lazy dog " * 2 + "?\nA:"
-    own = greedy_text(model, [SEPARATOR, *ids("Q: 2+2?\nA: ")], 4)
-    mc = [
-        {"question": "Q: 2+2?\nA:", "choices": ["4", "five", own], "answer": 0},
-        {"question": "Q: capital of France?\nA:", "choices": ["Paris", "Rome"], "answer": 0},
-        {"question": long_q, "choices": ["yes", "no", "maybe"], "answer": 1},
+    own = greedy_text(model, [SEPARATOR, *ids("Q: 2+2?\nA:")], 4)
+    mc = [  # target_delimiter "" (below): the choices carry their own space
+        {"question": "Q: 2+2?\nA:", "choices": [" 4", " five", own], "answer": 0},
+        {"question": "Q: capital of France?\nA:", "choices": [" Paris", " Rome"], "answer": 0},
+        {"question": long_q, "choices": [" yes", " no", " maybe"], "answer": 1},
     ]
     prompt = "def f(x):\n"
     greedy = greedy_text(model, [SEPARATOR, *ids(prompt)], 12)
@@ -130,6 +130,7 @@ def test_lm_eval_answers_match_plain_forwards(run_dir, tmp_path):
             output_type: multiple_choice
             doc_to_text: "{{question}}"
             doc_to_choice: choices
+            target_delimiter: ""
             doc_to_target: answer
             metric_list:
               - metric: acc
@@ -151,7 +152,7 @@ def test_lm_eval_answers_match_plain_forwards(run_dir, tmp_path):
     results = lm_eval.simple_evaluate(
         model=lm,
         tasks=["attnres_tiny_mc", "attnres_tiny_gen"],
-        task_manager=TaskManager(include_path=str(tasks)),
+        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),  # no index of the built-ins
         log_samples=True,
         bootstrap_iters=0,
     )
@@ -164,7 +165,7 @@ def test_lm_eval_answers_match_plain_forwards(run_dir, tmp_path):
         assert len(sample["resps"]) == len(doc["choices"])
         for args, resp, choice in zip(sample["arguments"], sample["resps"], doc["choices"]):
             context, continuation = args
-            assert (context, continuation) == (doc["question"], " " + choice)
+            assert (context, continuation) == (doc["question"], choice)
             want_ll, want_greedy = hand_loglikelihood(model, [SEPARATOR, *ids(context)], ids(continuation))
             got_ll, got_greedy = resp[0]
             assert got_ll == pytest.approx(want_ll, abs=1e-5)
