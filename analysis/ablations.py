@@ -15,6 +15,7 @@ Plain functions on tidy DataFrames (analysis.runs.load_results); no torch.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,7 @@ def ablation_figure(table: list[dict[str, Any]], stem: Path, title: str | None =
             zorder=3,
         )
     ax.axvline(0.0, color=COLORS[BASELINE], ls="--", lw=1.1)
+    _clip_outliers(ax, d, y, [p for _, p in paper])
     ax.set_yticks(y)
     ax.set_yticklabels([r.get("label", r["variant"]) for r in arms], fontsize=8)
     ax.set_xlabel("Δ val loss vs baseline (negative: better); ours: same-seed pairs, 95% t interval")
@@ -186,6 +188,31 @@ def ablation_figure(table: list[dict[str, Any]], stem: Path, title: str | None =
     ax.legend(frameon=True, framealpha=0.9, fontsize=7.5, loc="best")
     fig.tight_layout()
     return save(fig, stem)
+
+
+OFF_SCALE = 0.25  # |Δ| above this (an arm that failed to train) is drawn at the axis edge with its value
+
+
+def _clip_outliers(ax: plt.Axes, d: np.ndarray, y: np.ndarray, paper: list[float]) -> None:
+    """Keep the axis on the arms that trained: a difference beyond OFF_SCALE is marked at the edge, with its value
+    written beside it, instead of stretching the axis until the others' intervals cannot be read."""
+    core = [abs(v) for v in [*d, *paper] if abs(v) <= OFF_SCALE]
+    if len(core) == len(d) + len(paper):
+        return
+    lim = 1.25 * max(core, default=OFF_SCALE)
+    ax.set_xlim(-lim, lim)
+    for v, yy in zip(d, y):
+        if abs(v) > lim:
+            edge = math.copysign(lim, v)
+            ax.plot([edge], [yy], marker=">" if v > 0 else "<", color=COLORS["block_attnres"], ms=7, clip_on=False)
+            ax.annotate(
+                f"{v:+.2f}",
+                (edge, yy),
+                textcoords="offset points",
+                xytext=(-8 if v > 0 else 8, 6),
+                ha="right" if v > 0 else "left",
+                fontsize=7.5,
+            )
 
 
 def analyse_ablations(df: pd.DataFrame, out: Path, baseline: str = BASELINE) -> dict[str, Any]:

@@ -163,3 +163,25 @@ def test_ablation_figure_draws_every_arm_and_the_papers_deltas(tmp_path, monkeyp
     expected = [r["delta_vs_baseline"] for r in table if r["delta_vs_baseline"] is not None]
     assert drawn["x"] == pytest.approx(expected)
     assert len(drawn["y"]) == 6
+
+
+def test_an_arm_that_failed_to_train_is_marked_at_the_edge_not_stretching_the_axis(tmp_path, monkeypatch):
+    df = _ablation_table_frame()
+    broken = df[df["variant"] == "laurel"].assign(variant="full_sliding_window")
+    broken["val_loss"] += 0.7
+    df = pd.concat([df, broken], ignore_index=True)
+    df["run_id"] = [f"r{i}" for i in range(len(df))]
+    table = ablations.ablation_table(df)
+    limits = {}
+    real = ablations.plt.Figure.savefig
+
+    def spy(self, *a, **k):
+        ax = self.axes[0]
+        limits["x"] = ax.get_xlim()
+        limits["texts"] = [t.get_text() for t in ax.texts]
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(ablations.plt.Figure, "savefig", spy)
+    ablations.ablation_figure(table, tmp_path / "fig")
+    assert limits["x"][1] < 0.2
+    assert limits["texts"] == ["+0.71"]  # laurel's +0.01, shifted by 0.7
