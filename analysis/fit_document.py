@@ -137,6 +137,10 @@ class JointLaw(_Part):
     saturating_attempt: dict[str, Any] | None = None
     alpha_ci95: Interval | None = None
     E_ci95: Interval | None = None
+    # [lo, hi]: that end of the interval is set by a search bound (analysis.bootstrap.ends_at_bound): unbounded
+    alpha_ci95_at_bound: list[bool] | None = None
+    E_ci95_at_bound: list[bool] | None = None
+    draws_at_bound: int | None = None  # replicates whose fit ended on a bound (analysis.fit.joint_draws_at_bound)
     huber_delta: float | None = None
 
 
@@ -149,6 +153,7 @@ class Exponents(_Part):
     alpha_variant: float | None = None
     diff: float | None = None
     diff_ci95: Interval | None = None
+    diff_ci95_at_bound: list[bool] | None = None
     significant: bool | None = None
 
 
@@ -174,6 +179,7 @@ class Multiplier(_Part):
     paper_M_curve: MultiplierCurve | None = None
     m: float | None = None
     m_ci95: Interval | None = None
+    m_ci95_at_bound: list[bool] | None = None
     p_m_le_1: float | None = None
     joint: JointLaw | None = None
     exponents: Exponents | None = None
@@ -181,6 +187,8 @@ class Multiplier(_Part):
     per_size: dict[str, SizeMultiplier] = field(default_factory=dict)
     per_size_geomean: float | None = None
     per_size_geomean_ci95: Interval | None = None
+    # why m lies outside the m_s' range, where it does (analysis.multipliers.headline_gap); absent otherwise
+    headline_gap: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
     paired: dict[str, Any] | None = None  # the same-seed paired multiplier: m, m_ci95, per_size, heterogeneity
     bootstrap_failed: int | None = None
 
