@@ -80,7 +80,7 @@ def test_fig4_labels_overlap_no_curve_and_no_other_label(tmp_path, monkeypatch, 
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     main, panel = fig.axes[:2]
-    labels = [t for t in main.texts if " M = " in t.get_text()]
+    labels = [t for t in main.texts if "M = " in t.get_text()]
     assert len(labels) == len(fit.parts["multipliers"])  # one label per arrow
     boxes = [t.get_window_extent(renderer) for t in labels]
     for i, a in enumerate(boxes):
