@@ -269,3 +269,31 @@ def test_headline_outside_the_per_size_multipliers_is_explained():
     assert min(p["m"] for p in mm["per_size"].values()) <= mm["m"] <= max(p["m"] for p in mm["per_size"].values())
     assert "headline_gap" not in FitDocument.from_dict(doc).multipliers["block_attnres"].to_dict()
     assert "Why m" not in summary_markdown(doc)
+
+
+@pytest.mark.parametrize("residual", ["full", "block"])
+def test_fig8_columns_dropped_are_the_ones_the_model_never_reads(residual):
+    """On a real model's recorded weights: the columns a panel drops are exactly those none of its reads can see
+    (Full: attn_L and mlp_L before the last pre-attention read, mlp_L before the last pre-MLP read; Block: none)."""
+    torch = pytest.importorskip("torch")
+    from attnres.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    cfg = {"vocab_size": 61, "n_layers": 4, "d_model": 32, "n_heads": 4, "max_seq_len": 16, "residual": residual}
+    if residual == "block":
+        cfg["n_blocks"] = 2
+    model = Transformer(ModelConfig(**cfg))
+    model.record_diagnostics = True
+    model(torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(3)))
+    W = model.diagnostics["depth_weights"].numpy()
+    kinds, srcs = model.read_kinds(), model.residual.source_labels()
+    L = model.config.n_layers
+    _, attn = figures.depth_weight_panel(W, kinds, srcs, "attn")
+    _, mlp = figures.depth_weight_panel(W, kinds, srcs, "mlp")
+    every = [figures.source_label(s) for s in srcs]
+    if residual == "full":
+        assert [s for s in every if s not in attn] == [f"attn{L}", f"mlp{L}"]
+        assert [s for s in every if s not in mlp] == [f"mlp{L}"]
+    else:  # the last reads see the embedding, the completed blocks and the partial last one: nothing to drop
+        assert attn == every
+        assert mlp == every
