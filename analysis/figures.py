@@ -227,7 +227,7 @@ def scaling_figure(
     lines = []
     for v, mm in mults.items():
         ci = mm.m_ci95
-        s = f"{label_of(v, labels)}: m = {mm.m:.2f}×" + ci_text(ci)
+        s = f"{label_of(v, labels)}: m = {mm.m:.2f}×" + ci_text(ci, at_bound=mm.m_ci95_at_bound)
         if mm.p_m_le_1 is not None:
             s += f", P(m≤1) = {mm.p_m_le_1:.3f}"
         if mm.headline == "curve":
@@ -349,13 +349,15 @@ def _multiplier_limits(mults: dict[str, Multiplier]) -> tuple[float, float]:
     return float(vals_arr.min()) / 1.08, float(vals_arr.max()) * 1.08
 
 
-def ci_text(ci: Any, bound: float = CI_TEXT_BOUND) -> str:
+def ci_text(ci: Any, bound: float = CI_TEXT_BOUND, at_bound: list[bool] | None = None) -> str:
     """' [lo, hi]' for a multiplier interval; ends beyond [1/bound, bound] print as '<x' / '>x' (a bootstrap
-    interval of a fit with too few points can run to 1e9: a number that size carries no information)."""
+    interval of a fit with too few points can run to 1e9: a number that size carries no information). An end that
+    ``at_bound`` flags (fit.json's ``*_ci95_at_bound``: set by a search bound, unbounded) prints as '≤x' / '≥x'."""
     if not ci or ci[0] is None or ci[1] is None or not (np.isfinite(ci[0]) and np.isfinite(ci[1])):
         return ""
-    lo = f"<{1 / bound:.2g}" if ci[0] < 1 / bound else f"{ci[0]:.2f}"
-    hi = f">{bound:g}" if ci[1] > bound else f"{ci[1]:.2f}"
+    lo_b, hi_b = (bool(at_bound[0]), bool(at_bound[1])) if at_bound else (False, False)
+    lo = f"<{1 / bound:.2g}" if ci[0] < 1 / bound else ("≤" if lo_b else "") + f"{ci[0]:.2f}"
+    hi = f">{bound:g}" if ci[1] > bound else ("≥" if hi_b else "") + f"{ci[1]:.2f}"
     return f" [{lo}, {hi}]"
 
 
