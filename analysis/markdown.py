@@ -163,9 +163,8 @@ def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[st
                 else "L = A_arm·C^−α, α shared (E = 0)"
             )
             lines.append(
-                f"- **{v}**: joint fit {form}: E = {_fmt(j['E'])}"
-                + (f" {_ci(j['E_ci95'], at_bound=j.get('E_ci95_at_bound'))}" if j.get("E_ci95") else "")
-                + f", α = {j['alpha']:.4f} {_ci(j['alpha_ci95'], at_bound=j.get('alpha_ci95_at_bound'))}."
+                f"- **{v}**: joint fit {form}: E = {_fmt(j['E'])}, "
+                f"α = {j['alpha']:.4f} {_ci(j['alpha_ci95'], at_bound=j.get('alpha_ci95_at_bound'))}."
             )
             lines += _headline_note(v, mm)
             if j.get("fallback"):
