@@ -220,7 +220,7 @@ def _multiplier_entry(
         joint_d["E_ci95"] = bs.interval(joint.E, jb["E"], plan)
         joint_d["E_ci95_at_bound"] = bs.ends_at_bound(joint.E, jb["E"], at_bound, plan, joint_d["E_ci95"])
     else:
-        joint_d["E_ci95"] = joint_d["E_ci95_at_bound"] = None
+        joint_d["E_ci95"] = None
     joint_d["draws_at_bound"] = int(at_bound.sum())
     joint_d["huber_delta"] = delta
     m_ci = bs.interval(joint.m, jb["m"], plan, log=True)
@@ -264,11 +264,10 @@ def _multiplier_entry(
         "per_size": per_size,
         "per_size_geomean": point["geo"],
         "per_size_geomean_ci95": bs.interval(point["geo"], boot["geo"], plan, log=True),
-        "headline_gap": headline_gap(pair, point),
         "paired": paired,
         "bootstrap_failed": int((~finite_m).sum()),
         "_m_boot": jb["m"],
-    }
+    } | ({"headline_gap": gap} if (gap := headline_gap(pair, point)) else {})
 
 
 PAIRED_SD_FLOOR = 0.005  # nats: a paired-difference sd below this is not trusted as a weight

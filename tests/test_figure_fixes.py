@@ -235,7 +235,11 @@ def test_bound_flags_in_the_fit_document_and_summary():
     md = summary_markdown(doc)
     assert AT_BOUND in md
     assert "is unbounded" in md
-    assert json.loads(json.dumps(doc, default=float))  # the flags are plain JSON
+    plain = json.loads(json.dumps(FitDocument.from_dict(doc).to_dict()))  # as fit.json is written
+    for v, mm in doc["multipliers"].items():
+        assert plain["multipliers"][v]["joint"]["alpha_ci95_at_bound"] == mm["joint"]["alpha_ci95_at_bound"]
+    assert FitDocument.from_dict(plain).to_dict() == plain  # the flags load typed and round-trip
+    assert all("m_ci95_at_bound" in mm for mm in plain["multipliers"].values())
     # Well-determined (three seeds, small noise): no replicate on a bound, no flag, nothing printed.
     doc = _fit(synthetic_ladder({"block_attnres": 1.1}, n_sizes=3, seeds=(0, 1, 2), sigma=0.03, rng=5), B=300).parts
     mm = doc["multipliers"]["block_attnres"]
