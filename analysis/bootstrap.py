@@ -138,6 +138,39 @@ def interval(
     return [float(np.exp(lo)), float(np.exp(hi))] if log else [float(lo), float(hi)]
 
 
+def ends_at_bound(
+    est: float,
+    samples: np.ndarray,
+    at_bound: np.ndarray,
+    plan: ResamplePlan,
+    ci: list[float],
+    log: bool = False,
+) -> list[bool]:
+    """[lo, hi]: whether each end of ``ci`` (:func:`interval` of the same ``samples``) is set by an optimizer bound
+    rather than by the data: True where some replicate flagged in ``at_bound`` lies at or beyond that end (after the
+    same scaling). The percentile there then reads the bound (a replicate whose fit ran into it would have gone
+    further), so that end is unbounded. A quantity derived from such replicates (a difference, a ratio) is judged
+    the same way, on its own values."""
+    flags = [False, False]
+    s = np.asarray(samples, float)
+    mask = np.asarray(at_bound, bool)
+    if not mask.any() or ci is None or any(c is None or not np.isfinite(c) for c in ci):
+        return flags
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.log(np.where(s > 0, s, np.nan))
+        est = np.log(est) if est > 0 else np.nan
+        lo, hi = np.log(ci[0]), np.log(ci[1])
+    else:
+        lo, hi = ci
+    if not np.isfinite(est):
+        return flags
+    adj = est + plan.scale * (s[mask] - est)
+    adj = adj[np.isfinite(adj)]
+    tol = 1e-12 * max(1.0, abs(hi), abs(lo))
+    return [bool((adj <= lo + tol).any()), bool((adj >= hi - tol).any())]
+
+
 def share_at_most(est: float, samples: np.ndarray, plan: ResamplePlan, threshold: float = 1.0) -> float:
     """P(m <= threshold) over the (scaled, log-space) bootstrap distribution of a positive quantity."""
     s = np.asarray(samples, float)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 import zlib
 from pathlib import Path
@@ -139,9 +140,9 @@ def scaling_figure(
     lo, hi = C_all.min() / 1.25, max(reach, C_all.max()) * 1.3
 
     if per_size_panel and mults:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11.2, 4.5), gridspec_kw={"width_ratios": [1.45, 1]})
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13.4, 4.5), gridspec_kw={"width_ratios": [1.45, 1]})
     else:
-        fig, ax = plt.subplots(figsize=(6.6, 4.5))
+        fig, ax = plt.subplots(figsize=(8.8 if mults else 6.6, 4.5))
         ax2 = None
     grid = np.geomspace(lo, hi, 200)
     flagged_labelled = False
@@ -182,7 +183,9 @@ def scaling_figure(
     )
     y_lo, y_hi = _loss_limits(df, variants, grid, fits)
     span = y_hi - y_lo
-    last_y = -np.inf
+    n_lines = len(mults)
+    y_bottom = y_lo - (0.06 + 0.045 * n_lines) * span if n_lines else y_lo
+    ends = []  # (arrow's loss in axes fraction, label, colour)
     for v, mm in arrows:
         C_star = mm.paper_M_at_C
         y = float(PowerLaw(fits[v].A, fits[v].alpha).loss(C_star))
@@ -202,26 +205,29 @@ def scaling_figure(
             },
             zorder=5,
         )
-        txt = f"M = {mm.paper_M:.2f}×" + ci_text(mm.paper_M_ci95)
+        txt = f"{label_of(v, labels)}: M = {mm.paper_M:.2f}×" + ci_text(mm.paper_M_ci95)
         if M_drawn < mm.paper_M:
             txt += f" (arrow cut at {MAX_ARROW:g}×)"
-        ty = max(y + 0.05 * span, last_y + 0.065 * span)  # keep stacked labels apart
-        last_y = ty
+        ends.append(((y - y_bottom) / (y_hi - y_bottom), txt, col))
+    # The labels sit in the right margin, outside the axes (where no curve is drawn), each at its arrow's height,
+    # pushed apart where arrows end at nearly the same loss (at the largest compute they usually do).
+    for frac, (_, txt, col) in zip(_spread(sorted(e[0] for e in ends), gap=0.075), sorted(ends, key=lambda e: e[0])):
         ax.text(
-            C_star * M_drawn,
-            ty,
+            1.015,
+            frac,
             txt,
+            transform=ax.transAxes,
             color=col,
-            ha="right",
-            va="bottom",
+            ha="left",
+            va="center",
             fontsize=8.5,
-            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
+            clip_on=False,
             zorder=6,
         )
     lines = []
     for v, mm in mults.items():
         ci = mm.m_ci95
-        s = f"{label_of(v, labels)}: m = {mm.m:.2f}×" + ci_text(ci)
+        s = f"{label_of(v, labels)}: m = {mm.m:.2f}×" + ci_text(ci, at_bound=mm.m_ci95_at_bound)
         if mm.p_m_le_1 is not None:
             s += f", P(m≤1) = {mm.p_m_le_1:.3f}"
         if mm.headline == "curve":
@@ -242,7 +248,7 @@ def scaling_figure(
             zorder=6,
         )
     _log_compute_axis(ax, lo, hi)
-    ax.set_ylim(y_lo - (0.06 + 0.045 * len(lines)) * span if lines else y_lo, y_hi)
+    ax.set_ylim(y_bottom, y_hi)
     xlabel = "Compute (PFLOP/s-days)" + ("" if compute == "pflops_days" else f"  [{compute}]")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Validation loss")
@@ -254,6 +260,20 @@ def scaling_figure(
         ax2.set_xlabel(xlabel)
     fig.tight_layout()
     return save(fig, stem)
+
+
+def _spread(fracs: list[float], gap: float, lo: float = 0.02, hi: float = 0.98) -> list[float]:
+    """Positions (axes fractions) for labels wanted at the sorted heights ``fracs``: each at least ``gap`` above
+    the one below, all within [lo, hi] where they fit, as near their wanted heights as that allows."""
+    out: list[float] = []
+    for f in fracs:
+        out.append(max(min(max(f, lo), hi), out[-1] + gap) if out else min(max(f, lo), hi))
+    over = out[-1] - hi if out else 0.0
+    if over > 0:  # the stack runs off the top: move it down, then keep the gaps from the bottom up
+        out = [o - over for o in out]
+        for k in range(len(out) - 2, -1, -1):
+            out[k] = min(out[k], out[k + 1] - gap)
+    return out
 
 
 def _multiplier_panel(
@@ -329,13 +349,15 @@ def _multiplier_limits(mults: dict[str, Multiplier]) -> tuple[float, float]:
     return float(vals_arr.min()) / 1.08, float(vals_arr.max()) * 1.08
 
 
-def ci_text(ci: Any, bound: float = CI_TEXT_BOUND) -> str:
+def ci_text(ci: Any, bound: float = CI_TEXT_BOUND, at_bound: list[bool] | None = None) -> str:
     """' [lo, hi]' for a multiplier interval; ends beyond [1/bound, bound] print as '<x' / '>x' (a bootstrap
-    interval of a fit with too few points can run to 1e9: a number that size carries no information)."""
+    interval of a fit with too few points can run to 1e9: a number that size carries no information). An end that
+    ``at_bound`` flags (fit.json's ``*_ci95_at_bound``: set by a search bound, unbounded) prints as '≤x' / '≥x'."""
     if not ci or ci[0] is None or ci[1] is None or not (np.isfinite(ci[0]) and np.isfinite(ci[1])):
         return ""
-    lo = f"<{1 / bound:.2g}" if ci[0] < 1 / bound else f"{ci[0]:.2f}"
-    hi = f">{bound:g}" if ci[1] > bound else f"{ci[1]:.2f}"
+    lo_b, hi_b = (bool(at_bound[0]), bool(at_bound[1])) if at_bound else (False, False)
+    lo = f"<{1 / bound:.2g}" if ci[0] < 1 / bound else ("≤" if lo_b else "") + f"{ci[0]:.2f}"
+    hi = f">{bound:g}" if ci[1] > bound else ("≥" if hi_b else "") + f"{ci[1]:.2f}"
     return f" [{lo}, {hi}]"
 
 
@@ -523,9 +545,15 @@ def dynamics_figure(
                 continue
             y = np.mean(rows, axis=0)
             ax.plot(
-                np.arange(y.size), y, marker="o", ms=3.5, lw=1.4, color=color_of(v, variants), label=label_of(v, labels)
+                np.arange(1, y.size + 1),  # transformer blocks 1..L (the embedding is 0: fig8's numbering)
+                y,
+                marker="o",
+                ms=3.5,
+                lw=1.4,
+                color=color_of(v, variants),
+                label=label_of(v, labels),
             )
-        ax.set_xlabel("Transformer block")
+        ax.set_xlabel("Transformer block l (1..L)")
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -534,6 +562,31 @@ def dynamics_figure(
     axes[0].legend(frameon=False)
     fig.tight_layout()
     return save(fig, stem)
+
+
+_SUBLAYER_LABEL = re.compile(r"^(attn|mlp)(\d+)$")
+
+
+def source_label(label: str) -> str:
+    """A depth-attention source's tick label in the paper's numbering (the embedding is source 0, transformer blocks
+    are 1..L): attnres.residual names Full AttnRes's sublayer sources 0-based (``attn0``, ``mlp0`` = block 1's),
+    so they are shifted by one to match the figure's rows; ``emb`` and Block's ``block1..N`` are kept."""
+    m = _SUBLAYER_LABEL.match(label)
+    return f"{m.group(1)}{int(m.group(2)) + 1}" if m else label
+
+
+def depth_weight_panel(W: np.ndarray, kinds: list[str], srcs: list[str], kind: str) -> tuple[np.ndarray, list[str]]:
+    """One Fig. 8 panel: the rows of ``W`` (reads x sources, NaN = not visible) whose read kind is ``kind``, without
+    the source columns that no such read can see, and those columns' labels (:func:`source_label`).
+
+    The matrix has a column for every source of the final read, which sees all of them; a panel's reads do not:
+    under Full AttnRes the last block's pre-attention read sees emb .. mlp_{L-1} (attn_L and mlp_L are written
+    after it) and its pre-MLP read sees up to attn_L (mlp_L is the last sublayer's output, read only by the final
+    aggregation). Such columns are all-NaN in the panel by construction and are dropped."""
+    rows = [r for r, k in enumerate(kinds) if k == kind]
+    M = np.asarray(W, float)[rows]
+    keep = ~np.all(np.isnan(M), axis=0) if M.shape[0] else np.ones(M.shape[1], bool)
+    return M[:, keep], [source_label(srcs[k]) for k in np.flatnonzero(keep)]
 
 
 def depth_weights_figure(
@@ -566,7 +619,7 @@ def depth_weights_figure(
             W = np.nanmean(mats, axis=0)
         kinds = list(runs[0]["read_kinds"])
         srcs = list(runs[0]["source_labels"])
-        panels.append((runs[0]["variant"], size, W, kinds, srcs))
+        panels.append((runs[0]["variant"], size, W, kinds, srcs, residual))
     if not panels:
         warnings.warn(
             "depth-weight heatmaps skipped: no diagnostics.json with depth_weights (Full/Block AttnRes)",
@@ -579,22 +632,27 @@ def depth_weights_figure(
     cmap = plt.get_cmap("viridis").copy()
     cmap.set_bad("#f2f2f2")
     im = None
-    for i, (variant, size, W, kinds, srcs) in enumerate(panels):
+    for i, (variant, size, W, kinds, srcs, residual) in enumerate(panels):
         for j, kind in enumerate(("attn", "mlp")):
             ax = axes[i, j]
-            rows = [r for r, k in enumerate(kinds) if k == kind]
-            M = np.ma.masked_invalid(W[rows])
-            im = ax.imshow(M, cmap=cmap, vmin=0, vmax=vmax, aspect="auto", interpolation="nearest")
-            ax.grid(False)
-            step = max(1, math.ceil(len(srcs) / 17))
-            ax.set_xticks(range(0, len(srcs), step))
-            ax.set_xticklabels(
-                [srcs[k] for k in range(0, len(srcs), step)], rotation=90 if len(srcs) > 12 else 0, fontsize=7.5
+            M, names = depth_weight_panel(W, kinds, srcs, kind)
+            rows = M.shape[0]
+            im = ax.imshow(
+                np.ma.masked_invalid(M), cmap=cmap, vmin=0, vmax=vmax, aspect="auto", interpolation="nearest"
             )
-            rstep = max(1, math.ceil(len(rows) / 16))
-            ax.set_yticks(range(0, len(rows), rstep))
-            ax.set_yticklabels([str(k + 1) for k in range(0, len(rows), rstep)], fontsize=7.5)
-            ax.set_xlabel("Source")
+            ax.grid(False)
+            step = max(1, math.ceil(len(names) / 17))
+            ax.set_xticks(range(0, len(names), step))
+            ax.set_xticklabels(
+                [names[k] for k in range(0, len(names), step)], rotation=90 if len(names) > 8 else 0, fontsize=7.5
+            )
+            rstep = max(1, math.ceil(rows / 16))
+            ax.set_yticks(range(0, rows, rstep))
+            ax.set_yticklabels([str(k + 1) for k in range(0, rows, rstep)], fontsize=7.5)
+            ax.set_xlabel(
+                "Source (emb = 0; "
+                + ("block n: the n-th block's sum)" if residual == "block" else "attn l, mlp l: block l's sublayers)")
+            )
             ax.set_ylabel("Layer (transformer block)")
             ax.set_title(f"{label_of(variant, labels)}: pre-{'attention' if kind == 'attn' else 'MLP'} reads ({size})")
     fig.tight_layout()

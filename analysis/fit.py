@@ -489,6 +489,28 @@ def fit_joint(
     return res
 
 
+def joint_draws_at_bound(
+    jb: dict[str, np.ndarray],
+    L: np.ndarray,
+    W: np.ndarray,
+    form: str,
+    alpha_bounds: tuple[float, float] = ALPHA_BOUNDS,
+) -> np.ndarray:
+    """Which replicates of :func:`fit_joint_batch` (``jb``, on losses L and weights W of shape (B, n)) ended on a
+    bound of the saturating search: alpha at either end of ``alpha_bounds`` (within 0.1%) or E at its upper bound,
+    the replicate's smallest loss (within 0.01%). Such a replicate's alpha, E and every number derived from them
+    (m, the arms' own exponents, m_s) are set by the bound, not by the data. E = 0 is a constraint of the model
+    (no saturation), not a search bound, and the power-law form has no bounds: all False there."""
+    alpha = np.asarray(jb["alpha"], float)
+    if form != "saturating":
+        return np.zeros(alpha.shape, bool)
+    lo, hi = alpha_bounds
+    E_max = np.where(np.asarray(W) > 0, np.asarray(L, float), np.inf).min(-1)
+    E = np.asarray(jb["E"], float)
+    with np.errstate(invalid="ignore"):
+        return (alpha <= lo * (1 + 1e-3)) | (alpha >= hi * (1 - 1e-3)) | (E_max * (1 - 1e-4) <= E)
+
+
 def _joint_result(form: str, E: float, a_b: float, a_v: float, alpha: float, obj: float, C_ref: float) -> JointFit:
     # L = E + exp(a) (C / C_ref)^-alpha = E + [exp(a) C_ref^alpha] C^-alpha
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):

@@ -137,6 +137,12 @@ class JointLaw(_Part):
     saturating_attempt: dict[str, Any] | None = None
     alpha_ci95: Interval | None = None
     E_ci95: Interval | None = None
+    # [lo, hi]: that end of the interval is set by a search bound (analysis.bootstrap.ends_at_bound): unbounded.
+    # Absent from documents written before the flags existed (and E's for the E = 0 form).
+    alpha_ci95_at_bound: list[bool] | None = field(default=None, metadata={"omit_if_none": True})
+    E_ci95_at_bound: list[bool] | None = field(default=None, metadata={"omit_if_none": True})
+    # replicates whose fit ended on a bound (analysis.fit.joint_draws_at_bound)
+    draws_at_bound: int | None = field(default=None, metadata={"omit_if_none": True})
     huber_delta: float | None = None
 
 
@@ -149,6 +155,7 @@ class Exponents(_Part):
     alpha_variant: float | None = None
     diff: float | None = None
     diff_ci95: Interval | None = None
+    diff_ci95_at_bound: list[bool] | None = field(default=None, metadata={"omit_if_none": True})
     significant: bool | None = None
 
 
@@ -174,6 +181,7 @@ class Multiplier(_Part):
     paper_M_curve: MultiplierCurve | None = None
     m: float | None = None
     m_ci95: Interval | None = None
+    m_ci95_at_bound: list[bool] | None = field(default=None, metadata={"omit_if_none": True})
     p_m_le_1: float | None = None
     joint: JointLaw | None = None
     exponents: Exponents | None = None
@@ -181,6 +189,8 @@ class Multiplier(_Part):
     per_size: dict[str, SizeMultiplier] = field(default_factory=dict)
     per_size_geomean: float | None = None
     per_size_geomean_ci95: Interval | None = None
+    # why m lies outside the m_s' range, where it does (analysis.multipliers.headline_gap); absent otherwise
+    headline_gap: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
     paired: dict[str, Any] | None = None  # the same-seed paired multiplier: m, m_ci95, per_size, heterogeneity
     bootstrap_failed: int | None = None
 

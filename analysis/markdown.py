@@ -12,7 +12,9 @@ from typing import Any
 from .ablations import ablation_markdown
 from .arch_grid import arch_grid_markdown
 from .block_size import block_size_markdown
+from .fit import ALPHA_BOUNDS
 from .multipliers import PAIRED_SD_FLOOR
+from .table_format import AT_BOUND
 from .table_format import ci as _ci
 from .table_format import fmt as _fmt
 from .table_format import loss_cell as _loss_cell
@@ -79,6 +81,56 @@ def _laws(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
     return lines
 
 
+def _bound_note(doc: dict[str, Any]) -> list[str]:
+    """One paragraph, where some interval end of the joint fits is set by a search bound, saying which bounds and
+    how many replicates ended on one (fit.json's ``joint.draws_at_bound``)."""
+    hits = {
+        v: mm["joint"].get("draws_at_bound") or 0
+        for v, mm in doc["multipliers"].items()
+        if any(
+            any(flags or [])
+            for flags in (
+                mm.get("m_ci95_at_bound"),
+                (mm.get("exponents") or {}).get("diff_ci95_at_bound"),
+                mm["joint"].get("alpha_ci95_at_bound"),
+                mm["joint"].get("E_ci95_at_bound"),
+            )
+        )
+    }
+    if not hits:
+        return []
+    B = (doc.get("bootstrap") or {}).get("B")
+    counts = ", ".join(f"{v} {n}" + (f" of {B}" if B else "") for v, n in hits.items())
+    return [
+        (
+            f"An interval end printed as ≤x / ≥x {AT_BOUND} is unbounded: bootstrap replicates of the saturating joint "
+            f"fit ended on its search bounds (α in [{ALPHA_BOUNDS[0]:g}, {ALPHA_BOUNDS[1]:g}], E at most the smallest "
+            f"loss) and reach that end, so the bound, not the data, sets it; x is how far out it is at least "
+            f"(replicates on a bound: {counts}). The same holds for numbers derived from those replicates "
+            "(m, α_v − α_b)."
+        ),
+        "",
+    ]
+
+
+def _headline_note(v: str, mm: dict[str, Any]) -> list[str]:
+    """Where the joint fit's m lies outside the range of the per-size m_s, one sentence on why, from the
+    document's ``headline_gap`` (analysis.multipliers.headline_gap)."""
+    g = mm.get("headline_gap")
+    if not g:
+        return []
+    return [
+        (
+            f"  Why m ({mm['m']:.3f}) lies {g['side']} every per-size m_s ({g['m_s_min']:.3f}–{g['m_s_max']:.3f}, "
+            f"geo-mean {mm['per_size_geomean']:.3f}): the m_s invert the baseline's own curve (α_b = "
+            f"{g['alpha_base']:.4f}), m the joint fit's (shared α = {g['alpha_shared']:.4f}); on the joint fit's "
+            f"baseline curve the m_s have a geo-mean of {g['m_s_joint_curve_geomean']:.3f} (the curves account for "
+            f"×{g['factor_curves']:.3f}), and the rest, ×{g['factor_off_curve']:.3f}, is the variant's runs lying off "
+            "its fitted curve on average (the robust fit does not pass through the size means)."
+        )
+    ]
+
+
 def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
     """The multipliers table, each variant's joint fit and per-size m_s, and how the intervals were drawn."""
     lines: list[str] = []
@@ -96,11 +148,13 @@ def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[st
             flag = " (differ)" if ex["significant"] else ""
             lines.append(
                 f"| {v} | {mm['paper_M']:.3f}× {_ci(mm['paper_M_ci95'])} (C = {mm['paper_M_at_C']:.3g}) | "
-                f"{mm['m']:.3f}× {_ci(mm['m_ci95'])} | {_fmt(mm['p_m_le_1'], 3)} | "
+                f"{mm['m']:.3f}× {_ci(mm['m_ci95'], at_bound=mm.get('m_ci95_at_bound'))} | "
+                f"{_fmt(mm['p_m_le_1'], 3)} | "
                 f"{mm['per_size_geomean']:.3f}× {_ci(mm['per_size_geomean_ci95'])} | "
-                f"{ex['diff']:+.4f} {_ci(ex['diff_ci95'], 2)}{flag} |"
+                f"{ex['diff']:+.4f} {_ci(ex['diff_ci95'], 2, at_bound=ex.get('diff_ci95_at_bound'))}{flag} |"
             )
         lines.append("")
+        lines += _bound_note(doc)
         for v, mm in doc["multipliers"].items():
             j = mm["joint"]
             form = (
@@ -109,8 +163,10 @@ def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[st
                 else "L = A_arm·C^−α, α shared (E = 0)"
             )
             lines.append(
-                f"- **{v}**: joint fit {form}: E = {_fmt(j['E'])}, α = {j['alpha']:.4f} {_ci(j['alpha_ci95'])}."
+                f"- **{v}**: joint fit {form}: E = {_fmt(j['E'])}, "
+                f"α = {j['alpha']:.4f} {_ci(j['alpha_ci95'], at_bound=j.get('alpha_ci95_at_bound'))}."
             )
+            lines += _headline_note(v, mm)
             if j.get("fallback"):
                 lines.append(f"  Fallback: {j['fallback']}.")
             if mm["headline"] == "curve":

@@ -16,7 +16,16 @@ import pandas as pd
 from scipy import stats
 
 from . import bootstrap as bs
-from .fit import PowerLaw, arm_slopes_batch, fit_joint, fit_joint_batch, fit_power_law, multiplier_curve, wls_line
+from .fit import (
+    PowerLaw,
+    arm_slopes_batch,
+    fit_joint,
+    fit_joint_batch,
+    fit_power_law,
+    joint_draws_at_bound,
+    multiplier_curve,
+    wls_line,
+)
 from .runs import size_order
 
 _CHUNK = 400  # replicates per batched call: bounds memory of the (replicates x alphas x points) arrays
@@ -115,6 +124,38 @@ def _point_estimates(pair: _Pair, form: str, delta: float) -> dict[str, Any]:
     }
 
 
+def headline_gap(pair: _Pair, point: dict[str, Any]) -> dict[str, Any] | None:
+    """Why the joint fit's m lies outside the range of the per-size m_s, where it does (else None).
+
+    The two estimators read the same variant runs through different baseline curves: m_s inverts the baseline's
+    own curve (its exponent alpha_b under the joint fit's E), m the joint fit's baseline curve (the shared alpha,
+    fitted to both arms at once), and m also reads the variant through its fitted curve rather than its runs. So
+    ln m - ln geo(m_s) = ln(geo_joint / geo) + ln(m / geo_joint), geo_joint being the geo-mean of the m_s
+    re-read on the joint fit's baseline curve: the first term is the curves' (the exponents'), the second the
+    variant's runs lying off their joint-fit curve on average (the Huber fit does not pass through the means)."""
+    joint = point["joint"]
+    m_s = list(point["per_size"].values())
+    lo, hi = min(m_s), max(m_s)
+    if not (np.isfinite(joint.m) and (joint.m > hi or joint.m < lo)):
+        return None
+    on_joint = PowerLaw(A=joint.A_base, alpha=joint.alpha, E=joint.E).compute_for_loss(pair.L) / pair.C
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per = [float(np.exp(np.mean(np.log(on_joint[pair.at(s)])))) for s in pair.order]
+        geo_joint = float(np.exp(np.mean(np.log(per))))
+    geo = point["geo"]
+    return {
+        "side": "above" if joint.m > hi else "below",
+        "m_s_min": lo,
+        "m_s_max": hi,
+        "alpha_shared": joint.alpha,
+        "alpha_base": float(point["sl"]["alpha_b"]),
+        "E": joint.E,
+        "m_s_joint_curve_geomean": geo_joint,
+        "factor_curves": geo_joint / geo,  # the baseline curve: joint fit's vs the baseline's own
+        "factor_off_curve": joint.m / geo_joint,  # the variant's fitted curve vs its runs
+    }
+
+
 def _replicates(
     pair: _Pair, point: dict[str, Any], Ls: np.ndarray, Ws: np.ndarray, plan: bs.ResamplePlan, delta: float
 ) -> dict[str, Any]:
@@ -144,6 +185,7 @@ def _replicates(
         diff = slb["alpha_v"] - slb["alpha_b"]
     return {
         "jb": jb,
+        "at_bound": joint_draws_at_bound(jb, Ls, Ws, point["joint"].form),
         "M_star": M_star,
         "M_curve": M_curve,
         "slb": slb,
@@ -163,14 +205,25 @@ def _multiplier_entry(
     delta: float,
 ) -> dict[str, Any]:
     """fit.json's ``multipliers.<variant>`` from the point estimates and their replicates."""
-    joint, jb = point["joint"], boot["jb"]
+    joint, jb, at_bound = point["joint"], boot["jb"], boot["at_bound"]
     diff_ci = bs.interval(point["alpha_diff"], boot["diff"], plan)
-    significant = bool(np.isfinite(diff_ci[0]) and (diff_ci[0] > 0 or diff_ci[1] < 0))
+    diff_bound = bs.ends_at_bound(point["alpha_diff"], boot["diff"], at_bound, plan, diff_ci)
+    # The exponents differ only where the end that excludes 0 is the data's, not a bound's.
+    significant = bool(
+        np.isfinite(diff_ci[0]) and ((diff_ci[0] > 0 and not diff_bound[0]) or (diff_ci[1] < 0 and not diff_bound[1]))
+    )
     finite_m = np.isfinite(jb["m"]) & (jb["m"] > 0)
     joint_d = joint.to_dict()
     joint_d["alpha_ci95"] = bs.interval(joint.alpha, jb["alpha"], plan)
-    joint_d["E_ci95"] = bs.interval(joint.E, jb["E"], plan) if joint.form == "saturating" else None
+    joint_d["alpha_ci95_at_bound"] = bs.ends_at_bound(joint.alpha, jb["alpha"], at_bound, plan, joint_d["alpha_ci95"])
+    if joint.form == "saturating":
+        joint_d["E_ci95"] = bs.interval(joint.E, jb["E"], plan)
+        joint_d["E_ci95_at_bound"] = bs.ends_at_bound(joint.E, jb["E"], at_bound, plan, joint_d["E_ci95"])
+    else:
+        joint_d["E_ci95"] = None
+    joint_d["draws_at_bound"] = int(at_bound.sum())
     joint_d["huber_delta"] = delta
+    m_ci = bs.interval(joint.m, jb["m"], plan, log=True)
     per_size = {}
     for s in pair.order:
         mask = pair.at(s)
@@ -194,7 +247,8 @@ def _multiplier_entry(
             "ci95_hi": [bs.interval(M_grid[i], M_curve[:, i], plan, log=True)[1] for i in range(len(C_grid))],
         },
         "m": joint.m,
-        "m_ci95": bs.interval(joint.m, jb["m"], plan, log=True),
+        "m_ci95": m_ci,
+        "m_ci95_at_bound": bs.ends_at_bound(joint.m, jb["m"], at_bound, plan, m_ci, log=True),
         "p_m_le_1": bs.share_at_most(joint.m, jb["m"], plan, 1.0),
         "joint": joint_d,
         "exponents": {
@@ -203,6 +257,7 @@ def _multiplier_entry(
             "alpha_variant": float(point["sl"]["alpha_v"]),
             "diff": point["alpha_diff"],
             "diff_ci95": diff_ci,
+            "diff_ci95_at_bound": diff_bound,
             "significant": significant,
         },
         "headline": "curve" if significant else "m",
@@ -212,7 +267,7 @@ def _multiplier_entry(
         "paired": paired,
         "bootstrap_failed": int((~finite_m).sum()),
         "_m_boot": jb["m"],
-    }
+    } | ({"headline_gap": gap} if (gap := headline_gap(pair, point)) else {})
 
 
 PAIRED_SD_FLOOR = 0.005  # nats: a paired-difference sd below this is not trusted as a weight

@@ -274,12 +274,12 @@ def _depth_weights(Lb: int, residual: str, row: pd.Series, rng: np.random.Genera
     L = 2 * Lb
     kinds = ["attn", "mlp"] * Lb + ["final"]
     if residual == "full":
-        labels = ["emb"] + [str(k) for k in range(1, L + 1)]
+        labels = ["emb"] + [f"{'attn' if i % 2 == 0 else 'mlp'}{i // 2}" for i in range(L)]  # attnres's names
         visible = [list(range(j + 1)) for j in range(L + 1)]  # read j sees the embedding and outputs 1..j
     else:
         S = int(row["block_size"])
         N = math.ceil(L / S)
-        labels = ["emb"] + [f"b{k}" for k in range(1, N + 1)]
+        labels = ["emb"] + [f"block{k}" for k in range(1, N + 1)]
         # read j sits in block n = j // S + 1: sees emb, completed blocks b1..b_{n-1}, and the partial b_n if any
         visible = [list(range(j // S + 1 + (j % S > 0))) for j in range(L)] + [list(range(N + 1))]
     W = []

@@ -13,11 +13,19 @@ def fmt(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
 
 
-def ci(interval: list[float] | None, digits: int = 3) -> str:
-    """An interval as "[lo, hi]"; "–" when either end is missing or not finite."""
+AT_BOUND = "(at bound)"  # marks an interval end set by a search bound (fit.json's ``*_ci95_at_bound``)
+
+
+def ci(interval: list[float] | None, digits: int = 3, at_bound: list[bool] | None = None) -> str:
+    """An interval as "[lo, hi]"; "–" when either end is missing or not finite. An end that ``at_bound`` flags
+    (fit.json's ``*_ci95_at_bound``: a bootstrap replicate on a search bound reaches it) is unbounded and prints as
+    "≤lo (at bound)" / "≥hi (at bound)": the end is at least that far out, and how far the data do not say."""
     if not interval or interval[0] is None or not all(isinstance(c, float) and math.isfinite(c) for c in interval):
         return "–"
-    return f"[{interval[0]:.{digits}g}, {interval[1]:.{digits}g}]"
+    lo_b, hi_b = (bool(at_bound[0]), bool(at_bound[1])) if at_bound else (False, False)
+    lo = f"≤{interval[0]:.{digits}g} {AT_BOUND}" if lo_b else f"{interval[0]:.{digits}g}"
+    hi = f"≥{interval[1]:.{digits}g} {AT_BOUND}" if hi_b else f"{interval[1]:.{digits}g}"
+    return f"[{lo}, {hi}]"
 
 
 def loss_cell(r: dict[str, Any]) -> str:

@@ -20,6 +20,8 @@ def test_interval_text_bounds_its_ends():
     assert figures.ci_text([1.01, 1.38]) == " [1.01, 1.38]"
     assert figures.ci_text(None) == ""
     assert figures.ci_text([None, None]) == ""
+    assert figures.ci_text([0.84, 6.65], at_bound=[True, False]) == " [≤0.84, 6.65]"  # set by a search bound
+    assert figures.ci_text([0.84, 6.65], at_bound=[False, False]) == " [0.84, 6.65]"
 
 
 @pytest.mark.parametrize("multipliers", [{"block_attnres": 1.3, "full_attnres": 1.1}, {"block_attnres": 12.0}])
