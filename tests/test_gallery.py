@@ -94,7 +94,7 @@ def test_the_figures_command_restores_runs_each_study_then_writes_the_page(tmp_p
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     assert study.run_figures(2, runs, reports, fresh=False) == 0
     assert [c[0] for c in calls] == [name for name, _, _ in study.FIGURE_STUDIES]
-    assert ["--seeds", "0,1,2,20,21,22"] == calls[0][-2:]
+    assert calls[0][-2:] == ["--seeds", "0,1,2,20,21,22"]
     committed = len(list((RESULTS / "deep_block_size" / "records").glob("*.json")))
     assert len(list((runs / "deep_block_size" / "records").glob("*.json"))) >= committed
     assert analyses == [["map"], ["paper"]]
