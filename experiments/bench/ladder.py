@@ -15,7 +15,7 @@ evaluation, checkpoints), ``tokens_per_cpu_s`` = tokens / CPU seconds, the first
 the compiled path) and the **steady step**: the median gap between consecutive training-batch starts
 (:class:`LadderTimer`), the first :data:`WARMUP_GAPS` gaps and every gap that holds an evaluation or a checkpoint
 dropped (the per-step grad-norm statistics of the logged steps stay in). The load other processes put on the
-machine during each run (bench_common.CoreMonitor) is recorded with it.
+machine during each run (machine_load.CoreMonitor) is recorded with it.
 
 **Compilation is counted.** Round 0's compiled run of every (size, arm) is **cold**: it compiles into a fresh,
 empty inductor cache (a new ``$TORCHINDUCTOR_CACHE_DIR`` under a temporary directory, inductor's in-memory caches
@@ -25,7 +25,7 @@ gets one compiled run in a **new process** that finds only the warm disk cache (
 shape another worker compiled). The **amortised** figure for a study with K runs per shape and worker is
 tokens / ((cold + (K - 1) warm) / K) CPU seconds.
 
-**GEMM floor** (:func:`gemm_floor`). Every aten mm/addmm/bmm/baddbmm of one eager training step (forward and
+**GEMM floor** (experiments.bench.gemm_floor). Every aten mm/addmm/bmm/baddbmm of one eager training step (forward and
 backward) of the baseline at the size is recorded with a TorchDispatchMode, SDPA forced to its math backend so that
 attention's QK^T and PV and their four backward bmm are among them; each recorded (op, shapes, strides, dtype) is
 then timed alone on random tensors, one thread, and the times summed with their counts. That sum is the step's
@@ -34,7 +34,7 @@ thread, the machine's large-matmul peak. Every arm is compared with the baseline
 note; its depth mixing is overhead by design). The math backend computes attention's full T x T scores, so the
 floor's attention share is that of an unmasked attention (``attention_share``).
 
-Lightning is imported here only (as in experiments.bench_harness); ``python -m experiments.bench --help`` stays
+Lightning is imported here only (as in experiments.bench.harness); ``python -m experiments.bench --help`` stays
 fast.
 """
 
@@ -49,18 +49,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 
-from .bench_common import REPO, CoreMonitor, summarize
-from .compiler import CACHE_ENV, cpu_seconds
+from ..compiler import CACHE_ENV, cpu_seconds
+from .gemm_floor import matmul_peak, record_matmuls, time_floor
+from .machine_load import CoreMonitor
+from .sample_stats import summarize
+from .settings import BenchSettings
+from .shapes import REPO
 
 LADDER_SIZES = ("cpu_xs", "cpu_s", "cpu_m", "cpu_l")  # the default study's sizes (conf/sweep/cpu_ladder.yaml)
 LADDER_SCHEMES = ("baseline", "block_attnres", "full_attnres")  # conf/model/ names; the first is the reference
@@ -142,7 +143,7 @@ def ladder_overrides(
     """The overrides of one ladder run as the study launches it (one thread, no external logger, no progress bar),
     on training path ``path``, with ``train.tokens`` scaled by ``fraction`` (at least 16 steps' worth), then
     ``extra``."""
-    from .compose import compose
+    from ..compose import compose
 
     o = [
         "experiment=cpu_ladder",
@@ -156,7 +157,7 @@ def ladder_overrides(
         "force=true",
         f"paths.runs_root={runs_root}",
         f"paths.hydra_root={runs_root / 'outputs'}",
-        "+callbacks.ladder_timer._target_=experiments.bench_ladder.LadderTimer",
+        "+callbacks.ladder_timer._target_=experiments.bench.ladder.LadderTimer",
         f"+callbacks.ladder_timer.path={timer_path}",
     ]
     if data_cache:
@@ -172,8 +173,8 @@ def ladder_overrides(
 
 def full_steps(size: str) -> int:
     """Optimizer steps of the real ladder run at ``size`` (train.tokens = size.tokens, in whole batches)."""
-    from .compose import compose
-    from .sizes import steps_for
+    from ..compose import compose
+    from ..sizes import steps_for
 
     s = compose([f"size={size}"]).size
     return steps_for(float(s.tokens), int(s.batch_size), int(s.seq_len))
@@ -181,8 +182,8 @@ def full_steps(size: str) -> int:
 
 def train_once(overrides: Sequence[str], timer_path: Path) -> dict[str, Any]:
     """Train one run in this process (experiments.train.train); its measurements as a dict (module docstring)."""
-    from .compose import compose
-    from .train import train
+    from ..compose import compose
+    from ..train import train
 
     cfg = compose(list(overrides))
     monitor = CoreMonitor()
@@ -246,7 +247,7 @@ def inductor_cache(path: Path, fresh: bool) -> Iterator[Path]:
 
 
 def child_run(spec: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
-    """One run in a new process (``python -m experiments.bench_ladder --child``) with the inductor cache
+    """One run in a new process (``python -m experiments.bench.ladder --child``) with the inductor cache
     ``spec["cache"]``; the run's measurements plus the process's own CPU seconds (imports included)."""
     root = str(REPO)
     env = {
@@ -257,7 +258,7 @@ def child_run(spec: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench_ladder", "--child", json.dumps(spec)],
+        [sys.executable, "-m", "experiments.bench.ladder", "--child", json.dumps(spec)],
         cwd=root,
         env=env,
         capture_output=True,
@@ -269,162 +270,6 @@ def child_run(spec: dict[str, Any], timeout_s: float = 3600) -> dict[str, Any]:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["process_wall_s"] = time.perf_counter() - t0
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# GEMM floor and matmul peak
-
-
-_MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm")
-
-
-@dataclass(frozen=True)
-class MatmulCall:
-    """One distinct matmul of a training step: the aten op, its tensor arguments' shapes and strides, the dtype,
-    how often the step ran it, and its FLOPs per call (2 x the multiply-adds)."""
-
-    op: str
-    shapes: tuple[tuple[int, ...], ...]
-    strides: tuple[tuple[int, ...], ...]
-    dtype: str
-    count: int
-
-    @property
-    def flops(self) -> int:
-        a, b = self.shapes[-2], self.shapes[-1]  # (bias,) a, b
-        if self.op in ("mm", "addmm"):
-            return 2 * a[0] * a[1] * b[1]
-        return 2 * a[0] * a[1] * a[2] * b[2]
-
-
-def record_matmuls(model_config: Any, batch_size: int, seq_len: int, seed: int = 0) -> list[MatmulCall]:
-    """Every matmul of one eager training step (forward, cross-entropy, backward) of ``model_config`` on a random
-    ``[batch_size, seq_len]`` batch, SDPA on its math backend; distinct calls with their counts, in first-call
-    order."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from attnres import Transformer
-
-    aten = torch.ops.aten
-    packets = {getattr(aten, n): n for n in _MATMUL_OPS}
-    seen: Counter[tuple[str, tuple, tuple, str]] = Counter()
-
-    class Recorder(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            name = packets.get(func.overloadpacket)
-            if name is not None:
-                ts = [a for a in args if isinstance(a, torch.Tensor)]
-                key = (
-                    name,
-                    tuple(tuple(t.shape) for t in ts),
-                    tuple(tuple(t.stride()) for t in ts),
-                    str(ts[0].dtype).removeprefix("torch."),
-                )
-                seen[key] += 1
-            return func(*args, **(kwargs or {}))
-
-    torch.manual_seed(seed)
-    model = Transformer(model_config)
-    g = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, model_config.vocab_size, (batch_size, seq_len + 1), generator=g)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    with Recorder(), sdpa_kernel(SDPBackend.MATH):
-        _, loss = model(x, y)
-        loss.backward()
-    return [MatmulCall(op, shapes, strides, dtype, n) for (op, shapes, strides, dtype), n in seen.items()]
-
-
-def _operand(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
-    """A random tensor of ``shape`` with ``stride`` where that is a dense layout (a transposed view), else
-    contiguous."""
-    t = torch.empty_strided(shape, stride, dtype=dtype)
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size():  # broadcast or overlapping: dense instead
-        t = torch.empty(shape, dtype=dtype)
-    return t.normal_(generator=g)
-
-
-def time_call(fn: Callable[[], Any], repeats: int = 7, min_batch_s: float = 2e-3) -> float:
-    """Median CPU seconds (this process's, ``time.process_time``: what a loaded machine does not inflate) per call of
-    ``fn``: calls batched to at least ``min_batch_s``, ``repeats`` batches."""
-    clock = time.process_time
-    fn()
-    n, t = 1, 0.0
-    while True:
-        t0 = clock()
-        for _ in range(n):
-            fn()
-        t = clock() - t0
-        if t >= min_batch_s or n >= 1 << 16:
-            break
-        n *= 2
-    times = []
-    for _ in range(repeats):
-        t0 = clock()
-        for _ in range(n):
-            fn()
-        times.append((clock() - t0) / n)
-    return statistics.median(times)
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
-def time_matmul(call: MatmulCall, repeats: int = 7, seed: int = 0) -> float:
-    """Seconds per call of ``call``'s matmul alone (torch.mm / addmm / bmm / baddbmm on random operands of its
-    shapes and strides), in the calling thread's torch thread count."""
-    g = torch.Generator().manual_seed(seed)
-    dtype = getattr(torch, call.dtype)
-    ts = [_operand(s, st, dtype, g) for s, st in zip(call.shapes, call.strides)]
-    fn = getattr(torch, call.op)
-    return time_call(lambda: fn(*ts), repeats=repeats)
-
-
-def time_floor(calls: Sequence[MatmulCall], repeats: int = 7, threads: int = 1, seed: int = 0) -> dict[str, Any]:
-    """``calls`` timed alone (:func:`time_matmul`) on ``threads`` threads and summed with their counts: ``floor_s``,
-    the FLOPs and GFLOP/s of them, ``attention_share`` (the bmm's part of the floor) and the per-call table."""
-    rows = []
-    with torch_threads(threads):
-        for c in calls:
-            s = time_matmul(c, repeats=repeats, seed=seed)
-            rows.append({**asdict(c), "flops": c.flops, "s_per_call": s, "s_total": s * c.count})
-    floor = sum(r["s_total"] for r in rows)
-    flops = sum(r["flops"] * r["count"] for r in rows)
-    attn = sum(r["s_total"] for r in rows if r["op"] in ("bmm", "baddbmm"))
-    return {
-        "floor_s": floor,
-        "flops": flops,
-        "gflop_per_s": flops / floor / 1e9 if floor else None,
-        "calls": sum(r["count"] for r in rows),
-        "attention_share": attn / floor if floor else None,
-        "threads": threads,
-        "matmuls": rows,
-    }
-
-
-def gemm_floor(
-    model_config: Any, batch_size: int, seq_len: int, repeats: int = 7, threads: int = 1, seed: int = 0
-) -> dict[str, Any]:
-    """The GEMM floor of one training step of ``model_config`` on ``[batch_size, seq_len]`` batches (module
-    docstring): :func:`record_matmuls`, then :func:`time_floor`. ``floor_s`` is in CPU seconds."""
-    return time_floor(record_matmuls(model_config, batch_size, seq_len, seed), repeats, threads, seed)
-
-
-def matmul_peak(n: int = 512, repeats: int = 9, threads: int = 1) -> dict[str, Any]:
-    """The machine's large-matmul rate: an n^3 fp32 torch.mm on ``threads`` threads (median CPU time of
-    ``repeats`` batches)."""
-    g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    with torch_threads(threads):
-        s = time_call(lambda: torch.mm(a, b), repeats=repeats, min_batch_s=2e-2)
-    return {"n": n, "threads": threads, "s": s, "gflop_per_s": 2 * n**3 / s / 1e9}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -600,143 +445,29 @@ def _run_line(scheme: str, path: str, r: dict[str, Any]) -> str:
     )
 
 
-def bench_ladder(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The ladder section of experiments.bench (module docstring). ``args``: ladder_sizes, ladder_schemes and
-    ladder_paths (lists), ladder_fraction, ladder_seeds, ladder_disk_warm, ladder_override (extra overrides of
-    every run), data_cache, data_max_bytes."""
-    from attnres import flops_per_token
-
-    from .bench_common import conf_size
-    from .compose import initialize
+def bench_ladder(settings: BenchSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The ladder section of experiments.bench (module docstring), from the settings' ladder_* fields (sizes,
+    schemes, paths, fraction, seeds, disk_warm, override: extra overrides of every run), data_cache and
+    data_max_bytes."""
+    from ..compose import initialize
 
     initialize()
-    sizes, schemes, paths = list(args.ladder_sizes), list(args.ladder_schemes), list(args.ladder_paths)
-    seeds, fraction = int(args.ladder_seeds), float(args.ladder_fraction)
+    sizes, schemes, paths = list(settings.ladder_sizes), list(settings.ladder_schemes), list(settings.ladder_paths)
+    seeds, fraction = int(settings.ladder_seeds), float(settings.ladder_fraction)
     log(
         f"\n== CPU ladder: {', '.join(sizes)} x {', '.join(schemes)} on {' and '.join(paths)}, {seeds} round(s), "
         f"train.tokens x {fraction:g}, 1 thread"
     )
-    out_sizes: list[dict[str, Any]] = []
-    monitor = CoreMonitor()
     with tempfile.TemporaryDirectory(prefix="attnres_ladder_") as tmp:
-        tmpdir = Path(tmp)
-
-        def one(size: str, scheme: str, path: str, seed: int, tag: str) -> tuple[list[str], Path]:
-            timer = tmpdir / f"timer_{tag}.json"
-            o = ladder_overrides(
-                size,
-                scheme,
-                path,
-                seed,
-                tmpdir / f"runs_{tag}",
-                timer,
-                fraction,
-                args.data_cache,
-                args.data_max_bytes,
-                getattr(args, "ladder_override", ()),
-            )
-            return o, timer
-
-        for size_name in sizes:
-            bsize = conf_size(size_name)
-            tps = bsize.batch_size * bsize.seq_len
-            calls = record_matmuls(bsize.model_config("baseline"), bsize.batch_size, bsize.seq_len)
-            flops = {s: flops_per_token(bsize.model_config(_residual(s)), bsize.seq_len).total * tps for s in schemes}
-            runs: list[dict[str, Any]] = []
-            caches: dict[str, Path] = {}
-            rounds: list[dict[str, Any]] = []
-            floors: list[dict[str, Any]] = []
-            log(f"\n-- {size_name}")
-            for rnd in range(seeds + (1 if args.ladder_disk_warm and "compiled" in paths else 0)):
-                disk_round = rnd == seeds
-                monitor.start()
-                floor, peak = time_floor(calls), matmul_peak()
-                log(
-                    f"  round {rnd}{' (new processes, warm disk cache)' if disk_round else ''}: GEMM floor "
-                    f"{1e3 * floor['floor_s']:.2f} ms/step ({floor['calls']} matmuls, {floor['gflop_per_s']:.1f} "
-                    f"GFLOP/s, attention bmm {100 * floor['attention_share']:.0f}%), matmul peak "
-                    f"{peak['gflop_per_s']:.1f} GFLOP/s"
-                )
-                k = rnd % len(schemes)
-                for scheme in schemes[k:] + schemes[:k]:
-                    order = ("compiled",) if disk_round else paths if rnd % 2 == 0 else paths[::-1]
-                    for path in order:
-                        tag = f"{size_name}_{scheme}_{path}_r{rnd}"
-                        overrides, timer = one(size_name, scheme, path, rnd, tag)
-                        if disk_round:
-                            kind = "disk"
-                            res = child_run({"overrides": overrides, "timer": str(timer), "cache": str(caches[scheme])})
-                        elif path == "compiled":
-                            kind = "warm" if scheme in caches else "cold"
-                            cache = caches.setdefault(scheme, tmpdir / f"inductor_{size_name}_{scheme}")
-                            with inductor_cache(cache, fresh=kind == "cold"):
-                                res = train_once(overrides, timer)
-                        else:
-                            kind = "eager"
-                            res = train_once(overrides, timer)
-                        res.update(scheme=scheme, path=path, kind=kind, round=rnd, seed=rnd)
-                        derive_run(res, floor["floor_s"], flops[scheme], peak["gflop_per_s"])
-                        runs.append(res)
-                        log(_run_line(scheme, path, res))
-                rounds.append(
-                    {
-                        "round": rnd,
-                        "other_cores_busy": monitor.stop(),
-                        "floor_s": floor["floor_s"],
-                        "floor_gflop_per_s": floor["gflop_per_s"],
-                        "peak_gflop_per_s": peak["gflop_per_s"],
-                    }
-                )
-                floors.append(floor)
-            floor_s = statistics.median(r["floor_s"] for r in rounds)
-            peak_gf = statistics.median(r["peak_gflop_per_s"] for r in rounds)
-            steps = runs[0]["steps"]
-            full = full_steps(size_name) if fraction != 1.0 else None
-            arms = {
-                s: {
-                    "flops_per_step": flops[s],
-                    **summarize_arm([r for r in runs if r["scheme"] == s], floor_s, flops[s], peak_gf, steps, full),
-                }
-                for s in schemes
-            }
-            ratios = {
-                s: {
-                    p: step_ratios(
-                        [r for r in runs if r["scheme"] == s and r["path"] == p],
-                        [r for r in runs if r["scheme"] == schemes[0] and r["path"] == p],
-                    )
-                    for p in paths
-                }
-                for s in schemes[1:]
-            }
-            busy = [r["other_cores_busy"] for r in rounds if r["other_cores_busy"] is not None]
-            out_sizes.append(
-                {
-                    "size": bsize.to_dict(),
-                    "steps": steps,
-                    "full_steps": full,
-                    "tokens_per_step": tps,
-                    "gemm_floor": {  # the matmul table of round 0; floor_s: the median over rounds
-                        **floors[0],
-                        "floor_s": floor_s,
-                        "gflop_per_s": floors[0]["flops"] / floor_s / 1e9,
-                    },
-                    "matmul_peak_gflop_per_s": peak_gf,
-                    "rounds": rounds,
-                    "other_cores_busy": summarize(busy) if busy else None,
-                    "arms": arms,
-                    "step_ratios": ratios,
-                    "runs": runs,
-                }
-            )
+        out_sizes = [_ladder_size(name, settings, Path(tmp), log) for name in sizes]
     out = {
         "sizes_run": sizes,
         "schemes": schemes,
         "paths": paths,
         "fraction": fraction,
         "seeds": seeds,
-        "overrides": list(getattr(args, "ladder_override", ())),
-        "disk_warm": bool(args.ladder_disk_warm),
+        "overrides": list(settings.ladder_override),
+        "disk_warm": bool(settings.ladder_disk_warm),
         "warmup_gaps": WARMUP_GAPS,
         "study_seeds": STUDY_SEEDS,
         "threads": 1,
@@ -744,6 +475,145 @@ def bench_ladder(args: argparse.Namespace, log: Callable[[str], None] = print) -
     }
     out["checks"] = ladder_checks(out)
     return out
+
+
+def _ladder_size(size_name: str, settings: BenchSettings, tmpdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every round of one size (round ``seeds``: the disk-warm round in new processes), then its summary."""
+    from attnres import flops_per_token
+
+    from .shapes import conf_size
+
+    schemes, paths = list(settings.ladder_schemes), list(settings.ladder_paths)
+    bsize = conf_size(size_name)
+    tps = bsize.batch_size * bsize.seq_len
+    calls = record_matmuls(bsize.model_config("baseline"), bsize.batch_size, bsize.seq_len)
+    flops = {s: flops_per_token(bsize.model_config(_residual(s)), bsize.seq_len).total * tps for s in schemes}
+    runs: list[dict[str, Any]] = []
+    caches: dict[str, Path] = {}
+    rounds: list[dict[str, Any]] = []
+    floors: list[dict[str, Any]] = []
+    log(f"\n-- {size_name}")
+    monitor = CoreMonitor()
+    disk = settings.ladder_disk_warm and "compiled" in paths
+    for rnd in range(settings.ladder_seeds + (1 if disk else 0)):
+        monitor.start()
+        floor, peak = time_floor(calls), matmul_peak()
+        log(
+            f"  round {rnd}{' (new processes, warm disk cache)' if rnd == settings.ladder_seeds else ''}: GEMM floor "
+            f"{1e3 * floor['floor_s']:.2f} ms/step ({floor['calls']} matmuls, {floor['gflop_per_s']:.1f} "
+            f"GFLOP/s, attention bmm {100 * floor['attention_share']:.0f}%), matmul peak "
+            f"{peak['gflop_per_s']:.1f} GFLOP/s"
+        )
+        k = rnd % len(schemes)
+        for scheme in schemes[k:] + schemes[:k]:
+            for res in _ladder_arm_runs(size_name, scheme, rnd, settings, tmpdir, caches):
+                derive_run(res, floor["floor_s"], flops[scheme], peak["gflop_per_s"])
+                runs.append(res)
+                log(_run_line(scheme, res["path"], res))
+        rounds.append(
+            {
+                "round": rnd,
+                "other_cores_busy": monitor.stop(),
+                "floor_s": floor["floor_s"],
+                "floor_gflop_per_s": floor["gflop_per_s"],
+                "peak_gflop_per_s": peak["gflop_per_s"],
+            }
+        )
+        floors.append(floor)
+    full = full_steps(size_name) if settings.ladder_fraction != 1.0 else None
+    return _size_summary(bsize.to_dict(), tps, schemes, paths, flops, runs, rounds, floors, full)
+
+
+def _ladder_arm_runs(
+    size_name: str, scheme: str, rnd: int, settings: BenchSettings, tmpdir: Path, caches: dict[str, Path]
+) -> Iterator[dict[str, Any]]:
+    """The runs of one arm in round ``rnd``: both paths (eager first in even rounds), or in the disk round one
+    compiled run in a new process with the arm's warm cache. ``caches``: the arm's inductor cache, made cold in
+    its first compiled run (round 0)."""
+    paths = list(settings.ladder_paths)
+    disk_round = rnd == settings.ladder_seeds
+    order = ("compiled",) if disk_round else paths if rnd % 2 == 0 else paths[::-1]
+    for path in order:
+        tag = f"{size_name}_{scheme}_{path}_r{rnd}"
+        timer = tmpdir / f"timer_{tag}.json"
+        overrides = ladder_overrides(
+            size_name,
+            scheme,
+            path,
+            rnd,
+            tmpdir / f"runs_{tag}",
+            timer,
+            float(settings.ladder_fraction),
+            settings.data_cache,
+            settings.data_max_bytes,
+            settings.ladder_override,
+        )
+        if disk_round:
+            kind = "disk"
+            res = child_run({"overrides": overrides, "timer": str(timer), "cache": str(caches[scheme])})
+        elif path == "compiled":
+            kind = "warm" if scheme in caches else "cold"
+            cache = caches.setdefault(scheme, tmpdir / f"inductor_{size_name}_{scheme}")
+            with inductor_cache(cache, fresh=kind == "cold"):
+                res = train_once(overrides, timer)
+        else:
+            kind = "eager"
+            res = train_once(overrides, timer)
+        res.update(scheme=scheme, path=path, kind=kind, round=rnd, seed=rnd)
+        yield res
+
+
+def _size_summary(
+    size: dict[str, Any],
+    tps: int,
+    schemes: Sequence[str],
+    paths: Sequence[str],
+    flops: dict[str, float],
+    runs: list[dict[str, Any]],
+    rounds: list[dict[str, Any]],
+    floors: list[dict[str, Any]],
+    full: int | None,
+) -> dict[str, Any]:
+    """One size's JSON entry: the floor and peak (medians over rounds), every arm's summary, the step ratios to
+    the first arm, the runs."""
+    floor_s = statistics.median(r["floor_s"] for r in rounds)
+    peak_gf = statistics.median(r["peak_gflop_per_s"] for r in rounds)
+    steps = runs[0]["steps"]
+    arms = {
+        s: {
+            "flops_per_step": flops[s],
+            **summarize_arm([r for r in runs if r["scheme"] == s], floor_s, flops[s], peak_gf, steps, full),
+        }
+        for s in schemes
+    }
+    ratios = {
+        s: {
+            p: step_ratios(
+                [r for r in runs if r["scheme"] == s and r["path"] == p],
+                [r for r in runs if r["scheme"] == schemes[0] and r["path"] == p],
+            )
+            for p in paths
+        }
+        for s in schemes[1:]
+    }
+    busy = [r["other_cores_busy"] for r in rounds if r["other_cores_busy"] is not None]
+    return {
+        "size": size,
+        "steps": steps,
+        "full_steps": full,
+        "tokens_per_step": tps,
+        "gemm_floor": {  # the matmul table of round 0; floor_s: the median over rounds
+            **floors[0],
+            "floor_s": floor_s,
+            "gflop_per_s": floors[0]["flops"] / floor_s / 1e9,
+        },
+        "matmul_peak_gflop_per_s": peak_gf,
+        "rounds": rounds,
+        "other_cores_busy": summarize(busy) if busy else None,
+        "arms": arms,
+        "step_ratios": ratios,
+        "runs": runs,
+    }
 
 
 def ladder_checks(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -796,179 +666,23 @@ def ladder_checks(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def print_ladder(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
-    k = str(STUDY_SEEDS)
-
-    def f(v: float | None, fmt: str, scale: float = 1.0) -> str:
-        return format(v * scale, fmt) if v is not None else "-"
-
-    log(
-        f"\n-- CPU ladder (train.tokens x {res['fraction']:g}): tokens per CPU-second; compiled cold = fresh inductor "
-        f"cache, warm = same process, disk = new process, 1/{k} = one cold run in {k}; 'x': / eager"
-    )
-    log(
-        f"  {'size':7s} {'arm':13s} {'eager':>6s} {'cold':>6s} {'warm':>6s} {'disk':>6s} {'1/' + k:>6s} {'x cold':>6s} "
-        f"{'x warm':>6s} {'x 1/' + k:>6s}"
-    )
-    for s in res["sizes"]:
-        for scheme, a in s["arms"].items():
-            am = (a.get("amortised") or {}).get(k) or {}
-            cells = [(a.get(x) or {}).get("tokens_per_cpu_s") for x in ("eager", "cold", "warm", "disk")]
-            log(
-                f"  {s['size']['name']:7s} {scheme:13s} "
-                + " ".join(f"{f(c, '6.0f'):>6s}" for c in [*cells, am.get("tokens_per_cpu_s")])
-                + " "
-                + " ".join(
-                    f"{f(v, '6.2f'):>6s}"
-                    for v in (
-                        (a.get("cold") or {}).get("vs_eager"),
-                        (a.get("warm") or {}).get("vs_eager"),
-                        am.get("vs_eager"),
-                    )
-                )
-            )
-    log("\n-- step against the GEMM floor (floor / step) and the 512^3 matmul peak (achieved GFLOP/s / peak); CPU ms")
-    log(
-        f"  {'size':7s} {'arm':13s} {'floor':>6s} {'eager':>6s} {'warm':>6s} {'fl.e':>5s} {'fl.w':>5s} {'fl.e.wh':>7s} "
-        f"{'fl.1/' + k:>7s} {'GF.e':>5s} {'GF.w':>5s} {'pk.e':>5s} {'pk.w':>5s} {'peak GF':>7s}"
-    )
-    for s in res["sizes"]:
-        for scheme, a in s["arms"].items():
-            e, w = a.get("eager") or {}, a.get("warm") or {}
-            am = (a.get("amortised") or {}).get(k) or {}
-            es, ws = e.get("steady") or {}, w.get("steady") or {}
-            log(
-                f"  {s['size']['name']:7s} {scheme:13s} {1e3 * s['gemm_floor']['floor_s']:6.2f} "
-                f"{f(e.get('steady_step_s'), '6.2f', 1e3):>6s} {f(w.get('steady_step_s'), '6.2f', 1e3):>6s} "
-                f"{f(es.get('floor_fraction'), '5.2f'):>5s} {f(ws.get('floor_fraction'), '5.2f'):>5s} "
-                f"{f((e.get('whole') or {}).get('floor_fraction'), '7.2f'):>7s} "
-                f"{f(am.get('floor_fraction'), '7.2f'):>7s} "
-                f"{f(es.get('gflop_per_s'), '5.1f'):>5s} {f(ws.get('gflop_per_s'), '5.1f'):>5s} "
-                f"{f(es.get('peak_fraction'), '5.2f'):>5s} {f(ws.get('peak_fraction'), '5.2f'):>5s} "
-                f"{s['matmul_peak_gflop_per_s']:7.1f}"
-            )
-    log("\n-- step / baseline's step, same path, round by round: median [q1, q3] (steady; whole run CPU per step)")
-    for s in res["sizes"]:
-        for scheme, by_path in s["step_ratios"].items():
-            parts = [
-                f"{p} {r['steady']['median']:.3f} [{r['steady']['q1']:.3f}, {r['steady']['q3']:.3f}]; whole "
-                f"{r['whole']['median']:.3f}"
-                for p, r in by_path.items()
-                if r["steady"]["median"] is not None
-            ]
-            log(f"  {s['size']['name']:7s} {scheme:13s} " + " | ".join(parts))
-    for s in res["sizes"]:
-        b = s.get("other_cores_busy")
-        if b:
-            log(
-                f"  {s['size']['name']:7s} other processes used {b['median']:.2f} cores (median of rounds; "
-                f"max {b['max']:.2f})"
-            )
-    for c in res["checks"]:
-        log(f"  [{'PASS' if c['pass'] else 'FAIL'}] {c['name']}: {c['value']:.3f} (target {c['limit']})")
-
-
-def markdown(res: dict[str, Any]) -> str:
-    """The ladder section's results (``res``: bench JSON's ``ladder``) as the Markdown tables of docs/performance.md,
-    "The compiled CPU step"."""
-    k = str(STUDY_SEEDS)
-
-    def f(v: float | None, fmt: str, scale: float = 1.0) -> str:
-        return format(v * scale, fmt) if v is not None else "-"
-
-    def g(d: dict[str, Any] | None, *keys: str) -> Any:
-        for key in keys:
-            d = (d or {}).get(key)
-        return d
-
-    def header(*cols: str) -> list[str]:
-        return ["", "| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
-
-    out = [f"Tokens per CPU-second, train.tokens x {res['fraction']:g} (x: compiled / eager; 1/{k}: one cold in {k})"]
-    out += header(
-        *("size", "arm", "eager", "compiled cold", "warm", "disk", f"1/{k}", "x cold", "x warm", "x disk"),
-        *(f"x 1/{k}", "projected x warm", f"projected x 1/{k}", f"projected x 1 disk in {k}"),
-    )
-    for s in res["sizes"]:
-        for scheme, a in s["arms"].items():
-            cells = [g(a, x, "tokens_per_cpu_s") for x in ("eager", "cold", "warm", "disk")]
-            cells.append(g(a, "amortised", k, "tokens_per_cpu_s"))
-            ratios = [g(a, x, "vs_eager") for x in ("cold", "warm", "disk")] + [g(a, "amortised", k, "vs_eager")]
-            proj = [
-                g(a, "projected", "warm_vs_eager"),
-                g(a, "projected", "amortised", k, "vs_eager"),
-                g(a, "projected", "disk_amortised", "vs_eager"),
-            ]
-            out.append(
-                f"| {s['size']['name']} | {scheme} | "
-                + " | ".join(f(c, ".0f") for c in cells)
-                + " | "
-                + " | ".join(f(r, ".2f") for r in ratios + proj)
-                + " |"
-            )
-    out += ["", "Step against the GEMM floor (floor / step) and the matmul peak (step FLOP/s / peak)"]
-    out += header(
-        *("size", "floor ms", "peak GFLOP/s", "arm", "eager step ms", "compiled step ms", "floor: eager steady"),
-        *("compiled steady", "eager whole", f"compiled whole, 1/{k}", f"projected 1/{k}", "GFLOP/s eager"),
-        *("compiled", "peak: eager", "compiled"),
-    )
-    for s in res["sizes"]:
-        for scheme, a in s["arms"].items():
-            out.append(
-                f"| {s['size']['name']} | {1e3 * s['gemm_floor']['floor_s']:.2f} | {s['matmul_peak_gflop_per_s']:.0f} "
-                f"| {scheme} | {f(g(a, 'eager', 'steady_step_s'), '.1f', 1e3)} | "
-                f"{f(g(a, 'warm', 'steady_step_s'), '.1f', 1e3)} | "
-                f"{f(g(a, 'eager', 'steady', 'floor_fraction'), '.2f')} | "
-                f"{f(g(a, 'warm', 'steady', 'floor_fraction'), '.2f')} | "
-                f"{f(g(a, 'eager', 'whole', 'floor_fraction'), '.2f')} | "
-                f"{f(g(a, 'amortised', k, 'floor_fraction'), '.2f')} | "
-                f"{f(g(a, 'projected', 'amortised', k, 'floor_fraction'), '.2f')} | "
-                f"{f(g(a, 'eager', 'steady', 'gflop_per_s'), '.1f')} | "
-                f"{f(g(a, 'warm', 'steady', 'gflop_per_s'), '.1f')} | "
-                f"{f(g(a, 'eager', 'steady', 'peak_fraction'), '.2f')} | "
-                f"{f(g(a, 'warm', 'steady', 'peak_fraction'), '.2f')} |"
-            )
-    paths = res["paths"]
-    out += ["", "Step / the baseline's step, same path, median [q1, q3] over rounds"]
-    out += header("size", "arm", *(f"{p} {w}" for p in paths for w in ("steady", "whole", "whole, warm runs")))
-    for s in res["sizes"]:
-        for scheme, by_path in s["step_ratios"].items():
-            cells = []
-            for p in paths:
-                r = by_path[p]
-                st, wh, ww = r["steady"], r["whole"], r["whole_warm"]
-                cells.append(f"{f(st['median'], '.3f')} [{f(st['q1'], '.3f')}, {f(st['q3'], '.3f')}]")
-                cells.append(f"{f(wh['median'], '.3f')}")
-                cells.append(f"{f(ww['median'], '.3f')}")
-            out.append(f"| {s['size']['name']} | {scheme} | " + " | ".join(cells) + " |")
-    out += ["", "Compilation: CPU seconds above a warm in-process run of the same length"]
-    out += header("size", "arm", "cold", "disk", "cold first step, wall s", "other cores busy (median of rounds)")
-    for s in res["sizes"]:
-        busy = g(s, "other_cores_busy", "median")
-        for scheme, a in s["arms"].items():
-            out.append(
-                f"| {s['size']['name']} | {scheme} | {f(g(a, 'compile_cpu_s', 'cold'), '.1f')} | "
-                f"{f(g(a, 'compile_cpu_s', 'disk'), '.1f')} | {f(g(a, 'cold', 'first_step_wall_s'), '.1f')} | "
-                f"{f(busy, '.2f')} |"
-            )
-    return "\n".join(out)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """``--child SPEC``: one ladder run in this (new) process, its measurements printed as one JSON line;
     ``--markdown BENCH_JSON``: the tables of a bench --ladder run (:func:`markdown`)."""
     cpu_at_start = cpu_seconds()  # torch and Lightning imported already (this module's imports)
-    p = argparse.ArgumentParser(prog="python -m experiments.bench_ladder", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m experiments.bench.ladder", description=main.__doc__)
     p.add_argument("--child", help="JSON: overrides, timer, cache")
     p.add_argument("--markdown", metavar="BENCH_JSON", help="print a bench --ladder JSON's tables as Markdown")
     a = p.parse_args(argv)
     if a.markdown:
+        from .ladder_report import markdown
+
         print(markdown(json.loads(Path(a.markdown).read_text())["ladder"]))
         return
     if not a.child:
         p.error("one of --child, --markdown")
     spec = json.loads(a.child)
-    from .compose import initialize
+    from ..compose import initialize
 
     initialize()
     with inductor_cache(Path(spec["cache"]), fresh=False):
