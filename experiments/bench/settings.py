@@ -185,7 +185,7 @@ def _add_ladder_args(p: argparse.ArgumentParser) -> None:
         "--ladder",
         action="store_true",
         help="the CPU ladder's eager and compiled training paths side by side, real experiments.train runs "
-        "(experiments/bench_ladder.py; this section only: the others are skipped)",
+        "(experiments/bench/ladder.py; this section only: the others are skipped)",
     )
     p.add_argument("--ladder-sizes", default="cpu_xs,cpu_s,cpu_m,cpu_l", help="ladder sizes (conf/size/)")
     p.add_argument(
