@@ -189,8 +189,7 @@ def test_block_attnres_saved_activations_fit_the_issue_allowance():
     # 32 sublayers, N = 8 blocks of 4; 512 tokens, so that activations, not weight gradients, make the peak
     size = shapes.resolve_size("attnres16x256", batch_size=4, seq_len=128)
     runners = {
-        s: build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto")
-        for s in ("baseline", "block")
+        s: build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto") for s in ("baseline", "block")
     }
     for r in runners.values():
         r.train_step()  # optimizer state exists before the measured step
@@ -210,8 +209,7 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
     torch.set_num_threads(1)
     size = shapes.resolve_size("attnres16x256", batch_size=4, seq_len=128)
     runners = {
-        s: build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto")
-        for s in ("baseline", "full")
+        s: build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto") for s in ("baseline", "full")
     }
     for r in runners.values():
         r.train_step()

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .ladder import STUDY_SEEDS
-
 
 def print_ladder(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
-    k = str(STUDY_SEEDS)
+    """The ladder section's tables (``res``: the bench JSON's ``ladder``) and its checks."""
+    k = str(res["study_seeds"])  # the K of the amortised figures (ladder.STUDY_SEEDS when it ran)
 
     def f(v: float | None, fmt: str, scale: float = 1.0) -> str:
         return format(v * scale, fmt) if v is not None else "-"
@@ -84,7 +83,7 @@ def print_ladder(res: dict[str, Any], log: Callable[[str], None] = print) -> Non
 def markdown(res: dict[str, Any]) -> str:
     """The ladder section's results (``res``: bench JSON's ``ladder``) as the Markdown tables of docs/performance.md,
     "The compiled CPU step"."""
-    k = str(STUDY_SEEDS)
+    k = str(res["study_seeds"])  # the K of the amortised figures (ladder.STUDY_SEEDS when it ran)
 
     def f(v: float | None, fmt: str, scale: float = 1.0) -> str:
         return format(v * scale, fmt) if v is not None else "-"

@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .shapes import BUILTIN, REPO, TARGET, TINY
 
@@ -15,7 +16,7 @@ DEFAULT_OUT = Path("reports") / "bench" / "bench.json"
 SCHEMES = ("baseline", "full", "block")
 
 # The --options variants: build_runner's keyword arguments per variant (the rest eager fp32).
-OPTION_VARIANTS = {
+OPTION_VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {},
     "compile": {"compile_model": True},
     "compile-regional": {"compile_model": "regional"},
