@@ -385,41 +385,53 @@ def summarize_arm(
                 **rates(cpu / steps, floor_s, step_flops, peak),
             }
     if full_steps and out["eager"] is not None and out["warm"] is not None and "compile_cpu_s" in out:
-        tps = kinds["warm"][0]["tokens"] / kinds["warm"][0]["steps"]
-        pe = _median([project_cpu_s(r, full_steps) for r in eager])
-        pw = _median([project_cpu_s(r, full_steps) for r in kinds["warm"]])
-        if pe is not None and pw is not None:
-            pc = pw + out["compile_cpu_s"]["cold"]
-            proj: dict[str, Any] = {
-                "steps": full_steps,
-                "eager_tokens_per_cpu_s": full_steps * tps / pe,
-                "warm_tokens_per_cpu_s": full_steps * tps / pw,
-                "cold_tokens_per_cpu_s": full_steps * tps / pc,
-                "warm_vs_eager": pe / pw,
-                "cold_vs_eager": pe / pc,
-                "disk_vs_eager": (
-                    pe / (pw + out["compile_cpu_s"]["disk"]) if out["compile_cpu_s"]["disk"] is not None else None
-                ),
-                "eager": rates(pe / full_steps, floor_s, step_flops, peak),
-                "amortised": {},
-            }
-            for k in range(1, STUDY_SEEDS + 1):
-                cpu = amortised_cpu_s(pc, pw, k)
-                proj["amortised"][str(k)] = {
-                    "tokens_per_cpu_s": full_steps * tps / cpu,
-                    "vs_eager": pe / cpu,
-                    **rates(cpu / full_steps, floor_s, step_flops, peak),
-                }
-            if out["compile_cpu_s"]["disk"] is not None:  # the inductor cache warm on disk when the study starts
-                cpu = amortised_cpu_s(pw + out["compile_cpu_s"]["disk"], pw, STUDY_SEEDS)
-                proj["disk_amortised"] = {
-                    "k": STUDY_SEEDS,
-                    "tokens_per_cpu_s": full_steps * tps / cpu,
-                    "vs_eager": pe / cpu,
-                    **rates(cpu / full_steps, floor_s, step_flops, peak),
-                }
+        proj = _projected(eager, kinds["warm"], out["compile_cpu_s"], floor_s, step_flops, peak, full_steps)
+        if proj is not None:
             out["projected"] = proj
     return out
+
+
+def _projected(
+    eager: Sequence[dict[str, Any]],
+    warm: Sequence[dict[str, Any]],
+    compile_cpu_s: dict[str, float | None],
+    floor_s: float,
+    step_flops: float,
+    peak: float,
+    full_steps: int,
+) -> dict[str, Any] | None:
+    """summarize_arm's ``projected`` figures for runs of ``full_steps`` steps (None where a projection is
+    missing)."""
+    tps = warm[0]["tokens"] / warm[0]["steps"]
+    pe = _median([project_cpu_s(r, full_steps) for r in eager])
+    pw = _median([project_cpu_s(r, full_steps) for r in warm])
+    if pe is None or pw is None:
+        return None
+    cold_extra, disk_extra = compile_cpu_s["cold"], compile_cpu_s["disk"]
+    assert cold_extra is not None  # summarize_arm sets it whenever it sets compile_cpu_s
+    pc = pw + cold_extra
+
+    def figures(cpu: float) -> dict[str, Any]:
+        return {
+            "tokens_per_cpu_s": full_steps * tps / cpu,
+            "vs_eager": pe / cpu,
+            **rates(cpu / full_steps, floor_s, step_flops, peak),
+        }
+
+    proj: dict[str, Any] = {
+        "steps": full_steps,
+        "eager_tokens_per_cpu_s": full_steps * tps / pe,
+        "warm_tokens_per_cpu_s": full_steps * tps / pw,
+        "cold_tokens_per_cpu_s": full_steps * tps / pc,
+        "warm_vs_eager": pe / pw,
+        "cold_vs_eager": pe / pc,
+        "disk_vs_eager": pe / (pw + disk_extra) if disk_extra is not None else None,
+        "eager": rates(pe / full_steps, floor_s, step_flops, peak),
+        "amortised": {str(k): figures(amortised_cpu_s(pc, pw, k)) for k in range(1, STUDY_SEEDS + 1)},
+    }
+    if disk_extra is not None:  # the inductor cache warm on disk when the study starts
+        proj["disk_amortised"] = {"k": STUDY_SEEDS, **figures(amortised_cpu_s(pw + disk_extra, pw, STUDY_SEEDS))}
+    return proj
 
 
 def step_ratios(runs: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]]) -> dict[str, Any]:

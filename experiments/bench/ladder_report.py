@@ -7,12 +7,26 @@ from collections.abc import Callable
 from typing import Any
 
 
+def f(v: float | None, fmt: str, scale: float = 1.0) -> str:
+    """``v * scale`` in ``fmt``; "-" when missing."""
+    return format(v * scale, fmt) if v is not None else "-"
+
+
+def g(d: dict[str, Any] | None, *keys: str) -> Any:
+    """``d[k0][k1]...``, None where a level is missing."""
+    for key in keys:
+        d = (d or {}).get(key)
+    return d
+
+
+def header(*cols: str) -> list[str]:
+    """A Markdown table's header rows, after a blank line."""
+    return ["", "| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+
+
 def print_ladder(res: dict[str, Any], log: Callable[[str], None] = print) -> None:
     """The ladder section's tables (``res``: the bench JSON's ``ladder``) and its checks."""
     k = str(res["study_seeds"])  # the K of the amortised figures (ladder.STUDY_SEEDS when it ran)
-
-    def f(v: float | None, fmt: str, scale: float = 1.0) -> str:
-        return format(v * scale, fmt) if v is not None else "-"
 
     log(
         f"\n-- CPU ladder (train.tokens x {res['fraction']:g}): tokens per CPU-second; compiled cold = fresh inductor "
@@ -39,6 +53,11 @@ def print_ladder(res: dict[str, Any], log: Callable[[str], None] = print) -> Non
                     )
                 )
             )
+    _print_floor(res, k, log)
+    _print_ratios_and_checks(res, log)
+
+
+def _print_floor(res: dict[str, Any], k: str, log: Callable[[str], None]) -> None:
     log("\n-- step against the GEMM floor (floor / step) and the 512^3 matmul peak (achieved GFLOP/s / peak); CPU ms")
     log(
         f"  {'size':7s} {'arm':13s} {'floor':>6s} {'eager':>6s} {'warm':>6s} {'fl.e':>5s} {'fl.w':>5s} {'fl.e.wh':>7s} "
@@ -59,6 +78,9 @@ def print_ladder(res: dict[str, Any], log: Callable[[str], None] = print) -> Non
                 f"{f(es.get('peak_fraction'), '5.2f'):>5s} {f(ws.get('peak_fraction'), '5.2f'):>5s} "
                 f"{s['matmul_peak_gflop_per_s']:7.1f}"
             )
+
+
+def _print_ratios_and_checks(res: dict[str, Any], log: Callable[[str], None]) -> None:
     log("\n-- step / baseline's step, same path, round by round: median [q1, q3] (steady; whole run CPU per step)")
     for s in res["sizes"]:
         for scheme, by_path in s["step_ratios"].items():
@@ -85,17 +107,6 @@ def markdown(res: dict[str, Any]) -> str:
     "The compiled CPU step"."""
     k = str(res["study_seeds"])  # the K of the amortised figures (ladder.STUDY_SEEDS when it ran)
 
-    def f(v: float | None, fmt: str, scale: float = 1.0) -> str:
-        return format(v * scale, fmt) if v is not None else "-"
-
-    def g(d: dict[str, Any] | None, *keys: str) -> Any:
-        for key in keys:
-            d = (d or {}).get(key)
-        return d
-
-    def header(*cols: str) -> list[str]:
-        return ["", "| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
-
     out = [f"Tokens per CPU-second, train.tokens x {res['fraction']:g} (x: compiled / eager; 1/{k}: one cold in {k})"]
     out += header(
         *("size", "arm", "eager", "compiled cold", "warm", "disk", f"1/{k}", "x cold", "x warm", "x disk"),
@@ -118,7 +129,12 @@ def markdown(res: dict[str, Any]) -> str:
                 + " | ".join(f(r, ".2f") for r in ratios + proj)
                 + " |"
             )
-    out += ["", "Step against the GEMM floor (floor / step) and the matmul peak (step FLOP/s / peak)"]
+    out += _md_floor(res, k) + _md_ratios(res) + _md_compile(res)
+    return "\n".join(out)
+
+
+def _md_floor(res: dict[str, Any], k: str) -> list[str]:
+    out = ["", "Step against the GEMM floor (floor / step) and the matmul peak (step FLOP/s / peak)"]
     out += header(
         *("size", "floor ms", "peak GFLOP/s", "arm", "eager step ms", "compiled step ms", "floor: eager steady"),
         *("compiled steady", "eager whole", f"compiled whole, 1/{k}", f"projected 1/{k}", "GFLOP/s eager"),
@@ -140,8 +156,12 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{f(g(a, 'eager', 'steady', 'peak_fraction'), '.2f')} | "
                 f"{f(g(a, 'warm', 'steady', 'peak_fraction'), '.2f')} |"
             )
+    return out
+
+
+def _md_ratios(res: dict[str, Any]) -> list[str]:
     paths = res["paths"]
-    out += ["", "Step / the baseline's step, same path, median [q1, q3] over rounds"]
+    out = ["", "Step / the baseline's step, same path, median [q1, q3] over rounds"]
     out += header("size", "arm", *(f"{p} {w}" for p in paths for w in ("steady", "whole", "whole, warm runs")))
     for s in res["sizes"]:
         for scheme, by_path in s["step_ratios"].items():
@@ -153,7 +173,11 @@ def markdown(res: dict[str, Any]) -> str:
                 cells.append(f"{f(wh['median'], '.3f')}")
                 cells.append(f"{f(ww['median'], '.3f')}")
             out.append(f"| {s['size']['name']} | {scheme} | " + " | ".join(cells) + " |")
-    out += ["", "Compilation: CPU seconds above a warm in-process run of the same length"]
+    return out
+
+
+def _md_compile(res: dict[str, Any]) -> list[str]:
+    out = ["", "Compilation: CPU seconds above a warm in-process run of the same length"]
     out += header("size", "arm", "cold", "disk", "cold first step, wall s", "other cores busy (median of rounds)")
     for s in res["sizes"]:
         busy = g(s, "other_cores_busy", "median")
@@ -163,4 +187,4 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{f(g(a, 'compile_cpu_s', 'disk'), '.1f')} | {f(g(a, 'cold', 'first_step_wall_s'), '.1f')} | "
                 f"{f(busy, '.2f')} |"
             )
-    return "\n".join(out)
+    return out
