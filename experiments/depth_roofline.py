@@ -11,7 +11,7 @@ kernel's passes move (``passes``: each walk over a [tokens, D] tensor counted, t
 once), which is what DRAM sees if no re-read hits in cache. The calls of a training step come from the model's
 residual scheme itself (attnres.triton_aot.op_calls). On CUDA, ``measure`` times each distinct call's forward and
 backward kernel with CUDA events and reports achieved bandwidth as minimum bytes / time, against the GPU's peak
-HBM bandwidth. experiments/bench.py prints it beside the step times when it runs on CUDA, and
+HBM bandwidth. experiments.bench (size_section) prints it beside the step times when it runs on CUDA, and
 scripts/gpu_suite.sh runs it. Reading the numbers: docs/performance.md, "Triton kernels on CUDA".
 """
 
@@ -181,7 +181,7 @@ def time_call(call, tokens: int, D: int, device, repeats: int = 10) -> dict[str,
 
 
 def measure(size, device, precision: str = "bf16-mixed", log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Per scheme: every distinct depth-op call of a training step of ``size`` (a bench_common.BenchSize) timed
+    """Per scheme: every distinct depth-op call of a training step of ``size`` (a bench.shapes.BenchSize) timed
     (forward and backward kernel), its minimum bytes and achieved GB/s, and the step's depth ops in total."""
     peak = peak_bandwidth(device)
     tokens, D = size.batch_size * size.seq_len, size.d_model
@@ -282,7 +282,7 @@ def print_bytes(sizes, log: Callable[[str], None] = print) -> list[dict[str, Any
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from .bench_common import resolve_size
+    from .bench.shapes import resolve_size
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="paper_194m,paper_296m,paper_528m", help="comma-separated conf/size names")

@@ -2,7 +2,7 @@
 :func:`fault_callbacks`), the loggers (:func:`instantiate_loggers`) and the trainer (:func:`instantiate_trainer`).
 
 ``cfg.trainer`` gives every trainer setting but the four derived from the run's plan (:func:`planned_trainer_kwargs`).
-experiments.train and the harness benchmark's plain loop (experiments.bench_harness) build their trainers here, so
+experiments.train and the harness benchmark's plain loop (experiments.bench.harness) build their trainers here, so
 the two cannot run with different settings.
 """
 

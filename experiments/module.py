@@ -26,6 +26,9 @@ from attnres import ModelConfig, Transformer
 
 from .compiler import configure_compiler
 from .optim import amp_clipping
+from .train_step import DivergedError, train_forward, training_loss
+
+__all__ = ["COMPILE_ENV", "DeadGradientError", "DivergedError", "LMModule", "compile_mode", "dead_gradients"]
 
 COMPILE_ENV = "ATTNRES_COMPILE"  # how compile=true compiles: "whole" or "regional" (default: compile_mode)
 
@@ -39,10 +42,6 @@ def compile_mode(device_type: str) -> str:
     if mode not in ("whole", "regional"):
         raise ValueError(f"{COMPILE_ENV}={mode!r}; allowed values: whole, regional")
     return mode
-
-
-class DivergedError(RuntimeError):
-    """The training loss became NaN or infinite; the run is recorded with status `diverged`."""
 
 
 class DeadGradientError(RuntimeError):
@@ -97,17 +96,14 @@ class LMModule(pl.LightningModule):
         # Compile the training forward only; kept out of the module tree so state-dict keys stay plain, and
         # validation (which records diagnostics in Python lists) runs the eager model (regional: the probe path,
         # which calls the sublayers eagerly).
-        forward = self.model
-        if self.compile and "_train_forward" not in self.__dict__:
+        if "_train_forward" in self.__dict__:
+            return
+        if self.compile:
             trainer = self._trainer
             device = trainer.strategy.root_device if trainer is not None else next(self.model.parameters()).device
             self.compile_mode = compile_mode(device.type)
             configure_compiler(torch.get_num_threads())
-            if self.compile_mode == "regional":
-                self.model.compile_regions()
-            else:
-                forward = torch.compile(self.model)
-        self.__dict__.setdefault("_train_forward", forward)
+        self.__dict__["_train_forward"] = train_forward(self.model, self.compile_mode)  # experiments.train_step
 
     @property
     def train_path(self) -> str:
@@ -132,15 +128,19 @@ class LMModule(pl.LightningModule):
 
     # ---- training ------------------------------------------------------------------------------------------
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """experiments.train_step.training_loss; Lightning then runs the rest of experiments.train_step.TrainStep
+        (backward, clipping, optimizer and scheduler step, zero_grad)."""
         x, y = batch
         forward = self.__dict__.get("_train_forward", self.model)
-        _, loss = forward(x, y)
-        if not torch.isfinite(loss.detach()):
-            raise DivergedError(
-                f"training loss is {loss.item()} at step {self.global_step + 1} (lr "
+        return training_loss(
+            forward,
+            x,
+            y,
+            describe=lambda value: (
+                f"training loss is {value} at step {self.global_step + 1} (lr "
                 f"{self.trainer.optimizers[0].param_groups[0]['lr']:.3g}); the run diverged"
-            )
-        return loss
+            ),
+        )
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         step = self.global_step + 1  # the optimizer step about to happen

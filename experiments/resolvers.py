@@ -1,7 +1,7 @@
 """The OmegaConf resolvers the configs use, registered explicitly by :func:`register` (idempotent).
 
 Whatever composes or resolves a config calls it first: ``experiments.compose.compose`` (the tests, the bench,
-``python -m experiments.sizes``), ``experiments.bench_common.conf_size`` and ``experiments.train`` (at import,
+``python -m experiments.sizes``), ``experiments.bench.shapes.conf_size`` and ``experiments.train`` (at import,
 before ``@hydra.main`` composes, also in a launcher's worker process).
 
 * ``${attnres_pid:}`` -- this process's id (keeps concurrent launches' Hydra directories apart);

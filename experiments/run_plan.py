@@ -1,6 +1,6 @@
 """What a run will train, found before anything is written: the data loaded and checked, the model config, the
 step count and the evaluation interval (:func:`plan_run`). Training (experiments.train) and the harness benchmark's
-plain loop (experiments.bench_harness) both start from it, so they see the same data and the same schedule.
+plain loop (experiments.bench.harness) both start from it, so they see the same data and the same schedule.
 
 Torch, no Lightning: the datamodule class is imported only when ``cfg.data`` is instantiated.
 """

@@ -216,7 +216,7 @@ def profile_run(
 ) -> dict:
     """One ladder run under :class:`PhaseProfiler` (and with ``ops`` a torch.profiler window over 20 steps); the
     compiled path compiles into a fresh inductor cache."""
-    from experiments import bench_ladder as bl
+    from experiments.bench import ladder as bl
 
     tag = f"{scheme}_{path}"
     prof, op_path = tmp / f"profile_{tag}.json", tmp / f"ops_{tag}.json"
@@ -277,7 +277,7 @@ def attention_backends(batch: int, heads: int, seq: int, head_dim: int) -> dict[
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from experiments.bench_ladder import time_call
+    from experiments.bench.gemm_floor import time_call
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, seq, head_dim, generator=g, requires_grad=True) for _ in range(3))
@@ -330,14 +330,15 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from experiments import bench_ladder as bl
-    from experiments.bench_common import CoreMonitor, conf_size
+    from experiments.bench.gemm_floor import gemm_floor
+    from experiments.bench.machine_load import CoreMonitor
+    from experiments.bench.shapes import conf_size
     from experiments.compose import initialize
 
     torch.set_num_threads(1)
     initialize()
     s = conf_size(args.size)
-    floor = bl.gemm_floor(s.model_config("baseline"), s.batch_size, s.seq_len)
+    floor = gemm_floor(s.model_config("baseline"), s.batch_size, s.seq_len)
     attention = attention_backends(s.batch_size, s.n_heads, s.seq_len, s.head_dim or s.d_model // s.n_heads)
     results, monitor = [], CoreMonitor()
     with tempfile.TemporaryDirectory(prefix="attnres_profile_") as tmp:

@@ -12,7 +12,8 @@ import sys
 import pytest
 from conftest import REPO, TEST_MAX_BYTES
 
-from experiments import bench
+from experiments.bench import cli, memory, sample_stats, settings, shapes
+from experiments.bench.runner import build_runner
 
 
 def _env() -> dict[str, str]:
@@ -102,7 +103,7 @@ def test_quick_benchmark_writes_the_documented_json(tmp_path, data_cache):
     assert "ratios to baseline" in proc.stdout
     assert "harness vs plain" in proc.stdout
     res = json.loads(out.read_text())
-    assert res["schema_version"] == bench.SCHEMA_VERSION
+    assert res["schema_version"] == cli.SCHEMA_VERSION
     assert res["meta"]["quick"] is True
     assert res["meta"]["threads"] == 1
     assert res["meta"]["device"] == "cpu"
@@ -147,16 +148,16 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
 
 
 def test_statistics_and_memory_bound():
-    s = bench.summarize([3.0, 1.0, 2.0, 4.0])
+    s = sample_stats.summarize([3.0, 1.0, 2.0, 4.0])
     assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 4.0, 4)
     assert s["samples"] == [3.0, 1.0, 2.0, 4.0]
     assert s["q1"] == 1.75
     assert s["q3"] == 3.25
-    r = bench.paired_ratios({"baseline": [2.0, 4.0], "block": [2.2, 4.0]}, "baseline")
+    r = sample_stats.paired_ratios({"baseline": [2.0, 4.0], "block": [2.2, 4.0]}, "baseline")
     assert r["block"]["samples"] == pytest.approx([1.1, 1.0])
     assert r["baseline"]["median"] == 1.0
     # (N + 1) * B * T * d * bytes + 5% of the baseline: TARGET has N = 8 blocks of S = 4 sublayers
-    b = bench.block_memory_bound(bench.TARGET, baseline_bytes=1000.0, element_bytes=4)
+    b = memory.block_memory_bound(shapes.TARGET, baseline_bytes=1000.0, element_bytes=4)
     assert b["n_blocks"] == 8
     assert b["block_sums_bytes"] == 9 * 8 * 256 * 256 * 4
     assert b["limit_extra_bytes"] == b["block_sums_bytes"] + 50.0
@@ -166,15 +167,15 @@ def test_saved_activation_bytes_is_deterministic_and_excludes_parameters():
     import torch
 
     torch.set_num_threads(1)
-    size = bench.TINY
-    runner = bench.build_runner(size, "baseline", torch.device("cpu"), 0, False, False, False, "auto")
-    a, b = bench.saved_activation_bytes(runner), bench.saved_activation_bytes(runner)
+    size = shapes.TINY
+    runner = build_runner(size, "baseline", torch.device("cpu"), 0, False, False, False, "auto")
+    a, b = memory.saved_activation_bytes(runner), memory.saved_activation_bytes(runner)
     assert a == b > 0
     params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     btd = size.batch_size * size.seq_len * size.d_model * 4
     assert btd < a < params + 100 * size.n_layers * btd  # activations, not weights, dominate at this size
-    ckpt = bench.build_runner(size, "baseline", torch.device("cpu"), 0, False, False, True, "auto")
-    assert bench.saved_activation_bytes(ckpt) < a  # checkpointed sublayers keep only their inputs
+    ckpt = build_runner(size, "baseline", torch.device("cpu"), 0, False, False, True, "auto")
+    assert memory.saved_activation_bytes(ckpt) < a  # checkpointed sublayers keep only their inputs
 
 
 def test_block_attnres_saved_activations_fit_the_issue_allowance():
@@ -186,16 +187,15 @@ def test_block_attnres_saved_activations_fit_the_issue_allowance():
 
     torch.set_num_threads(1)
     # 32 sublayers, N = 8 blocks of 4; 512 tokens, so that activations, not weight gradients, make the peak
-    size = bench.resolve_size("attnres16x256", batch_size=4, seq_len=128)
+    size = shapes.resolve_size("attnres16x256", batch_size=4, seq_len=128)
     runners = {
-        s: bench.build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto")
-        for s in ("baseline", "block")
+        s: build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto") for s in ("baseline", "block")
     }
     for r in runners.values():
         r.train_step()  # optimizer state exists before the measured step
-    for measure in (bench.saved_activation_bytes, bench.peak_tensor_step_bytes):  # the peak: of live tensors
+    for measure in (memory.saved_activation_bytes, memory.peak_tensor_step_bytes):  # the peak: of live tensors
         used = {s: measure(r) for s, r in runners.items()}
-        bound = bench.block_memory_bound(size, used["baseline"], element_bytes=4)
+        bound = memory.block_memory_bound(size, used["baseline"], element_bytes=4)
         assert bound["n_blocks"] == 8
         assert used["block"] - used["baseline"] <= bound["limit_extra_bytes"], measure.__name__
 
@@ -207,15 +207,14 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
     import torch
 
     torch.set_num_threads(1)
-    size = bench.resolve_size("attnres16x256", batch_size=4, seq_len=128)
+    size = shapes.resolve_size("attnres16x256", batch_size=4, seq_len=128)
     runners = {
-        s: bench.build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto")
-        for s in ("baseline", "full")
+        s: build_runner(size, s, torch.device("cpu"), 0, False, False, False, "auto") for s in ("baseline", "full")
     }
     for r in runners.values():
         r.train_step()
     btd = size.batch_size * size.seq_len * size.d_model * 4
-    peak = {s: bench.peak_tensor_step_bytes(r) for s, r in runners.items()}
+    peak = {s: memory.peak_tensor_step_bytes(r) for s, r in runners.items()}
     assert (peak["full"] - peak["baseline"]) / btd <= 16
 
 
@@ -236,15 +235,15 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
 )
 def test_bad_arguments_say_what_is_allowed(argv, match):
     with pytest.raises(SystemExit, match=match):
-        bench.parse_args(argv)
+        settings.parse_args(argv)
 
 
 def test_unknown_size_lists_the_sizes():
     with pytest.raises(ValueError, match=r"attnres16x256.*cpu_xl"):
-        bench.resolve_size("huge")
-    xl = bench.resolve_size("cpu_xl")
+        shapes.resolve_size("huge")
+    xl = shapes.resolve_size("cpu_xl")
     assert (xl.n_layers, xl.d_model, xl.n_blocks, xl.batch_size) == (8, 32, 4, 4)
-    paper = bench.resolve_size("paper_194m", seq_len=8192)
+    paper = shapes.resolve_size("paper_194m", seq_len=8192)
     assert (paper.n_layers, paper.d_model, paper.head_dim, paper.n_blocks) == (12, 896, 128, 8)
 
 
@@ -270,16 +269,16 @@ def test_the_torch_path_option_runs_without_the_cpu_kernels(monkeypatch):
 
     for name in ("mix_forward", "mix_backward", "merge_forward", "merge_backward"):
         monkeypatch.setattr(cpu_kernels, name, counted(getattr(cpu_kernels, name), name))
-    assert "torch-path" in bench.OPTION_VARIANTS
+    assert "torch-path" in settings.OPTION_VARIANTS
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")  # the environment decides unless the runner says otherwise
-    runner = bench.build_runner(bench.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto")
+    runner = build_runner(shapes.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto")
     runner.train_step()
     assert not calls
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
     for use in (False, True):
         calls.clear()
-        runner = bench.build_runner(
-            bench.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto", cpu_kernels=use
+        runner = build_runner(
+            shapes.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto", cpu_kernels=use
         )
         runner.train_step()
         assert bool(calls) == (use and cpu_kernels.library() is not None)
@@ -293,7 +292,7 @@ def test_the_plain_loop_gets_the_trainer_and_data_of_experiments_train(train_cfg
     import lightning.pytorch as pl
     import torch
 
-    from experiments import bench_harness
+    from experiments.bench import harness as bench_harness
     from experiments.run_plan import plan_run
     from experiments.train import train
 
@@ -337,7 +336,7 @@ def test_the_plain_loop_gets_the_trainer_and_data_of_experiments_train(train_cfg
     assert len(gaps) == trained.max_steps * 2 - 1 - bench_harness.WARMUP_STEPS  # one stamp per micro-batch
 
 
-# ---- the ladder section (experiments/bench_ladder.py) ------------------------------------------------------------
+# ---- the ladder section (experiments/bench/ladder.py) ------------------------------------------------------------
 
 
 def test_ladder_section_writes_the_documented_json(tmp_path, data_cache):
@@ -415,12 +414,12 @@ def test_gemm_floor_counts_every_matmul_of_a_training_step():
     import torch
 
     from attnres import ModelConfig
-    from experiments import bench_ladder
+    from experiments.bench import gemm_floor
 
     torch.set_num_threads(1)
     B, T, L, d, H, hd, f, V = 2, 16, 2, 32, 2, 16, 48, 256
     cfg = ModelConfig(vocab_size=V, n_layers=L, d_model=d, n_heads=H, head_dim=hd, d_ff=f, max_seq_len=T)
-    calls = bench_ladder.record_matmuls(cfg, B, T)
+    calls = gemm_floor.record_matmuls(cfg, B, T)
     counts: dict[str, int] = {}
     for c in calls:
         counts[c.op] = counts.get(c.op, 0) + c.count
@@ -428,7 +427,7 @@ def test_gemm_floor_counts_every_matmul_of_a_training_step():
     a = H * hd
     forward = 2 * B * T * (L * (d * 3 * a + a * d + d * 2 * f + f * d) + d * V) + L * 2 * (2 * B * H * T * T * hd)
     assert sum(c.flops * c.count for c in calls) == 3 * forward
-    floor = bench_ladder.time_floor(calls, repeats=3)
+    floor = gemm_floor.time_floor(calls, repeats=3)
     assert floor["calls"] == 18 * L + 3
     assert floor["flops"] == 3 * forward
     assert floor["floor_s"] == pytest.approx(sum(r["s_total"] for r in floor["matmuls"]))
@@ -437,7 +436,7 @@ def test_gemm_floor_counts_every_matmul_of_a_training_step():
 
 
 def _ladder_run(kind: str, rnd: int, tokens_per_cpu_s: float, cpu_s: float, steps: int = 100) -> dict:
-    from experiments import bench_ladder
+    from experiments.bench import ladder as bench_ladder
 
     r = {
         "kind": kind,
@@ -455,7 +454,7 @@ def _ladder_run(kind: str, rnd: int, tokens_per_cpu_s: float, cpu_s: float, step
 
 
 def test_ladder_figures_pair_rounds_and_amortise_the_cold_compile():
-    from experiments import bench_ladder
+    from experiments.bench import ladder as bench_ladder
 
     assert bench_ladder.steady_gaps([0, 1, 3, 6, 10, 15], dirty=[3], warmup=1) == [2, 3, 5]
     assert bench_ladder.amortised_cpu_s(cold=100.0, warm=10.0, k=3) == 40.0
@@ -480,7 +479,7 @@ def test_ladder_figures_pair_rounds_and_amortise_the_cold_compile():
 
 
 def test_the_inductor_cache_directory_is_set_inside_and_restored_after(tmp_path, monkeypatch):
-    from experiments import bench_ladder
+    from experiments.bench import ladder as bench_ladder
     from experiments.compiler import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "before"))
@@ -494,9 +493,8 @@ def test_the_ladder_section_classifies_and_summarises_every_kind_of_run(monkeypa
     """bench_ladder end to end with its training runs and timings stubbed (speed is never asserted): round 0's
     compiled run of each shape is cold (a fresh inductor cache), round 1's warm, the disk round's in a new process;
     the order of the paths flips per round, and each figure is taken against the eager run of its round."""
-    import argparse
-
-    from experiments import bench_ladder
+    from experiments.bench import ladder as bench_ladder
+    from experiments.bench import ladder_report
     from experiments.compiler import CACHE_ENV
 
     seen_caches: set[str] = set()
@@ -538,20 +536,27 @@ def test_the_ladder_section_classifies_and_summarises_every_kind_of_run(monkeypa
     floor = {"floor_s": 0.002, "flops": 1e8, "gflop_per_s": 50.0, "calls": 75, "attention_share": 0.4, "matmuls": []}
     monkeypatch.setattr(bench_ladder, "time_floor", lambda calls: dict(floor))
     monkeypatch.setattr(bench_ladder, "matmul_peak", lambda: {"gflop_per_s": 100.0})
-    args = argparse.Namespace(
-        ladder_sizes=["cpu_xs"],
-        ladder_schemes=["baseline", "block_attnres", "full_attnres"],
-        ladder_paths=["eager", "compiled"],
-        ladder_fraction=0.5,
-        ladder_seeds=2,
-        ladder_disk_warm=True,
-        ladder_override=["train.val_sequences=8"],
-        data_cache=None,
-        data_max_bytes=None,
+    args = settings.parse_args(
+        [
+            "--ladder",
+            "--ladder-sizes",
+            "cpu_xs",
+            "--ladder-schemes",
+            "baseline,block_attnres,full_attnres",
+            "--ladder-paths",
+            "eager,compiled",
+            "--ladder-fraction",
+            "0.5",
+            "--ladder-seeds",
+            "2",
+            "--ladder-disk-warm",
+            "--ladder-override",
+            "train.val_sequences=8",
+        ]
     )
     lines: list[str] = []
     res = bench_ladder.bench_ladder(args, log=lines.append)
-    bench_ladder.print_ladder(res, log=lines.append)
+    ladder_report.print_ladder(res, log=lines.append)
     assert order[:2] == [("baseline", "eager"), ("baseline", "compiled")]  # round 0: eager first
     assert order[6:8] == [("block_attnres", "compiled"), ("block_attnres", "eager")]  # round 1: rotated, flipped
     assert order[12:] == [("full_attnres", "compiled"), ("baseline", "compiled"), ("block_attnres", "compiled")]
@@ -579,7 +584,7 @@ def test_the_ladder_section_classifies_and_summarises_every_kind_of_run(monkeypa
     assert "cpu_xs block_attnres: compiled steady step / baseline's" in names
     assert any(line.startswith("  [PASS]") for line in lines)
     assert any(line.startswith("  [FAIL]") for line in lines)  # 1 cold in 3 is 0.79x eager here
-    tables = bench_ladder.markdown(res)
+    tables = ladder_report.markdown(res)
     row = "| cpu_xs | full_attnres | 1.000 [1.000, 1.000] | 1.000 | - | 1.000 [1.000, 1.000] | 1.000 | 1.000 |"
     assert row in tables
     assert "| cpu_xs | baseline | 26.0 | 2.0 |" in tables

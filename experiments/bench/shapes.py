@@ -1,28 +1,19 @@
-"""What the benchmarks share (experiments.bench and experiments.bench_harness): the sizes they time
-(:class:`BenchSize`: built in, or from conf/size/), the summary statistics of a sample of times
-(:func:`summarize`) and the load other processes put on the machine meanwhile (:class:`CoreMonitor`).
+"""The model shapes the benchmarks time (:class:`BenchSize`): built in (the issue's target, the --quick size) or
+from conf/size/.
 
 No torch at import: ``python -m experiments.bench --help`` stays fast.
 """
 
 from __future__ import annotations
 
-import os
-import statistics
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import resolvers
+from .. import resolvers
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONF_SIZES = REPO / "conf" / "size"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Sizes
 
 
 @dataclass(frozen=True)
@@ -117,78 +108,9 @@ def conf_size(name: str, batch_size: int | None = None, seq_len: int | None = No
 
 
 def resolve_size(name: str, batch_size: int | None = None, seq_len: int | None = None) -> BenchSize:
+    """A built-in size (batch_size / seq_len replaced where given) or :func:`conf_size`."""
     if name in BUILTIN:
         s = BUILTIN[name]
         changes = {k: v for k, v in (("batch_size", batch_size), ("seq_len", seq_len)) if v}
         return BenchSize(**{**s.to_dict(), **changes}) if changes else s
     return conf_size(name, batch_size, seq_len)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Statistics and machine load
-
-
-def summarize(samples: Sequence[float]) -> dict[str, Any]:
-    """Median, interquartile range (q1, q3), min and max of samples (and the samples themselves)."""
-    xs = sorted(float(x) for x in samples)
-    if not xs:
-        return {"median": None, "q1": None, "q3": None, "min": None, "max": None, "n": 0, "samples": []}
-    if len(xs) >= 2:
-        q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-    else:
-        q1 = q3 = xs[0]
-    return {
-        "median": statistics.median(xs),
-        "q1": q1,
-        "q3": q3,
-        "min": xs[0],
-        "max": xs[-1],
-        "n": len(xs),
-        "samples": [float(x) for x in samples],
-    }
-
-
-class CoreMonitor:
-    """Cores used by other processes during a window: busy jiffies of the whole machine (/proc/stat) minus
-    this process's own CPU time, divided by the wall time. None where /proc/stat is unavailable."""
-
-    def __init__(self) -> None:
-        self.available = os.path.exists("/proc/stat")
-        self._start: tuple[float, float, float] | None = None
-
-    @staticmethod
-    def _busy_seconds() -> float:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def _own_seconds() -> float:
-        t = os.times()
-        return t.user + t.system + t.children_user + t.children_system
-
-    def start(self) -> None:
-        if self.available:
-            self._start = (time.perf_counter(), self._busy_seconds(), self._own_seconds())
-
-    def stop(self) -> float | None:
-        if not self.available or self._start is None:
-            return None
-        t0, busy0, own0 = self._start
-        wall = time.perf_counter() - t0
-        other = (self._busy_seconds() - busy0) - (self._own_seconds() - own0)
-        return max(0.0, other / wall) if wall > 0 else None
-
-    def wait_quiet(self, max_wait_s: float, threshold: float = 0.25, probe_s: float = 1.0) -> float | None:
-        """Sleep until other processes use less than `threshold` cores over a `probe_s` window, or until
-        `max_wait_s` passed; returns the last probe (None without /proc/stat or when max_wait_s <= 0)."""
-        if not self.available or max_wait_s <= 0:
-            return None
-        deadline = time.perf_counter() + max_wait_s
-        while True:
-            self.start()
-            time.sleep(probe_s)
-            load = self.stop()
-            if load is None or load < threshold or time.perf_counter() >= deadline:
-                return load

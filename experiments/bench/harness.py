@@ -16,12 +16,12 @@ only after the last step (eval_count=1) and is not inside any gap. Harness and p
 flips every round); the ratio is taken per round between the medians of the two runs, and summarised by median
 and IQR over rounds.
 
-Lightning is imported here only, so ``python -m experiments.bench --harness off`` never imports it.
+Lightning is imported here only (and in the ladder), so ``python -m experiments.bench --harness off`` never
+imports it. The plain loop's step is experiments.train_step.TrainStep, the trainer's own step definition.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -35,9 +35,13 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig
 
-from .bench_common import BenchSize, CoreMonitor, summarize
-from .compose import compose
-from .run_plan import RunPlan
+from ..compose import compose
+from ..run_plan import RunPlan
+from ..train_step import TrainStep, train_forward
+from .machine_load import CoreMonitor
+from .sample_stats import summarize
+from .settings import BenchSettings
+from .shapes import BenchSize
 
 WARMUP_STEPS = 2
 
@@ -62,7 +66,7 @@ class StepTimer(pl.Callback):
 
 def _overrides(
     size: BenchSize,
-    args: argparse.Namespace,
+    settings: BenchSettings,
     device: torch.device,
     runs_root: Path,
     seed: int,
@@ -87,7 +91,7 @@ def _overrides(
         f"size.batch_size={size.batch_size}",
         f"size.tokens={tokens}",
         "size.lr=1e-3",
-        f"logger={args.harness_logger}",
+        f"logger={settings.harness_logger}",
         "study=bench",
         f"seed={seed}",
         "force=true",
@@ -97,31 +101,31 @@ def _overrides(
         "train.val_sequences=2",
         "train.val_batch_size=2",
         "trainer.enable_progress_bar=false",
-        "+callbacks.bench_timer._target_=experiments.bench_harness.StepTimer",
+        "+callbacks.bench_timer._target_=experiments.bench.harness.StepTimer",
         f"+callbacks.bench_timer.path={timer_path}",
     ]
     if device.type == "cuda":
-        o += ["trainer=gpu", f"trainer.precision={'bf16-mixed' if args.bf16 else '32-true'}"]
+        o += ["trainer=gpu", f"trainer.precision={'bf16-mixed' if settings.bf16 else '32-true'}"]
     else:
         o += [
             "trainer=cpu",
             f"threads={torch.get_num_threads()}",
-            f"trainer.precision={'bf16-mixed' if args.bf16 else '32-true'}",
+            f"trainer.precision={'bf16-mixed' if settings.bf16 else '32-true'}",
         ]
-    if args.compile:
+    if settings.compile:
         o.append("compile=true")
-    if args.checkpointing:
+    if settings.checkpointing:
         o.append("activation_checkpointing=true")
-    if args.data_cache:
-        o.append(f"data.cache_dir={args.data_cache}")
-    if args.data_max_bytes:
-        o.append(f"data.max_bytes={args.data_max_bytes}")
+    if settings.data_cache:
+        o.append(f"data.cache_dir={settings.data_cache}")
+    if settings.data_max_bytes:
+        o.append(f"data.max_bytes={settings.data_max_bytes}")
     return o
 
 
 def harness_run(cfg) -> list[float]:
     """Step times of one experiments.train run (gaps between batch starts, warm-up dropped)."""
-    from .train import train
+    from ..train import train
 
     timer_path = Path(cfg.callbacks.bench_timer.path)
     train(cfg)
@@ -133,82 +137,89 @@ def harness_run(cfg) -> list[float]:
 def plain_trainer(cfg: DictConfig, plan: RunPlan) -> pl.Trainer:
     """The trainer ``experiments.train`` builds for ``cfg`` (experiments.instantiators), never fitted: the plain
     loop reads its settings (steps, accumulation, clipping, precision) from it."""
-    from .instantiators import instantiate_trainer
+    from ..instantiators import instantiate_trainer
 
     return instantiate_trainer(cfg, plan, callbacks=[], loggers=[], root_dir=Path(cfg.paths.runs_root))
 
 
 def plain_run(cfg: DictConfig, device: torch.device) -> list[float]:
     """The same steps as the harness, written as a plain loop (no Lightning in the loop): the data and schedule of
-    experiments.run_plan.plan_run, the settings of :func:`plain_trainer`."""
-    from hydra.utils import instantiate
-
-    from attnres import Transformer
-
-    from .optim import amp_clipping
-    from .run_plan import plan_run
-
-    plan = plan_run(cfg, progress=False)
-    trainer = plain_trainer(cfg, plan)
-    if trainer.precision not in ("32-true", "bf16-mixed"):
-        raise ValueError(f"the plain loop runs trainer.precision 32-true or bf16-mixed, not {trainer.precision!r}")
-    bf16 = trainer.precision == "bf16-mixed"  # autocast, as Lightning's mixed-precision plugin
-    clip, accumulate, total = trainer.gradient_clip_val, trainer.accumulate_grad_batches, trainer.max_steps
-    torch.manual_seed(int(cfg.seed))
-    model = Transformer(plan.model_config).to(device)
-    if cfg.activation_checkpointing:
-        model.set_activation_checkpointing(True)
-    forward = model
-    if cfg.compile:  # as LMModule.setup compiles (experiments.module.compile_mode)
-        from .module import compile_mode
-
-        if compile_mode(device.type) == "regional":
-            model.compile_regions()
-        else:
-            forward = torch.compile(model)
-    # the optimizer LMModule.configure_optimizers builds (foreach instead of fused under mixed precision with
-    # clipping), so both sides run the same optimizer kernel
-    optimizer = instantiate(cfg.optimizer)(model=model, amp_clipping=amp_clipping(trainer.precision, clip))
-    scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total)
+    experiments.run_plan.plan_run, the settings of :func:`plain_trainer`, and the trainer's step
+    (experiments.train_step.TrainStep: LMModule's forward and loss, then what Lightning does with them)."""
+    plan, trainer, step = _plain_step(cfg, device)
+    total, accumulate = trainer.max_steps, trainer.accumulate_grad_batches
     stamps: list[float] = []
-    model.train()
+    step.model.train()
     for micro_step, (x, y) in enumerate(plan.datamodule.train_dataloader()):  # micro-batches, as Lightning's
         if micro_step == total * accumulate:
             break
         if device.type == "cuda":
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())  # as StepTimer: after the fetch of this micro-batch
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            _, loss = forward(x, y)
-        (loss / accumulate if accumulate > 1 else loss).backward()  # Lightning scales micro-batch losses so
-        if (micro_step + 1) % accumulate == 0:
-            if clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss.detach()):
-            raise RuntimeError("plain loop: loss is not finite")
+        step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
     gaps = [b - a for a, b in pairwise(stamps)]
     return gaps[WARMUP_STEPS:]
 
 
+def _plain_step(cfg: DictConfig, device: torch.device) -> tuple[RunPlan, pl.Trainer, TrainStep]:
+    """The run plan, the (unfitted) trainer and the TrainStep the plain loop runs: the model, its compiled forward
+    (as LMModule.setup), the optimizer LMModule.configure_optimizers builds (foreach instead of fused under mixed
+    precision with clipping, so both sides run the same optimizer kernel), the schedule, the trainer's clipping,
+    accumulation and autocast (bf16-mixed: autocast, as Lightning's mixed-precision plugin)."""
+    from hydra.utils import instantiate
+
+    from attnres import Transformer
+
+    from ..optim import amp_clipping
+    from ..run_plan import plan_run
+
+    plan = plan_run(cfg, progress=False)
+    trainer = plain_trainer(cfg, plan)
+    if trainer.precision not in ("32-true", "bf16-mixed"):
+        raise ValueError(f"the plain loop runs trainer.precision 32-true or bf16-mixed, not {trainer.precision!r}")
+    bf16 = trainer.precision == "bf16-mixed"
+    clip = trainer.gradient_clip_val
+    torch.manual_seed(int(cfg.seed))
+    model = Transformer(plan.model_config).to(device)
+    if cfg.activation_checkpointing:
+        model.set_activation_checkpointing(True)
+    from ..module import compile_mode  # as LMModule.setup compiles
+
+    forward = train_forward(model, compile_mode(device.type) if cfg.compile else None)
+    optimizer = instantiate(cfg.optimizer)(model=model, amp_clipping=amp_clipping(trainer.precision, clip))
+    step = TrainStep(
+        model,
+        forward,
+        optimizer,
+        scheduler=instantiate(cfg.scheduler)(optimizer, total_steps=trainer.max_steps),
+        clip=clip,
+        accumulate=trainer.accumulate_grad_batches,
+        forward_context=lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16),
+    )
+    return plan, trainer, step
+
+
 def compare_harness(
-    size: BenchSize, args: argparse.Namespace, device: torch.device, steps: int, log: Callable[[str], None] = print
+    size: BenchSize,
+    settings: BenchSettings,
+    device: torch.device,
+    steps: int,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
+    """Alternating harness and plain runs of ``steps`` steps at ``size`` (module docstring); the JSON entry."""
     log(
-        f"\n== harness (experiments.train, Lightning) vs plain loop at {size.name}: {args.harness_rounds} rounds x "
-        f"{steps} steps each ({steps - 1 - WARMUP_STEPS} timed per run), logger={args.harness_logger}"
+        f"\n== harness (experiments.train, Lightning) vs plain loop at {size.name}: {settings.harness_rounds} rounds "
+        f"x {steps} steps each ({steps - 1 - WARMUP_STEPS} timed per run), logger={settings.harness_logger}"
     )
     harness_med, plain_med, ratios, busy = [], [], [], []
     harness_all: list[float] = []
     plain_all: list[float] = []
     monitor = CoreMonitor()
     with tempfile.TemporaryDirectory(prefix="attnres_bench_") as tmp:
-        for rnd in range(args.harness_rounds):
+        for rnd in range(settings.harness_rounds):
             timer_path = Path(tmp) / f"timer_{rnd}.json"
-            cfg = compose(_overrides(size, args, device, Path(tmp) / f"round{rnd}", args.seed + rnd, timer_path, steps))
+            runs_root = Path(tmp) / f"round{rnd}"
+            cfg = compose(_overrides(size, settings, device, runs_root, settings.seed + rnd, timer_path, steps))
             monitor.start()
             sides = ("harness", "plain") if rnd % 2 == 0 else ("plain", "harness")
             got: dict[str, list[float]] = {}
@@ -226,13 +237,29 @@ def compare_harness(
                 f"  round {rnd + 1}: harness {h:.4f} s/step, plain {p:.4f} s/step, ratio {h / p:.3f}"
                 + (f" (other cores busy {load:.2f})" if load is not None else "")
             )
+    samples = {"harness": harness_all, "plain": plain_all, "harness_med": harness_med, "plain_med": plain_med}
+    return _harness_result(size, settings, device, steps, samples, ratios, busy)
+
+
+def _harness_result(
+    size: BenchSize,
+    settings: BenchSettings,
+    device: torch.device,
+    steps: int,
+    samples: dict[str, list[float]],
+    ratios: list[float],
+    busy: list[float | None],
+) -> dict[str, Any]:
+    """The section's JSON entry for one size, with its check (harness step <= 1.03 x plain)."""
+    harness_all, plain_all = samples["harness"], samples["plain"]
+    harness_med, plain_med = samples["harness_med"], samples["plain_med"]
     busy_known = [b for b in busy if b is not None]
     return {
         "size": size.to_dict(),
         "steps_per_run": steps,
         "warmup_steps": WARMUP_STEPS,
-        "rounds": args.harness_rounds,
-        "logger": args.harness_logger,
+        "rounds": settings.harness_rounds,
+        "logger": settings.harness_logger,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "harness_step_s": summarize(harness_all),

@@ -3,11 +3,13 @@ experiments.optim AdamW groups and warmup-cosine, clip, TrainBatches), without L
 harness ties to one seed split apart (--init-seed, --data-seed), and the final model scored on three held-out sets:
 the harness's 256 validation windows, every validation window, and 1,024 windows of the training split.
 
-    python docs/results/cpu_ladder/design/probe.py --B 4 --L 4 --dff 80 --tokens 480000 --lr 3e-3 \
+    python scripts/design_probe.py --B 4 --L 4 --dff 80 --tokens 480000 --lr 3e-3 \
         --init-seed 3 --data-seed 3 --out /tmp/probe.json
 
-probe_runs.csv (next to this file) holds every run the design note cites. Not part of the harness: the study
-itself runs through experiments.train.
+docs/results/cpu_ladder/design/probe_runs.csv holds every run the design note cites (made when this script was
+docs/results/cpu_ladder/design/probe.py). Not part of the harness: the study itself runs through experiments.train.
+Its loop is its own, not experiments.train_step.TrainStep: it records every step's pre-clipping gradient norm and
+can keep an EMA of the weights, and it never stops on a diverged loss (a probe records it).
 """
 
 import argparse
