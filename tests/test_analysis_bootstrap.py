@@ -15,7 +15,7 @@ import pytest
 from analysis import bootstrap as bs
 from analysis.runs import AnalysisWarning
 from analysis.scaling import FitOptions, analyse_scaling
-from analysis.synthetic import synthetic_ladder
+from synthetic_records import synthetic_ladder
 
 TRUE_M = (1.0, 1.25, 1.6)
 

@@ -21,7 +21,7 @@ from analysis.fit import (
     wls_line,
 )
 from analysis.reference_fit import huber_objective, reference_joint, reference_power_law
-from analysis.synthetic import synthetic_ladder
+from synthetic_records import synthetic_ladder
 
 CPU_C = np.geomspace(2e-6, 2e-4, 5)  # CPU-ladder compute: tiny numbers in PFLOP/s-days
 

@@ -12,7 +12,7 @@ import pytest
 
 from analysis.multipliers import pooled_pair_sd
 from analysis.scaling import FitOptions, analyse_scaling
-from analysis.synthetic import synthetic_ladder
+from synthetic_records import synthetic_ladder
 
 
 def _fit(df):

@@ -13,7 +13,7 @@ import pytest
 
 from analysis.runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
 from analysis.scaling import FitOptions, analyse_scaling, check_ladder
-from analysis.synthetic import synthetic_ladder, write_study
+from synthetic_records import synthetic_ladder, write_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -220,7 +220,7 @@ def test_study_kind_of_records_with_and_without_the_field():
 
 def _kinds_table() -> pd.DataFrame:
     """A ladder, a block-size sweep and an ablation study, named as the analysis knew them before study_kind."""
-    from analysis.synthetic import ablation_records, block_size_sweep_records
+    from synthetic_records import ablation_records, block_size_sweep_records
 
     return pd.concat(
         [synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1)), block_size_sweep_records(), ablation_records()],
@@ -273,7 +273,7 @@ def test_an_lr_study_is_not_a_scaling_ladder() -> None:
 
 def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
     from analysis.ablations import ablation_table
-    from analysis.synthetic import ablation_records
+    from synthetic_records import ablation_records
 
     big = ablation_records(seeds=(0, 1))
     small = ablation_records(seeds=(5,)).assign(study="ablations_old", study_kind="ablations")
@@ -435,7 +435,7 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
 def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
     """Not the variant's name: a sweep of another Block variant is found; two swept Block variants are one too many."""
     from analysis.block_size import block_size_sweep
-    from analysis.synthetic import block_size_sweep_records
+    from synthetic_records import block_size_sweep_records
 
     df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")
     renamed = df.assign(variant=df["variant"].replace({"block_attnres": "block_multihead"}))
