@@ -47,7 +47,8 @@ class RunRecord:
     """One record of a study's ledger (docs/results_schema.md §1 has each field's meaning).
 
     A stored record holds every field (:data:`COLUMNS`; :func:`outdated` says when one is missing). Any may be
-    empty (None) except ``run_id`` and ``status`` (:data:`REQUIRED`) and ``study_kind``; a ``completed`` record also
+    empty (None) except ``run_id`` and ``status`` (:data:`REQUIRED`) and ``study_kind`` (``scaling`` unless
+    given); a ``completed`` record also
     needs a positive ``val_loss`` and ``pflops_days`` (:data:`REQUIRED_IF_COMPLETED`). A field added to the schema
     is added to every committed record by a migration (docs/DEVELOPING.md, "Changing the record schema").
     """
@@ -95,14 +96,14 @@ class RunRecord:
     data_fingerprint: str | None = None
     threads: int | None = None
     record_id: str | None = None
-    study_kind: str | None = None
+    study_kind: str = "scaling"  # as conf/train.yaml's study_kind (the sweeps set theirs)
     train_path: str | None = None
     cpu_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUSES:
             raise ValueError(f"status={self.status!r}; allowed values: {', '.join(STATUSES)}")
-        if self.study_kind and self.study_kind not in STUDY_KINDS:
+        if self.study_kind not in STUDY_KINDS:
             raise ValueError(f"study_kind={self.study_kind!r}; allowed values: {', '.join(STUDY_KINDS)}")
 
     def to_dict(self) -> dict[str, Any]:

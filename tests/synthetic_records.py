@@ -29,7 +29,8 @@ import pandas as pd
 from results import ledger
 from results.record import COLUMNS
 
-# CPU-ladder-like sizes, each a 4-tuple (name, n_layers, d_model, n_heads); their compute is spread over C_range (synthetic_ladder).
+# CPU-ladder-like sizes, each a 4-tuple (name, n_layers, d_model, n_heads); their compute is spread over C_range
+# (synthetic_ladder).
 SIZES = (
     ("cpu_xs", 2, 64, 2),
     ("cpu_s", 3, 96, 3),
@@ -338,7 +339,8 @@ def write_study(
         run_dir.mkdir(parents=True, exist_ok=True)
         cells = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
         cells = {k: (v.item() if hasattr(v, "item") else v) for k, v in cells.items()}
-        rid = ledger.record_key(ledger.compact_timestamp(cells.get("finished_at")), str(cells["run_id"]), f"synth-{i:05d}")
+        stamp = ledger.compact_timestamp(cells.get("finished_at"))
+        rid = ledger.record_key(stamp, str(cells["run_id"]), f"synth-{i:05d}")
         rec = {**ledger.make_record(**{k: v for k, v in cells.items() if k in COLUMNS}), **cells, "record_id": rid}
         (out / ledger.RECORDS_DIR / f"{rid}.json").write_text(json.dumps(rec, indent=1))
         (run_dir / "results.json").write_text(json.dumps(rec, indent=1))

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from synthetic_records import synthetic_lr_study
 
 from analysis.__main__ import main
 from analysis.lr import lr_optima, quadratic_vertex, reference_optimum
 from analysis.runs import AnalysisWarning
-from synthetic_records import synthetic_lr_study
 
 SQRT2_GRID = tuple(1e-3 * 2 ** (k / 2) for k in range(9))  # 1e-3 .. 1.6e-2
 OPTIMA = {
