@@ -166,7 +166,7 @@ def malformed(record: Mapping[str, Any]) -> str | None:
 
 # The commit whose scripts/migrate_records.py brings records of an older layout to the current schema (the script
 # was run on the committed records there, then deleted: docs/results_schema.md, "Records of an older layout").
-MIGRATION_COMMIT = "MIGRATION_COMMIT_PLACEHOLDER"
+MIGRATION_COMMIT = "4c12b9900a71"
 
 
 def migration_hint(study_dir: object) -> str:

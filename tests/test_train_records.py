@@ -265,3 +265,20 @@ def test_a_record_file_of_an_older_layout_is_reported_on_one_line_and_the_others
         df = load_results(study)
     assert list(df["run_id"]) == ["a"]
     assert list(df["study_kind"]) == ["ablations"]
+
+
+def test_the_migration_commit_holds_the_migration_script():
+    """The one-line error names a commit and a script in it: that commit must exist in this history and hold the
+    script (a rebase that changes the hash must update results.record.MIGRATION_COMMIT)."""
+    from results.record import MIGRATION_COMMIT
+
+    repo = Path(__file__).resolve().parents[1]
+    shallow = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    if shallow != "false":  # not a git checkout, or a shallow clone without the history
+        pytest.skip(f"no full git history at {repo}")
+    out = subprocess.run(
+        ["git", "cat-file", "-e", f"{MIGRATION_COMMIT}:scripts/migrate_records.py"], cwd=repo, capture_output=True
+    )
+    assert out.returncode == 0, out.stderr
