@@ -163,26 +163,21 @@ def record_names(study_dir: str | Path) -> list[str]:
     return sorted(p.name for p in os.scandir(d) if p.name.endswith(".json") and not p.name.startswith("."))
 
 
-def unmigrated_rows(study_dir: str | Path) -> tuple[list[int], str | None]:
-    """The lines of the study's results.csv that carry no ``record_id`` (rows of a table written before
-    ``records/`` existed), and the one-line problem that reports them (None when there are none)."""
-    table = Path(study_dir) / RESULTS_TABLE
-    _, rows, _ = read_table(table)
+def _unmigrated(table: Path, rows: list[tuple[int, dict[str, str]]]) -> tuple[list[int], str | None]:
+    """The lines of a study's table that carry no ``record_id`` (rows of a table written before ``records/``
+    existed), and the one-line problem that reports them (None when there are none)."""
     lines = [line for line, row in rows if not row.get("record_id")]
     if not lines:
         return [], None
     where = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
     return lines, (
         f"{table}: {len(lines)} row(s) without a record_id ({where}), a table from before records/ existed; "
-        f"{migration_hint(Path(study_dir))}; rows not read, table left unchanged"
+        f"{migration_hint(table.parent)}; rows not read, table left unchanged"
     )
 
 
-def read_study(study_dir: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every valid record of a study (its ``records/`` files) in record order, and the problems met on the way,
-    one line each: unreadable, malformed or outdated record files, unreadable table rows, and table rows of an
-    older layout (no ``record_id``: :func:`unmigrated_rows`), which are not read."""
-    study_dir = Path(study_dir)
+def _read_study(study_dir: Path) -> tuple[list[dict[str, Any]], list[str], bool]:
+    """read_study's records and problems, and whether the table holds rows of an older layout."""
     problems: list[str] = []
     keyed: list[tuple[str, dict[str, Any]]] = []
     for name in record_names(study_dir):
@@ -191,12 +186,21 @@ def read_study(study_dir: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
             problems.append(problem)
         elif rec is not None:
             keyed.append((rec["record_id"], rec))
-    _, _, table_problems = read_table(study_dir / RESULTS_TABLE)
+    table = study_dir / RESULTS_TABLE
+    _, rows, table_problems = read_table(table)
     problems += table_problems
-    _, legacy = unmigrated_rows(study_dir)
+    lines, legacy = _unmigrated(table, rows)
     if legacy:
         problems.append(legacy)
-    return [r for _, r in keyed], problems
+    return [r for _, r in keyed], problems, bool(lines)
+
+
+def read_study(study_dir: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every valid record of a study (its ``records/`` files) in record order, and the problems met on the way,
+    one line each: unreadable, malformed or outdated record files, unreadable table rows, and table rows of an
+    older layout (no ``record_id``), which are not read."""
+    recs, problems, _ = _read_study(Path(study_dir))
+    return recs, problems
 
 
 def last_records(records: Iterable[Mapping[str, Any]], key: str = "run_id") -> dict[str, Mapping[str, Any]]:
@@ -272,7 +276,7 @@ def rebuild_table(study_dir: str | Path) -> Path:
     """Write ``results.csv`` from the study's records (atomically) and return its path.
 
     Rows that cannot be read are reported and their raw lines kept in ``results.csv.rejected``. A table that
-    still holds rows of an older layout (no record_id, :func:`unmigrated_rows`) is not rewritten: it is reported,
+    still holds rows of an older layout (no record_id) is not rewritten: it is reported,
     with the migration command, and left for the migration to import (the records/ files stay the truth, so no
     run is hidden meanwhile). With concurrent writers the last rename wins, so the table is re-derived until the
     listing it was made from is still current. An exclusive lock on ``results.csv.lock`` only saves concurrent
@@ -283,8 +287,8 @@ def rebuild_table(study_dir: str | Path) -> Path:
     table = study_dir / RESULTS_TABLE
     with exclusive_lock(table.with_name(table.name + ".lock")):
         for _ in range(5):
-            recs, problems = read_study(study_dir)
-            if unmigrated_rows(study_dir)[0]:
+            recs, problems, unmigrated = _read_study(study_dir)
+            if unmigrated:  # the migration imports these rows from the table: keep it as it is
                 _warn(problems)
                 break
             _keep_rejected(table, problems)
