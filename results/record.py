@@ -47,11 +47,10 @@ class RunRecord:
     """One record of a study's ledger (docs/results_schema.md §1 has each field's meaning).
 
     A stored record holds every field (:data:`COLUMNS`; :func:`outdated` says when one is missing). Any may be
-    empty (None) except ``run_id`` and ``status`` (:data:`REQUIRED`) and ``study_kind`` (``scaling`` unless
-    given); a ``completed`` record also
-    needs a positive ``val_loss`` and ``pflops_days`` (:data:`REQUIRED_IF_COMPLETED`). A field added to the schema
-    is added to every committed record by a migration (docs/DEVELOPING.md, "Changing the record schema").
-    """
+    empty (None) except ``run_id`` and ``status`` (:data:`REQUIRED`) and ``study_kind`` (``scaling`` unless given);
+    a ``completed`` record also needs a positive ``val_loss`` and ``pflops_days`` (:data:`REQUIRED_IF_COMPLETED`).
+    A field added to the schema is added to every committed record by a migration (docs/DEVELOPING.md, "Changing
+    the record schema")."""
 
     run_id: str | None = None
     study: str | None = None
