@@ -87,8 +87,8 @@ def _grid_runs(rows: pd.DataFrame, study: str) -> tuple[pd.DataFrame, list[float
     missing = [c for c in ("d_over_lb", "heads_over_lb") if c not in rows.columns]
     if missing:
         warnings.warn(
-            f"{study} runs lack column(s) {', '.join(missing)} (records written before the arch grid "
-            "existed?); no architecture-grid table",
+            f"{study} runs lack column(s) {', '.join(missing)} (a table without the grid coordinates); "
+            "no architecture-grid table",
             AnalysisWarning,
             stacklevel=3,
         )

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from results import ledger, record
-from results.config_hash import data_fingerprint
 
 # The columns a scaling fit cannot do without; the schema has many more (tolerated, some used by figures).
 FIT_COLUMNS = ("run_id", "variant", "size", "seed", "status", "pflops_days", "val_loss")
@@ -48,11 +47,11 @@ def load_results(path: str | Path) -> pd.DataFrame:
     """Read result records from a study directory, its results.csv, a results.json, or a tree of run directories.
 
     A study directory (or its ``results.csv``) is read through the ledger (results.ledger): the record files in
-    ``records/`` are the truth, plus table rows that predate them. Unreadable or malformed records are skipped
-    with an AnalysisWarning naming the file and line. A directory without a ledger is read through every
-    ``results.json`` below it. Runs recorded before ``data_fingerprint`` existed get it from their run's
-    ``environment.json`` when that is at hand. ``df.attrs['base_dir']`` remembers where relative ``run_dir``
-    values are resolved from.
+    ``records/`` are the truth. Unreadable, malformed or outdated records (an older layout: results.record.outdated)
+    are skipped with an AnalysisWarning naming the file (and line), never hiding the other runs; an outdated one's
+    names the migration command. A directory without a ledger is read through every ``results.json`` below it,
+    checked the same way. A table on its own is read as it is (:func:`require_columns` says what a fit lacks).
+    ``df.attrs['base_dir']`` remembers where relative ``run_dir`` values are resolved from.
     """
     path = Path(path)
     if not path.exists():
@@ -70,6 +69,10 @@ def load_results(path: str | Path) -> pd.DataFrame:
                 continue
             if not isinstance(rec, dict):
                 raise ValueError(f"{f} is not a JSON object (one run's result record)")
+            old = record.outdated(rec)
+            if old is not None:
+                warnings.warn(f"{f}: {old}; {record.migration_hint(path)}; skipped", AnalysisWarning, stacklevel=2)
+                continue
             rec.setdefault("run_dir", str(f.parent))
             rows.append(rec)
         return _frame(rows, str(path), str(path))
@@ -95,28 +98,7 @@ def _frame(rows: list[dict[str, Any]], source: str, base_dir: str) -> pd.DataFra
     df = pd.DataFrame(rows)
     df = _normalise(df, source)
     df.attrs["base_dir"] = base_dir
-    _backfill_fingerprints(df, base_dir)
     return df
-
-
-def _backfill_fingerprints(df: pd.DataFrame, base_dir: str | None) -> None:
-    """data_fingerprint for records written before it existed: from the run directory's environment.json."""
-    if df.empty or "run_dir" not in df.columns:
-        return
-    if "data_fingerprint" not in df.columns:
-        df["data_fingerprint"] = ""
-    for i in df.index[df["data_fingerprint"] == ""]:
-        run_dir = resolve_run_dir(df.loc[i], base_dir)
-        env = run_dir / "environment.json" if run_dir is not None else None
-        if env is None or not env.is_file():
-            continue
-        try:
-            data = json.loads(env.read_text(encoding="utf-8")).get("dataset") or {}
-        except (OSError, ValueError, AttributeError):
-            continue
-        df.loc[i, "data_fingerprint"] = data_fingerprint(data.get("checksum"))
-        if "dataset" in df.columns and not df.loc[i, "dataset"]:
-            df.loc[i, "dataset"] = str(data.get("path", ""))
 
 
 def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd.DataFrame:
@@ -270,8 +252,7 @@ def _datasets(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 def check_one_dataset(df: pd.DataFrame) -> None:
     """Raise a ValueError when the runs come from more than one data set (by ``data_fingerprint``): a fit never
-    pools them. Runs without a fingerprint (recorded before it existed, run directory not at hand) are not
-    compared."""
+    pools them. Runs with an empty fingerprint (data prepared without shard checksums) are not compared."""
     groups = _datasets(df)
     if len(groups) <= 1:
         return
@@ -348,12 +329,10 @@ def _int(v: Any) -> Any:
 
 
 def study_kinds(df: pd.DataFrame) -> pd.Series:
-    """Each row's study kind (results.record.study_kind): its ``study_kind``, or for records written before that
-    field existed, the kind its study's name implies."""
-    cols = [c for c in ("study", "study_kind") if c in df.columns]
-    if not cols:
-        return pd.Series("scaling", index=df.index, dtype=object)
-    kinds = [record.study_kind(dict(zip(cols, values))) for values in zip(*(df[c] for c in cols))]
+    """Each row's study kind, its ``study_kind`` (every loaded record has one; a table without the column is a
+    ValueError naming it, :func:`require_columns`)."""
+    require_columns(df, ["study_kind"], "choosing each study's analysis")
+    kinds = [record.study_kind({"run_id": r, "study_kind": k}) for r, k in zip(df["run_id"], df["study_kind"])]
     return pd.Series(kinds, index=df.index, dtype=object)
 
 

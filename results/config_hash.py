@@ -1,7 +1,8 @@
 """A run's identity: ``config_hash`` = sha256 of the resolved config minus the keys in HASH_EXCLUDE (where files
-go, loggers, callbacks, device/launch settings, fault injection; the seed is included), with the block geometry
-of a scheme that does not read it held at fixed values (CANONICAL_BLOCK_GEOMETRY); and the data's identity,
-:func:`data_fingerprint`.
+go, loggers, callbacks, device/launch settings, fault injection; the seed is included), canonicalised by three
+identity rules: a null HASH_DROP_IF_NULL setting and a HASH_DROP_IF_DEFAULT setting at its default are left out,
+and the block geometry of a scheme that does not read it is held at fixed values (CANONICAL_BLOCK_GEOMETRY); and
+the data's identity, :func:`data_fingerprint`.
 
 Plain dicts in, hex digests out: standard library only. Composing the config and naming the run from the hash:
 experiments.identity.
@@ -47,16 +48,26 @@ HASH_EXCLUDE = (
     "trainer.deterministic",
     "trainer.plugins",
 )
-# Settings added after runs were recorded: left out of the hash while unset (null), so that every run recorded
-# before they existed keeps its config_hash (and is still found completed on relaunch).
+# The identity rules below say which configs are one experiment. Each is part of the definition of config_hash,
+# not a convenience for old runs: without it the committed runs' hashes would move (measured when issue 24 asked
+# whether they were compatibility code; docs/results_schema.md, "Run identity"), and a relaunch would train them
+# again.
+#
+# Unset means absent: a setting listed here that is null is left out of the identity, so a config that leaves it
+# unset is the same experiment as one that does not have the key. ``train.flops_budget`` null = the steps come from
+# the size's own length. Without the rule every committed run without a budget (all of docs/results) gets another
+# hash: all 24 cases of tests/test_identity_stable.py move.
 HASH_DROP_IF_NULL = ("train.flops_budget",)
-# Likewise left out while they hold their default: lr_protocol=baseline is what every run did before it existed
-# (the resolved lr itself is always in the hash).
+# The default protocol is no protocol: ``lr_protocol`` at ``baseline`` (every arm at the baseline's lr, the resolved
+# lr itself always in the hash) is left out, so a config that names the default is the config that does not. Without
+# it 22 of the 24 cases of tests/test_identity_stable.py move (every run at the shared lr).
 HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"),)
-# Block geometry is read only by the schemes listed here (attnres: ResidualScheme.uses_block_geometry, checked by
-# tests/test_configs.py). Any other scheme's identity carries these fixed values instead of the configured ones, so
-# model.n_blocks / model.block_size never split its runs; they are the values of the committed cpu_ladder runs
-# (its preset sets n_blocks 4 for every variant), so those keep their config_hash.
+# Geometry a scheme does not read is not its identity: block geometry is read only by the schemes listed here
+# (attnres: ResidualScheme.uses_block_geometry, checked by tests/test_configs.py), so any other scheme is hashed with
+# these fixed values in place of the configured ones, and model.n_blocks / model.block_size never split its runs.
+# The values are those of the first committed ladder (cpu_ladder, n_blocks 4 for every arm): other values would move
+# every non-block run's hash. Without the rule the deep ladder's baseline and Full runs (n_blocks = min(8, L_b)) move,
+# e.g. docs/results/cpu_deep's baseline_deep_L16_s0 from 4169851232f70b25 to 937217d1758236ca.
 BLOCK_GEOMETRY_SCHEMES = ("block",)
 CANONICAL_BLOCK_GEOMETRY = {"n_blocks": 4, "block_size": None}
 
@@ -82,7 +93,9 @@ def _drop(tree: dict[str, Any], dotted: str) -> None:
 
 
 def identity_config(container: dict[str, Any]) -> dict[str, Any]:
-    """The part of the resolved config that defines the experiment (what config_hash covers)."""
+    """The part of the resolved config that defines the experiment (what config_hash covers): the config minus
+    HASH_EXCLUDE, canonicalised by the identity rules (HASH_DROP_IF_NULL, HASH_DROP_IF_DEFAULT,
+    CANONICAL_BLOCK_GEOMETRY), so that two configs of one experiment give one identity."""
     ident = copy.deepcopy(container)
     for key in HASH_EXCLUDE:
         _drop(ident, key)

@@ -10,9 +10,11 @@ Storage (one study = one directory ``<runs_root>/<study>/``):
     file-name order is the order the records were written, and two writers (processes, nodes) never write the same
     file.
   * ``results.csv`` — a table derived from ``records/``: rebuilt (atomically, by rename) after every record, and
-    by ``python -m experiments.records rebuild <study_dir>``. Rows without a ``record_id`` predate ``records/``
-    (or were appended by an older attnres); they are read as records too, and imported into ``records/`` by the
-    next rebuild.
+    by ``python -m experiments.records rebuild <study_dir>``. Every row carries its ``record_id``.
+
+Records of an older layout (a record file without a current field, a table row without a ``record_id``) are not
+read: each file is reported on one line naming the migration command (results.record.outdated, migration_hint), and
+a table that still holds such rows is left as it is until it is migrated, so that nothing of it is lost.
 
 Nothing is ever appended to a shared file, so a torn, garbled or concurrent write (two processes, two nodes on a
 network file system) cannot hide, merge or corrupt another run's record: the worst a crash leaves is a table that
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .io import atomic_write_text, exclusive_lock, write_json, writer_id
-from .record import COLUMNS, RunRecord, malformed
+from .record import COLUMNS, RunRecord, malformed, migration_hint, outdated
 
 RESULTS_TABLE = "results.csv"
 RECORDS_DIR = "records"
@@ -131,17 +133,21 @@ def read_table(path: str | Path) -> tuple[list[str], list[tuple[int, dict[str, s
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Reading a study: record files + table rows that predate records/
+# Reading a study: its record files
 
 
 def read_record_file(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(record, None) or (None, problem) for one ``records/*.json`` file."""
+    """(record, None) or (None, problem) for one ``records/*.json`` file; the problem is one line naming the file
+    (for a record of an older layout, also the migration command)."""
     try:
         rec = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         return None, f"{path}: unreadable record ({type(e).__name__}: {e}); skipped"
     if not isinstance(rec, dict):
         return None, f"{path}: not a JSON object; skipped"
+    old = outdated(rec)
+    if old is not None:
+        return None, f"{path}: {old}; {migration_hint(path.parent.parent)}; record skipped"
     reason = malformed(rec)
     if reason is not None:
         return None, f"{path}: {reason}; record skipped"
@@ -157,40 +163,44 @@ def record_names(study_dir: str | Path) -> list[str]:
     return sorted(p.name for p in os.scandir(d) if p.name.endswith(".json") and not p.name.startswith("."))
 
 
-def legacy_key(row: Mapping[str, Any], line: int) -> str:
-    """The record_id a table row without one gets (deterministic: importing it twice writes one file)."""
-    ts = compact_timestamp(row.get("finished_at") or row.get("started_at"))
-    return record_key(ts, str(row.get("run_id", "")), f"import-L{line:07d}")
+def _unmigrated(table: Path, rows: list[tuple[int, dict[str, str]]]) -> tuple[list[int], str | None]:
+    """The lines of a study's table that carry no ``record_id`` (rows of a table written before ``records/``
+    existed), and the one-line problem that reports them (None when there are none)."""
+    lines = [line for line, row in rows if not row.get("record_id")]
+    if not lines:
+        return [], None
+    where = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
+    return lines, (
+        f"{table}: {len(lines)} row(s) without a record_id ({where}), a table from before records/ existed; "
+        f"{migration_hint(table.parent)}; rows not read, table left unchanged"
+    )
 
 
-def read_study(study_dir: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every valid record of a study in record order, and the problems met on the way.
-
-    The records are the files in ``records/`` plus the table rows that carry no ``record_id`` (written before
-    ``records/`` existed, or by an older attnres). A table row whose ``record_id`` has no file is not read (its
-    record was deleted on purpose)."""
-    study_dir = Path(study_dir)
+def _read_study(study_dir: Path) -> tuple[list[dict[str, Any]], list[str], bool]:
+    """read_study's records and problems, and whether the table holds rows of an older layout."""
     problems: list[str] = []
     keyed: list[tuple[str, dict[str, Any]]] = []
-    names = record_names(study_dir)
-    for name in names:
+    for name in record_names(study_dir):
         rec, problem = read_record_file(study_dir / RECORDS_DIR / name)
         if problem:
             problems.append(problem)
         elif rec is not None:
             keyed.append((rec["record_id"], rec))
-    _, rows, table_problems = read_table(study_dir / RESULTS_TABLE)
+    table = study_dir / RESULTS_TABLE
+    _, rows, table_problems = read_table(table)
     problems += table_problems
-    known = {n[: -len(".json")] for n in names}
-    for line, row in rows:
-        rid = row.get("record_id") or ""
-        if rid:
-            continue  # in records/ (or deleted from it)
-        key = legacy_key(row, line)
-        if key not in known:
-            keyed.append((key, {**row, "record_id": key}))
-    keyed.sort(key=lambda kr: kr[0])
-    return [r for _, r in keyed], problems
+    lines, legacy = _unmigrated(table, rows)
+    if legacy:
+        problems.append(legacy)
+    return [r for _, r in keyed], problems, bool(lines)
+
+
+def read_study(study_dir: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every valid record of a study (its ``records/`` files) in record order, and the problems met on the way,
+    one line each: unreadable, malformed or outdated record files, unreadable table rows, and table rows of an
+    older layout (no ``record_id``), which are not read."""
+    recs, problems, _ = _read_study(Path(study_dir))
+    return recs, problems
 
 
 def last_records(records: Iterable[Mapping[str, Any]], key: str = "run_id") -> dict[str, Mapping[str, Any]]:
@@ -265,23 +275,24 @@ def read_records(study_dir: str | Path) -> list[dict[str, Any]]:
 def rebuild_table(study_dir: str | Path) -> Path:
     """Write ``results.csv`` from the study's records (atomically) and return its path.
 
-    Table rows that predate ``records/`` (no record_id) are first imported as record files; rows that cannot be
-    read are reported and their raw lines kept in ``results.csv.rejected``. With concurrent writers the last
-    rename wins, so the table is re-derived until the listing it was made from is still current. An exclusive
-    lock on ``results.csv.lock`` only saves concurrent writers duplicate work: where the file system has no
-    working ``flock`` the rebuild runs unlocked, which is still correct.
+    Rows that cannot be read are reported and their raw lines kept in ``results.csv.rejected``. A table that
+    still holds rows of an older layout (no record_id) is not rewritten: it is reported,
+    with the migration command, and left for the migration to import (the records/ files stay the truth, so no
+    run is hidden meanwhile). With concurrent writers the last rename wins, so the table is re-derived until the
+    listing it was made from is still current. An exclusive lock on ``results.csv.lock`` only saves concurrent
+    writers duplicate work: where the file system has no working ``flock`` the rebuild runs unlocked, which is
+    still correct.
     """
     study_dir = Path(study_dir)
     table = study_dir / RESULTS_TABLE
     with exclusive_lock(table.with_name(table.name + ".lock")):
         for _ in range(5):
-            recs, problems = read_study(study_dir)
+            recs, problems, unmigrated = _read_study(study_dir)
+            if unmigrated:  # the migration imports these rows from the table: keep it as it is
+                _warn(problems)
+                break
             _keep_rejected(table, problems)
             _warn(problems)
-            for rec in recs:  # import legacy rows: afterwards records/ alone holds every record
-                path = study_dir / RECORDS_DIR / f"{rec['record_id']}.json"
-                if not path.is_file():
-                    write_json(path, rec)
             names = record_names(study_dir)
             header = list(COLUMNS) + sorted({k for r in recs for k in r} - set(COLUMNS))
             atomic_write_text(

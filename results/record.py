@@ -8,6 +8,8 @@ Standard library only: the writer (experiments), the readers (analysis, sweeps.s
 * :data:`STUDY_KINDS` and :func:`study_kind` — what kind of study a record belongs to (a scaling ladder, an LR
   grid, a block-size sweep, ablations, an architecture grid, a depth-width map); the analysis chooses what to fit
   by it.
+* :func:`outdated` — when a stored record has an older layout (a field of :data:`COLUMNS` missing, no study kind):
+  it is not read, and the message names the migration command (:func:`migration_hint`).
 """
 
 from __future__ import annotations
@@ -23,18 +25,15 @@ from typing import Any
 # Study kinds
 
 STUDY_KINDS = ("scaling", "lr", "block_size", "ablations", "arch_grid", "map")
-# Records written before `study_kind` existed: their kind follows from the study's name, as the analysis decided it
-# then (these three names were the only non-ladder studies; every other study was a scaling ladder).
-LEGACY_KIND_OF_STUDY = {"block_size": "block_size", "ablations": "ablations", "arch_grid": "arch_grid"}
 
 
 def study_kind(record: Mapping[str, Any]) -> str:
-    """The record's study kind: its ``study_kind`` field, or for a record without one (written before the field
-    existed) the kind its study's name implies (LEGACY_KIND_OF_STUDY, else ``scaling``)."""
+    """The record's study kind, its ``study_kind`` field; a ValueError when it has none (a record of an older
+    layout: the ledger does not read those, :func:`outdated`)."""
     kind = record.get("study_kind")
-    if isinstance(kind, str) and kind:
-        return kind
-    return LEGACY_KIND_OF_STUDY.get(str(record.get("study") or ""), "scaling")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"record {record.get('run_id')!r} has no study_kind ({migration_hint('<study_dir>')})")
+    return kind
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -47,10 +46,11 @@ STATUSES = ("completed", "failed", "diverged", "interrupted")
 class RunRecord:
     """One record of a study's ledger (docs/results_schema.md §1 has each field's meaning).
 
-    Every field may be empty (None) in a stored record except ``run_id`` and ``status`` (:data:`REQUIRED`); a
-    ``completed`` record also needs a positive ``val_loss`` and ``pflops_days`` (:data:`REQUIRED_IF_COMPLETED`).
-    Fields are only ever appended, so older records (and table rows) lack the newer ones and still load.
-    """
+    A stored record holds every field (:data:`COLUMNS`; :func:`outdated` says when one is missing). Any may be
+    empty (None) except ``run_id`` and ``status`` (:data:`REQUIRED`) and ``study_kind`` (``scaling`` unless given);
+    a ``completed`` record also needs a positive ``val_loss`` and ``pflops_days`` (:data:`REQUIRED_IF_COMPLETED`).
+    A field added to the schema is added to every committed record by a migration (docs/DEVELOPING.md, "Changing
+    the record schema")."""
 
     run_id: str | None = None
     study: str | None = None
@@ -95,14 +95,14 @@ class RunRecord:
     data_fingerprint: str | None = None
     threads: int | None = None
     record_id: str | None = None
-    study_kind: str | None = None
+    study_kind: str = "scaling"  # as conf/train.yaml's study_kind (the sweeps set theirs)
     train_path: str | None = None
     cpu_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUSES:
             raise ValueError(f"status={self.status!r}; allowed values: {', '.join(STATUSES)}")
-        if self.study_kind and self.study_kind not in STUDY_KINDS:
+        if self.study_kind not in STUDY_KINDS:
             raise ValueError(f"study_kind={self.study_kind!r}; allowed values: {', '.join(STUDY_KINDS)}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,4 +160,29 @@ def malformed(record: Mapping[str, Any]) -> str | None:
                 v = _number(record.get(col))
                 if v is None or not math.isfinite(v) or v <= 0:
                     return f"status='completed' but {col}={record.get(col)!r} (must be a positive number)"
+    return None
+
+
+# The commit whose scripts/migrate_records.py brings records of an older layout to the current schema (the script
+# was run on the committed records there, then deleted: docs/results_schema.md, "Records of an older layout").
+MIGRATION_COMMIT = "4c12b9900a71"
+
+
+def migration_hint(study_dir: object) -> str:
+    """The sentence that names the migration command for the records of ``study_dir``."""
+    return (
+        f"records from before commit {MIGRATION_COMMIT} are migrated by "
+        f"`git show {MIGRATION_COMMIT}:scripts/migrate_records.py | python - {study_dir}`"
+    )
+
+
+def outdated(record: Mapping[str, Any]) -> str | None:
+    """Why a stored record has an older layout than the current schema (None when it has the current one): a field
+    of :data:`COLUMNS` is missing, or ``study_kind`` is empty. Such a record is not read (results.ledger reports it
+    on one line, with :func:`migration_hint`)."""
+    missing = [c for c in COLUMNS if c not in record]
+    if missing:
+        return f"an older record layout without the field(s) {', '.join(missing)}"
+    if not record.get("study_kind"):
+        return "an older record layout without a study_kind"
     return None

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from synthetic_records import synthetic_ladder, write_study
 
 from analysis.__main__ import main
 from analysis.runs import AnalysisWarning
-from analysis.synthetic import synthetic_ladder, write_study
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = ["fig4_scaling", "loss_curves", "fig5_dynamics", "fig8_depth_weights", "fig6_block_size"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy.optimize import nnls
+from synthetic_records import synthetic_ladder
 
 from analysis import bootstrap as bs
 from analysis.fit import (
@@ -21,7 +22,6 @@ from analysis.fit import (
     wls_line,
 )
 from analysis.reference_fit import huber_objective, reference_joint, reference_power_law
-from analysis.synthetic import synthetic_ladder
 
 CPU_C = np.geomspace(2e-6, 2e-4, 5)  # CPU-ladder compute: tiny numbers in PFLOP/s-days
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic_records import synthetic_ladder
 
 from analysis import health
 from analysis.pipeline import run_fit
 from analysis.runs import AnalysisWarning
 from analysis.scaling import OWN_LR, FitOptions, analyse_scaling, flag_runs
-from analysis.synthetic import synthetic_ladder
 
 TOTAL = 1000
 

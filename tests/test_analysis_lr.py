@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from synthetic_records import synthetic_lr_study
 
 from analysis.__main__ import main
 from analysis.lr import lr_optima, quadratic_vertex, reference_optimum
 from analysis.runs import AnalysisWarning
-from analysis.synthetic import synthetic_lr_study
 
 SQRT2_GRID = tuple(1e-3 * 2 ** (k / 2) for k in range(9))  # 1e-3 .. 1.6e-2
 OPTIMA = {
@@ -134,7 +134,7 @@ def test_cli_writes_report_figure_and_the_generated_config(tmp_path: Path) -> No
 
 
 def test_trend_rule_writes_the_power_law_in_n(tmp_path: Path) -> None:
-    from analysis.synthetic import SIZES
+    from synthetic_records import SIZES
 
     n = {name: 12 * L * d * d for name, L, d, _ in SIZES}  # synthetic._record's params_non_embedding
     truth = {s: 0.5 * n[s] ** -0.3 for s in ("cpu_xs", "cpu_s", "cpu_m", "cpu_l")}

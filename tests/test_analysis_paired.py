@@ -9,10 +9,10 @@ import warnings
 
 import numpy as np
 import pytest
+from synthetic_records import synthetic_ladder
 
 from analysis.multipliers import pooled_pair_sd
 from analysis.scaling import FitOptions, analyse_scaling
-from analysis.synthetic import synthetic_ladder
 
 
 def _fit(df):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import warnings
@@ -10,10 +11,10 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from synthetic_records import synthetic_ladder, write_study
 
-from analysis.runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
+from analysis.runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed, study_kinds
 from analysis.scaling import FitOptions, analyse_scaling, check_ladder
-from analysis.synthetic import synthetic_ladder, write_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -199,28 +200,22 @@ def test_malformed_names_what_breaks_the_schema():
     assert malformed({**ok, "status": "failed", "val_loss": ""}) is None
 
 
-def test_study_kind_of_records_with_and_without_the_field():
-    """The field decides; records written before it existed get the kind their study's name implied."""
+def test_the_study_kind_is_the_records_field_and_a_record_without_one_is_an_error():
+    """The field decides; a record without one (an older layout) is an error naming the migration command."""
     from results.record import study_kind
 
     assert study_kind({"study": "ablations", "study_kind": "scaling"}) == "scaling"
     assert study_kind({"study": "my_grid", "study_kind": "arch_grid"}) == "arch_grid"
-    for name, kind in (
-        ("block_size", "block_size"),
-        ("ablations", "ablations"),
-        ("arch_grid", "arch_grid"),
-        ("cpu_ladder", "scaling"),
-        ("cpu_lr", "scaling"),
-        ("", "scaling"),
-    ):
-        assert study_kind({"study": name}) == kind
-        assert study_kind({"study": name, "study_kind": ""}) == kind
-    assert study_kind({"study": "ablations", "study_kind": float("nan")}) == "ablations"  # an empty DataFrame cell
+    for empty in ({"study": "ablations"}, {"study": "ablations", "study_kind": ""}, {"study_kind": float("nan")}):
+        with pytest.raises(ValueError, match=r"has no study_kind \(records from before commit \w+ are migrated by"):
+            study_kind(empty)
+    with pytest.raises(ValueError, match=r"lacks column\(s\) needed for choosing each study's analysis: study_kind"):
+        study_kinds(synthetic_ladder(seeds=(0,)).drop(columns=["study_kind"]))
 
 
 def _kinds_table() -> pd.DataFrame:
-    """A ladder, a block-size sweep and an ablation study, named as the analysis knew them before study_kind."""
-    from analysis.synthetic import ablation_records, block_size_sweep_records
+    """A ladder, a block-size sweep and an ablation study (each record with its study_kind)."""
+    from synthetic_records import ablation_records, block_size_sweep_records
 
     return pd.concat(
         [synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1)), block_size_sweep_records(), ablation_records()],
@@ -229,20 +224,17 @@ def _kinds_table() -> pd.DataFrame:
 
 
 def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
-    """Renamed studies that carry study_kind give the same analysis as the legacy names (which fall back to the
-    name rule); a renamed study without it would have been fitted as a second scaling ladder."""
+    """Renamed studies give the same analysis as the original names: the study_kind decides, not the name; renamed
+    studies all labelled ``scaling`` would be fitted as three scaling ladders."""
     from analysis.pipeline import run_fit
 
-    legacy = _kinds_table()
-    renamed = legacy.copy()
-    renamed["study_kind"] = renamed["study"].map(
-        {"cpu_ladder": "scaling", "block_size": "block_size", "ablations": "ablations"}
-    )
+    named = _kinds_table()
+    renamed = named.copy()
     renamed["study"] = renamed["study"].map(
         {"cpu_ladder": "ladder_v2", "block_size": "fig6_cpu", "ablations": "table4_cpu"}
     )
     docs = []
-    for name, df in (("legacy", legacy), ("renamed", renamed)):
+    for name, df in (("named", named), ("renamed", renamed)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AnalysisWarning)
             docs.append(run_fit(df, tmp_path / name, FitOptions(B=50), make_figures=False))
@@ -255,7 +247,7 @@ def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
     assert b.block_size_sweep.to_dict() == a.block_size_sweep.to_dict()
     assert b.ablations == a.ablations
     assert len(b.ablations) == 12
-    unlabelled = renamed.drop(columns=["study_kind"])  # what the name rule alone makes of the renamed studies
+    unlabelled = renamed.assign(study_kind="scaling")  # every study labelled a ladder
     with pytest.raises(ValueError, match=r"several scaling studies \(fig6_cpu, ladder_v2, table4_cpu\)"):
         run_fit(unlabelled, tmp_path / "unlabelled", FitOptions(B=50), make_figures=False)
 
@@ -272,8 +264,9 @@ def test_an_lr_study_is_not_a_scaling_ladder() -> None:
 
 
 def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
+    from synthetic_records import ablation_records
+
     from analysis.ablations import ablation_table
-    from analysis.synthetic import ablation_records
 
     big = ablation_records(seeds=(0, 1))
     small = ablation_records(seeds=(5,)).assign(study="ablations_old", study_kind="ablations")
@@ -307,22 +300,29 @@ def _table(path: Path, df: pd.DataFrame) -> Path:
 
 
 def test_a_non_utf8_line_is_skipped_with_file_and_line(tmp_path: Path) -> None:
+    """In a table on its own the line is skipped and named; in a study the records are the truth, so a bad line
+    of its derived table is named and hides no run."""
     from analysis.__main__ import main
 
     df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0, 1))
-    path = _table(tmp_path / "study" / "results.csv", df)
+    path = _table(tmp_path / "copied" / "ladder.csv", df)
     lines = path.read_bytes().split(b"\n")
     lines[5] = b"\xff" + lines[5]
     path.write_bytes(b"\n".join(lines))
     with pytest.warns(AnalysisWarning, match=rf"{path}:6: not valid UTF-8 \(byte 0xff at column 1\)"):
         assert len(load_results(path)) == len(df) - 1
-    assert len(load_results(path.parent)) == len(df) - 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert (
             main(["fit", "--results", str(path), "--out", str(tmp_path / "out"), "--bootstrap", "20", "--no-figures"])
             == 0
         )
+    table = write_study(tmp_path / "study", df, curves=False, diagnostics=False, failed=False)
+    lines = table.read_bytes().split(b"\n")
+    lines[5] = b"\xff" + lines[5]
+    table.write_bytes(b"\n".join(lines))
+    with pytest.warns(AnalysisWarning, match=rf"{table}:6: not valid UTF-8"):
+        assert len(load_results(table.parent)) == len(df)
 
 
 def test_a_malformed_last_record_does_not_exclude_the_runs_completed_one() -> None:
@@ -386,24 +386,30 @@ def test_runs_of_different_data_sets_are_never_pooled(tmp_path: Path) -> None:
         select_completed(legacy)
 
 
-def test_older_records_get_their_fingerprint_from_environment_json(tmp_path: Path) -> None:
+def test_an_older_record_is_reported_on_one_line_and_the_other_runs_still_load(tmp_path: Path) -> None:
+    """A record of an older layout (a field missing: here data_fingerprint and every later one) is skipped with a
+    one-line warning naming the file, the missing fields and the migration command, in a study directory and in a
+    tree of run directories alike; every other run loads."""
     import json
 
-    from results.config_hash import data_fingerprint
+    from results.record import COLUMNS
 
-    df = synthetic_ladder(seeds=(0,)).head(2)
-    df["run_dir"] = df["run_id"]
-    path = _table(tmp_path / "study" / "results.csv", df)
-    for i, rid in enumerate(df["run_id"]):
-        (tmp_path / "study" / rid).mkdir()
-        checksum = {"algorithm": "sha256", "train": f"t{i}", "val": "v"}
-        (tmp_path / "study" / rid / "environment.json").write_text(
-            json.dumps({"dataset": {"checksum": checksum, "path": f"/d{i}"}})
-        )
-    loaded = load_results(path)
-    assert list(loaded["data_fingerprint"]) == [data_fingerprint({"train": f"t{i}", "val": "v"}) for i in (0, 1)]
-    with pytest.raises(ValueError, match="2 different data sets"):
-        select_completed(loaded)
+    df = synthetic_ladder({"full_attnres": 1.25}, seeds=(0,), n_sizes=2)
+    table = write_study(tmp_path / "study", df, curves=False, diagnostics=False, failed=False)
+    old_file = sorted((table.parent / "records").glob("*.json"))[0]
+    rec = json.loads(old_file.read_text())
+    old = {k: v for k, v in rec.items() if k not in COLUMNS[COLUMNS.index("data_fingerprint") :]}
+    old_file.write_text(json.dumps(old))
+    run_json = table.parent / rec["run_dir"] / "results.json"
+    run_json.write_text(json.dumps(old))
+    for where, bad in ((table.parent, old_file), (tmp_path / "study" / "runs", run_json)):
+        with pytest.warns(AnalysisWarning) as caught:
+            loaded = load_results(where)
+        assert sorted(loaded["run_id"]) == sorted(set(df["run_id"]) - {rec["run_id"]})
+        (message,) = [str(w.message) for w in caught if str(bad) in str(w.message)]
+        assert "\n" not in message
+        assert "without the field(s) data_fingerprint, threads, record_id, study_kind" in message
+        assert re.search(r"git show \w+:scripts/migrate_records.py \| python - ", message)
 
 
 def test_select_completed_order_does_not_depend_on_the_table_order():
@@ -434,8 +440,9 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
 
 def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
     """Not the variant's name: a sweep of another Block variant is found; two swept Block variants are one too many."""
+    from synthetic_records import block_size_sweep_records
+
     from analysis.block_size import block_size_sweep
-    from analysis.synthetic import block_size_sweep_records
 
     df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")
     renamed = df.assign(variant=df["variant"].replace({"block_attnres": "block_multihead"}))

@@ -7,11 +7,11 @@ import warnings
 
 import numpy as np
 import pytest
+from synthetic_records import synthetic_ladder
 
 from analysis import figures
 from analysis.fit_document import FitDocument
 from analysis.scaling import FitOptions, analyse_scaling
-from analysis.synthetic import synthetic_ladder
 
 
 def test_interval_text_bounds_its_ends():

@@ -98,13 +98,13 @@ def test_a_table_rebuild_holds_the_table_lock(tmp_path, monkeypatch):
     study = tmp_path / "study"
     lock = study / "results.csv.lock"
     held = []
-    read_study = ledger.read_study
+    read_study = ledger._read_study  # what the rebuild reads the study through
 
     def probing(study_dir):
         held.append(_held_elsewhere(lock))
         return read_study(study_dir)
 
-    monkeypatch.setattr(ledger, "read_study", probing)
+    monkeypatch.setattr(ledger, "_read_study", probing)
     ledger.rebuild_table(study)
     assert held == [True]
     assert not _held_elsewhere(lock)

@@ -115,70 +115,56 @@ def test_find_completed_uses_the_last_record_of_a_run(tmp_path):
 
 
 # ---- issue 15, items 1-3: bad bytes, torn rows and malformed records never hide another run ------------------
-def _legacy_table(path: Path, recs: list[dict]) -> None:
-    """A results.csv as attnres wrote it before records/ existed (header + appended rows, no record_id)."""
+def _table(path: Path, recs: list[dict]) -> None:
+    """A results.csv in the current layout (every column, each row with its record_id), written row by row."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = list(COLUMNS[: COLUMNS.index("health") + 1])
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(header)
-        for r in recs:
-            w.writerow([ledger._cell(r.get(c)) for c in header])
+        w.writerow(COLUMNS)
+        for i, r in enumerate(recs):
+            w.writerow([ledger._cell({**r, "record_id": f"rid{i}"}.get(c)) for c in COLUMNS])
 
 
 def test_a_non_utf8_row_is_reported_with_file_and_line_and_later_launches_still_work(tmp_path):
     study = tmp_path / "study"
     table = study / "results.csv"
-    _legacy_table(
-        table,
-        [
-            _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:00:00+00:00"),
-            _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:01:00+00:00"),
-        ],
-    )
+    ledger.add_record(study, _done(run_id="a", config_hash="ha"))
+    ledger.add_record(study, _done(run_id="b", config_hash="hb"))
     lines = table.read_bytes().split(b"\n")
     lines[1] = lines[1].replace(b"a,", b"\xffa,", 1)  # one bad byte in run a's row (file line 2)
     table.write_bytes(b"\n".join(lines))
     with pytest.warns(ledger.LedgerWarning, match=rf"{table}:2: not valid UTF-8 \(byte 0xff"):
-        assert ledger.find_completed(study, "hb")["run_id"] == "b"  # the launch's skip check does not crash
+        assert [r["run_id"] for r in ledger.read_rows(table)] == ["b"]
+    with pytest.warns(ledger.LedgerWarning, match=rf"{table}:2: not valid UTF-8"):
+        assert ledger.find_completed(study, "ha")["run_id"] == "a"  # the records are the truth: a is not hidden
     with pytest.warns(ledger.LedgerWarning, match=r"results.csv:2: not valid UTF-8"):
         ledger.add_record(study, _done(run_id="c", config_hash="hc"))  # a new record is written and tabled
-    assert [r["run_id"] for r in ledger.read_rows(table)] == ["b", "c"]
+    assert [r["run_id"] for r in ledger.read_rows(table)] == ["a", "b", "c"]
     assert b"\xffa," in (study / "results.csv.rejected").read_bytes()  # the unreadable line is kept, not lost
 
 
 def test_a_torn_last_row_cannot_swallow_the_next_record(tmp_path):
     study = tmp_path / "study"
     table = study / "results.csv"
-    _legacy_table(
-        table,
-        [
-            _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:00:00+00:00"),
-            _done(
-                run_id="b",
-                config_hash="hb",
-                finished_at="2026-01-01T00:01:00+00:00",
-                error='x "quoted", and\nmultiline',
-            ),
-        ],
-    )
+    ledger.add_record(study, _done(run_id="a", config_hash="ha"))
+    ledger.add_record(study, _done(run_id="b", config_hash="hb", error='x "quoted", and\nmultiline'))
     data = table.read_bytes()
     table.write_bytes(data[: data.index(b"multiline")])  # cut inside run b's quoted field: no newline, open quote
     with pytest.warns(ledger.LedgerWarning, match=r"results.csv:3: .*row skipped"):
+        assert [r["run_id"] for r in ledger.read_rows(table)] == ["a"]
+    with pytest.warns(ledger.LedgerWarning, match=r"results.csv:3: .*row skipped"):
         ledger.add_record(study, _done(run_id="c", config_hash="hc"))
     rows = ledger.read_rows(table)
-    assert [r["run_id"] for r in rows] == ["a", "c"]  # the next run's record is there, whole
+    assert [r["run_id"] for r in rows] == ["a", "b", "c"]  # re-derived from the records, whole
     assert ledger.find_completed(study, "hc")["run_id"] == "c"
-    # a legacy table torn mid-row, then appended to by an older attnres: the glued line is rejected, the row
-    # after it is read
-    _legacy_table(table, [_done(run_id="d", config_hash="hd")])
+    # a table torn mid-row, then appended to: the glued line is rejected, the row after it is read
+    _table(table, [_done(run_id="d", config_hash="hd")])
     data = table.read_bytes()
     table.write_bytes(data[:-20])  # torn, no trailing newline
     with open(table, "ab") as f:
-        header = list(COLUMNS[: COLUMNS.index("health") + 1])
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerow(
-            [ledger._cell(_done(run_id="e", config_hash="he").get(c)) for c in header]
+            [ledger._cell({**_done(run_id="e", config_hash="he"), "record_id": "rid-e"}.get(c)) for c in COLUMNS]
         )
         f.write(buf.getvalue().encode() * 2)  # glued onto the torn row, then once more on its own line
     with pytest.warns(ledger.LedgerWarning, match=r"fields where the header has"):
@@ -220,52 +206,79 @@ def test_rebuild_derives_the_table_from_the_records(tmp_path):
     assert all(r["record_id"] for r in ledger.read_rows(table))
 
 
-def test_a_legacy_table_is_imported_and_kept(tmp_path):
-    """A study written before records/ existed keeps every row (in order, last record deciding)."""
+def _old_table(path: Path, recs: list[dict]) -> None:
+    """A results.csv as attnres wrote it before records/ existed (header + appended rows, no record_id)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = list(COLUMNS[: COLUMNS.index("health") + 1])
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        for r in recs:
+            w.writerow([ledger._cell(r.get(c)) for c in header])
+
+
+def test_a_table_from_before_records_is_reported_on_one_line_and_left_for_the_migration(tmp_path):
+    """Rows without a record_id (an older layout) are not read: one line names the table, the rows and the
+    migration command. The table is not rewritten (the migration imports it), and new runs are written and found."""
     study = tmp_path / "study"
-    _legacy_table(
-        study / "results.csv",
+    table = study / "results.csv"
+    _old_table(
+        table,
         [
             ledger.make_record(run_id="a", config_hash="ha", status="failed", finished_at="2026-01-01T00:00:00+00:00"),
             _done(run_id="a", config_hash="ha", finished_at="2026-01-01T00:05:00+00:00"),
             _done(run_id="b", config_hash="hb", finished_at="2026-01-01T00:03:00+00:00"),
         ],
     )
-    assert ledger.find_completed(study, "ha")["run_id"] == "a"
-    ledger.add_record(study, _done(run_id="c", config_hash="hc"))
-    rows = ledger.read_rows(study / "results.csv")
-    assert [(r["run_id"], r["status"]) for r in rows] == [
-        ("a", "failed"),
-        ("b", "completed"),
-        ("a", "completed"),
-        ("c", "completed"),
-    ]
-    assert len(list((study / "records").glob("*.json"))) == 4
-    ledger.rebuild_table(study)  # idempotent: importing again writes no second copy
-    assert len(list((study / "records").glob("*.json"))) == 4
+    before = table.read_bytes()
+    with pytest.warns(ledger.LedgerWarning) as caught:
+        assert ledger.find_completed(study, "ha") is None
+    (message,) = [str(w.message) for w in caught]
+    assert "\n" not in message
+    assert message.startswith(f"{table}: 3 row(s) without a record_id (lines 2-4)")
+    assert f":scripts/migrate_records.py | python - {study}`" in message
+    with pytest.warns(ledger.LedgerWarning, match="without a record_id"):
+        ledger.add_record(study, _done(run_id="c", config_hash="hc"))
+    with pytest.warns(ledger.LedgerWarning, match="without a record_id"):
+        assert ledger.find_completed(study, "hc")["run_id"] == "c"
+    assert table.read_bytes() == before
 
 
-def test_records_without_the_newer_fields_still_load(tmp_path):
-    """A table from before record_id and study_kind existed: its rows are read, imported and tabled under the
-    current header, the missing fields empty; the analysis reads the same runs and falls back to the name rule."""
-    from analysis.runs import load_results, study_kinds
+def test_a_record_file_of_an_older_layout_is_reported_on_one_line_and_the_others_load(tmp_path):
+    """A record file without the newer fields is skipped with one line naming it, the missing fields and the
+    migration command; the study's other records are read, tabled and analysed."""
+    from analysis.runs import AnalysisWarning, load_results
 
     study = tmp_path / "study"
-    _legacy_table(
-        study / "results.csv",
-        [
-            _done(run_id="a", config_hash="ha", study="ablations"),
-            _done(run_id="b", config_hash="hb", study="cpu_ladder"),
-        ],
+    ledger.add_record(study, _done(run_id="a", config_hash="ha", study="ablations", study_kind="ablations"))
+    old = {c: v for c, v in _done(run_id="b", config_hash="hb").items() if c in COLUMNS[: COLUMNS.index("health")]}
+    old_file = study / "records" / "20260101T000000.000000Z_b_old.json"
+    old_file.write_text(json.dumps(old))
+    with pytest.warns(ledger.LedgerWarning) as caught:
+        ledger.rebuild_table(study)
+    (message,) = [str(w.message) for w in caught]
+    assert "\n" not in message
+    assert message.startswith(f"{old_file}: an older record layout without the field(s) health, dataset,")
+    assert f":scripts/migrate_records.py | python - {study}`; record skipped" in message
+    assert [r["run_id"] for r in ledger.read_rows(study / "results.csv")] == ["a"]
+    with pytest.warns(AnalysisWarning, match=str(old_file)):
+        df = load_results(study)
+    assert list(df["run_id"]) == ["a"]
+    assert list(df["study_kind"]) == ["ablations"]
+
+
+def test_the_migration_commit_holds_the_migration_script():
+    """The one-line error names a commit and a script in it: that commit must exist in this history and hold the
+    script (a rebase that changes the hash must update results.record.MIGRATION_COMMIT)."""
+    from results.record import MIGRATION_COMMIT
+
+    repo = Path(__file__).resolve().parents[1]
+    shallow = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    if shallow != "false":  # not a git checkout, or a shallow clone without the history
+        pytest.skip(f"no full git history at {repo}")
+    out = subprocess.run(
+        ["git", "cat-file", "-e", f"{MIGRATION_COMMIT}:scripts/migrate_records.py"], cwd=repo, capture_output=True
     )
-    ledger.rebuild_table(study)
-    with open(study / "results.csv", newline="") as f:
-        header, *body = list(csv.reader(f))
-    assert header == list(COLUMNS)
-    assert len(body) == 2
-    assert [r.get("study_kind") for r in ledger.read_records(study)] == [None, None]
-    df = load_results(study)
-    assert list(df["run_id"]) == ["a", "b"]
-    assert list(study_kinds(df)) == ["ablations", "scaling"]
-    ledger.add_record(study, _done(run_id="c", config_hash="hc", study="renamed", study_kind="ablations"))
-    assert list(study_kinds(load_results(study))) == ["ablations", "scaling", "ablations"]
+    assert out.returncode == 0, out.stderr

@@ -1,10 +1,13 @@
-"""Synthetic result records drawn from known scaling laws, in the documented format (docs/results_schema.md).
+"""Test data: synthetic result records drawn from known scaling laws, in the documented format
+(docs/results_schema.md). Test-only (it ships in no package): the tests recover known multipliers and check that
+intervals cover. To try the figures without training anything, from the repository root:
 
-Used by the tests (known multipliers must be recovered, intervals must cover) and handy for trying the figures
-without training anything:
-
-    python -c "from analysis.synthetic import write_study; write_study('/tmp/synth')"
+    PYTHONPATH=tests python -c "from synthetic_records import write_study; write_study('/tmp/synth')"
     python -m analysis fit --results /tmp/synth --out /tmp/synth_report
+
+The in-memory tables (:func:`synthetic_ladder`, :func:`block_size_sweep_records`, :func:`ablation_records`,
+:func:`synthetic_lr_study`) hold the columns the analysis reads, ``study_kind`` among them; :func:`write_study`
+writes them as a study directory whose records carry every field of the current schema (results.ledger).
 
 Truth: the baseline follows ``L_b(C) = E + A (C / C0)^-alpha``; a variant with multiplier m follows
 ``L_v(C) = L_b(m C)`` ("matches a baseline trained with m x compute"), at its own compute, which is a little
@@ -23,7 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# CPU-ladder-like sizes: (name, n_layers, d_model, n_heads); their compute is spread over C_range (synthetic_ladder).
+from results import ledger
+from results.record import COLUMNS
+
+# CPU-ladder-like sizes, each a 4-tuple (name, n_layers, d_model, n_heads); their compute is spread over C_range
+# (synthetic_ladder).
 SIZES = (
     ("cpu_xs", 2, 64, 2),
     ("cpu_s", 3, 96, 3),
@@ -42,6 +49,8 @@ RESIDUAL_OF = {
 }
 DEFAULT_MULTIPLIERS = {"full_attnres": 1.25, "block_attnres": 1.15}
 PFLOPS_DAY = 1e15 * 86400
+# The study kind of each synthetic study name (a record carries its kind: docs/results_schema.md, "Study kinds").
+KIND_OF_STUDY = {"block_size": "block_size", "ablations": "ablations", "cpu_lr": "lr"}
 
 
 def residual_of(variant: str) -> str:
@@ -114,6 +123,7 @@ def _record(
     return {
         "run_id": run_id,
         "study": study,
+        "study_kind": KIND_OF_STUDY.get(study, "scaling"),
         "variant": variant,
         "residual": residual,
         "size": size,
@@ -304,10 +314,12 @@ def write_study(
     failed: bool = True,
     rng: int = 0,
 ) -> Path:
-    """Write results.csv and the per-run files (results.json, metrics.csv, diagnostics.json) under out_dir.
+    """Write a study directory under out_dir: one record file per run (``records/``, every schema field present,
+    as results.ledger writes them), the table derived from them (results.csv), and each run's files (results.json,
+    metrics.csv, diagnostics.json) under its ``run_dir``.
 
     By default: the 5-size ladder (baseline + Full + Block, 2 seeds), a block-size sweep, an ablation study and
-    one failed run.  Returns the path of results.csv.
+    one diverged run. Returns the path of results.csv.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -321,19 +333,22 @@ def write_study(
         bad = _record("full_attnres", "cpu_xl", 2, 6, 192, 6, 2e-4, float("nan"), str(df["study"].iloc[0]))
         bad.update(status="diverged", error="loss became NaN at step 412")
         df = pd.concat([df, pd.DataFrame([bad])], ignore_index=True)
-    for _, row in df.iterrows():
+    (out / ledger.RECORDS_DIR).mkdir(exist_ok=True)
+    for i, (_, row) in enumerate(df.iterrows()):
         run_dir = out / row["run_dir"]
         run_dir.mkdir(parents=True, exist_ok=True)
-        rec = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-        rec = {k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
+        cells = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+        cells = {k: (v.item() if hasattr(v, "item") else v) for k, v in cells.items()}
+        stamp = ledger.compact_timestamp(cells.get("finished_at"))
+        rid = ledger.record_key(stamp, str(cells["run_id"]), f"synth-{i:05d}")
+        rec = {**ledger.make_record(**{k: v for k, v in cells.items() if k in COLUMNS}), **cells, "record_id": rid}
+        (out / ledger.RECORDS_DIR / f"{rid}.json").write_text(json.dumps(rec, indent=1))
         (run_dir / "results.json").write_text(json.dumps(rec, indent=1))
         if curves and row["status"] == "completed":
             _metrics(row, gen).to_csv(run_dir / "metrics.csv", index=False)
         if diagnostics and row["status"] == "completed":
             (run_dir / "diagnostics.json").write_text(json.dumps(_diagnostics(row, gen)))
-    path = out / "results.csv"
-    df.to_csv(path, index=False)
-    return path
+    return ledger.rebuild_table(out)
 
 
 def synthetic_lr_study(
