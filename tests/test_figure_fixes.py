@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.transforms import Bbox
+from synthetic_records import synthetic_ladder, write_study
 
 from analysis import bootstrap as bs
 from analysis import figures
@@ -20,7 +21,6 @@ from analysis.fit import ALPHA_BOUNDS, joint_draws_at_bound
 from analysis.fit_document import FitDocument
 from analysis.markdown import summary_markdown
 from analysis.scaling import FitOptions, analyse_scaling
-from analysis.synthetic import synthetic_ladder, write_study
 from analysis.table_format import AT_BOUND
 from analysis.table_format import ci as ci_cell
 
