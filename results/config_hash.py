@@ -49,10 +49,10 @@ HASH_EXCLUDE = (
 )
 # Settings added after runs were recorded: left out of the hash while unset (null), so that every run recorded
 # before they existed keeps its config_hash (and is still found completed on relaunch).
-HASH_DROP_IF_NULL = ("train.flops_budget",)
+HASH_DROP_IF_NULL = ("train.flops_budget", "model.moe")
 # Likewise left out while they hold their default: lr_protocol=baseline is what every run did before it existed
-# (the resolved lr itself is always in the hash).
-HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"),)
+# (the resolved lr itself is always in the hash); model.ffn=dense is the MLP of every run before MoE existed.
+HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"), ("model.ffn", "dense"))
 # Block geometry is read only by the schemes listed here (attnres: ResidualScheme.uses_block_geometry, checked by
 # tests/test_configs.py). Any other scheme's identity carries these fixed values instead of the configured ones, so
 # model.n_blocks / model.block_size never split its runs; they are the values of the committed cpu_ladder runs
@@ -92,8 +92,10 @@ def identity_config(container: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict) and leaf in node and node[leaf] is None:
             del node[leaf]
     for key, default in HASH_DROP_IF_DEFAULT:
-        if ident.get(key) == default:
-            del ident[key]
+        parent, _, leaf = key.rpartition(".")
+        node = ident.get(parent) if parent else ident
+        if isinstance(node, dict) and leaf in node and node[leaf] == default:
+            del node[leaf]
     model = ident.get("model")
     if isinstance(model, dict) and model.get("residual") not in BLOCK_GEOMETRY_SCHEMES:
         for key, value in CANONICAL_BLOCK_GEOMETRY.items():
