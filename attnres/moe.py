@@ -72,14 +72,13 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype, *dims: int) -
     return device.type == "cuda" and _cuda_capability(device.index or 0) >= (9, 0)
 
 
-def expert_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, grouped: bool) -> torch.Tensor:
-    """Rows x [M, D_in], sorted by expert with counts [E] rows each (sum = M), times that expert's w [E, D_in,
-    D_out] -> [M, D_out]. ``grouped``: one torch._grouped_mm; else a loop over the E experts."""
-    if grouped:
-        offsets = torch.cumsum(counts, dim=0).to(torch.int32)  # [E] end row of each expert's group
-        return torch._grouped_mm(x, w, offs=offsets)
-    chunks = x.split(counts.tolist())  # one host sync per call: the reference / fallback path
-    return torch.cat([chunk @ w[e] for e, chunk in enumerate(chunks)])
+def expert_matmul(x: torch.Tensor, w: torch.Tensor, groups: torch.Tensor | list[int]) -> torch.Tensor:
+    """Rows x [M, D_in], sorted by expert, times that expert's w [E, D_in, D_out] -> [M, D_out]. ``groups``: the
+    end row of every expert's rows, an int32 tensor [E] (one torch._grouped_mm), or the rows per expert as a list
+    (a loop over the E experts: the reference / fallback path)."""
+    if isinstance(groups, torch.Tensor):
+        return torch._grouped_mm(x, w, offs=groups)
+    return torch.cat([chunk @ w[e] for e, chunk in enumerate(x.split(groups))])
 
 
 class MoEFeedForward(nn.Module):
@@ -151,8 +150,10 @@ class MoEFeedForward(nn.Module):
         grouped = opts.dispatch == "grouped_mm" or (
             opts.dispatch == "auto" and grouped_mm_supported(x.device, dtype, D, w_down.shape[1])
         )
-        gate, up = expert_matmul(rows, w_gate_up, counts, grouped).chunk(2, dim=-1)  # [N k, d_ff] each
-        out_rows = expert_matmul(F.silu(gate) * up, w_down, counts, grouped)  # [N k, D]
+        # [E] end rows (int32) for _grouped_mm, or rows per expert for the loop (one host sync)
+        groups = torch.cumsum(counts, dim=0).to(torch.int32) if grouped else counts.tolist()
+        gate, up = expert_matmul(rows, w_gate_up, groups).chunk(2, dim=-1)  # [N k, d_ff] each
+        out_rows = expert_matmul(F.silu(gate) * up, w_down, groups)  # [N k, D]
         out_rows = out_rows * weights.reshape(N * k)[order, None].to(dtype)  # g_i E_i(n)
         # combine: back to (token, slot) order, then the sum over the k slots (no atomics: deterministic)
         unsorted = torch.empty_like(out_rows)

@@ -488,3 +488,16 @@ def test_bias_update_sums_the_load_over_ranks_on_gloo(tmp_path):
     assert all(torch.count_nonzero(b) > 0 for b in got)
     for a, b in zip(got, (m.expert_bias for m in single.moe)):
         assert torch.equal(a, b)
+
+
+def test_decoding_with_a_kv_cache_equals_the_full_forward():
+    """Routing is per token, so prefill + one-token decode steps of an MoE Block AttnRes model give the logits of
+    one forward over every token (eval mode: nothing is counted)."""
+    torch.manual_seed(0)
+    model = Transformer(config(residual="block", block_size=2)).double().eval()
+    idx = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(3))
+    full = model(idx)
+    cache = model.new_cache()
+    parts = [model(idx[:, :6], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(6, 10)]
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-10)
+    assert all(torch.count_nonzero(m.load) == 0 for m in model.moe)
