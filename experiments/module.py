@@ -216,8 +216,9 @@ class LMModule(pl.LightningModule):
         self.log("val/loss", val_loss, prog_bar=True, logger=False, sync_dist=True)  # same value on every rank
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------
-    def num_params(self, non_embedding: bool = False) -> int:
-        return self.model.num_params(non_embedding=non_embedding)
+    def num_params(self, non_embedding: bool = False, activated: bool = False) -> int:
+        """attnres.Transformer.num_params: all, non-embedding, and (``activated``) only a token's experts."""
+        return self.model.num_params(non_embedding=non_embedding, activated=activated)
 
     def block_modules(self) -> nn.ModuleList:
         return self.model.blocks

@@ -429,15 +429,24 @@ def test_moe_config_defaults():
 # Through the harness, and across data-parallel ranks
 def test_a_moe_run_through_the_harness(train_cfg):
     """experiment=smoke on size=cpu_moe (Block AttnRes): the run completes (the step-1 dead-gradient check passes:
-    every expert weight gets a gradient), its record counts activated parameters, and the checkpoint holds balancing
-    biases that LMModule moved once per optimizer step (12 steps of u = 1e-3: |b_i| <= 0.012, on the 1e-3 grid)."""
+    every expert weight gets a gradient), its record's N is the activated count (params: every expert), and the
+    checkpoint holds balancing biases that LMModule moved once per optimizer step (12 steps of u = 1e-3:
+    |b_i| <= 0.012, on the 1e-3 grid)."""
     from pathlib import Path
 
-    from experiments.train import train
+    from omegaconf import OmegaConf
 
-    rec = train(train_cfg("size=cpu_moe", "model=block_attnres"))
+    from experiments.train import train
+    from experiments.validation import build_model_config
+
+    cfg = train_cfg("size=cpu_moe", "model=block_attnres")
+    rec = train(cfg)
     assert rec["status"] == "completed"
     assert rec["steps"] == 12
+    # non-embedding counts do not depend on the vocabulary (which the prepared data sets)
+    counts = param_counts(build_model_config(OmegaConf.merge(cfg, {"data": {"vocab_size": 256}})))
+    assert rec["params_non_embedding"] == counts["activated_non_embedding"] < counts["non_embedding"]
+    assert rec["params"] > counts["non_embedding"]  # every expert, and the embeddings
     ckpt = torch.load(Path(rec["run_dir"]) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     biases = [v for k, v in ckpt["state_dict"].items() if k.endswith("mlp.expert_bias")]
     assert len(biases) == 4
