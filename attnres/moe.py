@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig, MoEConfig
 from .depth import rmsnorm_unit
+from .rmsnorm import RMSNorm
 
 
 def route(
@@ -96,8 +97,6 @@ class MoEFeedForward(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        from .model import RMSNorm  # attnres.model imports this module
-
         self.options = opts = config.moe_options
         D, F_ = config.d_model, config.d_ff
         assert F_ is not None  # set by ModelConfig.__post_init__
