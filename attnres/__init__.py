@@ -5,10 +5,11 @@ Importing the package registers every residual scheme (attnres/registry.py): tho
 the peers of attnres.peers."""
 
 from . import flops, registry
-from .config import ModelConfig
+from .config import ModelConfig, MoEConfig
 from .depth import depth_attention, mix_sources
 from .flops import FlopCount, flops_per_token, to_pflops_days
 from .model import KVCache, Transformer
+from .moe import MoEFeedForward
 from .peers import (
     DenseFormer,
     DenseFormerOptions,
@@ -51,6 +52,8 @@ __all__ = [
     "LAuReLOptions",
     "ManifoldHyperConnections",
     "ManifoldHyperConnectionsOptions",
+    "MoEConfig",
+    "MoEFeedForward",
     "ModelConfig",
     "PreNormResidual",
     "ResidualScheme",

@@ -10,10 +10,77 @@ Vocabulary used throughout the library (it follows the paper, §2.1):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
 
 from . import registry
+
+FFN_KINDS = ("dense", "moe")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Options of the mixture-of-experts feed-forward (``ModelConfig.ffn="moe"``; attnres/moe.py, docs/moe.md).
+
+    The design is DeepSeek-V3's / Moonlight's / Kimi Linear's: ``n_shared`` always-on SwiGLU experts plus
+    ``n_experts`` routed SwiGLU experts of width ``ModelConfig.d_ff`` of which each token uses ``top_k``; the
+    router scores s = sigmoid(x W_r) (or softmax), experts are *selected* on s + b (b: a per-expert bias buffer
+    moved outside the gradient towards balanced load, the auxiliary-loss-free balancing), and the selected
+    experts' scores are renormalised to sum to 1 and multiplied by ``routed_scaling``. Dropless: every token
+    reaches its k experts. Defaults: top-8 of 64 routed experts, 1 shared, sigmoid, 2.446 (the paper's 48B model
+    has 256/8/1, sigmoid, 2.446; the scaling sizes' counts are not stated: docs/moe.md says why 64).
+    """
+
+    n_experts: int = 64  # routed experts E
+    top_k: int = 8  # routed experts per token k
+    n_shared: int = 1  # always-on shared experts
+    shared_d_ff: int | None = None  # width of each shared expert; default: d_ff (as DeepSeek-V3 / Kimi Linear)
+    score: Literal["sigmoid", "softmax"] = "sigmoid"  # router score function
+    renormalize: bool = True  # weights = selected scores / their sum (DeepSeek-V3's norm_topk_prob)
+    routed_scaling: float = 2.446  # multiplies the routed weights (Moonlight / Kimi Linear routed_scaling_factor)
+    bias_update_rate: float = 1e-3  # u in b_i += u * sign(mean load - load_i), once per optimizer step
+    aux_loss_alpha: float = 1e-4  # DeepSeek-V3's sequence-wise balance loss weight (0: off)
+    dispatch: Literal["auto", "grouped_mm", "loop"] = "auto"  # expert matmuls (attnres.moe.grouped_mm_supported)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, rule: str) -> ValueError:
+            return ValueError(f"model.moe.{name}={getattr(self, name)!r} (ModelConfig.moe.{name}) must be {rule}")
+
+        for name in ("n_experts", "top_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise bad(name, "a positive integer")
+        if not isinstance(self.n_shared, int) or isinstance(self.n_shared, bool) or self.n_shared < 0:
+            raise bad("n_shared", "an integer >= 0")
+        if self.top_k > self.n_experts:
+            raise bad("top_k", f"at most n_experts={self.n_experts}")
+        sd = self.shared_d_ff
+        if sd is not None and (not isinstance(sd, int) or isinstance(sd, bool) or sd < 1):
+            raise bad("shared_d_ff", "a positive integer or None (= d_ff)")
+        if self.score not in ("sigmoid", "softmax"):
+            raise bad("score", "'sigmoid' or 'softmax'")
+        if self.dispatch not in ("auto", "grouped_mm", "loop"):
+            raise bad("dispatch", "'auto', 'grouped_mm' or 'loop'")
+        if not isinstance(self.renormalize, bool):
+            raise bad("renormalize", "True or False")
+        for name in ("routed_scaling", "bias_update_rate", "aux_loss_alpha"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
+                raise bad(name, "a finite number >= 0")
+        if self.routed_scaling == 0:
+            raise bad("routed_scaling", "> 0")
+
+    @classmethod
+    def parse(cls, value: MoEConfig | dict[str, Any] | None) -> MoEConfig:
+        """From ``model.moe`` (a mapping of these fields, missing keys at their defaults), naming unknown keys."""
+        if isinstance(value, MoEConfig):
+            return value
+        value = dict(value or {})
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            raise ValueError(f"model.moe has {unknown}, which is not an MoE setting; allowed: {', '.join(allowed)}")
+        return cls(**value)
 
 
 @dataclass
@@ -37,6 +104,10 @@ class ModelConfig:
     init_std: float = 0.02
     # Options of the residual scheme (ablations, peers), as given; ``options`` is their typed, checked form.
     residual_options: dict[str, Any] = field(default_factory=dict)
+    # The MLP sublayer: "dense" (one SwiGLU of width d_ff) or "moe" (attnres.moe.MoEFeedForward, routed experts of
+    # width d_ff; options in ``moe``, which must stay None for dense). Any residual scheme works with either.
+    ffn: str = "dense"
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
         scheme = registry.get(self.residual)  # ValueError listing the registered names
@@ -62,6 +133,12 @@ class ModelConfig:
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise ValueError("ModelConfig.norm_eps, init_std and rope_theta must be > 0")
         self.residual_options = dict(self.residual_options or {})
+        if self.ffn not in FFN_KINDS:
+            raise ValueError(f"ModelConfig.ffn={self.ffn!r} (model.ffn) is unknown; allowed values: dense, moe")
+        if self.ffn == "moe":
+            self.moe = MoEConfig.parse(self.moe)
+        elif self.moe is not None:
+            raise ValueError("ModelConfig.moe (model.moe) is set but ffn='dense' reads no MoE option; set ffn='moe'")
         if scheme.uses_block_geometry:  # other schemes ignore (and do not check) n_blocks and block_size
             self._check_block_geometry()
         scheme.Options.parse(self.residual_options, self)  # ValueError naming a bad option
@@ -113,6 +190,19 @@ class ModelConfig:
     def effective_n_blocks(self) -> int:
         """Number of blocks actually formed: ceil(L / S) (can be < n_blocks when L is not divisible)."""
         return math.ceil(self.n_sublayers / self.sublayers_per_block)
+
+    @property
+    def moe_options(self) -> MoEConfig:
+        """The MoE options of an ffn='moe' model (ValueError for a dense one)."""
+        if self.moe is None:
+            raise ValueError(f"ModelConfig.ffn={self.ffn!r}: the model has no MoE options")
+        return self.moe
+
+    @property
+    def shared_d_ff(self) -> int:
+        """Width of each shared expert of an MoE model (MoEConfig.shared_d_ff, default d_ff)."""
+        assert self.d_ff is not None
+        return self.moe_options.shared_d_ff or self.d_ff
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,7 +3,8 @@
 token embedding -> [ attention sublayer, MLP sublayer ] x n_layers -> final read -> RMSNorm -> LM head
 
 Each sublayer is f(h) = Op(RMSNorm(h)): PreNorm lives *inside* the sublayer, so AttnRes mixes the raw
-sublayer outputs and the baseline adds them. RoPE, causal SDPA attention, SwiGLU MLP, no biases.
+sublayer outputs and the baseline adds them. RoPE, causal SDPA attention, SwiGLU MLP (or, with ffn="moe", the
+mixture of SwiGLU experts of attnres.moe), no biases.
 
 Inference: ``model(idx, cache=model.new_cache())`` fills a KVCache (prefill) and later calls with the same cache
 take the next tokens (decode). Only attention mixes positions: every residual scheme works token by token, so a
@@ -25,24 +26,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 from .depth import rmsnorm_unit
+from .moe import MoEFeedForward, moe_layers
 from .residual import ResidualScheme, build_residual
-
-
-class RMSNorm(nn.Module):
-    """weight * x / RMS(x). The normalisation (rmsnorm_unit, fp32 inside) and the gain are separate steps so that
-    a residual scheme can fuse the first into its read (ResidualScheme.read_normalized)."""
-
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale(rmsnorm_unit(x, self.eps))
-
-    def scale(self, normalized: torch.Tensor) -> torch.Tensor:
-        """The gain alone, applied to an already normalised input."""
-        return normalized * self.weight
+from .rmsnorm import RMSNorm
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,7 +132,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.index = index
         self.attn = CausalSelfAttention(config)
-        self.mlp = SwiGLU(config)
+        self.mlp: SwiGLU | MoEFeedForward = MoEFeedForward(config) if config.ffn == "moe" else SwiGLU(config)
         # Recompute each sublayer in backward instead of storing its internals. Only the sublayers are
         # checkpointed (pure functions of h); the residual scheme's bookkeeping runs once, never replayed.
         self.activation_checkpointing = False
@@ -181,7 +167,7 @@ class TransformerBlock(nn.Module):
     def _sublayer(
         self,
         l: int,
-        sublayer: CausalSelfAttention | SwiGLU,
+        sublayer: CausalSelfAttention | SwiGLU | MoEFeedForward,
         from_normalized: Callable,
         state,
         residual: ResidualScheme,
@@ -221,21 +207,25 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.record_diagnostics = False
         self.diagnostics: dict[str, torch.Tensor] = {}
+        self.moe = moe_layers(self)  # the MoE sublayers (ffn="moe"), empty for a dense model
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """GPT-2/nanoGPT init: N(0, 0.02); projections back into the residual stream scaled by 1/sqrt(2 L_b);
         norms at one; AttnRes pseudo-queries at zero (each scheme resets its own parameters)."""
         std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.n_layers)
         for name, p in self.named_parameters():
-            if name.startswith("residual."):
+            if name.startswith("residual.") or (".mlp." in name and self.config.ffn == "moe"):
                 continue
             if p.dim() == 1:  # RMSNorm gains
                 nn.init.ones_(p)
             elif name.endswith(("attn.out.weight", "mlp.down.weight")):
-                nn.init.normal_(p, std=std / math.sqrt(2 * self.config.n_layers))
+                nn.init.normal_(p, std=out_std)
             else:
                 nn.init.normal_(p, std=std)
+        for moe in self.moe:
+            moe.reset_parameters(std, out_std)
         if hasattr(self.residual, "reset_parameters"):
             self.residual.reset_parameters()  # type: ignore[operator]  # a scheme's method, not a Module attribute
 
@@ -261,6 +251,7 @@ class Transformer(nn.Module):
             state = block(state, self.residual, self.rope_cos, self.rope_sin, probe, cache)
         if cache is not None:
             cache.length += T
+        aux_loss = self._moe_bookkeeping()
         if recording:
             h = self.residual.final(state)  # [B, T, D] final depth-wise read
             self._read_rms.append(h.detach().float().pow(2).mean().sqrt())
@@ -273,7 +264,30 @@ class Transformer(nn.Module):
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if aux_loss is not None:
+            loss = loss + aux_loss
         return logits, loss
+
+    # ---- mixture of experts (ffn="moe") -------------------------------------------------------------------------
+    def _moe_bookkeeping(self) -> torch.Tensor | None:
+        """After a forward of an MoE model in training mode: add each MoE sublayer's token counts to its ``load``
+        (read by update_moe_bias) and return the sum of their balance losses (None when the model is dense, in
+        eval mode, or aux_loss_alpha = 0). Done here, not in the sublayer, so that an activation-checkpointed
+        sublayer recomputed in backward counts its tokens once."""
+        if not self.moe or not self.training:
+            return None
+        for moe in self.moe:
+            assert moe.last_load is not None  # set by the forward that just ran
+            moe.load.add_(moe.last_load)
+        if self.config.moe_options.aux_loss_alpha == 0:
+            return None
+        return torch.stack([m.last_aux_loss for m in self.moe if m.last_aux_loss is not None]).sum()
+
+    def update_moe_bias(self) -> None:
+        """Once per optimizer step: every MoE sublayer's auxiliary-loss-free bias update from the load counted
+        since the last call (MoEFeedForward.update_bias). Nothing for a dense model."""
+        for moe in self.moe:
+            moe.update_bias()
 
     # ---- diagnostics (paper Fig. 5 and Fig. 8) ------------------------------------------------------------
     def _probe(self, l: int, h: torch.Tensor, out: torch.Tensor) -> None:
@@ -326,7 +340,7 @@ class Transformer(nn.Module):
         residual scheme between them stays eager (on CUDA, the depth mixing's Triton kernels). ``options`` go to
         torch.compile. Training and full forwards use them; decoding with a cache runs the sublayers eagerly."""
         attn = torch.compile(CausalSelfAttention.from_normalized, **options)
-        mlp = torch.compile(SwiGLU.from_normalized, **options)
+        mlp = torch.compile(MoEFeedForward.from_normalized if self.moe else SwiGLU.from_normalized, **options)
         for block in cast("Iterable[TransformerBlock]", self.blocks):
             block.compiled = (attn, mlp)
 
@@ -338,9 +352,12 @@ class Transformer(nn.Module):
             block.activation_checkpointing = enabled
 
     # ---- bookkeeping ----------------------------------------------------------------------------------------
-    def num_params(self, non_embedding: bool = False) -> int:
-        """All parameters, or (Kaplan's N) those outside the token embedding and the LM head."""
+    def num_params(self, non_embedding: bool = False, activated: bool = False) -> int:
+        """All parameters, or (Kaplan's N) those outside the token embedding and the LM head; ``activated``: only
+        those one token uses (an MoE model's k of E routed experts; the router and shared experts count)."""
         n = sum(p.numel() for p in self.parameters())  # a tied head is counted once
+        if activated:
+            n -= sum(moe.inactive_params() for moe in self.moe)
         if non_embedding:
             n -= self.tok_emb.weight.numel()
             if not self.config.tie_embeddings:

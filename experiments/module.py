@@ -167,6 +167,10 @@ class LMModule(pl.LightningModule):
             stats["grad_norm"] = float(total_sq.sqrt())  # before clipping
             stats["block_grad_norm"] = block_sq_t.sqrt().cpu().tolist()
         self.step_stats = stats
+        # MoE (ffn="moe"): the auxiliary-loss-free bias update, once per optimizer step, from the load of this
+        # step's micro-batches (summed over ranks); only selection reads the bias, so before or after the
+        # optimizer's step is the same. Nothing for a dense model.
+        self.model.update_moe_bias()
 
     # ---- evaluation ----------------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
@@ -212,8 +216,9 @@ class LMModule(pl.LightningModule):
         self.log("val/loss", val_loss, prog_bar=True, logger=False, sync_dist=True)  # same value on every rank
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------
-    def num_params(self, non_embedding: bool = False) -> int:
-        return self.model.num_params(non_embedding=non_embedding)
+    def num_params(self, non_embedding: bool = False, activated: bool = False) -> int:
+        """attnres.Transformer.num_params: all, non-embedding, and (``activated``) only a token's experts."""
+        return self.model.num_params(non_embedding=non_embedding, activated=activated)
 
     def block_modules(self) -> nn.ModuleList:
         return self.model.blocks

@@ -56,7 +56,7 @@ class RecordBuilder:
         plan, tokens = self.plan, self.plan.steps * self.tokens_per_step
         return {
             "derived/params": self.module.num_params(),
-            "derived/params_non_embedding": self.module.num_params(non_embedding=True),
+            "derived/params_non_embedding": self.module.num_params(non_embedding=True, activated=True),
             "derived/flops_per_token": plan.flops_per_token,
             "derived/steps": plan.steps,
             "derived/tokens": tokens,
@@ -107,12 +107,14 @@ class RecordBuilder:
 
             from attnres import Transformer
 
+            # non-embedding N is the *activated* count (an MoE model's k of E routed experts: Table 2's N; the
+            # same number for a dense model), params counts every parameter
             if self.module is not None:
-                params, non_emb = self.module.num_params(), self.module.num_params(non_embedding=True)
+                params, non_emb = self.module.num_params(), self.module.num_params(non_embedding=True, activated=True)
             else:
                 with torch.device("meta"):
                     m = Transformer(mc)
-                params, non_emb = m.num_params(), m.num_params(non_embedding=True)
+                params, non_emb = m.num_params(), m.num_params(non_embedding=True, activated=True)
             fpt = flops_per_token(mc, int(cfg.train.seq_len)).total
             steps = self.step
             tokens = steps * self.tokens_per_step

@@ -56,12 +56,14 @@ HASH_EXCLUDE = (
 # Unset means absent: a setting listed here that is null is left out of the identity, so a config that leaves it
 # unset is the same experiment as one that does not have the key. ``train.flops_budget`` null = the steps come from
 # the size's own length. Without the rule every committed run without a budget (all of docs/results) gets another
-# hash: all 24 cases of tests/test_identity_stable.py move.
-HASH_DROP_IF_NULL = ("train.flops_budget",)
+# hash: all 24 cases of tests/test_identity_stable.py move. ``model.moe`` null = a dense feed-forward (attnres.moe):
+# every dense run's identity stays what it was before MoE existed.
+HASH_DROP_IF_NULL = ("train.flops_budget", "model.moe")
 # The default protocol is no protocol: ``lr_protocol`` at ``baseline`` (every arm at the baseline's lr, the resolved
 # lr itself always in the hash) is left out, so a config that names the default is the config that does not. Without
-# it 22 of the 24 cases of tests/test_identity_stable.py move (every run at the shared lr).
-HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"),)
+# it 22 of the 24 cases of tests/test_identity_stable.py move (every run at the shared lr). ``model.ffn`` at
+# ``dense`` likewise: the dense MLP is no feed-forward option.
+HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"), ("model.ffn", "dense"))
 # Geometry a scheme does not read is not its identity: block geometry is read only by the schemes listed here
 # (attnres: ResidualScheme.uses_block_geometry, checked by tests/test_configs.py), so any other scheme is hashed with
 # these fixed values in place of the configured ones, and model.n_blocks / model.block_size never split its runs.
@@ -105,8 +107,10 @@ def identity_config(container: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict) and leaf in node and node[leaf] is None:
             del node[leaf]
     for key, default in HASH_DROP_IF_DEFAULT:
-        if ident.get(key) == default:
-            del ident[key]
+        parent, _, leaf = key.rpartition(".")
+        node = ident.get(parent) if parent else ident
+        if isinstance(node, dict) and leaf in node and node[leaf] == default:
+            del node[leaf]
     model = ident.get("model")
     if isinstance(model, dict) and model.get("residual") not in BLOCK_GEOMETRY_SCHEMES:
         for key, value in CANONICAL_BLOCK_GEOMETRY.items():

@@ -454,3 +454,113 @@ def test_config_residual_and_peers_import_no_cycle():
     assert "peers" not in graph["residual"]
     for module in ("config", "registry", "residual", "peers", "model"):
         assert not reaches(module, module), module
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MoE sizes (ffn: moe; attnres/moe.py, docs/moe.md)
+TABLE2_EXPERT_D_FF = {"paper_194m": 400, "paper_241m": 432, "paper_296m": 464, "paper_436m": 528, "paper_528m": 560}
+
+
+@pytest.mark.parametrize("size", PAPER_SIZES)
+def test_paper_moe_sizes_match_table2_activated_params_on_meta(size):
+    """Every (variant x paper MoE size) builds on the meta device with *activated* non-embedding parameters within
+    1% of Table 2, the dense proxy's depth, width, heads, context, lr, batch and tokens, Table 2's d_ff as the routed
+    experts' width, and shared_d_ff the solution of the stated equation; total parameters count all 64 experts."""
+    from attnres import Transformer
+    from attnres.flops import param_counts
+    from attnres.moe import MoEFeedForward
+    from experiments.sizes import moe_activated_non_embedding, solve_shared_d_ff
+
+    target, tokens, n_layers, d_model, lr, batch = TABLE2[size]
+    s = OmegaConf.load(CONF / "size" / f"{size}_moe.yaml")
+    assert s.d_ff == TABLE2_EXPERT_D_FF[size]
+    m = s.moe
+    assert m.shared_d_ff == solve_shared_d_ff(
+        s.n_layers, s.d_model, s.n_heads * s.head_dim, s.d_ff, m.n_experts, m.top_k, m.n_shared, s.target_params
+    )
+    for variant in VARIANTS:
+        cfg = compose(
+            [
+                "experiment=paper_scaling",
+                f"size={size}_moe",
+                f"model={variant}",
+                "data.name=/x",
+                "data.vocab_size=163840",
+            ]
+        )
+        mc = build_model_config(cfg)
+        assert mc.ffn == "moe"
+        assert (mc.n_layers, mc.d_model, mc.n_heads, mc.head_dim, mc.d_ff) == (
+            n_layers,
+            d_model,
+            n_layers,
+            128,
+            TABLE2_EXPERT_D_FF[size],
+        )
+        assert (mc.max_seq_len, cfg.train.seq_len, cfg.train.batch_size) == (8192, 8192, batch)
+        assert cfg.optimizer.lr == pytest.approx(lr)
+        assert cfg.train.tokens == pytest.approx(tokens)
+        counts = param_counts(mc)  # on the meta device
+        assert abs(counts["activated_non_embedding"] / target - 1) < 0.01, (variant, size, counts)
+        o = mc.moe_options
+        expert = 3 * d_model * mc.d_ff
+        assert counts["total"] - counts["activated"] == n_layers * (o.n_experts - o.top_k) * expert
+        if variant == "baseline":
+            assert counts["activated_non_embedding"] == moe_activated_non_embedding(
+                n_layers, d_model, 128 * n_layers, mc.d_ff, o.n_experts, o.top_k, o.n_shared * mc.shared_d_ff
+            )
+        with torch.device("meta"):
+            model = Transformer(mc)
+        assert all(isinstance(b.mlp, MoEFeedForward) for b in model.blocks)
+
+
+@pytest.mark.parametrize("size", [*(f"{p}_moe" for p in PAPER_SIZES), "cpu_moe"])
+def test_moe_sizes_spell_out_every_moe_setting(size):
+    """A MoE size names every MoEConfig field (so config_hash records each, and a changed library default cannot
+    silently change a recorded run), with the library's defaults for the routing and balancing settings."""
+    import dataclasses
+
+    from attnres.config import MoEConfig
+
+    s = OmegaConf.load(CONF / "size" / f"{size}.yaml")
+    assert s.ffn == "moe"
+    fields = {f.name: f.default for f in dataclasses.fields(MoEConfig)}
+    assert set(s.moe) == set(fields)
+    for name in ("score", "renormalize", "routed_scaling", "bias_update_rate", "aux_loss_alpha", "dispatch"):
+        assert s.moe[name] == fields[name], name
+    assert s.name == size
+
+
+def test_cpu_moe_size_composes_checks_and_has_its_own_identity():
+    """cpu_moe on the CPU ladder: the config checks pass, its baseline's activated N is within 1% of cpu_xs's
+    target, and its
+    config_hash differs from the dense cpu_xs run's (whose hash test_identity_stable.py freezes)."""
+    from attnres.flops import param_counts
+    from experiments.sizes import solve_shared_d_ff
+
+    cfg = compose(["experiment=cpu_ladder", "size=cpu_moe", "model=block_attnres", "data.vocab_size=256"])
+    check_config(cfg)
+    mc = build_model_config(cfg)
+    s = cfg.size
+    assert s.moe.shared_d_ff == solve_shared_d_ff(
+        s.n_layers,
+        s.d_model,
+        s.n_heads * s.head_dim,
+        s.d_ff,
+        s.moe.n_experts,
+        s.moe.top_k,
+        s.moe.n_shared,
+        s.target_params,
+        8,
+    )
+    # Block AttnRes adds (4 L_b + 2) d = 576 parameters (1.2% at this size): the rule is the baseline's
+    assert param_counts(mc)["activated_non_embedding"] == 48416 + 576
+    base = compose(["experiment=cpu_ladder", "size=cpu_moe", "model=baseline", "data.vocab_size=256"])
+    assert abs(param_counts(build_model_config(base))["activated_non_embedding"] / s.target_params - 1) < 0.01
+    ident = identity_config(resolved_container(cfg))
+    assert ident["model"]["ffn"] == "moe"
+    assert ident["model"]["moe"]["n_experts"] == 8
+    dense = compose(["experiment=cpu_ladder", "size=cpu_xs", "model=block_attnres", "data.vocab_size=256"])
+    assert "ffn" not in identity_config(resolved_container(dense))["model"]
+    assert "moe" not in identity_config(resolved_container(dense))["model"]
+    assert run_identity(cfg)[0] != run_identity(dense)[0]

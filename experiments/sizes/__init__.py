@@ -26,6 +26,11 @@ vocabulary (256). The default study trains the first four sizes (cpu_xs..cpu_l);
     study's 30-minute budget, since seed noise falls steeply with training length here;
   * lr: tuned per size by the LR study (conf/sweep/cpu_lr.yaml), read from the generated conf/tuned_lr/cpu.yaml.
 
+MoE sizes (conf/size/paper_<N>_moe.yaml, cpu_moe.yaml; ffn: moe, docs/moe.md): the paper's own d_ff column is
+the routed experts' width, so the one free width is the shared expert's: :func:`solve_shared_d_ff` solves it so
+that the *activated* non-embedding parameters (:func:`moe_activated_non_embedding`: router and shared expert
+included, k of the E routed experts) match the target (Table 2 within 1%; checked by tests/test_configs.py).
+
 Derived shapes (conf/size/paper_arch.yaml, cpu_arch.yaml; the arch_grid study, paper Fig. 7): a size given by
 (target N, r = d/L_b, h = H/L_b, head_dim, f = d_ff/d) gets its integer shape from :func:`derive_arch_shape`.
 Fixed-compute budgets: :func:`steps_for_budget` turns a FLOP budget C into whole optimizer steps.
@@ -51,6 +56,40 @@ def solve_d_ff(n_layers: int, d_model: int, attn_dim: int, target: float, multip
     exact = (target - d - n_layers * (4 * attn_dim * d + 2 * d)) / (3 * d * n_layers)
     lo = max(multiple, multiple * math.floor(exact / multiple))
     return min((lo, lo + multiple), key=lambda f: abs(baseline_non_embedding(n_layers, d, attn_dim, f) - target))
+
+
+def moe_activated_non_embedding(
+    n_layers: int, d_model: int, attn_dim: int, d_ff: int, n_experts: int, top_k: int, shared_width: int
+) -> int:
+    """Activated non-embedding parameters of the MoE baseline (ffn="moe"): per block q,k,v,o + router (d E) +
+    k routed experts (3 d d_ff each) + the shared experts (3 d S, S = n_shared * shared_d_ff) + two RMSNorm gains,
+    plus the final norm (= Transformer.num_params(non_embedding=True, activated=True))."""
+    d = d_model
+    per_block = 4 * attn_dim * d + d * n_experts + 3 * d * d_ff * top_k + 3 * d * shared_width + 2 * d
+    return n_layers * per_block + d
+
+
+def solve_shared_d_ff(
+    n_layers: int,
+    d_model: int,
+    attn_dim: int,
+    d_ff: int,
+    n_experts: int,
+    top_k: int,
+    n_shared: int,
+    target: float,
+    multiple: int = 16,
+) -> int:
+    """The shared-expert width (each of ``n_shared``, a multiple of `multiple`) whose activated MoE N is closest to
+    `target`: the MoE sizes' one free width, since Table 2's d_ff is the routed experts' (docs/moe.md)."""
+
+    def n_of(width: int) -> int:
+        return moe_activated_non_embedding(n_layers, d_model, attn_dim, d_ff, n_experts, top_k, n_shared * width)
+
+    d = d_model
+    exact = (target - n_of(0)) / (3 * d * n_layers * n_shared)
+    lo = max(multiple, multiple * math.floor(exact / multiple))
+    return min((lo, lo + multiple), key=lambda w: abs(n_of(w) - target))
 
 
 def steps_for(tokens: float, batch_size: int, seq_len: int) -> int:

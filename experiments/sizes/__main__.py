@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printou
     from omegaconf import OmegaConf
 
     from attnres import ModelConfig, flops_per_token
-    from attnres.flops import non_embedding_params
+    from attnres.flops import param_counts
 
     ap = argparse.ArgumentParser(
         prog="python -m experiments.sizes",
@@ -104,11 +104,15 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printou
     args = ap.parse_args(argv)
 
     conf = Path(conf_dir()) / "size"
-    print("Sizes given by shape (FLOPs/token at vocabulary 256):")
     print(
-        f"{'size':12s} {'L_b':>3s} {'d':>5s} {'H':>3s} {'hd':>4s} {'d_ff':>5s} {'N_target':>12s} {'N_base':>12s} "
-        f"{'err%':>6s} {'T':>5s} {'batch':>5s} {'steps':>6s} {'tokens':>14s} {'tok/N':>6s} {'MFLOP/tok':>10s} "
-        f"{'C (FLOPs)':>10s}"
+        "Sizes given by shape (FLOPs/token at vocabulary 256). N_base: the baseline's activated non-embedding "
+        "parameters (Table 2's count); N_total: all its non-embedding parameters (differs for MoE sizes: every "
+        "expert); MoE: experts E/top-k/shared x shared_d_ff, d_ff = routed expert width"
+    )
+    print(
+        f"{'size':15s} {'L_b':>3s} {'d':>5s} {'H':>3s} {'hd':>4s} {'d_ff':>5s} {'MoE':>13s} {'N_target':>12s} "
+        f"{'N_base':>12s} {'err%':>6s} {'N_total':>14s} {'T':>5s} {'batch':>5s} {'steps':>6s} {'tokens':>14s} "
+        f"{'tok/N':>6s} {'MFLOP/tok':>10s} {'C (FLOPs)':>10s}"
     )
     for path in sorted(conf.glob("*.yaml")):
         s = OmegaConf.load(path)
@@ -122,14 +126,21 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a printou
             head_dim=s.head_dim,
             d_ff=s.d_ff,
             max_seq_len=s.seq_len,
+            ffn=s.get("ffn", "dense"),
+            moe=OmegaConf.to_container(s.moe) if "moe" in s else None,
         )
-        n = non_embedding_params(cfg)  # built on the meta device: free even at paper size
+        counts = param_counts(cfg)  # built on the meta device: free even at paper size
+        n, n_total = counts["activated_non_embedding"], counts["non_embedding"]
+        moe = "-"
+        if cfg.ffn == "moe":
+            o = cfg.moe_options
+            moe = f"{o.n_experts}/{o.top_k}/{o.n_shared}x{cfg.shared_d_ff}"
         steps = sizes.steps_for(s.tokens, s.batch_size, s.seq_len)
         tokens = steps * s.batch_size * s.seq_len
         fpt = flops_per_token(cfg, s.seq_len).total
         print(
-            f"{s.name:12s} {s.n_layers:3d} {s.d_model:5d} {s.n_heads:3d} {s.head_dim:4d} {s.d_ff:5d} "
-            f"{s.target_params:12,d} {n:12,d} {100 * (n / s.target_params - 1):6.2f} {s.seq_len:5d} "
+            f"{s.name:15s} {s.n_layers:3d} {s.d_model:5d} {s.n_heads:3d} {s.head_dim:4d} {s.d_ff:5d} {moe:>13s} "
+            f"{s.target_params:12,d} {n:12,d} {100 * (n / s.target_params - 1):6.2f} {n_total:14,d} {s.seq_len:5d} "
             f"{s.batch_size:5d} {steps:6d} {tokens:14,d} {tokens / n:6.1f} {fpt / 1e6:10.2f} {fpt * tokens:10.2e}"
         )
     print(
