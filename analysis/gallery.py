@@ -491,7 +491,7 @@ COMMANDS = {
     "table2": "python -m analysis paper --out docs/results/paper_refit",
     "fig4": "python -m sweeps.study deep_full --seeds 0,1,2,20,21,22 && python -m sweeps.study deep_per_arm "
     "--seeds 0,1,2,20,21,22",
-    "fig6": "python -m sweeps.study deep_block_size",
+    "fig6": "python -m sweeps.study deep_block_size --seeds 0,1,2,20,21,22",
     "table4": "python -m sweeps.study deep_ablations",
     "fig7": "python -m sweeps.study map",
     "fig5": "the deep ladder's runs (Fig. 4's command)",

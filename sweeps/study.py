@@ -184,7 +184,7 @@ FIGURES = "figures"
 FIGURE_STUDIES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("deep_full", "0,1,2,20,21,22", ("docs/results/cpu_deep",)),
     ("deep_per_arm", "0,1,2,20,21,22", ("docs/results/cpu_deep",)),
-    ("deep_block_size", None, ("docs/results/deep_block_size", "docs/results/cpu_deep")),
+    ("deep_block_size", "0,1,2,20,21,22", ("docs/results/deep_block_size", "docs/results/cpu_deep")),
     ("deep_ablations", None, ("docs/results/deep_ablations", "docs/results/cpu_deep")),
 )
 FIGURE_MAP_RECORDS = "docs/results/cpu_map"  # the map costs ~55 core-hours: always its committed records
