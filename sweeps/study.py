@@ -380,7 +380,7 @@ def headline(fit_path: Path) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m sweeps.study", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -427,11 +427,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--reports-root", default="reports", help="where the report goes (default: reports)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides passed to every run, e.g. logger=csv")
-    args = ap.parse_intermixed_args(argv)  # options may come between the study and its overrides
+    return ap
 
-    if args.study == FIGURES:
-        return run_figures(args.jobs, Path(args.runs_root), Path(args.reports_root), args.fresh)
-    study = STUDIES[args.study]
+
+@dataclass(frozen=True)
+class Plan:
+    """One study's launch, checked before anything runs: its sweep commands (one per pass), kind, name, seeds and
+    where its results table and report go."""
+
+    cmds: list[list[str]]
+    kind: str
+    name: str
+    seeds: str
+    results: Path
+    report: Path
+
+
+def plan_study(study: Study, args: argparse.Namespace, ap: argparse.ArgumentParser) -> Plan | None:
+    """The study's Plan, or None after printing the config error (a bad override, kind or name) that would make
+    the sweep fail."""
+    from experiments.compose import cli_problem
+    from experiments.validation import check_name
+
     extra = list(study.overrides)
     if ARMS[args.arms] is not None:
         extra.append(f"model={ARMS[args.arms]}")
@@ -439,47 +456,38 @@ def main(argv: list[str] | None = None) -> int:
         sweep_command(study.sweep, args.seeds, args.jobs, args.runs_root, extra + list(p) + args.overrides)
         for p in study.passes
     ]
-    from experiments.compose import cli_problem
-    from experiments.validation import check_name
-
-    for cmd in cmds:  # a bad override: the sweep would fail
+    for cmd in cmds:
         problem = cli_problem(["-m", f"+sweep={study.sweep}", *cmd[len(TRAIN_COMMAND) + 1 :]])
         if problem is not None:
             print(f"[attnres] config error: {problem}", file=sys.stderr)
-            return 2
+            return None
     overrides = cmds[0][len(TRAIN_COMMAND) + 1 :]  # what the first pass sets beyond +sweep=<sweep>
     cfg = sweep_config(study.sweep, overrides)
     kind = str(cfg.study_kind)
     if kind not in STUDY_KINDS:
         print(f"[attnres] error: study_kind={kind!r}; allowed values: {', '.join(STUDY_KINDS)}", file=sys.stderr)
-        return 2
+        return None
     if ARMS[args.arms] is not None and kind != "lr":
         ap.error("--arms applies to the lr study only")
-    study_name = _sweep_key(study.sweep, "study", overrides, cfg)
+    name = _sweep_key(study.sweep, "study", overrides, cfg)
     try:
-        check_name("study", study_name)  # it names <runs-root>/<study> and <reports-root>/<study>
+        check_name("study", name)  # it names <runs-root>/<study> and <reports-root>/<study>
     except ValueError as e:
         print(f"[attnres] config error: {e}", file=sys.stderr)
-        return 2
+        return None
     seeds = _sweep_key(study.sweep, "seed", overrides, cfg)
-    results = Path(args.runs_root) / study_name / "results.csv"
-    report = Path(args.reports_root) / study_name
-    t0 = time.time()
-    if args.from_records:
-        try:
-            copied, problems = restore_records(Path(args.from_records), results.parent)
-        except FileNotFoundError as e:
-            print(f"[attnres] error: {e}", file=sys.stderr)
-            return 2
-        for problem in problems:
-            print(f"[attnres] warning: {problem}", file=sys.stderr)
-        print(f"[attnres] restored {copied} record(s) from {args.from_records} into {results.parent}", flush=True)
-    print(f"[attnres] {study.what}; seeds {seeds}; {args.jobs} parallel job(s)", flush=True)
+    results = Path(args.runs_root) / name / "results.csv"
+    return Plan(cmds, kind, name, seeds, results, Path(args.reports_root) / name)
+
+
+def run_passes(plan: Plan) -> int:
+    """Each pass's sweep, streamed to the report's sweep.log; stops at the first interrupted one. Returns the first
+    non-zero exit status (an interruption's, as a shell reports it: 128 + signal)."""
     sweep_rc = 0
-    for cmd in cmds:
+    for cmd in plan.cmds:
         print(f"[attnres] $ {' '.join(cmd[1:])}", flush=True)
         try:
-            rc = run_streaming(cmd, report / "sweep.log")
+            rc = run_streaming(cmd, plan.report / "sweep.log")
         except KeyboardInterrupt:
             rc = 130
         sweep_rc = sweep_rc or rc
@@ -490,60 +498,77 @@ def main(argv: list[str] | None = None) -> int:
         # saved a checkpoint (a kill -9 of the sweep itself leaves the last periodic one)
         print(
             f"[attnres] interrupted: runs in flight saved a checkpoint and were recorded as interrupted; re-run the "
-            f"same command to resume (log: {report / 'sweep.log'})",
+            f"same command to resume (log: {plan.report / 'sweep.log'})",
             flush=True,
         )
         return sweep_rc if sweep_rc > 0 else 128 - sweep_rc  # killed by signal n: 128 + n, as a shell reports it
-    print(
-        f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {report / 'sweep.log'}",
-        flush=True,
-    )
-    if not results.is_file():
-        print(f"[attnres] no results table at {results}: nothing to analyse", file=sys.stderr)
-        return sweep_rc or 1
-    if kind == "lr":
+    return sweep_rc
+
+
+def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
+    """The study kind's analysis of the completed runs (a subprocess of ``python -m analysis``), then its headline
+    lines. Returns the analysis' exit status."""
+    results, report = str(plan.results), plan.report
+    if plan.kind == "lr":
         tuned = REPO / study.tuned_config if study.tuned_config else None
-        fit_cmd = [
-            sys.executable,
-            "-m",
-            "analysis",
-            "lr",
-            "--results",
-            str(results),
-            "--out",
-            str(report),
-            "--rule",
-            args.rule or study.lr_rule,
-        ]
-        if tuned is not None:
-            fit_cmd += ["--write-config", str(tuned)]
-        print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)
-        fit_rc = subprocess.call(fit_cmd)
-        if fit_rc == 0:
-            print(f"[attnres] report: {report}/ (lr_summary.md, lr.json, fig_lr.png); total {time.time() - t0:.0f} s")
-            if tuned is not None:
-                print(f"[attnres] tuned lrs written to {tuned}: the ladder's sizes read them from now on")
-        return sweep_rc or fit_rc
-    if kind in FIXED_SHAPE_REPORTS:
-        command, files = FIXED_SHAPE_REPORTS[kind]
-        report_cmd = [sys.executable, "-m", "analysis", command, "--results", str(results), "--out", str(report)]
-        print(f"[attnres] $ {' '.join(report_cmd[1:])}", flush=True)
-        report_rc = subprocess.call(report_cmd)
-        if report_rc == 0:
-            print(f"[attnres] report: {report}/ ({files}); total {time.time() - t0:.0f} s")
-        return sweep_rc or report_rc
-    fit_cmd = [sys.executable, "-m", "analysis", "fit", "--results", str(results), "--out", str(report)]
-    print(f"[attnres] $ {' '.join(fit_cmd[1:])}", flush=True)
-    fit_rc = subprocess.call(fit_cmd)
-    if fit_rc == 0 and (report / "fit.json").is_file():
-        print(f"[attnres] report: {report}/ (summary.md, fit.json, figures); total {time.time() - t0:.0f} s")
+        cmd = [sys.executable, "-m", "analysis", "lr", "--results", results, "--out", str(report)]
+        cmd += ["--rule", rule or study.lr_rule] + (["--write-config", str(tuned)] if tuned is not None else [])
+        files = "lr_summary.md, lr.json, fig_lr.png"
+    elif plan.kind in FIXED_SHAPE_REPORTS:
+        command, files = FIXED_SHAPE_REPORTS[plan.kind]
+        cmd = [sys.executable, "-m", "analysis", command, "--results", results, "--out", str(report)]
+    else:
+        cmd = [sys.executable, "-m", "analysis", "fit", "--results", results, "--out", str(report)]
+        files = "summary.md, fit.json, figures"
+    print(f"[attnres] $ {' '.join(cmd[1:])}", flush=True)
+    rc = subprocess.call(cmd)
+    scaling = plan.kind not in FIXED_SHAPE_REPORTS and plan.kind != "lr"
+    if rc != 0 or (scaling and not (report / "fit.json").is_file()):
+        return rc
+    print(f"[attnres] report: {report}/ ({files}); total {time.time() - t0:.0f} s")
+    if plan.kind == "lr" and study.tuned_config:
+        print(f"[attnres] tuned lrs written to {REPO / study.tuned_config}: the ladder's sizes read them from now on")
+    if scaling:
         for line in headline(report / "fit.json"):
             print(line)
-        if study.committed:
-            for line in committed_lines(REPO / study.committed):
-                print(line)
-        print(f"[attnres] {regime_sentence(results, study.why)}")
-    return sweep_rc or fit_rc
+        for line in committed_lines(REPO / study.committed) if study.committed else []:
+            print(line)
+        print(f"[attnres] {regime_sentence(plan.results, study.why)}")
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_intermixed_args(argv)  # options may come between the study and its overrides
+    if args.study == FIGURES:
+        return run_figures(args.jobs, Path(args.runs_root), Path(args.reports_root), args.fresh)
+    study = STUDIES[args.study]
+    plan = plan_study(study, args, ap)
+    if plan is None:
+        return 2
+    t0 = time.time()
+    if args.from_records:
+        try:
+            copied, problems = restore_records(Path(args.from_records), plan.results.parent)
+        except FileNotFoundError as e:
+            print(f"[attnres] error: {e}", file=sys.stderr)
+            return 2
+        for problem in problems:
+            print(f"[attnres] warning: {problem}", file=sys.stderr)
+        print(f"[attnres] restored {copied} record(s) from {args.from_records} into {plan.results.parent}", flush=True)
+    print(f"[attnres] {study.what}; seeds {plan.seeds}; {args.jobs} parallel job(s)", flush=True)
+    sweep_rc = run_passes(plan)
+    if sweep_rc > 128:
+        return sweep_rc
+    print(
+        f"[attnres] sweep done in {time.time() - t0:.0f} s (exit {sweep_rc}); full log: {plan.report / 'sweep.log'}",
+        flush=True,
+    )
+    if not plan.results.is_file():
+        print(f"[attnres] no results table at {plan.results}: nothing to analyse", file=sys.stderr)
+        return sweep_rc or 1
+    analysis_rc = analyse(study, plan, args.rule, t0)  # failed runs are recorded as failed and never fitted
+    return sweep_rc or analysis_rc
 
 
 def run_figures(jobs: int, runs_root: Path, reports_root: Path, fresh: bool) -> int:
