@@ -329,6 +329,7 @@ def _grid_records(study: str = "arch_grid") -> pd.DataFrame:
             {
                 "run_id": f"{v}_cpu_arch_d{r}_h{h}_s{seed}",
                 "study": study,
+                "study_kind": "arch_grid",
                 "variant": v,
                 "size": f"cpu_arch_d{r}_h{h}",
                 "seed": seed,
@@ -391,4 +392,4 @@ def test_arch_grid_table_pivots_records(tmp_path):
         t2 = arch_grid_table(pd.concat([partial, extra], ignore_index=True))
     assert t2["val_loss"]["baseline"][0][2] is None
     assert t2["delta_vs_baseline"]["block_attnres"][0][2] is None
-    assert arch_grid_table(df.assign(study="cpu_ladder")) is None
+    assert arch_grid_table(df.assign(study="cpu_ladder", study_kind="scaling")) is None
