@@ -225,18 +225,29 @@ def _num(x: Any) -> str:
     return "-" if x is None else f"{float(x):.3f}"
 
 
+COMMITTED_SCALING = Path(__file__).resolve().parent.parent / "docs" / "results" / "cpu_deep" / "pooled"
+
+
 def reading_entry(key: str, figure: Path, runs: pd.DataFrame | None, command: str) -> Entry:
-    """Fig. 5 or Fig. 8: the committed figure and a reading of it (its data lives in run directories)."""
+    """Fig. 5 or Fig. 8: a reading of the committed figure (its data lives in run directories, which are not kept),
+    beside ``figure`` when this run drew one, else beside the committed figure itself."""
     text = load_gallery_text()[key]
+    committed = COMMITTED_SCALING / figure.name
+    shown = figure if figure.is_file() else committed
+    verdict = text["ours_reading"]
+    if shown.resolve() != committed.resolve() and committed.is_file():
+        verdict += " (This figure was drawn by this run; the reading is of the committed one.)"
+    elif not figure.is_file():
+        verdict += " (This run kept no run directories to draw it from: the committed figure is shown.)"
     return Entry(
         key,
         text["item"],
         text["title"],
         text["section"],
         text["paper"],
-        text["ours_reading"],
+        verdict,
         [],
-        [figure] if figure.is_file() else [],
+        [shown] if shown.is_file() else [],
         provenance(runs, command) if runs is not None else Provenance(command),
     )
 

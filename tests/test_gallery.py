@@ -111,3 +111,11 @@ def test_the_figures_command_stops_at_an_interrupted_study_and_fresh_restores_no
     assert study.run_figures(1, tmp_path / "runs", tmp_path / "reports", fresh=True) == 130
     assert calls == [study.FIGURE_STUDIES[0][0]]
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.json"))
+
+
+def test_a_reading_entry_without_a_fresh_figure_shows_the_committed_one_and_says_so(tmp_path):
+    entry = gallery.reading_entry("fig8", tmp_path / "fig8_depth_weights.png", None, "cmd")
+    assert entry.figures == [gallery.COMMITTED_SCALING / "fig8_depth_weights.png"]
+    assert "the committed figure is shown" in entry.verdict
+    committed = gallery.reading_entry("fig8", gallery.COMMITTED_SCALING / "fig8_depth_weights.png", None, "cmd")
+    assert committed.verdict == gallery.load_gallery_text()["fig8"]["ours_reading"]
