@@ -43,7 +43,9 @@ def _losses(run_dir: str) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["baseline", "block_attnres", "full_attnres", "full_input_dependent_query", "full_sliding_window"])
+@pytest.mark.parametrize(
+    "variant", ["baseline", "block_attnres", "full_attnres", "full_input_dependent_query", "full_sliding_window"]
+)
 def test_compiled_and_eager_paths_give_the_same_loss_curve(train_cfg, variant):
     eager = train(train_cfg(f"model={variant}", *SMALL, "train_path=eager"))
     compiled = train(train_cfg(f"model={variant}", *SMALL, "train_path=compiled"))
