@@ -27,6 +27,7 @@ from .figures import COLORS, save
 from .paper_data import load_paper
 from .runs import runs_of_kind
 from .seed_stats import arm_rows, by_seed, interval_text, loss_summary, paired_delta, same_shape, study_shape, verdict
+from .table_format import loss_ci_cell, paper_cell
 
 BASELINE = "baseline"
 # Peer residual schemes the paper's Table 4 does not report; their rows follow the paper's peers (DenseFormer, mHC).
@@ -109,9 +110,7 @@ def ablation_markdown(table: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|" + ("---|---|" if with_paper else ""),
     ]
     for r in table:
-        loss = f"{r['val_loss']:.4f}" + (
-            f" [{r['val_loss_ci95'][0]:.4f}, {r['val_loss_ci95'][1]:.4f}]" if r.get("val_loss_ci95") else ""
-        )
+        loss = loss_ci_cell(r)
         d = r.get("delta_vs_baseline")
         delta = (
             "–"
@@ -120,13 +119,9 @@ def ablation_markdown(table: list[dict[str, Any]]) -> list[str]:
         )
         cells = [str(r.get("label", r["variant"])), str(r["n_runs"]), loss, delta, r.get("verdict", "–")]
         if with_paper:
-            cells += [_num(r.get("paper_loss")), _num(r.get("paper_delta"), "+")]
+            cells += [paper_cell(r.get("paper_loss")), paper_cell(r.get("paper_delta"), "+")]
         out.append("| " + " | ".join(cells) + " |")
     return out
-
-
-def _num(x: float | None, sign: str = "") -> str:
-    return "–" if x is None else f"{x:{sign}.3f}"
 
 
 def ablation_verdict(table: list[dict[str, Any]]) -> str:

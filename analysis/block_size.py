@@ -28,6 +28,7 @@ from .fit_document import BlockSizeSweep
 from .paper_data import load_paper
 from .runs import keep_most_common, runs_of_kind
 from .seed_stats import arm_rows, by_seed, interval_text, loss_summary, paired_delta, same_shape, study_shape, verdict
+from .table_format import loss_ci_cell, paper_cell
 
 FULL = "full_attnres"
 BASELINE = "baseline"
@@ -139,22 +140,18 @@ def block_size_markdown(sw: dict[str, Any]) -> list[str]:
     for p in sw["points"]:
         S, pl = p["block_size"], paper.get(p["block_size"])
         paper_delta = None if pl is None or base_paper is None else pl - base_paper
-        cells = [f"{S}{' (= Full)' if S == 1 else ''}", str(p["n_runs"]), _loss_ci(p)]
-        cells += [_delta_cell(p.get("vs_baseline")), _delta_cell(p.get("vs_full")), _num(pl), _num(paper_delta, "+")]
+        cells = [f"{S}{' (= Full)' if S == 1 else ''}", str(p["n_runs"]), loss_ci_cell(p)]
+        cells += [
+            _delta_cell(p.get("vs_baseline")),
+            _delta_cell(p.get("vs_full")),
+            paper_cell(pl),
+            paper_cell(paper_delta, "+"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     for key, label, pl in (("full", "Full AttnRes", paper.get(1)), ("baseline", "Baseline", base_paper)):
         if sw.get(key):
-            lines.append(f"| {label} | {sw[key]['n_runs']} | {_loss_ci(sw[key])} | | | {_num(pl)} | |")
+            lines.append(f"| {label} | {sw[key]['n_runs']} | {loss_ci_cell(sw[key])} | | | {paper_cell(pl)} | |")
     return [*lines, ""]
-
-
-def _num(x: float | None, sign: str = "") -> str:
-    return "–" if x is None else f"{x:{sign}.3f}"
-
-
-def _loss_ci(r: dict[str, Any]) -> str:
-    lo_hi = r.get("val_loss_ci95")
-    return f"{r['val_loss']:.4f} [{lo_hi[0]:.4f}, {lo_hi[1]:.4f}]" if lo_hi else f"{r['val_loss']:.4f}"
 
 
 def block_size_verdict(sw: dict[str, Any]) -> str:

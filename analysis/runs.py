@@ -404,28 +404,3 @@ def resolve_run_dir(row: pd.Series, base_dir: str | Path | None) -> Path | None:
         if c.is_dir():
             return c
     return None
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Summaries of run groups (the non-ladder studies' tables)
-
-
-def mean_sd(d: pd.DataFrame) -> dict[str, Any]:
-    """Mean final val loss of a group of runs, its sd over them (None for one run) and their number."""
-    return {
-        "val_loss": float(d["val_loss"].mean()),
-        "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
-        "n_runs": len(d),
-    }
-
-
-def reference_loss(df_all: pd.DataFrame, study_rows: pd.DataFrame, variant: str) -> dict[str, Any] | None:
-    """A reference variant's loss at the sweep's size: from the sweep study itself, else from any other study."""
-    if study_rows.empty:
-        return None
-    size = study_rows["size"].mode().iloc[0]
-    for pool in (study_rows, df_all):
-        d = pool[(pool["variant"] == variant) & (pool["size"] == size)]
-        if not d.empty:
-            return mean_sd(d) | {"size": size}
-    return None

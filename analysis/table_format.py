@@ -36,6 +36,18 @@ def loss_cell(r: dict[str, Any]) -> str:
     return s
 
 
+def loss_ci_cell(r: dict[str, Any]) -> str:
+    """A group's mean val loss with its 95% interval over seeds ("1.4406 [1.4299, 1.4513]"), the mean alone without
+    one (a single run, or the paper's number)."""
+    lo_hi = r.get("val_loss_ci95")
+    return f"{r['val_loss']:.4f} [{lo_hi[0]:.4f}, {lo_hi[1]:.4f}]" if lo_hi else f"{r['val_loss']:.4f}"
+
+
+def paper_cell(x: float | None, sign: str = "") -> str:
+    """A transcribed paper number (3 decimals, as printed there; ``sign`` "+" for a difference); "–" when absent."""
+    return "–" if x is None else f"{x:{sign}.3f}"
+
+
 def num(x: float) -> str:
     """A grid coordinate, as short as it reads."""
     return f"{x:g}"
