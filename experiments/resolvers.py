@@ -11,6 +11,9 @@ before ``@hydra.main`` composes, also in a launcher's worker process).
 * ``${attnres_map:<field>,<L_b>,<d_model>[,<head_dim>]}`` -- one field of a depth-by-width map cell
   (experiments.sizes.map_cell; head_dim 16 unless given; conf/size/cpu_map.yaml, and the deep ladder's rungs,
   conf/size/cpu_deep.yaml);
+* ``${attnres_moe_shared:<L_b>,<d_model>,<attn_dim>,<d_ff>,<n_experts>,<top_k>,<n_shared>,<target N>}`` -- the
+  shared-expert width whose activated MoE N is closest to a target
+  (experiments.sizes.solve_shared_d_ff; conf/size/cpu_deep_moe.yaml);
 * ``${attnres_lr:<size name>}`` -- the tuned peak learning rate of this run, from the generated table
   ``tuned_lr`` (conf/tuned_lr/*.yaml, written by ``python -m analysis lr``) under ``lr_protocol``:
   ``baseline`` gives every arm the baseline's tuned lr (the paper's protocol), ``per_arm`` each arm its own.
@@ -23,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .sizes import ARCH_SHAPE_FIELDS, MAP_CELL_FIELDS, MAP_HEAD_DIM, derive_arch_shape, map_cell
+from .sizes import ARCH_SHAPE_FIELDS, MAP_CELL_FIELDS, MAP_HEAD_DIM, derive_arch_shape, map_cell, solve_shared_d_ff
 
 LR_PROTOCOLS = ("baseline", "per_arm")
 BASELINE_VARIANT = "baseline"
@@ -49,6 +52,13 @@ def _map_field(field: str, n_layers: int, d_model: int, head_dim: int = MAP_HEAD
     if field not in MAP_CELL_FIELDS:
         raise ValueError(f"attnres_map: unknown field {field!r}; allowed values: {', '.join(MAP_CELL_FIELDS)}")
     return int(getattr(map_cell(int(n_layers), int(d_model), int(head_dim)), field))
+
+
+def _moe_shared_width(
+    n_layers: int, d_model: int, attn_dim: int, d_ff: int, n_experts: int, top_k: int, n_shared: int, target: float
+) -> int:
+    dims = (int(n_layers), int(d_model), int(attn_dim), int(d_ff), int(n_experts), int(top_k), int(n_shared))
+    return solve_shared_d_ff(*dims, target=float(target), multiple=1)
 
 
 def tuned_lr(table: Any, size: str, variant: str, protocol: str) -> float:
@@ -100,5 +110,7 @@ def register() -> None:
         OmegaConf.register_new_resolver("attnres_arch", _arch_field)
     if not OmegaConf.has_resolver("attnres_map"):
         OmegaConf.register_new_resolver("attnres_map", _map_field)
+    if not OmegaConf.has_resolver("attnres_moe_shared"):
+        OmegaConf.register_new_resolver("attnres_moe_shared", _moe_shared_width)
     if not OmegaConf.has_resolver("attnres_lr"):
         OmegaConf.register_new_resolver("attnres_lr", _lr)

@@ -64,6 +64,8 @@ def test_variant_and_size_names_are_their_file_names():
         s = OmegaConf.load(path)
         if path.stem == "cpu_deep":  # a rung of the deep ladder: deep_L<L_b>
             assert s.name == f"deep_L{s.n_layers}", path
+        elif path.stem == "cpu_deep_moe":  # a rung of the deep MoE ladder: deep_moe_L<L_b>
+            assert OmegaConf.to_container(s)["name"] == "deep_moe_L${.n_layers}", path
         elif "d_over_lb" in s:  # a derived size names its grid cell: <file name>_d<d/L_b>_h<H/L_b>
             assert s.name == f"{path.stem}_d{s.d_over_lb}_h{s.heads_over_lb}", path
         elif "tokens_per_param" in s:  # a map cell (cpu_map.yaml): map_L<L_b>_d<d_model>
@@ -564,3 +566,25 @@ def test_cpu_moe_size_composes_checks_and_has_its_own_identity():
     assert "ffn" not in identity_config(resolved_container(dense))["model"]
     assert "moe" not in identity_config(resolved_container(dense))["model"]
     assert run_identity(cfg)[0] != run_identity(dense)[0]
+
+
+@pytest.mark.parametrize("n_layers", [8, 10, 12, 16])
+def test_deep_moe_rungs_match_the_dense_rungs(n_layers):
+    """Each cpu_deep_moe rung (the cpu_deep_moe sweep) passes the config checks, has the dense rung's shape, steps
+    and tuned lr, a baseline whose activated N is within 1% of the dense baseline's (the solved shared width), and
+    an identity of its own."""
+    from attnres.flops import param_counts
+
+    common = ["+sweep=cpu_deep_moe", f"size.n_layers={n_layers}", "data.vocab_size=256"]
+    moe = compose([*common, "model=baseline"])
+    dense = compose(["+sweep=cpu_deep", f"size.n_layers={n_layers}", "data.vocab_size=256", "model=baseline"])
+    check_config(moe)
+    check_config(compose([*common, "model=block_attnres"]))
+    for key in ("n_layers", "d_model", "n_heads", "head_dim", "seq_len", "batch_size", "lr", "target_params"):
+        assert moe.size[key] == dense.size[key], key
+    assert moe.size.name == f"deep_moe_L{n_layers}"
+    assert moe.size.d_ff * 2 == moe.size.d_model
+    assert abs(moe.size.tokens - dense.size.tokens) < moe.size.batch_size * moe.size.seq_len / 2  # same steps
+    activated = param_counts(build_model_config(moe))["activated_non_embedding"]
+    assert abs(activated / dense.size.target_params - 1) < 0.01
+    assert run_identity(moe)[0] != run_identity(dense)[0]

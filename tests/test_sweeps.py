@@ -166,6 +166,7 @@ SWEEP_KINDS = {
     "cpu_map": "map",
     "cpu_deep_lr": "lr",
     "cpu_deep": "scaling",
+    "cpu_deep_moe": "scaling",
 }
 
 
