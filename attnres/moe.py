@@ -91,7 +91,9 @@ class MoEFeedForward(nn.Module):
     ``load`` [E] (fp32, tokens per expert since the last update_bias: zero at every step boundary, so a plain
     tensor attribute, moved with the module, in no state dict and never broadcast by DDP).
     After each forward: ``last_load`` [E] (that forward's tokens per expert, sums to N k) and ``last_aux_loss``
-    (L_bal, a 0-dim tensor, 0 when aux_loss_alpha = 0); Transformer.forward reads both."""
+    (L_bal, a 0-dim tensor, 0 when aux_loss_alpha = 0); Transformer.forward reads both. After each update_bias:
+    ``step_load`` [E] (the tokens per expert that update used, summed over ranks: the router statistics of that
+    optimizer step)."""
 
     expert_bias: torch.Tensor  # a registered buffer
 
@@ -114,6 +116,7 @@ class MoEFeedForward(nn.Module):
         self.load = torch.zeros(E, dtype=torch.float32)
         self.last_load: torch.Tensor | None = None
         self.last_aux_loss: torch.Tensor | None = None
+        self.step_load: torch.Tensor | None = None
 
     def _apply(self, fn, recurse=True):  # nn.Module's signature
         """Moves and casts like any module, and ``load`` with it, except that the balancing state stays fp32 (a bf16
@@ -188,6 +191,7 @@ class MoEFeedForward(nn.Module):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(load)
         self.expert_bias += self.options.bias_update_rate * torch.sign(load.mean() - load)
+        self.step_load = load.clone()
         load.zero_()
 
     def reset_parameters(self, std: float, out_std: float) -> None:
@@ -215,9 +219,31 @@ def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
 
+def router_statistics(model: nn.Module) -> dict[str, list] | None:
+    """The router's state after the latest update_bias: ``load`` [L_moe][E] (tokens per expert in that optimizer
+    step, summed over ranks), ``bias`` [L_moe][E] (the balancing bias after the update) and ``top_k``; None for a
+    dense model or before the first update."""
+    layers = moe_layers(model)
+    if not layers or any(m.step_load is None for m in layers):
+        return None
+    return {
+        "load": [m.step_load.tolist() for m in layers],  # type: ignore[union-attr]
+        "bias": [m.expert_bias.tolist() for m in layers],
+        "top_k": layers[0].options.top_k,
+    }
+
+
 def expected_load(tokens: int, options: MoEConfig) -> float:
     """Tokens per expert under perfect balance: tokens * k / E."""
     return tokens * options.top_k / options.n_experts
 
 
-__all__ = ["MoEFeedForward", "expected_load", "expert_matmul", "grouped_mm_supported", "moe_layers", "route"]
+__all__ = [
+    "MoEFeedForward",
+    "expected_load",
+    "expert_matmul",
+    "grouped_mm_supported",
+    "moe_layers",
+    "route",
+    "router_statistics",
+]

@@ -4,6 +4,10 @@ SIGUSR1: a checkpoint at the current step, then a clean stop) and test-only faul
 RunRecorder owns, in the run directory:
   * ``metrics.csv`` — one row per logged step: step, tokens, flops, train_loss, val_loss, lr, grad_norm,
     tokens_per_s (val_loss empty where there was no evaluation);
+  * ``router.csv`` — MoE runs only (ffn="moe"): one row per logged step, MoE layer and expert: the tokens the
+    expert got in that optimizer step (summed over ranks), ``expected`` (tokens per expert under perfect
+    balance, N k / E) and the balancing bias after that step's update (analysis.router reads it and draws
+    ``fig_router.png`` at the end of the run);
   * ``diagnostics.json`` — the diagnostics of the latest evaluation (docs/results_schema.md §2), and
     ``diagnostics.jsonl`` — one such object per evaluation;
 and mirrors the same numbers to the Lightning loggers (W&B, CSV) and the progress bar.
@@ -19,6 +23,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 import signal
 import time
@@ -37,6 +42,7 @@ from .compiler import cpu_seconds
 from .errors import RunInterrupted
 
 METRIC_COLUMNS = ("step", "tokens", "flops", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s")
+ROUTER_COLUMNS = ("step", "layer", "expert", "tokens", "expected", "bias")  # router.csv (analysis.router)
 
 
 def _fmt(v: Any) -> str:
@@ -93,6 +99,7 @@ class RunRecorder(pl.Callback):
         self.flush_every = flush_every
         self.rows: dict[int, dict[str, Any]] = {}
         self.diagnostics: list[dict[str, Any]] = []
+        self.router_rows: dict[int, list[tuple[Any, ...]]] = {}  # step -> router.csv rows (MoE runs)
         self.started_at = utc_now()
         self.prior_wall_s = 0.0  # wall time of earlier launches, up to their last checkpoint
         self.prior_cpu_s = 0.0  # the same in CPU time
@@ -107,6 +114,10 @@ class RunRecorder(pl.Callback):
     def metrics_path(self) -> Path:
         return self.run_dir / "metrics.csv"
 
+    @property
+    def router_path(self) -> Path:
+        return self.run_dir / "router.csv"
+
     def flush(self) -> None:
         if not self._ready:
             return
@@ -116,6 +127,13 @@ class RunRecorder(pl.Callback):
         for step in sorted(self.rows):
             w.writerow([_fmt(self.rows[step].get(c)) for c in METRIC_COLUMNS])
         atomic_write_text(self.metrics_path, buf.getvalue())
+        if self.router_rows:
+            buf = io.StringIO()
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow(ROUTER_COLUMNS)
+            for step in sorted(self.router_rows):
+                w.writerows([[_fmt(v) for v in row] for row in self.router_rows[step]])
+            atomic_write_text(self.router_path, buf.getvalue())
         if self.diagnostics:
             atomic_write_text(
                 self.run_dir / "diagnostics.jsonl", "".join(json.dumps(d) + "\n" for d in self.diagnostics)
@@ -126,6 +144,15 @@ class RunRecorder(pl.Callback):
     def _load_existing(self, upto_step: int) -> None:
         """Keep what an earlier launch wrote up to the restored step (nothing when starting from scratch)."""
         self.rows = {r["step"]: r for r in read_metrics(self.metrics_path) if r["step"] <= upto_step}
+        self.router_rows = {}
+        if self.router_path.is_file():
+            from analysis.router import read_router
+
+            for r in read_router(self.router_path).itertuples(index=False):
+                if r.step <= upto_step:
+                    self.router_rows.setdefault(int(r.step), []).append(
+                        (int(r.step), int(r.layer), int(r.expert), r.tokens, r.expected, r.bias)
+                    )
         self.diagnostics = []
         path = self.run_dir / "diagnostics.jsonl"
         if path.is_file():
@@ -219,11 +246,35 @@ class RunRecorder(pl.Callback):
             return
         self.rows[step] = row
         metrics = {f"train/{k}": v for k, v in row.items() if k not in ("step", "val_loss") and v is not None}
+        router = stats.get("router")
+        if router is not None:
+            metrics.update(self._record_router(step, router))
         for lg in trainer.loggers:
             lg.log_metrics(metrics, step=step)
         self._records_since_flush += 1
         if self._records_since_flush >= self.flush_every:
             self.flush()
+
+    def _record_router(self, step: int, router: dict[str, Any]) -> dict[str, float]:
+        """Keep one optimizer step's router statistics (attnres.moe.router_statistics) as router.csv rows; return
+        their summary for the loggers: load max / mean and min / mean over experts (the worst layer), the bias
+        range and the dropped (token, expert) pairs, N k minus the pairs routed (0 for a dropless router)."""
+        load, bias = router["load"], router["bias"]
+        n_experts = len(load[0])
+        expected = self.tokens_per_step * router["top_k"] / n_experts
+        self.router_rows[step] = [
+            (step, layer, e, load[layer][e], expected, bias[layer][e])
+            for layer in range(len(load))
+            for e in range(n_experts)
+        ]
+        means = [sum(row) / n_experts for row in load]
+        return {
+            "router/load_max_over_mean": max((max(row) / m for row, m in zip(load, means) if m > 0), default=math.nan),
+            "router/load_min_over_mean": min((min(row) / m for row, m in zip(load, means) if m > 0), default=math.nan),
+            "router/bias_min": min(min(row) for row in bias),
+            "router/bias_max": max(max(row) for row in bias),
+            "router/dropped": sum(self.tokens_per_step * router["top_k"] - sum(row) for row in load),
+        }
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         ev = pl_module.last_eval

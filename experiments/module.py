@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from attnres import ModelConfig, Transformer
+from attnres.moe import router_statistics
 
 from .compiler import configure_compiler
 from .optim import amp_clipping
@@ -166,11 +167,13 @@ class LMModule(pl.LightningModule):
             total_sq = block_sq_t.sum() + (torch.stack(rest).sum() if rest else 0.0)
             stats["grad_norm"] = float(total_sq.sqrt())  # before clipping
             stats["block_grad_norm"] = block_sq_t.sqrt().cpu().tolist()
-        self.step_stats = stats
         # MoE (ffn="moe"): the auxiliary-loss-free bias update, once per optimizer step, from the load of this
         # step's micro-batches (summed over ranks); only selection reads the bias, so before or after the
         # optimizer's step is the same. Nothing for a dense model.
         self.model.update_moe_bias()
+        if self.is_record_step(step):
+            stats["router"] = router_statistics(self.model)  # None for a dense model (RunRecorder: router.csv)
+        self.step_stats = stats
 
     # ---- evaluation ----------------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:

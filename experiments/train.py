@@ -170,6 +170,9 @@ def _fit(cfg: DictConfig, run: RecordBuilder, rank_zero: bool) -> dict[str, Any]
             trainer.validate(module, datamodule=plan.datamodule, verbose=False)  # the last step is always evaluated
         if trainer.is_global_zero:
             recorder.flush()
+            from analysis.router import write_run_figure  # matplotlib: imported only when a run completes
+
+            write_run_figure(run.run_dir)  # MoE runs: fig_router.png from router.csv (nothing for dense)
         interrupt.stop_if_received(trainer)  # after this, a signal lets the completed record be written first
         record = run.record("completed")
         if rank_zero:

@@ -456,6 +456,22 @@ def test_a_moe_run_through_the_harness(train_cfg):
         assert b.abs().max() <= 12 * 1e-3 + 1e-6
         steps = b / 1e-3
         assert torch.allclose(steps, steps.round(), atol=1e-3)
+    # router statistics: every logged step x 4 MoE layers x 8 experts, dropless, the bias the checkpoint holds
+    from analysis.router import load_balance, read_router
+
+    router = read_router(Path(rec["run_dir"]) / "router.csv")
+    assert router["step"].nunique() >= 2
+    assert set(router["layer"]) == set(range(4))
+    assert set(router["expert"]) == set(range(8))
+    bal = load_balance(router)
+    assert (bal["dropped"] == 0).all()  # N k pairs routed every step: 4 x 128 tokens x top-2
+    assert (bal["load_max_over_mean"] >= 1).all()
+    assert (bal["load_min_over_mean"] <= 1).all()
+    last = router[router["step"] == router["step"].max()]
+    if last["step"].iloc[0] == 12:
+        ckpt_bias = torch.stack(biases).numpy()
+        assert last.pivot(index="layer", columns="expert", values="bias").to_numpy() == pytest.approx(ckpt_bias)
+    assert (Path(rec["run_dir"]) / "fig_router.png").stat().st_size > 0
 
 
 def _ddp_worker(rank: int, world: int, init_file: str, out: str) -> None:
@@ -472,7 +488,7 @@ def _ddp_worker(rank: int, world: int, init_file: str, out: str) -> None:
             model(micro, micro)[1].backward()
         model.module.update_moe_bias()
         if rank == 0:
-            torch.save([m.expert_bias.clone() for m in model.module.moe], out)
+            torch.save([m.expert_bias.clone() for m in model.module.moe] + [m.step_load for m in model.module.moe], out)
     finally:
         dist.destroy_process_group()
 
@@ -494,9 +510,14 @@ def test_bias_update_sums_the_load_over_ranks_on_gloo(tmp_path):
         single(idx[row : row + 1], idx[row : row + 1])[1].backward()
     single.update_moe_bias()
     got = torch.load(out)
-    assert all(torch.count_nonzero(b) > 0 for b in got)
-    for a, b in zip(got, (m.expert_bias for m in single.moe)):
+    n = len(single.moe)
+    biases, step_loads = got[:n], got[n:]
+    assert all(torch.count_nonzero(b) > 0 for b in biases)
+    for a, b in zip(biases, (m.expert_bias for m in single.moe)):
         assert torch.equal(a, b)
+    for a, m in zip(step_loads, single.moe):  # the router statistics of the step: the whole batch's load
+        assert torch.equal(a, m.step_load)
+        assert float(a.sum()) == 4 * 12 * m.options.top_k
 
 
 def test_decoding_with_a_kv_cache_equals_the_full_forward():
