@@ -1,0 +1,144 @@
+"""Does an arm's gain over the reference survive mixture-of-experts MLPs? Per rung (the same shape, tokens, lr and
+seeds with only the MLP changed), the same-seed difference ``arm - reference`` with MoE, the same without (dense),
+and their difference (the interaction, per seed: delta_moe - delta_dense), each with its t interval.
+
+    python -m analysis.moe_interaction docs/results/cpu_deep_moe docs/results/cpu_deep --out reports/cpu_deep_moe
+
+writes ``moe_vs_dense.csv``, ``moe_vs_dense.md`` and ``fig_moe_vs_dense.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a display
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .runs import load_results, select_completed
+from .seed_stats import by_seed, interval_text, paired_delta, verdict
+
+
+@dataclass(frozen=True)
+class InteractionOptions:
+    arm: str = "block_attnres"
+    reference: str = "baseline"
+    lr_protocol: str = "baseline"  # both arms at the reference's tuned lr
+
+
+def _arm(df: pd.DataFrame, variant: str, n_layers: int, what: str) -> pd.Series:
+    return by_seed(df[(df["variant"] == variant) & (df["n_layers"] == n_layers)], what)
+
+
+def interaction_table(
+    moe: pd.DataFrame, dense: pd.DataFrame, opts: InteractionOptions = InteractionOptions()
+) -> pd.DataFrame:
+    """One row per rung (``n_layers`` = L_b) that both tables hold: d_model, the activated N of each arm with MoE and
+    dense, ``delta_moe`` / ``delta_dense`` (arm - reference, same seeds, with ``*_ci95`` and verdict) and
+    ``interaction`` (delta_moe - delta_dense on the seeds all four runs share). Rungs whose shapes differ
+    (d_model) are an error: then the MLP is not the only change."""
+    keep = {opts.arm, opts.reference}
+    frames = []
+    for df in (moe, dense):
+        df = df[df["variant"].isin(keep)]
+        if "lr_protocol" in df:
+            df = df[df["lr_protocol"].fillna("baseline") == opts.lr_protocol]
+        frames.append(df)
+    moe, dense = frames
+    rows = []
+    for n_layers in sorted(set(moe["n_layers"]) & set(dense["n_layers"])):
+        dm = moe[moe["n_layers"] == n_layers]["d_model"].unique()
+        dd = dense[dense["n_layers"] == n_layers]["d_model"].unique()
+        if len(dm) != 1 or list(dm) != list(dd):
+            raise ValueError(f"rung n_layers={n_layers}: d_model {list(dm)} with MoE, {list(dd)} dense")
+        series = {
+            (kind, v): _arm(df, v, n_layers, f"{kind} {v} n_layers={n_layers}")
+            for kind, df in (("moe", moe), ("dense", dense))
+            for v in (opts.arm, opts.reference)
+        }
+        seeds = sorted(set.intersection(*(set(s.index) for s in series.values())))
+        row: dict = {"n_layers": int(n_layers), "d_model": int(dm[0]), "seeds": seeds}
+        per_seed = {}
+        for kind in ("moe", "dense"):
+            arm, ref = series[(kind, opts.arm)].loc[seeds], series[(kind, opts.reference)].loc[seeds]
+            d = paired_delta(arm, ref)
+            row[f"ref_loss_{kind}"] = float(ref.mean())
+            row[f"delta_{kind}"] = d["delta"]
+            row[f"delta_{kind}_ci95"] = d["delta_ci95"]
+            row[f"verdict_{kind}"] = verdict(d["delta_ci95"], d["n_pairs"])
+            per_seed[kind] = arm - ref
+        inter = paired_delta(per_seed["moe"], per_seed["dense"])
+        row["interaction"] = inter["delta"]
+        row["interaction_ci95"] = inter["delta_ci95"]
+        row["n_pairs"] = inter["n_pairs"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def interaction_markdown(table: pd.DataFrame, opts: InteractionOptions = InteractionOptions()) -> str:
+    head = (
+        f"| L_b | d_model | seeds | {opts.reference} loss MoE / dense | "
+        f"Δ MoE ({opts.arm} − {opts.reference}) | Δ dense | Δ MoE − Δ dense |\n|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in table.itertuples(index=False):
+        lines.append(
+            f"| {r.n_layers} | {r.d_model} | {','.join(map(str, r.seeds))} | "
+            f"{r.ref_loss_moe:.3f} / {r.ref_loss_dense:.3f} | {r.delta_moe:+.4f} {interval_text(r.delta_moe_ci95)} "
+            f"{r.verdict_moe} | {r.delta_dense:+.4f} {interval_text(r.delta_dense_ci95)} {r.verdict_dense} | "
+            f"{r.interaction:+.4f} {interval_text(r.interaction_ci95)} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def plot_interaction(table: pd.DataFrame, path: str | Path, opts: InteractionOptions = InteractionOptions()) -> Path:
+    """The same-seed difference per rung with its 95% interval, MoE beside dense; 0 = no effect."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    x = np.arange(len(table))
+    for offset, kind, color in ((-0.08, "dense", "0.35"), (0.08, "moe", "tab:red")):
+        y = table[f"delta_{kind}"].to_numpy(float)
+        ci = [c if c is not None else [v, v] for c, v in zip(table[f"delta_{kind}_ci95"], y)]
+        err = np.abs(np.array(ci, dtype=float).T - y) if len(y) else np.zeros((2, 0))
+        ax.errorbar(x + offset, y, yerr=err, fmt="o", color=color, capsize=3, label=f"{kind} MLP")
+    ax.axhline(0, color="0.5", lw=0.8)
+    ax.set_xticks(x, [f"L_b {n}\nd {d}" for n, d in zip(table["n_layers"], table["d_model"])])
+    ax.set_ylabel(f"val loss: {opts.arm} − {opts.reference}")
+    ax.set_title("same-seed difference per rung, 95% t interval", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=140)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="An arm's gain with MoE MLPs beside the same rungs dense.")
+    parser.add_argument("moe", type=Path, help="the MoE study's records (a study directory or results.csv)")
+    parser.add_argument("dense", type=Path, help="the dense study's records")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--arm", default=InteractionOptions.arm)
+    parser.add_argument("--reference", default=InteractionOptions.reference)
+    args = parser.parse_args(argv)
+    opts = InteractionOptions(arm=args.arm, reference=args.reference)
+    moe, _ = select_completed(load_results(args.moe))
+    dense, _ = select_completed(load_results(args.dense))
+    table = interaction_table(moe, dense, opts)
+    if table.empty:
+        raise SystemExit("[attnres] no rung is in both studies")
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "moe_vs_dense.csv", index=False)
+    md = interaction_markdown(table, opts)
+    (args.out / "moe_vs_dense.md").write_text(md)
+    print(md)
+    print(f"-> {plot_interaction(table, args.out / 'fig_moe_vs_dense.png', opts)}")
+
+
+if __name__ == "__main__":
+    main()
