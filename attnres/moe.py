@@ -29,6 +29,7 @@ expert weight gets a gradient). No per-token Python loop either way.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -219,7 +220,7 @@ def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
 
-def router_statistics(model: nn.Module) -> dict[str, list] | None:
+def router_statistics(model: nn.Module) -> dict[str, Any] | None:
     """The router's state after the latest update_bias: ``load`` [L_moe][E] (tokens per expert in that optimizer
     step, summed over ranks), ``bias`` [L_moe][E] (the balancing bias after the update) and ``top_k``; None for a
     dense model or before the first update."""

@@ -23,7 +23,7 @@
                                       # fixed compute
     python -m sweeps.study map_lr     # the depth-by-width map's lr per cell (baseline), then
     python -m sweeps.study map        # the map: Block AttnRes - baseline per (L_b, d_model) cell, same-seed pairs
-    python -m sweeps.study deep_moe   # the deep ladder with MoE MLPs at L_b 8, 10, 12: baseline / Block AttnRes x 3 seeds
+    python -m sweeps.study deep_moe   # the deep ladder with MoE MLPs, L_b 8, 10, 12: baseline / Block AttnRes
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
 
 Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,
