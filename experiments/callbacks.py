@@ -146,13 +146,15 @@ class RunRecorder(pl.Callback):
         self.rows = {r["step"]: r for r in read_metrics(self.metrics_path) if r["step"] <= upto_step}
         self.router_rows = {}
         if self.router_path.is_file():
-            from analysis.router import read_router
-
-            for r in read_router(self.router_path).itertuples(index=False):
-                if r.step <= upto_step:
-                    self.router_rows.setdefault(int(r.step), []).append(
-                        (int(r.step), int(r.layer), int(r.expert), r.tokens, r.expected, r.bias)
-                    )
+            with self.router_path.open(newline="", encoding="utf-8", errors="replace") as f:
+                for row in csv.DictReader(f):
+                    try:  # a torn tail line (a field missing or garbled) is dropped, like a metrics row
+                        step, layer, expert = (int(row[c]) for c in ROUTER_COLUMNS[:3])
+                        values = tuple(float(row[c]) for c in ROUTER_COLUMNS[3:])
+                    except (TypeError, ValueError):
+                        continue
+                    if step <= upto_step:
+                        self.router_rows.setdefault(step, []).append((step, layer, expert, *values))
         self.diagnostics = []
         path = self.run_dir / "diagnostics.jsonl"
         if path.is_file():

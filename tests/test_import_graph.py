@@ -52,7 +52,7 @@ FORBIDDEN_INTERNAL = {
 
 # Records cross between training and analysis only through ``results``: what experiments/ takes from analysis/ is
 # limited to these modules (the training-curve health rule, which the recorder flags with and the analysis reads).
-EXPERIMENTS_MAY_IMPORT_FROM_ANALYSIS = {"analysis.health"}
+EXPERIMENTS_MAY_IMPORT_FROM_ANALYSIS = {"analysis.health", "analysis.router"}  # a run's own curve flags and figure
 
 
 @dataclass(frozen=True)
