@@ -23,7 +23,7 @@
                                       # fixed compute
     python -m sweeps.study map_lr     # the depth-by-width map's lr per cell (baseline), then
     python -m sweeps.study map        # the map: Block AttnRes - baseline per (L_b, d_model) cell, same-seed pairs
-    python -m sweeps.study deep_moe   # the deep ladder with MoE MLPs, L_b 8, 10, 12: baseline / Block AttnRes
+    python -m sweeps.study deep_moe   # the deep ladder with MoE MLPs, L_b 8-16: baseline / Block AttnRes
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
 
 Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,
@@ -174,9 +174,9 @@ STUDIES = {
     "deep_moe": Study(
         "cpu_deep_moe",
         "the deep ladder with MoE MLPs (8 experts, top-2, 1 shared, activated N = the dense rung's): baseline / "
-        "Block AttnRes x L_b 8, 10, 12 at d_model = 2 L_b, at the dense baseline's tuned lr; the dense pairs of the "
-        "same rungs and seeds are in docs/results/cpu_deep",
-        overrides=("size.n_layers=8,10,12",),  # L_b 16 (~6x L_b 12's CPU eager) left out for time
+        "Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b, at the dense baseline's tuned lr; the dense pairs of "
+        "the same rungs and seeds are in docs/results/cpu_deep",
+        committed="docs/results/cpu_deep_moe/report/fit.json",
         why=WHY_DEEP,
     ),
     "map": Study(
