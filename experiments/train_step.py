@@ -69,9 +69,11 @@ class TrainStep:
 
     ``forward_context`` / ``backward_context`` make a fresh context manager per call for the forward (e.g. autocast,
     an SDPA backend) and for the backward; ``scheduler`` is stepped once per optimizer step when given; ``clip`` is
-    the global gradient-norm limit (None or 0: no clipping). Calling it returns the micro-batch's loss, detached."""
+    the global gradient-norm limit (None or 0: no clipping). Once per optimizer step an MoE model's balancing bias
+    is updated (``Transformer.update_moe_bias``, as LMModule.on_before_optimizer_step does; nothing for a dense
+    model). Calling it returns the micro-batch's loss, detached."""
 
-    model: Any
+    model: Any  # an attnres.Transformer
     forward: Callable[..., Any]
     optimizer: torch.optim.Optimizer
     scheduler: Any = None
@@ -90,6 +92,7 @@ class TrainStep:
         if self.micro_batches % self.accumulate == 0:
             if self.clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), float(self.clip))
+            self.model.update_moe_bias()
             self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()

@@ -18,7 +18,9 @@
 #   7. depth_roofline     the depth kernels alone at paper_194m and paper_528m (8 x 8192 tokens): every call of a
 #                         Block and a Full step timed, its minimum bytes, achieved GB/s and % of the HBM peak
 #                         (experiments/depth_roofline.py; eager_* print the same beside their step times)
-# Optional steps (not in the default STEPS): bench_fp32 (fp32, TF32 off), harness (Lightning vs a plain loop).
+# Optional steps (not in the default STEPS): bench_fp32 (fp32, TF32 off), harness (Lightning vs a plain loop), moe
+# (paper_194m_moe against the dense paper_194m at equal activated N, bf16: MoE / dense step and the grouped GEMM
+# against the loop over experts, experiments/bench/moe_section.py -> gpu_moe_194m.json).
 # Results go to $OUT (default reports/gpu); logs to $OUT/gpu_suite.log.
 #
 #   bash scripts/gpu_suite.sh              # on the GPU machine
@@ -37,10 +39,10 @@ LOG="$OUT/gpu_suite.log"
 : >"$LOG"
 
 if [[ "${1:-}" == "--dry-run" ]]; then
-  DEV=(--device cpu --threads 1); S194=tiny; S528=tiny; SEQ=64; B194=2; B528=2; R=1; R528=1; DEC=4; T=1; RB=2
+  DEV=(--device cpu --threads 1); S194=tiny; S528=tiny; MOE_PAIR=cpu_moe:cpu_xs; SEQ=64; B194=2; B528=2; R=1; R528=1; DEC=4; T=1; RB=2
   FLASH=(--sdpa math); HSTEPS=4
 else
-  DEV=(--device cuda); S194=paper_194m; S528=paper_528m; SEQ=8192; B194=4; B528=2; R=5; R528=3; DEC=32; T=0; RB=8
+  DEV=(--device cuda); S194=paper_194m; S528=paper_528m; MOE_PAIR=paper_194m_moe:paper_194m; SEQ=8192; B194=4; B528=2; R=5; R528=3; DEC=32; T=0; RB=8
   FLASH=(--sdpa flash); HSTEPS=14
 fi
 
@@ -83,6 +85,8 @@ step bench_fp32 50 "$PYTHON" -m experiments.bench "${DEV[@]}" --seq-len "$SEQ" -
 step harness 90 "$PYTHON" -m experiments.bench "${DEV[@]}" --seq-len "$SEQ" --sizes "$S194" --batch-size "$B194" \
   --bf16 "${FLASH[@]}" --schemes baseline --repeats 1 --no-memory --no-prefill --harness on \
   --harness-steps "$HSTEPS" --harness-rounds 2 --harness-logger none --out "$OUT/gpu_harness.json"
+step moe 90 "${bench[@]}" --moe-pairs "$MOE_PAIR" --schemes baseline,block --batch-size "$B194" --repeats "$R528" \
+  --out "$OUT/gpu_moe_194m.json"
 
 echo "gpu_suite: ${#failed[@]} step(s) failed: ${failed[*]:-none}; results in $OUT" | tee -a "$LOG"
 [[ ${#failed[@]} -eq 0 ]]

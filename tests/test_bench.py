@@ -231,6 +231,8 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
         (["--ladder-paths", "jit"], "allowed values: compiled, eager"),
         (["--ladder-fraction", "0"], "> 0"),
         (["--ladder-seeds", "0"], ">= 1"),
+        (["--moe-pairs", "cpu_moe"], "--moe-pairs.*<moe size>:<dense size>"),
+        (["--moe-pairs", "cpu_moe:cpu_zz"], "--moe-pairs: unknown size 'cpu_zz'.*cpu_xs"),
     ],
 )
 def test_bad_arguments_say_what_is_allowed(argv, match):
@@ -245,6 +247,59 @@ def test_unknown_size_lists_the_sizes():
     assert (xl.n_layers, xl.d_model, xl.n_blocks, xl.batch_size) == (8, 32, 4, 4)
     paper = shapes.resolve_size("paper_194m", seq_len=8192)
     assert (paper.n_layers, paper.d_model, paper.head_dim, paper.n_blocks) == (12, 896, 128, 8)
+
+
+def test_an_moe_size_benchmarks_an_moe_model():
+    """A conf/size with ffn: moe builds MoE MLPs in the bench (its options as in the size file), a dense one none."""
+    from attnres import Transformer
+    from attnres.moe import moe_layers
+
+    moe = shapes.resolve_size("cpu_moe")
+    cfg = moe.model_config("block")
+    assert cfg.ffn == "moe"
+    assert cfg.moe.n_experts == 8
+    assert cfg.moe.top_k == 2
+    assert cfg.moe.shared_d_ff == 48
+    assert len(moe_layers(Transformer(cfg))) == 4
+    assert shapes.resolve_size("cpu_xs").model_config("baseline").ffn == "dense"
+
+
+def test_the_moe_section_times_moe_against_dense_per_scheme(tmp_path):
+    """--moe-pairs alone: no per-size or harness section; per scheme the dense and MoE steps, their activated N
+    (matched within 3%: cpu_moe is sized to cpu_xs's), and the per-round MoE / dense ratio. The MoE runner's step
+    updates the balancing bias as the trainer's does."""
+    import torch
+
+    from experiments.bench import moe_section
+
+    out = tmp_path / "moe.json"
+    argv = ["--moe-pairs", "cpu_moe:cpu_xs", "--schemes", "baseline,block", "--threads", "1", "--repeats", "2"]
+    s = settings.parse_args([*argv, "--warmup", "0", "--out", str(out)])
+    assert s.sizes == ()
+    assert not s.harness
+    doc = cli.run(s, log=lambda _: None)
+    assert json.loads(out.read_text())["moe"] == doc["moe"]
+    assert doc["sizes"] == []
+    assert doc["harness"] is None
+    (pair,) = doc["moe"]
+    assert pair["moe_size"]["name"] == "cpu_moe"
+    assert pair["dense_size"]["name"] == "cpu_xs"
+    assert list(pair["schemes"]) == ["baseline", "block"]
+    for e in pair["schemes"].values():
+        assert set(e) == {"dense", "moe", "moe_over_dense"}  # no loop-vs-grouped entry off CUDA
+        _check_ratio(e["moe_over_dense"])
+        assert e["moe_over_dense"]["n"] == 2
+        dense_n, moe_n = (e[v]["params_activated_non_embedding"] for v in ("dense", "moe"))
+        assert moe_n == pytest.approx(dense_n, rel=0.03)
+        assert e["moe"]["params_total_non_embedding"] > 1.5 * moe_n
+        assert e["dense"]["params_total_non_embedding"] == dense_n
+    moe, dense = shapes.resolve_size("cpu_moe"), shapes.resolve_size("cpu_xs")
+    with pytest.raises(ValueError, match="must name an MoE size, then a dense one"):
+        moe_section.bench_moe_pair(dense, moe, ["baseline"], s, torch.device("cpu"))
+    runners = moe_section.pair_runners(moe, dense, ["baseline"], s, torch.device("cpu"))
+    (runner,) = [r for r in runners if r.name.endswith("/moe")]
+    runner.train_step()
+    assert all(m.step_load is not None and int(m.step_load.sum()) == 4 * 128 * 2 for m in runner.model.moe)
 
 
 def test_gpu_suite_script_parses():

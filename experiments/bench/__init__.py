@@ -6,6 +6,7 @@
     python -m experiments.bench --device cuda --sizes paper_194m --bf16 --sdpa flash   # scripts/gpu_bench.sh
     python -m experiments.bench ... --compile regional --decode-tokens 32             # scripts/gpu_suite.sh
     python -m experiments.bench --ladder              # CPU ladder: eager vs compiled real runs (bench/ladder.py)
+    python -m experiments.bench --moe-pairs cpu_moe:cpu_xs --threads 1   # MoE vs dense at equal activated N
 
 Per size, for each residual scheme (baseline, full, block by default):
   * training step time (forward + backward + AdamW step + zero_grad), tokens/s, achieved FLOP/s
@@ -33,6 +34,7 @@ number. Results go to one JSON file (--out); the printout shows every ratio.
 Modules: ``settings`` (the command line, read once into a frozen BenchSettings), ``cli`` (main: the sections in
 order, the JSON), ``shapes`` (the sizes), ``runner`` (one timed variant, the interleaved rounds; its training step
 is experiments.train_step.TrainStep, the trainer's), ``memory``, ``size_section``, ``option_section``,
-``printout``, ``harness`` (Lightning vs a plain loop), ``ladder`` / ``gemm_floor`` / ``ladder_report`` (the CPU
-ladder's real runs), ``sample_stats``, ``machine_load``. No torch at import: ``--help`` stays fast.
+``printout``, ``moe_section`` (an MoE size's step against a dense size's, and on CUDA the grouped GEMM against
+the loop over experts), ``harness`` (Lightning vs a plain loop), ``ladder`` / ``gemm_floor`` / ``ladder_report``
+(the CPU ladder's real runs), ``sample_stats``, ``machine_load``. No torch at import: ``--help`` stays fast.
 """

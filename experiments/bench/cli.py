@@ -95,6 +95,7 @@ def run(settings: BenchSettings, log: Callable[[str], None] = print) -> dict[str
         "harness": None,
         "options": None,
         "ladder": None,
+        "moe": None,
     }
     if settings.ladder:  # this section alone (experiments/bench/ladder.py)
         from .ladder import bench_ladder
@@ -115,6 +116,10 @@ def run(settings: BenchSettings, log: Callable[[str], None] = print) -> dict[str
         res = bench_options(sizes[0], settings.schemes, settings.option_variants, settings, device, log=log)
         print_options(res, log=log)
         out["options"] = res
+    if settings.moe_pairs and not settings.ladder:
+        from .moe_section import bench_moe
+
+        out["moe"] = bench_moe(settings, device, log=log)
     if settings.harness and not settings.ladder:
         out["harness"] = _run_harness(settings, sizes, out["sizes"], device, log)
     out["meta"]["wall_time_s"] = time.perf_counter() - t_start

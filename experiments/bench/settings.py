@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .shapes import BUILTIN, REPO, TARGET, TINY
+from .shapes import BUILTIN, CONF_SIZES, REPO, TARGET, TINY
 
 DEFAULT_OUT = Path("reports") / "bench" / "bench.json"
 SCHEMES = ("baseline", "full", "block")
@@ -53,6 +53,7 @@ class BenchSettings:
     no_memory: bool
     options: bool
     option_variants: tuple[str, ...]
+    moe_pairs: tuple[str, ...]
     harness: bool
     harness_sizes: tuple[str, ...] | None
     harness_steps: int | None
@@ -156,6 +157,13 @@ def _add_variant_args(p: argparse.ArgumentParser) -> None:
         help="also time eager vs compile / bf16 / compile+bf16 / checkpointing at the first size",
     )
     p.add_argument("--option-variants", default=",".join(OPTION_VARIANTS), help="which --options variants")
+    p.add_argument(
+        "--moe-pairs",
+        default=None,
+        help="comma-separated <moe size>:<dense size> pairs (e.g. cpu_moe:cpu_xs): each scheme's training step with "
+        "MoE MLPs against the dense size, interleaved (experiments/bench/moe_section.py); without --sizes, this "
+        "section alone (no per-size or harness section)",
+    )
 
 
 def _add_harness_args(p: argparse.ArgumentParser) -> None:
@@ -232,8 +240,9 @@ def parse_args(argv: Sequence[str] | None = None, description: str = "") -> Benc
         if args.options and args.option_variants == ",".join(OPTION_VARIANTS):
             args.option_variants = ",".join(QUICK_OPTION_VARIANTS)
     _check_counts(args)
+    moe_alone = bool(args.moe_pairs) and args.sizes is None  # --moe-pairs without --sizes: that section alone
     return BenchSettings(
-        sizes=tuple(_split(args.sizes or f"{TARGET.name},cpu_xl")),
+        sizes=() if moe_alone else tuple(_split(args.sizes or f"{TARGET.name},cpu_xl")),
         schemes=_schemes(args.schemes),
         batch_size=args.batch_size,
         seq_len=args.seq_len,
@@ -253,7 +262,8 @@ def parse_args(argv: Sequence[str] | None = None, description: str = "") -> Benc
         no_memory=args.no_memory,
         options=args.options,
         option_variants=_option_variants(args.option_variants),
-        harness=args.harness == "on",
+        moe_pairs=_moe_pairs(args.moe_pairs),
+        harness=args.harness == "on" and not moe_alone,
         harness_sizes=tuple(n.strip() for n in args.harness_sizes.split(",")) if args.harness_sizes else None,
         harness_steps=args.harness_steps,
         harness_rounds=args.harness_rounds or 3,
@@ -282,6 +292,29 @@ def _schemes(value: str) -> tuple[str, ...]:
     if bad or not schemes:
         raise SystemExit(f"--schemes: unknown {bad}; allowed values: {', '.join(RESIDUAL_SCHEMES)}")
     return tuple(schemes)
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """One --moe-pairs entry, ``"<moe size>:<dense size>"``, as a pair of names (ValueError naming the flag)."""
+    parts = [p.strip() for p in text.split(":")]
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"--moe-pairs: {text!r} is not <moe size>:<dense size> (e.g. cpu_moe:cpu_xs)")
+    return parts[0], parts[1]
+
+
+def _moe_pairs(value: str | None) -> tuple[str, ...]:
+    """--moe-pairs as a tuple of "moe:dense" texts, each a pair of known sizes (checked before anything runs)."""
+    pairs = tuple(_split(value or ""))
+    allowed = sorted([*BUILTIN, *(p.stem for p in CONF_SIZES.glob("*.yaml"))])
+    for text in pairs:
+        try:
+            names = parse_pair(text)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        bad = [n for n in names if n not in allowed]
+        if bad:
+            raise SystemExit(f"--moe-pairs: unknown size {bad[0]!r}; allowed values: {', '.join(allowed)}")
+    return pairs
 
 
 def _option_variants(value: str) -> tuple[str, ...]:

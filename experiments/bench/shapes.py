@@ -6,7 +6,7 @@ No torch at import: ``python -m experiments.bench --help`` stays fast.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ CONF_SIZES = REPO / "conf" / "size"
 
 @dataclass(frozen=True)
 class BenchSize:
-    """One model shape to benchmark. ``n_blocks`` is Block AttnRes' N (the other schemes ignore it)."""
+    """One model shape to benchmark. ``n_blocks`` is Block AttnRes' N (the other schemes ignore it); ``ffn`` and
+    ``moe`` are ModelConfig's (``moe``: the MoEConfig fields of an ``ffn="moe"`` size, as in conf/size/)."""
 
     name: str
     n_layers: int
@@ -30,6 +31,8 @@ class BenchSize:
     batch_size: int
     n_blocks: int = 8
     vocab_size: int = 256
+    ffn: str = "dense"
+    moe: dict[str, Any] | None = field(default=None, hash=False)
     note: str = ""
 
     def model_config(self, residual: str):
@@ -45,6 +48,8 @@ class BenchSize:
             max_seq_len=self.seq_len,
             residual=residual,
             n_blocks=self.n_blocks if residual == "block" else 8,
+            ffn=self.ffn,
+            moe=dict(self.moe) if self.moe is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,6 +98,7 @@ def conf_size(name: str, batch_size: int | None = None, seq_len: int | None = No
         raise ValueError(f"--sizes: unknown size {name!r}; allowed values: {', '.join(allowed)}")
     s = OmegaConf.load(path)
     paper = name.startswith("paper_")
+    moe = s.get("moe")
     return BenchSize(
         name,
         n_layers=int(s.n_layers),
@@ -103,6 +109,8 @@ def conf_size(name: str, batch_size: int | None = None, seq_len: int | None = No
         seq_len=int(seq_len or s.seq_len),
         batch_size=int(batch_size or (2 if paper else s.batch_size)),
         n_blocks=8 if paper else 4,
+        ffn=str(s.get("ffn", "dense")),
+        moe=OmegaConf.to_container(moe, resolve=True) if moe is not None else None,  # type: ignore[arg-type]
         note=f"conf/size/{name}.yaml",
     )
 
