@@ -237,9 +237,9 @@ def derive_arch_shape(
                         + math.log(heads / lb / h) ** 2
                         + math.log(d_ff / d / f) ** 2
                     )
-                    key = (cost, lb, d, heads, d_ff)
-                    if best is None or key < best[0]:
-                        best = (key, ArchShape(lb, d, heads, head_dim, d_ff, n, target, r, h, f))
+                    rank = (cost, lb, d, heads, d_ff)
+                    if best is None or rank < best[0]:
+                        best = (rank, ArchShape(lb, d, heads, head_dim, d_ff, n, target, r, h, f))
     assert best is not None  # every (L_b, H) yields at least one (d, d_ff)
     return best[1]
 
