@@ -233,6 +233,7 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
         (["--ladder-seeds", "0"], ">= 1"),
         (["--moe-pairs", "cpu_moe"], "--moe-pairs.*<moe size>:<dense size>"),
         (["--moe-pairs", "cpu_moe:cpu_zz"], "--moe-pairs: unknown size 'cpu_zz'.*cpu_xs"),
+        (["--moe-pairs", "cpu_xs:cpu_moe"], "--moe-pairs: cpu_xs:cpu_moe must name an MoE size, then a dense one"),
     ],
 )
 def test_bad_arguments_say_what_is_allowed(argv, match):

@@ -11,8 +11,8 @@ from typing import Any
 
 from .runner import Runner, build_runner, time_round_robin
 from .sample_stats import summarize
-from .settings import BenchSettings, parse_pair
-from .shapes import BenchSize, resolve_size
+from .settings import BenchSettings
+from .shapes import BenchSize, check_moe_pair, resolve_size
 
 
 def _loop_dispatch(size: BenchSize) -> BenchSize:
@@ -48,8 +48,7 @@ def bench_moe_pair(
     ``loop_over_grouped``)."""
     import torch
 
-    if moe.ffn != "moe" or dense.ffn != "dense":
-        raise ValueError(f"--moe-pairs: {moe.name}:{dense.name} must name an MoE size, then a dense one")
+    check_moe_pair(moe, dense)
     log(
         f"\n== MoE vs dense: {moe.name} vs {dense.name}, T={moe.seq_len} B={moe.batch_size}, device {device}, "
         f"{torch.get_num_threads()} threads, {'bf16 autocast' if settings.bf16 else 'fp32'}"
@@ -90,8 +89,7 @@ def bench_moe_pair(
 def bench_moe(settings: BenchSettings, device: Any, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Every ``--moe-pairs`` pair, in order, each printed as it finishes."""
     out = []
-    for text in settings.moe_pairs:
-        moe_name, dense_name = parse_pair(text)
+    for moe_name, dense_name in settings.moe_pairs:
         moe, dense = (resolve_size(n, settings.batch_size, settings.seq_len) for n in (moe_name, dense_name))
         res = bench_moe_pair(moe, dense, settings.schemes, settings, device, log=log)
         print_moe(res, log=log)

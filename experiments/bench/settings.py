@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .shapes import BUILTIN, CONF_SIZES, REPO, TARGET, TINY
+from .shapes import BUILTIN, REPO, TARGET, TINY, check_moe_pair, resolve_size, size_names
 
 DEFAULT_OUT = Path("reports") / "bench" / "bench.json"
 SCHEMES = ("baseline", "full", "block")
@@ -53,7 +53,7 @@ class BenchSettings:
     no_memory: bool
     options: bool
     option_variants: tuple[str, ...]
-    moe_pairs: tuple[str, ...]
+    moe_pairs: tuple[tuple[str, str], ...]  # (MoE size, dense size) names
     harness: bool
     harness_sizes: tuple[str, ...] | None
     harness_steps: int | None
@@ -294,27 +294,24 @@ def _schemes(value: str) -> tuple[str, ...]:
     return tuple(schemes)
 
 
-def parse_pair(text: str) -> tuple[str, str]:
-    """One --moe-pairs entry, ``"<moe size>:<dense size>"``, as a pair of names (ValueError naming the flag)."""
-    parts = [p.strip() for p in text.split(":")]
-    if len(parts) != 2 or not all(parts):
-        raise ValueError(f"--moe-pairs: {text!r} is not <moe size>:<dense size> (e.g. cpu_moe:cpu_xs)")
-    return parts[0], parts[1]
-
-
-def _moe_pairs(value: str | None) -> tuple[str, ...]:
-    """--moe-pairs as a tuple of "moe:dense" texts, each a pair of known sizes (checked before anything runs)."""
-    pairs = tuple(_split(value or ""))
-    allowed = sorted([*BUILTIN, *(p.stem for p in CONF_SIZES.glob("*.yaml"))])
-    for text in pairs:
-        try:
-            names = parse_pair(text)
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-        bad = [n for n in names if n not in allowed]
+def _moe_pairs(value: str | None) -> tuple[tuple[str, str], ...]:
+    """--moe-pairs ("<moe size>:<dense size>", comma-separated) as (MoE, dense) name pairs, each a known MoE size
+    then a known dense one (checked before any section runs)."""
+    pairs = []
+    allowed = size_names()
+    for text in _split(value or ""):
+        parts = [p.strip() for p in text.split(":")]
+        if len(parts) != 2 or not all(parts):
+            raise SystemExit(f"--moe-pairs: {text!r} is not <moe size>:<dense size> (e.g. cpu_moe:cpu_xs)")
+        bad = [n for n in parts if n not in allowed]
         if bad:
             raise SystemExit(f"--moe-pairs: unknown size {bad[0]!r}; allowed values: {', '.join(allowed)}")
-    return pairs
+        try:
+            check_moe_pair(resolve_size(parts[0]), resolve_size(parts[1]))
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        pairs.append((parts[0], parts[1]))
+    return tuple(pairs)
 
 
 def _option_variants(value: str) -> tuple[str, ...]:

@@ -86,6 +86,17 @@ TINY = BenchSize(
 BUILTIN = {TARGET.name: TARGET, TINY.name: TINY}
 
 
+def size_names() -> list[str]:
+    """Every name --sizes (and --moe-pairs) accepts: the built-in sizes, then conf/size/."""
+    return sorted([*BUILTIN, *(p.stem for p in CONF_SIZES.glob("*.yaml"))])
+
+
+def check_moe_pair(moe: BenchSize, dense: BenchSize) -> None:
+    """A --moe-pairs entry names an ffn="moe" size, then a dense one (ValueError naming the flag otherwise)."""
+    if moe.ffn != "moe" or dense.ffn != "dense":
+        raise ValueError(f"--moe-pairs: {moe.name}:{dense.name} must name an MoE size, then a dense one")
+
+
 def conf_size(name: str, batch_size: int | None = None, seq_len: int | None = None) -> BenchSize:
     """A size from conf/size/<name>.yaml. The CPU ladder's Block uses N = 4 (conf/experiment/cpu_ladder.yaml),
     the paper sizes N = 8. Paper sizes default to 2 sequences per step (16k tokens at context 8192)."""
@@ -94,8 +105,7 @@ def conf_size(name: str, batch_size: int | None = None, seq_len: int | None = No
     resolvers.register()  # derived sizes (paper_arch, cpu_arch) interpolate ${attnres_arch:...}
     path = CONF_SIZES / f"{name}.yaml"
     if not path.is_file():
-        allowed = sorted([*BUILTIN, *(p.stem for p in CONF_SIZES.glob("*.yaml"))])
-        raise ValueError(f"--sizes: unknown size {name!r}; allowed values: {', '.join(allowed)}")
+        raise ValueError(f"--sizes: unknown size {name!r}; allowed values: {', '.join(size_names())}")
     s = OmegaConf.load(path)
     paper = name.startswith("paper_")
     moe = s.get("moe")
