@@ -106,6 +106,11 @@ class RunRecorder(pl.Callback):
         self.session_start = time.time()
         self.session_cpu_start = cpu_seconds()
         self._tick: tuple[int, float] | None = None
+        # steady-state step time: CPU seconds from this launch's second logged step on, evaluations excluded
+        self._record_steps_seen = 0
+        self._steady_mark: tuple[int, float, float] | None = None  # (step, cpu seconds, eval cpu seconds so far)
+        self._eval_cpu_s = 0.0
+        self._eval_cpu_start: float | None = None
         self._records_since_flush = 0
         self._ready = False  # set once existing files were read (on_fit_start); never overwrite them before
 
@@ -176,6 +181,15 @@ class RunRecorder(pl.Callback):
     def cpu_time_s(self) -> float:
         return self.prior_cpu_s + (cpu_seconds() - self.session_cpu_start)
 
+    def step_cpu_s(self, step: int) -> float | None:
+        """CPU seconds per optimizer step in the steady state of this launch, up to ``step``: from its second logged
+        step on (the first logged interval holds the compilation and the first steps' costs), evaluations
+        excluded; None when this launch logged fewer than two intervals. A record's ``step_cpu_s``."""
+        if self._steady_mark is None or step <= self._steady_mark[0]:
+            return None
+        mark_step, mark_cpu, mark_eval = self._steady_mark
+        return (cpu_seconds() - mark_cpu - (self._eval_cpu_s - mark_eval)) / (step - mark_step)
+
     def health_flags(self, total_steps: int) -> list[str]:
         """The outlier rule's curve flags of this run so far (analysis.health: spike, plateau)."""
         from analysis.health import curve_flags
@@ -211,9 +225,15 @@ class RunRecorder(pl.Callback):
         # on_train_start, not on_fit_start: the loops' state (global_step) is restored in between.
         self.ensure_loaded(trainer)
         self._tick = (trainer.global_step, time.time())
+        sizes = getattr(pl_module, "optimizer_group_sizes", None)
+        if sizes and trainer.is_global_zero:  # how many parameters each optimizer group trains
+            atomic_write_text(self.run_dir / "optimizer_groups.json", json.dumps(sizes, indent=1) + "\n")
+            for lg in trainer.loggers:
+                lg.log_hyperparams({f"optimizer_groups/{k}": v for k, v in sizes.items()})
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.ensure_loaded(trainer)  # a validate() without fit (resumed at the last step)
+        self._eval_cpu_start = cpu_seconds()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
@@ -226,6 +246,9 @@ class RunRecorder(pl.Callback):
             pl_module.log("loss", loss_f, prog_bar=True, logger=False, on_step=True, on_epoch=False)
         if not pl_module.is_record_step(step):
             return
+        self._record_steps_seen += 1
+        if self._record_steps_seen == 2:
+            self._steady_mark = (step, cpu_seconds(), self._eval_cpu_s)
         now = time.time()
         last_step, last_t = self._tick or (step - 1, now)
         tok_s = (step - last_step) * self.tokens_per_step / max(now - last_t, 1e-9)
@@ -279,6 +302,9 @@ class RunRecorder(pl.Callback):
         }
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if self._eval_cpu_start is not None:
+            self._eval_cpu_s += cpu_seconds() - self._eval_cpu_start
+            self._eval_cpu_start = None
         ev = pl_module.last_eval
         if ev is None or trainer.sanity_checking or not trainer.is_global_zero:
             return

@@ -109,7 +109,75 @@ class WarmupCosineSchema:
         number(self.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
 
 
-SCHEMAS = {"train": TrainSchema, "optimizer/adamw": AdamWSchema, "scheduler/cosine": WarmupCosineSchema}
+# the values experiments.optim accepts (there: NS_DTYPES, WSD_SHAPES; tests/test_muon.py checks they agree): kept
+# here too so that composing a config never imports torch
+NS_DTYPES = (None, "bfloat16", "float32")
+WSD_SHAPES = ("linear", "1-sqrt")
+
+
+@dataclass
+class MuonSchema:
+    """``optimizer=muon``: experiments.optim.muon (Muon for the sublayer matrices, AdamW for the rest)."""
+
+    _target_: str = "experiments.optim.muon"
+    _partial_: bool = True
+    lr: float = MISSING
+    momentum: float = MISSING
+    nesterov: bool = MISSING
+    ns_steps: int = MISSING
+    adjust_lr_fn: str = MISSING
+    ns_dtype: str | None = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
+    eps: float = MISSING
+    connection_weight_decay: float = MISSING
+    fused: bool | None = MISSING
+
+    def __post_init__(self) -> None:
+        number(self.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)
+        number(self.momentum, "optimizer.momentum", 0, 1, hi_open=True)
+        positive_int(self.ns_steps, "optimizer.ns_steps")
+        if self.adjust_lr_fn not in ("original", "match_rms_adamw"):
+            raise ValueError(f"optimizer.adjust_lr_fn={self.adjust_lr_fn!r}; allowed values: original, match_rms_adamw")
+        if self.ns_dtype not in NS_DTYPES:
+            raise ValueError(f"optimizer.ns_dtype={self.ns_dtype!r}; allowed values: null, bfloat16, float32")
+        if len(self.betas) != 2:
+            raise ValueError(f"optimizer.betas={list(self.betas)!r} must be two numbers in [0, 1)")
+        for i, b in enumerate(self.betas):
+            number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
+        for key in ("weight_decay", "connection_weight_decay", "eps"):
+            number(getattr(self, key), f"optimizer.{key}", 0, float("inf"))
+
+
+@dataclass
+class WSDSchema:
+    """``scheduler=wsd``: experiments.optim.wsd, completed with the optimizer and the step count."""
+
+    _target_: str = "experiments.optim.wsd"
+    _partial_: bool = True
+    warmup_fraction: float = MISSING
+    warmup_steps: int | None = MISSING
+    decay_fraction: float = MISSING
+    min_lr_ratio: float = MISSING
+    shape: str = MISSING
+
+    def __post_init__(self) -> None:
+        number(self.warmup_fraction, "scheduler.warmup_fraction", 0, 1, hi_open=True)
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"scheduler.warmup_steps={self.warmup_steps!r} must be an integer >= 0 or null")
+        number(self.decay_fraction, "scheduler.decay_fraction", 0, 1)
+        number(self.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
+        if self.shape not in WSD_SHAPES:
+            raise ValueError(f"scheduler.shape={self.shape!r}; allowed values: {', '.join(WSD_SHAPES)}")
+
+
+SCHEMAS = {
+    "train": TrainSchema,
+    "optimizer/adamw": AdamWSchema,
+    "optimizer/muon": MuonSchema,
+    "scheduler/cosine": WarmupCosineSchema,
+    "scheduler/wsd": WSDSchema,
+}
 
 
 def register() -> None:

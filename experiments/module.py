@@ -29,7 +29,15 @@ from .compiler import configure_compiler
 from .optim import amp_clipping
 from .train_step import DivergedError, train_forward, training_loss
 
-__all__ = ["COMPILE_ENV", "DeadGradientError", "DivergedError", "LMModule", "compile_mode", "dead_gradients"]
+__all__ = [
+    "COMPILE_ENV",
+    "DeadGradientError",
+    "DivergedError",
+    "LMModule",
+    "compile_mode",
+    "dead_gradients",
+    "group_sizes",
+]
 
 COMPILE_ENV = "ATTNRES_COMPILE"  # how compile=true compiles: "whole" or "regional" (default: compile_mode)
 
@@ -63,6 +71,18 @@ def dead_gradients(model: nn.Module) -> list[str]:
     ]
 
 
+def group_sizes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Parameters (elements) per optimizer group, ``<optimizer>/<group name>``: experiments.optim.MuonWithAdamW's
+    own ``group_sizes``, else ``adamw/decay`` etc. from the groups' names."""
+    sizes = getattr(optimizer, "group_sizes", None)
+    if sizes is not None:
+        return dict(sizes)
+    kind = type(optimizer).__name__.lower()
+    return {
+        f"{kind}/{g.get('name', i)}": sum(p.numel() for p in g["params"]) for i, g in enumerate(optimizer.param_groups)
+    }
+
+
 class LMModule(pl.LightningModule):
     def __init__(
         self,
@@ -87,6 +107,7 @@ class LMModule(pl.LightningModule):
         self.model.set_activation_checkpointing(bool(activation_checkpointing))
         # Set by the hooks below, read by RunRecorder.
         self.step_stats: dict[str, Any] = {}
+        self.optimizer_group_sizes: dict[str, int] = {}  # set by configure_optimizers (RunRecorder writes them)
         self.last_eval: dict[str, Any] | None = None
         self._val_sum = self._val_count = 0.0
         self._diag_sums: dict[str, torch.Tensor] = {}
@@ -120,6 +141,7 @@ class LMModule(pl.LightningModule):
         if trainer is not None and "amp_clipping" in inspect.signature(self.optimizer_factory).parameters:
             kwargs["amp_clipping"] = amp_clipping(trainer.precision, trainer.gradient_clip_val)  # optim.adamw
         optimizer = self.optimizer_factory(model=self.model, **kwargs)
+        self.optimizer_group_sizes = group_sizes(optimizer)
         scheduler = self.scheduler_factory(optimizer, total_steps=self.total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 

@@ -28,6 +28,15 @@ def _float_or_none(value: Any) -> float | None:
         return None
 
 
+def recipe_name(node: Any) -> str | None:
+    """The name a record gives an optimizer or scheduler config node (``adamw``, ``muon``; ``cosine``, ``wsd``:
+    experiments.optim.RECIPE_NAMES by its ``_target_``), the target itself when unnamed, None without one."""
+    from .optim import RECIPE_NAMES
+
+    target = node.get("_target_") if node is not None else None
+    return RECIPE_NAMES.get(str(target), str(target)) if target else None
+
+
 class RecordBuilder:
     """The record of one run in the making. ``module``, ``trainer`` and ``recorder`` (experiments.callbacks.
     RunRecorder) are set by experiments.train as they are built; :meth:`record` uses whichever exist."""
@@ -101,6 +110,8 @@ class RecordBuilder:
             "threads": torch_threads(),
             "train_path": self.module.train_path if self.module is not None else None,
             "cpu_time_s": round(cpu_seconds() - self.cpu0, 3),
+            "optimizer": recipe_name(cfg.optimizer),
+            "lr_schedule": recipe_name(cfg.scheduler),
         }
         if mc is not None:
             import torch
@@ -139,6 +150,8 @@ class RecordBuilder:
             rec["started_at"] = self.recorder.started_at  # first launch of a resumed run
             rec["wall_time_s"] = round(self.recorder.wall_time_s(), 3)
             rec["cpu_time_s"] = round(self.recorder.cpu_time_s(), 3)
+            step_cpu = self.recorder.step_cpu_s(self.step)
+            rec["step_cpu_s"] = round(step_cpu, 6) if step_cpu is not None else None
             rec["train_loss"] = self.recorder.last_train_loss
             ev = self.recorder.last_eval
             if status == "completed" and ev is not None and ev["step"] == rec.get("steps"):

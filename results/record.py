@@ -98,6 +98,9 @@ class RunRecord:
     study_kind: str = "scaling"  # as conf/train.yaml's study_kind (the sweeps set theirs)
     train_path: str | None = None
     cpu_time_s: float | None = None
+    optimizer: str | None = None
+    lr_schedule: str | None = None
+    step_cpu_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUSES:
