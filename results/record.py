@@ -168,14 +168,16 @@ def malformed(record: Mapping[str, Any]) -> str | None:
 
 # The commit whose scripts/migrate_records.py brings records of an older layout to the current schema (the script
 # was run on the committed records there, then deleted: docs/results_schema.md, "Records of an older layout").
-MIGRATION_COMMIT = "4c12b9900a71"
+MIGRATION_COMMIT = "2f60ec856823"  # optimizer, lr_schedule, step_cpu_s
+EARLIER_MIGRATION_COMMIT = "4c12b9900a71"  # study_kind, data_fingerprint, records/ from results.csv rows
 
 
 def migration_hint(study_dir: object) -> str:
     """The sentence that names the migration command for the records of ``study_dir``."""
     return (
         f"records from before commit {MIGRATION_COMMIT} are migrated by "
-        f"`git show {MIGRATION_COMMIT}:scripts/migrate_records.py | python - {study_dir}`"
+        f"`git show {MIGRATION_COMMIT}:scripts/migrate_records.py | python - {study_dir}` (records without a "
+        f"study_kind first by the same command at commit {EARLIER_MIGRATION_COMMIT})"
     )
 
 
