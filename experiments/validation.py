@@ -156,6 +156,12 @@ def check_config(cfg: DictConfig) -> None:
             f"trainer.strategy={strategy!r}; allowed values: {', '.join(STRATEGIES)} or a node with "
             "a _target_ (see trainer/fsdp.yaml)"
         )
+    strategy_name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
+    if "fsdp" in strategy_name.lower() and str(cfg.optimizer.get("_target_", "")).endswith(".muon"):
+        raise ValueError(
+            "optimizer=muon cannot train under FSDP (trainer=fsdp): Muon orthogonalises whole weight matrices and "
+            "FSDP hands each rank flat shards of them; allowed: optimizer=adamw with FSDP, or trainer=ddp with muon"
+        )
     if tr.get("accelerator") in ("gpu", "cuda"):
         import torch
 

@@ -157,6 +157,12 @@ STUDIES = {
         tuned_config="conf/tuned_lr/cpu_deep.yaml",
         lr_rule="per_size",  # the trend's power law is set by noisy small rungs (docs/results/cpu_deep/design.md)
     ),
+    "deep_recipe_lr": Study(
+        "cpu_deep_recipe_lr",
+        "LR tuning of the deep CPU ladder under Muon + WSD (a 4-point lr grid per rung; baseline and Block AttnRes)",
+        tuned_config="conf/tuned_lr/cpu_deep_muon_wsd.yaml",
+        lr_rule="per_size",
+    ),
     "deep_block_size": Study(
         "cpu_deep_block_size",
         "block size (Fig. 6) at the deep ladder's top rung (L_b 16, d_model 32): Block AttnRes at S = 1..32, with the "
