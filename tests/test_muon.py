@@ -184,7 +184,8 @@ def test_one_function_decides_the_groups():
         "mlp.shared_gate_up.weight",
         "mlp.shared_down.weight",
     }
-    assert in_adamw["tok_emb.weight"] == "no_decay" and in_adamw["lm_head.weight"] == "decay"
+    assert in_adamw["tok_emb.weight"] == "no_decay"
+    assert in_adamw["lm_head.weight"] == "decay"
     assert in_adamw["blocks.0.mlp.router.weight"] == "decay"  # the router is a matrix, but AdamW's
     assert {in_adamw[n] for n in in_adamw if n.startswith("residual.")} == {"connection"}
     opt = muon(model, lr=1e-3)
@@ -192,7 +193,8 @@ def test_one_function_decides_the_groups():
     assert opt.group_sizes["muon/muon"] == sum(p.numel() for p in mg["params"])
     # the dense model's split: q, k, v and gate, up each their own matrix
     dense = _tiny("dense", residual="baseline")
-    assert matrix_layout("blocks.0.attn.qkv.weight") == (3, 0) and matrix_layout("blocks.0.mlp.gate_up.weight") == (
+    assert matrix_layout("blocks.0.attn.qkv.weight") == (3, 0)
+    assert matrix_layout("blocks.0.mlp.gate_up.weight") == (
         2,
         0,
     )
@@ -205,7 +207,9 @@ def test_schema_constants_agree_with_the_optimizer():
 
 
 @pytest.mark.parametrize("shape", WSD_SHAPES)
-@pytest.mark.parametrize("total,warmup_fraction,decay_fraction", [(100, 0.05, 0.2), (37, 0.1, 0.5), (10, 0.1, 0.0)])
+@pytest.mark.parametrize(
+    ("total", "warmup_fraction", "decay_fraction"), [(100, 0.05, 0.2), (37, 0.1, 0.5), (10, 0.1, 0.0)]
+)
 def test_wsd_lr_at_every_step_is_the_formula(shape, total, warmup_fraction, decay_fraction):
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.5)
@@ -240,7 +244,7 @@ def test_wsd_overlapping_warmup_and_decay_is_refused():
 
 
 @pytest.mark.parametrize(
-    "override,match",
+    ("override", "match"),
     [
         ("optimizer.ns_dtype=float16", "optimizer.ns_dtype"),
         ("optimizer.adjust_lr_fn=rms", "optimizer.adjust_lr_fn"),
@@ -296,7 +300,8 @@ def test_a_resumed_muon_wsd_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path
     assert (rec["optimizer"], rec["lr_schedule"]) == ("muon", "wsd")
     groups = json.loads((run_dir / "optimizer_groups.json").read_text())
     assert set(groups) == {"muon/muon", "adamw/decay", "adamw/no_decay", "adamw/connection"}
-    assert rec["step_cpu_s"] and rec["step_cpu_s"] > 0
+    assert rec["step_cpu_s"]
+    assert rec["step_cpu_s"] > 0
 
 
 @pytest.mark.slow
