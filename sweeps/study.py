@@ -72,6 +72,10 @@ class Study:
     # one multirun per pass, in order, into the same study: each pass's overrides come after ``overrides`` (and
     # before the user's own); a pass sets what a sweep file cannot vary per arm (e.g. one arm's own option)
     passes: tuple[tuple[str, ...], ...] = ((),)
+    # committed record directories restored into the study's runs first (unless --fresh): their runs are reused by
+    # identity (config_hash) instead of trained again
+    reuse: tuple[str, ...] = ()
+    analysis: str = "fit"  # scaling kinds: the `python -m analysis <analysis>` command that reports the study
 
 
 COMMITTED_LADDER = "docs/results/cpu_ladder/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), d = 32 ladder
@@ -156,6 +160,17 @@ STUDIES = {
         "LR tuning of the deep CPU ladder (a coarse lr grid per rung; --arms all: every arm)",
         tuned_config="conf/tuned_lr/cpu_deep.yaml",
         lr_rule="per_size",  # the trend's power law is set by noisy small rungs (docs/results/cpu_deep/design.md)
+    ),
+    "deep_recipe": Study(
+        "cpu_deep",
+        "deep CPU ladder under two recipes: baseline / Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b x "
+        "{AdamW + cosine (the committed runs of docs/results/cpu_deep, reused), Muon + WSD (the paper's 48B recipe, "
+        "at its own tuned lrs, conf/tuned_lr/cpu_deep_muon_wsd.yaml)}, Block at the baseline's lr in each",
+        overrides=("study=cpu_deep_recipe", "model=baseline,block_attnres"),
+        passes=((), ("optimizer=muon", "scheduler=wsd", "tuned_lr=cpu_deep_muon_wsd")),
+        reuse=("docs/results/cpu_deep", "docs/results/cpu_deep_recipe"),
+        analysis="recipe",
+        why=WHY_DEEP,
     ),
     "deep_recipe_lr": Study(
         "cpu_deep_recipe_lr",
@@ -360,6 +375,16 @@ def committed_lines(path: Path) -> list[str]:
     return lines
 
 
+def analysis_headline(command: str, document: Path) -> list[str]:
+    """The headline lines of a study reported by ``python -m analysis <command>`` other than fit (its module's
+    ``headline_lines`` of the JSON document it wrote)."""
+    import importlib
+    import json
+
+    module = importlib.import_module(f"analysis.{command}")
+    return list(module.headline_lines(json.loads(document.read_text(encoding="utf-8"))))
+
+
 def headline(fit_path: Path) -> list[str]:
     """One line per variant: the compute multiplier vs the baseline with its 95% interval."""
     fit = FitDocument.from_json(fit_path)
@@ -410,8 +435,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--fresh",
         action="store_true",
-        help=f"{FIGURES}: restore no committed records first, so that every run trains (hours; the map always "
-        "uses its committed records)",
+        help=f"restore no committed records first ({FIGURES}, and the studies that reuse committed runs, e.g. "
+        "deep_recipe), so that every run trains (hours; the map always uses its committed records)",
     )
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the sweep config's)")
     ap.add_argument(
@@ -532,19 +557,23 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
     elif plan.kind in FIXED_SHAPE_REPORTS:
         command, files = FIXED_SHAPE_REPORTS[plan.kind]
         cmd = [sys.executable, "-m", "analysis", command, "--results", results, "--out", str(report)]
+    elif study.analysis != "fit":
+        cmd = [sys.executable, "-m", "analysis", study.analysis, "--results", results, "--out", str(report)]
+        files = f"{study.analysis}_summary.md, {study.analysis}.json, figures"
     else:
         cmd = [sys.executable, "-m", "analysis", "fit", "--results", results, "--out", str(report)]
         files = "summary.md, fit.json, figures"
     print(f"[attnres] $ {' '.join(cmd[1:])}", flush=True)
     rc = subprocess.call(cmd)
     scaling = plan.kind not in FIXED_SHAPE_REPORTS and plan.kind != "lr"
-    if rc != 0 or (scaling and not (report / "fit.json").is_file()):
+    document = report / ("fit.json" if study.analysis == "fit" else f"{study.analysis}.json")
+    if rc != 0 or (scaling and not document.is_file()):
         return rc
     print(f"[attnres] report: {report}/ ({files}); total {time.time() - t0:.0f} s")
     if plan.kind == "lr" and study.tuned_config:
         print(f"[attnres] tuned lrs written to {REPO / study.tuned_config}: the ladder's sizes read them from now on")
     if scaling:
-        for line in headline(report / "fit.json"):
+        for line in headline(document) if study.analysis == "fit" else analysis_headline(study.analysis, document):
             print(line)
         for line in committed_lines(REPO / study.committed) if study.committed else []:
             print(line)
@@ -562,6 +591,12 @@ def main(argv: list[str] | None = None) -> int:
     if plan is None:
         return 2
     t0 = time.time()
+    for src in () if args.fresh else study.reuse:
+        if (REPO / src).is_dir():
+            copied, problems = restore_records(REPO / src, plan.results.parent)
+            for problem in problems:
+                print(f"[attnres] warning: {problem}", file=sys.stderr)
+            print(f"[attnres] reused {copied} committed record(s) from {src} (by config_hash)", flush=True)
     if args.from_records:
         try:
             copied, problems = restore_records(Path(args.from_records), plan.results.parent)
