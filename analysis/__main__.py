@@ -1,4 +1,4 @@
-"""Command line: ``python -m analysis {fit,lr,map,gallery,paper} ...`` (also installed as ``attnres-analysis``).
+"""Command line: ``python -m analysis {fit,lr,map,recipe,gallery,paper} ...`` (also installed as ``attnres-analysis``).
 
 Heavy imports (pandas, scipy, matplotlib) happen inside the subcommands so that ``--help`` is instant.
 """
@@ -120,6 +120,24 @@ def _parser() -> argparse.ArgumentParser:
         k.add_argument("--out", required=True, help="output directory (JSON, Markdown, figure)")
         k.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
 
+    c = sub.add_parser(
+        "recipe", help="a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction"
+    )
+    c.add_argument(
+        "--results", required=True, nargs="+", help="the study's results.csv or directory (several are read as one)"
+    )
+    c.add_argument("--out", required=True, help="output directory (recipe.json, recipe_summary.md, figures)")
+    c.add_argument("--seeds", type=_seed_list, help="read only the runs of these seeds, comma-separated")
+    c.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    c.add_argument("--reference-recipe", default="adamw+cosine", help="optimizer+lr_schedule (default: adamw+cosine)")
+    c.add_argument("--recipe", default="muon+wsd", help="the recipe compared with it (default: muon+wsd)")
+    c.add_argument("--lr-protocol", default="baseline", help="the arms' lr protocol read (default: baseline)")
+    c.add_argument("--design-seeds", type=_seed_list, default=[0, 1, 2], help="design seeds (default: 0,1,2)")
+    c.add_argument("--held-out-seeds", type=_seed_list, default=[20, 21, 22], help="held-out seeds (default: 20,21,22)")
+    c.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
+    c.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    c.add_argument("--no-figures", action="store_true", help="write recipe.json and recipe_summary.md only")
+
     g = sub.add_parser("gallery", help="the paper's figures and tables beside ours, one Markdown page")
     g.add_argument(
         "--results", default="docs/results", help="the committed results to draw from (default: docs/results)"
@@ -165,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "block-size": _fixed_shape,
         "ablations": _fixed_shape,
         "gallery": _gallery,
+        "recipe": _recipe,
     }.get(args.command, _paper)
     try:
         command(args, argv)
@@ -278,6 +297,29 @@ def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     analyse = analyse_block_size if args.command == "block-size" else analyse_ablations
     doc = analyse(df, Path(args.out), args.baseline)
     print(doc["verdict"])
+    print(f"wrote {', '.join(doc['files'])} to {args.out}")
+
+
+def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """``recipe``: recipe.json, recipe_summary.md and figures, then the headline multipliers."""
+    from .recipe import RecipeOptions, headline_lines, read_studies, run_recipe
+    from .runs import select_seeds
+    from .scaling import FitOptions
+
+    df = read_studies(args.results)
+    if args.seeds:
+        df = select_seeds(df, args.seeds)
+    opts = RecipeOptions(
+        reference_recipe=args.reference_recipe,
+        recipe=args.recipe,
+        baseline=args.baseline,
+        lr_protocol=args.lr_protocol,
+        design_seeds=tuple(args.design_seeds),
+        held_out_seeds=tuple(args.held_out_seeds),
+        fit=FitOptions(B=args.bootstrap, seed=args.seed),
+    )
+    doc = run_recipe(df, args.out, opts, make_figures=not args.no_figures)
+    print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
 
 

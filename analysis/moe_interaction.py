@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .runs import load_results, select_completed
-from .seed_stats import by_seed, interval_text, paired_delta, verdict
+from .seed_stats import interval_text, rung_interaction
 
 
 @dataclass(frozen=True)
@@ -31,17 +31,13 @@ class InteractionOptions:
     lr_protocol: str = "baseline"  # both arms at the reference's tuned lr
 
 
-def _arm(df: pd.DataFrame, variant: str, n_layers: int, what: str) -> pd.Series:
-    return by_seed(df[(df["variant"] == variant) & (df["n_layers"] == n_layers)], what)
-
-
 def interaction_table(
     moe: pd.DataFrame, dense: pd.DataFrame, opts: InteractionOptions = InteractionOptions()
 ) -> pd.DataFrame:
     """One row per rung (``n_layers`` = L_b) that both tables hold: d_model, the activated N of each arm with MoE and
     dense, ``delta_moe`` / ``delta_dense`` (arm - reference, same seeds, with ``*_ci95`` and verdict) and
     ``interaction`` (delta_moe - delta_dense on the seeds all four runs share). Rungs whose shapes differ
-    (d_model) are an error: then the MLP is not the only change."""
+    (d_model) are an error: then the MLP is not the only change (analysis.seed_stats.rung_interaction)."""
     keep = {opts.arm, opts.reference}
     frames = []
     for df in (moe, dense):
@@ -49,35 +45,7 @@ def interaction_table(
         if "lr_protocol" in df:
             df = df[df["lr_protocol"].fillna("baseline") == opts.lr_protocol]
         frames.append(df)
-    moe, dense = frames
-    rows = []
-    for n_layers in sorted(set(moe["n_layers"]) & set(dense["n_layers"])):
-        dm = moe[moe["n_layers"] == n_layers]["d_model"].unique()
-        dd = dense[dense["n_layers"] == n_layers]["d_model"].unique()
-        if len(dm) != 1 or list(dm) != list(dd):
-            raise ValueError(f"rung n_layers={n_layers}: d_model {list(dm)} with MoE, {list(dd)} dense")
-        series = {
-            (kind, v): _arm(df, v, n_layers, f"{kind} {v} n_layers={n_layers}")
-            for kind, df in (("moe", moe), ("dense", dense))
-            for v in (opts.arm, opts.reference)
-        }
-        seeds = sorted(set.intersection(*(set(s.index) for s in series.values())))
-        row: dict = {"n_layers": int(n_layers), "d_model": int(dm[0]), "seeds": seeds}
-        per_seed = {}
-        for kind in ("moe", "dense"):
-            arm, ref = series[(kind, opts.arm)].loc[seeds], series[(kind, opts.reference)].loc[seeds]
-            d = paired_delta(arm, ref)
-            row[f"ref_loss_{kind}"] = float(ref.mean())
-            row[f"delta_{kind}"] = d["delta"]
-            row[f"delta_{kind}_ci95"] = d["delta_ci95"]
-            row[f"verdict_{kind}"] = verdict(d["delta_ci95"], d["n_pairs"])
-            per_seed[kind] = arm - ref
-        inter = paired_delta(per_seed["moe"], per_seed["dense"])
-        row["interaction"] = inter["delta"]
-        row["interaction_ci95"] = inter["delta_ci95"]
-        row["n_pairs"] = inter["n_pairs"]
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return rung_interaction({"moe": frames[0], "dense": frames[1]}, opts.arm, opts.reference)
 
 
 def interaction_markdown(table: pd.DataFrame, opts: InteractionOptions = InteractionOptions()) -> str:

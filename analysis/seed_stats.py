@@ -6,6 +6,9 @@ starting weights, so an arm's effect is measured on same-seed differences (``arm
 wins). With three to six seeds a normal or bootstrap interval is overconfident; the t interval with n - 1 degrees
 of freedom is the honest one (its coverage is checked by simulation in tests/test_depth_width_map.py).
 
+The same pairs across two conditions of a ladder's rungs (MoE vs dense MLPs, one training recipe vs another):
+:func:`rung_interaction`, the per-rung differences under each and their difference, the interaction.
+
 Plain functions on tidy DataFrames (analysis.runs.load_results); no torch.
 """
 
@@ -120,3 +123,51 @@ def arm_rows(pool: pd.DataFrame, study: str, variant: str) -> pd.DataFrame:
     rows = pool[pool["variant"] == variant]
     own = rows[rows["study"] == study]
     return own if not own.empty else rows
+
+
+def rung_interaction(
+    conditions: dict[str, pd.DataFrame], arm: str, reference: str, level: float = LEVEL
+) -> pd.DataFrame:
+    """The arm's same-seed effect per rung under two conditions and its change between them.
+
+    ``conditions``: exactly two {name: completed runs (columns variant, n_layers, d_model, seed, val_loss)}, in
+    order (first, second); only ``arm`` and ``reference`` rows are read. One row per rung (``n_layers`` = L_b) both
+    hold: ``n_layers``, ``d_model``, ``seeds`` (those all four runs share), then per condition ``ref_loss_<name>``
+    (the reference's mean loss), ``delta_<name>`` (arm - reference on those seeds), ``delta_<name>_ci95`` (t
+    interval, None under two pairs) and ``verdict_<name>`` (:func:`verdict`), then ``interaction`` (per seed:
+    delta_first - delta_second, averaged), ``interaction_ci95`` and ``n_pairs``. A rung whose ``d_model`` differs
+    between the conditions is a ValueError: then the condition is not the only change; several runs of one arm and
+    seed are one too (:func:`by_seed`)."""
+    if len(conditions) != 2:
+        raise ValueError(f"rung_interaction compares two conditions, got {len(conditions)}: {list(conditions)}")
+    (first, a), (second, b) = conditions.items()
+    rows = []
+    for n_layers in sorted(set(a["n_layers"]) & set(b["n_layers"])):
+        dm = a[a["n_layers"] == n_layers]["d_model"].unique()
+        dd = b[b["n_layers"] == n_layers]["d_model"].unique()
+        if len(dm) != 1 or list(dm) != list(dd):
+            raise ValueError(f"rung n_layers={n_layers}: d_model {list(dm)} with {first}, {list(dd)} with {second}")
+        series = {
+            (kind, v): by_seed(
+                df[(df["variant"] == v) & (df["n_layers"] == n_layers)], f"{kind} {v} n_layers={n_layers}"
+            )
+            for kind, df in conditions.items()
+            for v in (arm, reference)
+        }
+        seeds = sorted(set.intersection(*(set(s.index) for s in series.values())))
+        row: dict[str, Any] = {"n_layers": int(n_layers), "d_model": int(dm[0]), "seeds": seeds}
+        per_seed = {}
+        for kind in (first, second):
+            arm_loss, ref_loss = series[(kind, arm)].loc[seeds], series[(kind, reference)].loc[seeds]
+            d = paired_delta(arm_loss, ref_loss, level)
+            row[f"ref_loss_{kind}"] = float(ref_loss.mean())
+            row[f"delta_{kind}"] = d["delta"]
+            row[f"delta_{kind}_ci95"] = d["delta_ci95"]
+            row[f"verdict_{kind}"] = verdict(d["delta_ci95"], d["n_pairs"])
+            per_seed[kind] = arm_loss - ref_loss
+        inter = paired_delta(per_seed[first], per_seed[second], level)
+        row["interaction"] = inter["delta"]
+        row["interaction_ci95"] = inter["delta_ci95"]
+        row["n_pairs"] = inter["n_pairs"]
+        rows.append(row)
+    return pd.DataFrame(rows)

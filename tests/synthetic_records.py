@@ -384,3 +384,70 @@ def synthetic_lr_study(
                     rec.update(status="diverged", val_loss=None, error="DivergedError: training loss is nan")
                 rows.append(rec)
     return pd.DataFrame(rows)
+
+
+RECIPES = {"adamw+cosine": ("adamw", "cosine"), "muon+wsd": ("muon", "wsd")}
+
+
+def synthetic_recipe_study(
+    multipliers: dict[str, dict[str, float]] | None = None,
+    *,
+    speedup: float = 2.0,
+    reference_recipe: str = "adamw+cosine",
+    recipe: str = "muon+wsd",
+    n_sizes: int = 4,
+    seeds: tuple[int, ...] | list[int] = (0, 1, 2, 20, 21, 22),
+    sigma: float = 0.01,
+    rho: float = 0.5,
+    seconds_per_flop: dict[tuple[str, str], float] | None = None,
+    time_noise: float = 0.05,
+    E: float = 2.0,
+    A: float = 1.5,
+    alpha: float = 0.25,
+    C0: float = 1e-5,
+    C_range: tuple[float, float] = (2e-6, 2e-4),
+    flops_overhead: float = 0.01,
+    study: str = "cpu_deep_recipe",
+    rng: int | np.random.Generator = 0,
+) -> pd.DataFrame:
+    """A recipe study (issue 35): n_sizes rungs x (baseline + arms) x two recipes x seeds, drawn from known laws.
+
+    The reference recipe's baseline follows ``L_b(C) = E + A (C / C0)^-alpha``; under ``recipe`` the baseline follows
+    ``L_b(speedup * C)`` (it reaches the reference baseline's loss with 1/speedup of the compute), and an arm with
+    multiplier m under a recipe follows that recipe's baseline law at m x its compute (``multipliers[recipe][arm]``;
+    default Block AttnRes 1.15 under the reference recipe, 1.30 under the new one). Each row carries the noiseless
+    loss as ``true_loss``. Seed noise N(0, sigma^2), a fraction rho shared by the arms of one (rung, seed, recipe).
+    CPU time = ``seconds_per_flop[(recipe, variant)]`` x flops x exp(N(0, time_noise^2)) (default 1e-10 s/FLOP for
+    every run, the new recipe's 1.25x); ``optimizer`` and ``lr_schedule`` name the recipe (RECIPES)."""
+    multipliers = (
+        {reference_recipe: {"block_attnres": 1.15}, recipe: {"block_attnres": 1.30}}
+        if multipliers is None
+        else multipliers
+    )
+    spf = {(reference_recipe, "*"): 1e-10, (recipe, "*"): 1.25e-10} | dict(seconds_per_flop or {})
+    rng = np.random.default_rng(rng)
+    Cs = np.geomspace(*C_range, n_sizes) if n_sizes > 1 else np.array([C_range[0]])
+    rows = []
+    for (name, n_layers, d_model, n_heads), C_b in zip(SIZES, Cs):
+        for seed in seeds:
+            for r, scale in ((reference_recipe, 1.0), (recipe, speedup)):
+                shared = rng.standard_normal()
+                for variant, m in {"baseline": 1.0, **multipliers.get(r, {})}.items():
+                    C = C_b * (1.0 if variant == "baseline" else 1.0 + flops_overhead)
+                    truth = E + A * (scale * m * C / C0) ** (-alpha)
+                    L = truth + sigma * (math.sqrt(rho) * shared + math.sqrt(1 - rho) * rng.standard_normal())
+                    rec = _record(variant, name, seed, n_layers, d_model, n_heads, C, L, study)
+                    opt, sched = RECIPES.get(r, tuple(r.split("+", 1)))
+                    s = spf.get((r, variant), spf.get((r, "*"), 1e-10))
+                    cpu = s * rec["flops"] * math.exp(time_noise * rng.standard_normal())
+                    rec.update(
+                        run_id=f"{rec['run_id']}-{opt}-{sched}",
+                        optimizer=opt,
+                        lr_schedule=sched,
+                        lr_protocol="baseline",
+                        cpu_time_s=cpu,
+                        wall_time_s=cpu,
+                        true_loss=truth,
+                    )
+                    rows.append(rec)
+    return pd.DataFrame(rows)
