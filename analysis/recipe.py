@@ -613,7 +613,11 @@ def _step_time_section(doc: dict[str, Any]) -> list[str]:
     rungs = list(dict.fromkeys(p["rung"] for _, t in columns for p in t["per_rung"]))
     out = [
         "",
-        f"## Step-time ratio per rung (cpu_time_s / steps, {name} seeds; geometric means)",
+        f"## Step-time ratio per rung ({name} seeds; geometric means)",
+        "",
+        "Time read per comparison: "
+        + "; ".join(f"{c}: {t.get('time_source', 'cpu_time_s')}" for c, t in columns)
+        + ".",
         "",
         "| rung | " + " | ".join(c for c, _ in columns) + " |",
         "|---|" + "---|" * len(columns),

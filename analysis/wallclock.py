@@ -16,6 +16,10 @@ r_step = (cpu_time_s / steps)_arm ÷ (cpu_time_s / steps)_ref, pooled the same w
 
     m_wall = m ÷ r_step × (FLOPs per step)_arm ÷ (FLOPs per step)_ref.
 
+Time: the records' steady-state ``step_cpu_s`` (x steps) when every run of both arms has one, else their whole
+``cpu_time_s`` (compilation included, whose cost depends on the compile cache more than on the arm): never a mix;
+``time_source`` says which.
+
 Interval: the time ratio t = s_ref / s_arm is resampled by a bootstrap over runs, within each (arm, rung)
 stratum, its percentile interval in log t widened by sqrt(mean n/(n-1)) like analysis.bootstrap's cluster
 intervals; it needs two timed runs in every stratum (else "n/a"). The multiplier's own interval comes from its fit
@@ -46,11 +50,39 @@ class WallclockOptions:
     """How the time ratio is measured: the time column (``cpu_time_s``), the column naming the arm (``variant``)
     and the rung (``size``), and the bootstrap (``B`` replicates from random ``seed``)."""
 
-    time: str = "cpu_time_s"
+    time: str = "auto"  # "auto": steady-state step_cpu_s x steps when every run of both arms has it, else cpu_time_s
     arm_column: str = "variant"
     rung: str = "size"
     B: int = 2000
     seed: int = 0
+
+
+STEADY = "steady_cpu_s"  # the derived column: step_cpu_s x steps
+TIME_SOURCES = {
+    STEADY: "step_cpu_s x steps (steady-state CPU time per step; compilation, the first steps and evaluations "
+    "excluded)",
+    "cpu_time_s": "cpu_time_s (the whole run's CPU time: compilation, evaluations and checkpoints included)",
+}
+
+
+def _time_column(df: pd.DataFrame, reference: str, arm: str, o: WallclockOptions) -> tuple[pd.DataFrame, str, str]:
+    """(df, the time column to read, what it measures). ``auto`` takes the records' steady-state ``step_cpu_s`` when
+    every completed run of both arms has one (then compilation, whose cost depends on the compile cache rather than
+    on the arm, does not enter the ratio), else ``cpu_time_s`` for all of them: never a mix of the two."""
+    if o.time != "auto":
+        return df, o.time, TIME_SOURCES.get(o.time, o.time)
+    if "step_cpu_s" in df.columns and o.arm_column in df.columns:
+        d = df[df[o.arm_column].isin([reference, arm])]
+        if "status" in d.columns:
+            d = d[d["status"] == "completed"]
+        step = pd.to_numeric(d["step_cpu_s"], errors="coerce")
+        if len(d) and bool((step > 0).all()):
+            out = df.copy()
+            out[STEADY] = pd.to_numeric(out["step_cpu_s"], errors="coerce") * pd.to_numeric(
+                out["steps"], errors="coerce"
+            )
+            return out, STEADY, TIME_SOURCES[STEADY]
+    return df, "cpu_time_s", TIME_SOURCES["cpu_time_s"]
 
 
 def _geo(x: np.ndarray) -> float:
@@ -68,7 +100,10 @@ def time_ratio(
     ``rungs``, ``n_runs``, ``error``: None, or why there is no ratio (a missing column, no rung with timed runs
     of both arms), and ``note``: None, or why the intervals are None (a stratum with fewer than two timed runs)."""
     o = options
+    df, time_column, source = _time_column(df, reference, arm, o)
+    o = WallclockOptions(time_column, o.arm_column, o.rung, o.B, o.seed)
     out: dict[str, Any] = {
+        "time_source": source,
         "reference": reference,
         "arm": arm,
         "s_ref_over_s_arm": None,
