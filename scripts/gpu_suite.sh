@@ -27,8 +27,9 @@
 #      (decode latency is measured inside eager_194m and eager_528m, --decode-tokens)
 #   9. moe             paper_194m_moe against the dense paper_194m at equal activated N, bf16: MoE / dense step and
 #                      the grouped GEMM against the loop over experts (experiments/bench/moe_section.py)
-#  10. muon            Muon's step time against AdamW's at paper_194m (issue 35): runs once conf/optimizer/muon.yaml
-#                      exists and `python -m experiments.bench --help` offers --optimizer; until then skipped, a line
+#  10. muon            Muon's step time against AdamW's at paper_194m, baseline and Block (issue 35): the same bench
+#                      with --optimizer adamw, then --optimizer muon -> gpu_muon_adamw.json, gpu_muon_muon.json;
+#                      skipped with a line where conf/optimizer/muon.yaml or that flag is missing
 # Optional steps (not in the default STEPS, no share of the budget's plan): whole_194m (the whole model compiled),
 # bench_fp32 (fp32, TF32 off), harness (Lightning vs a plain loop).
 # Everything lands in $OUT (default reports/gpu): the log gpu_suite.log and, at the end, one gpu_results.json with
@@ -167,7 +168,7 @@ step depth_roofline "$PYTHON" -m experiments.depth_roofline "${DEV[@]:0:2}" --si
 step moe "${bench[@]}" --moe-pairs "$MOE_PAIR" --schemes baseline,block --batch-size "$B194" --repeats "$R528" \
   --out "$OUT/gpu_moe_194m.json"
 
-# 10. Muon against AdamW, once the recipe (issue 35) has landed
+# 10. Muon against AdamW (the recipe of issue 35)
 if [[ " $STEPS " == *" muon "* ]]; then
   if [[ -f conf/optimizer/muon.yaml ]] && "$PYTHON" -m experiments.bench --help 2>/dev/null | grep -q -- '--optimizer'; then
     opt=("${bench[@]}" --sizes "$S194" --batch-size "$B194" --schemes baseline,block --repeats "$R528" --no-prefill
@@ -176,7 +177,7 @@ if [[ " $STEPS " == *" muon "* ]]; then
     step muon bash -c '"${@:2}" --optimizer adamw --out "$1/gpu_muon_adamw.json" &&
       "${@:2}" --optimizer muon --out "$1/gpu_muon_muon.json"' muon "$OUT" "${opt[@]}"
   else
-    skip muon "optional until issue 35 lands: conf/optimizer/muon.yaml and experiments.bench --optimizer are not there"
+    skip muon "conf/optimizer/muon.yaml or experiments.bench --optimizer is not there (issue 35)"
   fi
 fi
 

@@ -384,3 +384,27 @@ def test_dry_run_installs_the_wheels_and_trains_through_sigusr1_and_a_resume(tmp
     assert train["record"]["steps"] == 40
     assert train["record"]["train_path"] == "compiled:regional"
     assert train["val_loss"] < 0.85 * train["train_loss_first"]
+
+
+def test_bench_times_muon_for_the_suites_muon_step():
+    """The muon step's `experiments.bench --optimizer muon`: the timed step runs Muon + AdamW (experiments.optim)."""
+    import torch
+
+    from experiments.bench import shapes
+    from experiments.bench.runner import build_runner
+    from experiments.bench.settings import parse_args
+    from experiments.optim import MuonWithAdamW
+
+    assert parse_args(["--optimizer", "muon"]).optimizer == "muon"
+    assert parse_args([]).optimizer == "adamw"
+    with pytest.raises(SystemExit):
+        parse_args(["--optimizer", "sgd"])
+    runner = build_runner(
+        shapes.TINY, "block", torch.device("cpu"), 0, False, False, False, "auto", optimizer_name="muon"
+    )
+    assert isinstance(runner.optimizer, MuonWithAdamW)
+    before = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
+    runner.train_step()
+    # every weight moved but the residual scheme's zero-gradient ones at step 1 (zero-init queries: key-norm gains)
+    still = [n for n, p in runner.model.named_parameters() if torch.equal(before[n], p)]
+    assert all(n.startswith("residual.") for n in still), still

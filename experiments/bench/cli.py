@@ -43,6 +43,7 @@ def environment(settings: BenchSettings, device: Any) -> dict[str, Any]:
         "bf16": bool(settings.bf16),
         "compile": settings.compile or False,
         "checkpointing": bool(settings.checkpointing),
+        "optimizer": settings.optimizer,
         "decode_tokens": settings.decode_tokens,
         "gpu_kernels": gpu_kernels.status(),
         "sdpa": settings.sdpa,

@@ -112,21 +112,22 @@ def build_runner(
     sdpa: str,
     name: str | None = None,
     cpu_kernels: bool | None = None,
+    optimizer_name: str = "adamw",
 ) -> Runner:
     """compile_model: None / False (eager), True or "whole" (torch.compile of the model), "regional"
-    (Transformer.compile_regions)."""
+    (Transformer.compile_regions). optimizer_name: "adamw" or "muon" (experiments.optim's, at their defaults)."""
     import torch
 
     from attnres import Transformer
 
-    from ..optim import adamw
+    from ..optim import adamw, muon
     from ..train_step import train_forward
 
     torch.manual_seed(seed)
     model = Transformer(size.model_config(scheme)).to(device)
     if checkpointing:
         model.set_activation_checkpointing(True)
-    optimizer = adamw(model, lr=1e-4)
+    optimizer = {"adamw": adamw, "muon": muon}[optimizer_name](model, lr=1e-4)
     g = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(0, size.vocab_size, (size.batch_size, size.seq_len + 1), generator=g)
     x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)

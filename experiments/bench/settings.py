@@ -72,6 +72,7 @@ class BenchSettings:
     quick: bool
     out: str
     memory_child: str | None = None
+    optimizer: str = "adamw"  # of the per-size section's timed steps (conf/optimizer/ names)
 
 
 def build_parser(description: str = "") -> argparse.ArgumentParser:
@@ -148,6 +149,13 @@ def _add_variant_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="peak FLOP/s for MFU (default: known GPUs' dense bf16 peak, e.g. H200 989e12; CPU: none)",
+    )
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=("adamw", "muon"),
+        help="the optimizer of the per-size section's timed steps: adamw, or muon (Muon for the sublayer matrices, "
+        "AdamW for the rest: experiments.optim.muon); default adamw",
     )
     p.add_argument("--no-prefill", action="store_true", help="skip inference (prefill) timing")
     p.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
@@ -281,6 +289,7 @@ def parse_args(argv: Sequence[str] | None = None, description: str = "") -> Benc
         quick=args.quick,
         out=args.out,
         memory_child=args.memory_child,
+        optimizer=args.optimizer,
     )
 
 

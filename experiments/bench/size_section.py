@@ -41,9 +41,13 @@ def bench_size(
         f"{torch.get_num_threads()} threads, {'bf16 autocast' if settings.bf16 else 'fp32'}"
         f"{f', compiled ({settings.compile})' if settings.compile else ''}"
         f"{', checkpointing' if settings.checkpointing else ''}"
+        f"{f', optimizer {settings.optimizer}' if settings.optimizer != 'adamw' else ''}"
     )
     s = settings
-    runners = [build_runner(size, n, device, s.seed, s.bf16, s.compile, s.checkpointing, s.sdpa) for n in schemes]
+    runners = [
+        build_runner(size, n, device, s.seed, s.bf16, s.compile, s.checkpointing, s.sdpa, optimizer_name=s.optimizer)
+        for n in schemes
+    ]
     first_step = _first_steps(runners, device, log) if s.compile else {}
     timing = time_round_robin(
         runners,
