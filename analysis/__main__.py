@@ -137,6 +137,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
     c.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
     c.add_argument("--no-figures", action="store_true", help="write recipe.json and recipe_summary.md only")
+    c.add_argument(
+        "--timing",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="study directories or results.csv files of extra runs of the same configurations, read for the step-time "
+        "ratios only (e.g. re-runs of committed runs whose records predate step_cpu_s), never fitted",
+    )
 
     g = sub.add_parser("gallery", help="the paper's figures and tables beside ours, one Markdown page")
     g.add_argument(
@@ -318,7 +326,8 @@ def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
         held_out_seeds=tuple(args.held_out_seeds),
         fit=FitOptions(B=args.bootstrap, seed=args.seed),
     )
-    doc = run_recipe(df, args.out, opts, make_figures=not args.no_figures)
+    timing = read_studies(args.timing) if args.timing else None
+    doc = run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)
     print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
 

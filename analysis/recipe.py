@@ -182,13 +182,20 @@ def _estimate(m: float | None, m_ci95: Any, p_le_1: float | None, timing: dict[s
 
 
 def compare(
-    runs: pd.DataFrame, reference: str, arms: list[str], opts: RecipeOptions, base_dir: str | None = None
+    runs: pd.DataFrame,
+    reference: str,
+    arms: list[str],
+    opts: RecipeOptions,
+    base_dir: str | None = None,
+    timed: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every arm of ``runs`` (column ``variant``) against ``reference`` by analysis.scaling's fit (its options from
     ``opts.fit``; an arm with fewer than MIN_SIZES rungs is skipped), each with its wall-clock multiplier from the
     same runs. Per arm: ``joint`` and ``paired`` (:func:`_estimate`), ``law_reference`` / ``law_arm`` (the joint
     fit's laws), ``exponent_diff`` with its interval, ``paired_heterogeneity_p``, ``timing`` (analysis.wallclock.
-    time_ratio), ``n_runs`` and ``sizes``; or ``error`` with the fit's reason when it cannot be fitted."""
+    time_ratio, over ``timed``: the runs fitted and any timing runs of the same configurations; default ``runs``),
+    ``n_runs`` and ``sizes``; or ``error`` with the fit's reason when it cannot be fitted."""
+    timed = runs if timed is None else timed
     runs = runs.drop(columns=[c for c in ("lr_protocol",) if c in runs.columns])  # filtered already: one protocol
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -196,17 +203,17 @@ def compare(
             runs, opts.fit.replace(baseline=reference, skip_incomplete=True), base_dir=base_dir, source=""
         ).parts
     except ValueError as e:  # too few rungs or seeds to fit: the time ratios still stand
-        return {a: {"error": str(e), "timing": time_ratio(runs, reference, a, opts.wallclock)} for a in arms}
+        return {a: {"error": str(e), "timing": time_ratio(timed, reference, a, opts.wallclock)} for a in arms}
     for arm in arms:
         mult = fit["multipliers"].get(arm)
         if mult is None:
             n = runs[runs["variant"] == arm]["size"].nunique()
             out[arm] = {
                 "error": f"{arm!r} ran at {n} rung(s); a fit needs at least {MIN_SIZES}",
-                "timing": time_ratio(runs, reference, arm, opts.wallclock),
+                "timing": time_ratio(timed, reference, arm, opts.wallclock),
             }
             continue
-        timing = time_ratio(runs, reference, arm, opts.wallclock)
+        timing = time_ratio(timed, reference, arm, opts.wallclock)
         joint, paired = mult["joint"], mult.get("paired") or {}
         exps = mult["exponents"]
         pair = runs[runs["variant"].isin([reference, arm])]
@@ -286,6 +293,22 @@ def _num(x: Any) -> float | None:
 # The report
 
 
+def timing_runs(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> pd.DataFrame:
+    """The completed runs of a timing table (:func:`analyse_recipe`'s ``timing``) that (d) reads: of the two recipes,
+    with a ``recipe`` column, under ``opts.lr_protocol`` except the baseline's; either recipe may be absent."""
+    with warnings.catch_warnings():  # re-runs of fitted cells are the point of a timing table
+        warnings.filterwarnings("ignore", message=DUPLICATE_CELLS, category=AnalysisWarning)
+        done, _ = select_completed(df, opts.fit.compute)
+    if done.empty:
+        return done.assign(recipe=pd.Series(dtype=str))
+    done = done.assign(recipe=recipe_of(done))
+    done = done[done["recipe"].isin(opts.recipes)]
+    if "lr_protocol" in done.columns:
+        protocol = done["lr_protocol"].fillna("").replace("", "baseline")
+        done = done[(done["variant"] == opts.baseline) | (protocol == opts.lr_protocol)]
+    return done.reset_index(drop=True)
+
+
 @dataclass
 class RecipeReport:
     """What :func:`analyse_recipe` returns: ``parts``, recipe.json (plain, JSON-ready), and ``runs``, the runs it
@@ -295,14 +318,24 @@ class RecipeReport:
     runs: pd.DataFrame
 
 
-def analyse_recipe(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> RecipeReport:
+def analyse_recipe(
+    df: pd.DataFrame, opts: RecipeOptions = RecipeOptions(), timing: pd.DataFrame | None = None
+) -> RecipeReport:
     """The recipe study's report from its records ``df`` (analysis.runs.load_results; every run, failed ones
     included: :func:`recipe_runs` chooses). ``parts`` keys: the recipes, arms, rungs, seed sets and regime;
     ``baseline_recipe[<seed set>]`` (a) and ``arms_vs_baseline[<recipe>][<seed set>][<arm>]`` (b), each as
     :func:`compare` gives them (with (d) inside); ``interaction`` (c), :func:`interaction_rows`; ``held_out_check``:
     per multiplier and estimator, whether the held-out seeds' m lies in the design seeds' interval; ``cost``: the
-    CPU and wall time of the runs read; ``excluded_runs``."""
+    CPU and wall time of the runs read; ``excluded_runs``.
+
+    ``timing``: records of extra runs of the study's configurations (e.g. re-runs of committed runs whose records
+    predate ``step_cpu_s``), read for the time ratios of (d) beside the fitted runs, never fitted; every seed set's
+    ratio reads every timed run (time is a property of the configuration, not of the seed)."""
     runs, excluded = recipe_runs(df, opts)
+    timed = runs
+    if timing is not None and len(timing):
+        extra = timing_runs(timing, opts)
+        timed = pd.concat([runs, extra], ignore_index=True)
     base_dir = df.attrs.get("base_dir")
     arms = sorted(set(runs["variant"]) - {opts.baseline})
     sets = seed_sets(runs, opts)
@@ -311,12 +344,19 @@ def analyse_recipe(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> R
     for name, seeds in sets.items():
         sub = runs[runs["seed"].isin(seeds)]
         a[name] = compare(
-            baseline_table(sub, opts), opts.label(opts.reference_recipe), [opts.label(opts.recipe)], opts, base_dir
+            baseline_table(sub, opts),
+            opts.label(opts.reference_recipe),
+            [opts.label(opts.recipe)],
+            opts,
+            base_dir,
+            timed=baseline_table(timed, opts),
         )[opts.label(opts.recipe)]
         for r in opts.recipes:
             one = sub[sub["recipe"] == r]
             here = [x for x in arms if (one["variant"] == x).any()]
-            b[r][name] = compare(one, opts.baseline, here, opts, base_dir) if here else {}
+            b[r][name] = (
+                compare(one, opts.baseline, here, opts, base_dir, timed=timed[timed["recipe"] == r]) if here else {}
+            )
     parts = {
         "schema_version": SCHEMA_VERSION,
         "source": df.attrs.get("source"),
@@ -344,6 +384,7 @@ def analyse_recipe(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> R
         "interaction": interaction_rows(runs, arms, opts),
         "held_out_check": held_out_check(a, b, opts),
         "cost": cost(runs, opts),
+        "timing_runs": len(timed) - len(runs),
         "excluded_runs": excluded,
     }
     return RecipeReport(parts, runs)
@@ -851,13 +892,18 @@ def _line(e: dict[str, Any]) -> str:
 
 
 def run_recipe(
-    df: pd.DataFrame, out: str | Path, opts: RecipeOptions = RecipeOptions(), *, make_figures: bool = True
+    df: pd.DataFrame,
+    out: str | Path,
+    opts: RecipeOptions = RecipeOptions(),
+    *,
+    make_figures: bool = True,
+    timing: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """:func:`analyse_recipe` on ``df``, written under ``out``: recipe.json, recipe_summary.md and (unless
     ``make_figures`` is False) fig_recipe_interaction.png and fig_recipe_baseline.png. Returns the report."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    report = analyse_recipe(df, opts)
+    report = analyse_recipe(df, opts, timing)
     doc = report.parts
     files = ["recipe.json", "recipe_summary.md"]
     if make_figures:

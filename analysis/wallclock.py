@@ -16,9 +16,10 @@ r_step = (cpu_time_s / steps)_arm ÷ (cpu_time_s / steps)_ref, pooled the same w
 
     m_wall = m ÷ r_step × (FLOPs per step)_arm ÷ (FLOPs per step)_ref.
 
-Time: the records' steady-state ``step_cpu_s`` (x steps) when every run of both arms has one, else their whole
-``cpu_time_s`` (compilation included, whose cost depends on the compile cache more than on the arm): never a mix;
-``time_source`` says which.
+Time: the records' steady-state ``step_cpu_s`` (x steps) when every (arm, rung) stratum has runs with one (then
+those runs), else every run's whole ``cpu_time_s`` (compilation included, whose cost depends on the compile cache
+more than on the arm): never a mix; ``time_source`` says which. The runs timed may be other runs of the same
+configurations than those fitted (analysis.recipe's ``timing`` tables): time is a property of the configuration.
 
 Interval: the time ratio t = s_ref / s_arm is resampled by a bootstrap over runs, within each (arm, rung)
 stratum, its percentile interval in log t widened by sqrt(mean n/(n-1)) like analysis.bootstrap's cluster
@@ -66,22 +67,22 @@ TIME_SOURCES = {
 
 
 def _time_column(df: pd.DataFrame, reference: str, arm: str, o: WallclockOptions) -> tuple[pd.DataFrame, str, str]:
-    """(df, the time column to read, what it measures). ``auto`` takes the records' steady-state ``step_cpu_s`` when
-    every completed run of both arms has one (then compilation, whose cost depends on the compile cache rather than
-    on the arm, does not enter the ratio), else ``cpu_time_s`` for all of them: never a mix of the two."""
+    """(rows to read, the time column, what it measures). ``auto``: when every (arm, rung) stratum of the two arms
+    holds a completed run with a steady-state ``step_cpu_s``, those runs only, timed by it (compilation, whose cost
+    depends on the compile cache rather than on the arm, does not enter the ratio); else every run by its whole
+    ``cpu_time_s``. Never a mix of the two."""
     if o.time != "auto":
         return df, o.time, TIME_SOURCES.get(o.time, o.time)
-    if "step_cpu_s" in df.columns and o.arm_column in df.columns:
+    if {"step_cpu_s", "steps", o.arm_column, o.rung} <= set(df.columns):
         d = df[df[o.arm_column].isin([reference, arm])]
         if "status" in d.columns:
             d = d[d["status"] == "completed"]
         step = pd.to_numeric(d["step_cpu_s"], errors="coerce")
-        if len(d) and bool((step > 0).all()):
-            out = df.copy()
-            out[STEADY] = pd.to_numeric(out["step_cpu_s"], errors="coerce") * pd.to_numeric(
-                out["steps"], errors="coerce"
-            )
-            return out, STEADY, TIME_SOURCES[STEADY]
+        strata = set(zip(d[o.arm_column], d[o.rung].astype(str)))
+        timed = d[step > 0]
+        if strata and strata == set(zip(timed[o.arm_column], timed[o.rung].astype(str))):
+            timed = timed.assign(**{STEADY: pd.to_numeric(timed["step_cpu_s"]) * pd.to_numeric(timed["steps"])})
+            return timed, STEADY, TIME_SOURCES[STEADY]
     return df, "cpu_time_s", TIME_SOURCES["cpu_time_s"]
 
 

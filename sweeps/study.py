@@ -76,6 +76,7 @@ class Study:
     # identity (config_hash) instead of trained again
     reuse: tuple[str, ...] = ()
     analysis: str = "fit"  # scaling kinds: the `python -m analysis <analysis>` command that reports the study
+    analysis_args: tuple[str, ...] = ()  # appended to that command (paths relative to the repository)
 
 
 COMMITTED_LADDER = "docs/results/cpu_ladder/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), d = 32 ladder
@@ -170,6 +171,9 @@ STUDIES = {
         passes=((), ("optimizer=muon", "scheduler=wsd", "tuned_lr=cpu_deep_muon_wsd")),
         reuse=("docs/results/cpu_deep", "docs/results/cpu_deep_recipe"),
         analysis="recipe",
+        # the committed AdamW records predate step_cpu_s: re-runs of their seed-0 configurations time them
+        # (docs/results/cpu_deep_recipe/design.md)
+        analysis_args=("--timing", "docs/results/cpu_deep_recipe_timing"),
         why=WHY_DEEP,
     ),
     "deep_recipe_lr": Study(
@@ -559,6 +563,7 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
         cmd = [sys.executable, "-m", "analysis", command, "--results", results, "--out", str(report)]
     elif study.analysis != "fit":
         cmd = [sys.executable, "-m", "analysis", study.analysis, "--results", results, "--out", str(report)]
+        cmd += [str(REPO / a) if (REPO / a).exists() else a for a in study.analysis_args]
         files = f"{study.analysis}_summary.md, {study.analysis}.json, figures"
     else:
         cmd = [sys.executable, "-m", "analysis", "fit", "--results", results, "--out", str(report)]

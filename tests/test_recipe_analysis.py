@@ -215,3 +215,36 @@ def test_the_command_reads_a_study_directory(tmp_path, capsys):
     assert [e["status"] for e in doc["excluded_runs"]] == ["diverged"]
     printed = capsys.readouterr().out
     assert "(a) baseline muon+wsd vs adamw+cosine, design: m = " in printed
+
+
+def test_steady_state_step_time_is_used_only_when_every_stratum_has_it_and_timing_runs_supply_it():
+    from analysis.wallclock import time_ratio
+
+    rows = [  # (variant, size, cpu_time_s incl. compilation, step_cpu_s, flops, steps)
+        ("baseline", "r1", 50.0, 0.10, 1e11, 100),
+        ("block", "r1", 90.0, 0.30, 1e11, 100),
+        ("baseline", "r2", 50.0, None, 1e11, 100),
+        ("block", "r2", 60.0, 0.20, 1e11, 100),
+    ]
+    df = pd.DataFrame(rows, columns=["variant", "size", "cpu_time_s", "step_cpu_s", "flops", "steps"])
+    mixed = time_ratio(df, "baseline", "block")  # r2's baseline has no steady-state time: whole cpu_time_s for all
+    assert mixed["time_source"].startswith("cpu_time_s")
+    assert mixed["step_time_ratio"] == pytest.approx(math.sqrt(90 / 50 * 60 / 50))
+    timing = pd.DataFrame([("baseline", "r2", 70.0, 0.25, 1e11, 100)], columns=df.columns)
+    steady = time_ratio(pd.concat([df, timing]), "baseline", "block")  # a timing re-run fills the stratum
+    assert steady["time_source"].startswith("step_cpu_s")
+    assert steady["step_time_ratio"] == pytest.approx(math.sqrt(0.30 / 0.10 * 0.20 / 0.25))
+
+
+def test_timing_runs_enter_the_time_ratios_and_are_never_fitted(study):
+    df, parts = study
+    timing = df[(df["seed"] == 0) & (df["recipe"] == "adamw+cosine")].copy() if "recipe" in df else None
+    if timing is None:
+        timing = df[(df["seed"] == 0) & (df["optimizer"] == "adamw")].copy()
+    timing["val_loss"] = timing["val_loss"] + 1.0  # a fit that read them would move
+    timing["cpu_time_s"] = timing["cpu_time_s"] * 3.0  # the AdamW arms' time triples where they are read
+    with_timing = _quiet(analyse_recipe, df, RecipeOptions(fit=FitOptions(B=300)), timing).parts
+    assert with_timing["timing_runs"] == len(timing)
+    e0, e1 = parts["baseline_recipe"]["all"], with_timing["baseline_recipe"]["all"]
+    assert e1["joint"]["m"] == pytest.approx(e0["joint"]["m"])  # not fitted
+    assert e1["timing"]["step_time_ratio"] < e0["timing"]["step_time_ratio"]  # but timed: AdamW's time grew
