@@ -379,6 +379,17 @@ def committed_lines(path: Path) -> list[str]:
     return lines
 
 
+def analysis_arguments(args: Sequence[str]) -> list[str]:
+    """A study's extra analysis arguments (``--option value`` pairs) with repository paths made absolute; a pair
+    whose path does not exist is left out (e.g. timing records not committed in this checkout)."""
+    out: list[str] = []
+    for option, value in zip(args[::2], args[1::2]):
+        path = REPO / value
+        if path.exists():
+            out += [option, str(path)]
+    return out
+
+
 def analysis_headline(command: str, document: Path) -> list[str]:
     """The headline lines of a study reported by ``python -m analysis <command>`` other than fit (its module's
     ``headline_lines`` of the JSON document it wrote)."""
@@ -563,7 +574,7 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
         cmd = [sys.executable, "-m", "analysis", command, "--results", results, "--out", str(report)]
     elif study.analysis != "fit":
         cmd = [sys.executable, "-m", "analysis", study.analysis, "--results", results, "--out", str(report)]
-        cmd += [str(REPO / a) if (REPO / a).exists() else a for a in study.analysis_args]
+        cmd += analysis_arguments(study.analysis_args)
         files = f"{study.analysis}_summary.md, {study.analysis}.json, figures"
     else:
         cmd = [sys.executable, "-m", "analysis", "fit", "--results", results, "--out", str(report)]
