@@ -168,7 +168,13 @@ STUDIES = {
         "{AdamW + cosine (the committed runs of docs/results/cpu_deep, reused), Muon + WSD (the paper's 48B recipe, "
         "at its own tuned lrs, conf/tuned_lr/cpu_deep_muon_wsd.yaml)}, Block at the baseline's lr in each",
         overrides=("study=cpu_deep_recipe", "model=baseline,block_attnres"),
-        passes=((), ("optimizer=muon", "scheduler=wsd", "tuned_lr=cpu_deep_muon_wsd")),
+        # passes: the AdamW runs (reused), the timing re-runs of their seed 0 (their records predate step_cpu_s; into
+        # their own table, never fitted), then Muon + WSD
+        passes=(
+            (),
+            ("study=cpu_deep_recipe_timing", "seed=0"),
+            ("optimizer=muon", "scheduler=wsd", "tuned_lr=cpu_deep_muon_wsd"),
+        ),
         reuse=("docs/results/cpu_deep", "docs/results/cpu_deep_recipe"),
         analysis="recipe",
         # the committed AdamW records predate step_cpu_s: re-runs of their seed-0 configurations time them
