@@ -468,6 +468,42 @@ class GracefulInterrupt(pl.Callback):
             self.stop(trainer)
 
 
+# ---- several budgets from one run (experiments/budgets.py) ----------------------------------------------------
+class BranchPoints(pl.Callback):
+    """The trunk of a multi-budget launch: after optimizer step s of ``points`` (step -> file), save the run's
+    state there, as Lightning's own step checkpoints are saved (atomically, experiments.checkpoint_io), unless the
+    file is already there (a resumed trunk passing the step again: the same state)."""
+
+    def __init__(self, points: dict[int, str | Path]) -> None:
+        self.points = {int(s): Path(p) for s, p in points.items()}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        path = self.points.get(trainer.global_step)
+        if path is not None and not path.is_file():
+            trainer.save_checkpoint(path)
+
+
+class ScheduleResync(pl.Callback):
+    """A decay branch of a multi-budget launch: when training starts from a checkpoint, set each optimizer group's
+    lr to the run's own schedule at the restored step (``base_lr * lambda(last_epoch)``, LambdaLR's own
+    arithmetic). A branch resumes from the trunk's state, saved after its scheduler had stepped on the trunk's
+    schedule, which is at the peak where the branch's decay starts; on a run's own checkpoint this sets the value
+    already there."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if trainer.global_step == 0:
+            return
+        for config in trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            lambdas = getattr(sched, "lr_lambdas", None)
+            if lambdas is None:
+                continue
+            values = [base * lam(sched.last_epoch) for lam, base in zip(lambdas, sched.base_lrs)]
+            for group, lr in zip(sched.optimizer.param_groups, values):
+                group["lr"] = lr
+            sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
+
+
 # ---- test-only fault injection (conf: fault.kill_at_step / fault.nan_at_step; excluded from config_hash) ------
 class KillAtStep(pl.Callback):
     """SIGKILL this process right after optimizer step `step` finished (checkpointing and evaluation included):

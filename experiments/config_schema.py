@@ -42,6 +42,28 @@ def number(value: Any, key: str, lo: float, hi: float, lo_open: bool = False, hi
     return float(value)
 
 
+def check_budgets(budgets: Any, flops_budget: Any) -> None:
+    """``train.budgets``: a list of tokens per parameter, each positive, strictly increasing (so none twice), and
+    no ``train.flops_budget`` beside it; a ValueError naming the key otherwise. The checks that need the step counts
+    (each decay after the warm-up) are experiments.budgets.plan_budgets'."""
+    key = "train.budgets"
+    if isinstance(budgets, (str, bytes)) or not hasattr(budgets, "__len__") or len(budgets) == 0:
+        raise ValueError(f"{key}={budgets!r} must be a non-empty list of tokens per parameter, e.g. [8,32,128]")
+    values = list(budgets)
+    for i, b in enumerate(values):
+        number(b, f"{key}[{i}]", 0, float("inf"), lo_open=True)
+    for i in range(1, len(values)):
+        if values[i] == values[i - 1]:
+            raise ValueError(f"{key}={values!r} holds {values[i]!r} twice: each budget is one branch")
+        if values[i] < values[i - 1]:
+            raise ValueError(f"{key}={values!r} is not sorted: list the budgets in increasing order")
+    if flops_budget is not None:
+        raise ValueError(
+            f"{key} and train.flops_budget={flops_budget!r} are both set: budgets give each branch its token count; "
+            "set train.flops_budget=null"
+        )
+
+
 @dataclass
 class TrainSchema:
     """``train``: how long a run trains and how it is evaluated (conf/train.yaml)."""
@@ -54,8 +76,11 @@ class TrainSchema:
     eval_count: int = MISSING
     val_sequences: int = MISSING
     val_batch_size: int = MISSING
+    budgets: Any = MISSING  # list[int | float] | None: tokens per parameter of each decay branch (experiments.budgets)
 
     def __post_init__(self) -> None:
+        if self.budgets is not None:
+            check_budgets(self.budgets, self.flops_budget)
         if self.flops_budget is not None:
             number(self.flops_budget, "train.flops_budget (size.flops_budget)", 0, float("inf"), lo_open=True)
         if self.tokens is not None:

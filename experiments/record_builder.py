@@ -41,9 +41,19 @@ class RecordBuilder:
     """The record of one run in the making. ``module``, ``trainer`` and ``recorder`` (experiments.callbacks.
     RunRecorder) are set by experiments.train as they are built; :meth:`record` uses whichever exist."""
 
-    def __init__(self, cfg: DictConfig, chash: str, run_id: str, run_dir: Path, study_dir: Path, plan: RunPlan) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        chash: str,
+        run_id: str,
+        run_dir: Path,
+        study_dir: Path,
+        plan: RunPlan,
+        lineage: dict[str, Any] | None = None,
+    ) -> None:
         self.cfg, self.chash, self.run_id, self.run_dir, self.study_dir = cfg, chash, run_id, run_dir, study_dir
         self.plan = plan
+        self.lineage = dict(lineage or {})  # a multi-budget launch's run: budget, trunk_id (experiments.budgets)
         self.table = study_dir / ledger.RESULTS_TABLE
         self.started_at = utc_now()
         self.t0 = time.time()
@@ -112,6 +122,8 @@ class RecordBuilder:
             "cpu_time_s": round(cpu_seconds() - self.cpu0, 3),
             "optimizer": recipe_name(cfg.optimizer),
             "lr_schedule": recipe_name(cfg.scheduler),
+            "budget": _float_or_none(self.lineage.get("budget")),
+            "trunk_id": self.lineage.get("trunk_id"),
         }
         if mc is not None:
             import torch

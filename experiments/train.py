@@ -54,7 +54,31 @@ def _setup_error(e: BaseException) -> SetupError:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
+    """Run (or resume, or skip) one training run; returns its result record. With ``train.budgets`` set, the trunk
+    and the decay branches of several budgets, each a run of its own (experiments.budgets.train_budgets); returns
+    the largest budget's record, every budget's under ``budgets``."""
+    cfg = copy.deepcopy(cfg)
+    interrupts.reset()  # a new run (experiments.job.run_job starts none after an interrupt of its launch)
+    if OmegaConf.select(cfg, "train.budgets", throw_on_resolution_failure=False) is not None:
+        from .budgets import train_budgets
+
+        return train_budgets(cfg, _train_run)
+    return _train_run(cfg)
+
+
+def _train_run(
+    cfg: DictConfig,
+    lineage: dict[str, Any] | None = None,
+    branch_points: dict[int, Any] | None = None,
+    seed: Any = None,
+    resync: bool = False,
+) -> dict[str, Any]:
     """Run (or resume, or skip) one training run; returns its result record.
+
+    A multi-budget launch (experiments.budgets) passes what its runs need beyond an ordinary one: ``lineage``
+    (the record's ``budget`` and ``trunk_id``), ``branch_points`` (the trunk: step -> file to save its state at),
+    ``seed`` (a branch: called in the run directory, under the lock, before the resume, to start it from its
+    branch point) and ``resync`` (a branch: the lr of the step it resumes at comes from its own schedule).
 
     Before training (nothing written, Lightning not imported): the config checks, the run's identity (inside
     ``paths.runs_root``), that the runs root is writable and the skip check, then the data and model checks. Any
@@ -63,7 +87,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     diverged; interrupted by a signal, after a checkpoint at that step: RunInterrupted).
     """
     cfg = copy.deepcopy(cfg)
-    interrupts.reset()  # a new run (experiments.job.run_job starts none after an interrupt of its launch)
     try:
         check_config(cfg)
         chash, run_id, run_dir, study_dir = run_identity(cfg)
@@ -95,20 +118,25 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if (signame := interrupts.received()) is not None:  # while the data and the model were prepared
             raise StopRequested(signame)
         run_dir.mkdir(parents=True, exist_ok=True)
+        if seed is not None and rank_zero:
+            seed()
         with open_dict(cfg):
             cfg.run_id = run_id
             cfg.paths.run_dir = str(run_dir)
-        return _fit(cfg, RecordBuilder(cfg, chash, run_id, run_dir, study_dir, plan), rank_zero)
+        run = RecordBuilder(cfg, chash, run_id, run_dir, study_dir, plan, lineage)
+        return _fit(cfg, run, rank_zero, branch_points or {}, resync)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _fit(cfg: DictConfig, run: RecordBuilder, rank_zero: bool) -> dict[str, Any]:
+def _fit(
+    cfg: DictConfig, run: RecordBuilder, rank_zero: bool, branch_points: dict[int, Any], resync: bool
+) -> dict[str, Any]:
     """Train ``run`` to its planned step, evaluate the last step and write the completed record."""
     from hydra.utils import instantiate
 
-    from .callbacks import GracefulInterrupt, RunRecorder
+    from .callbacks import BranchPoints, GracefulInterrupt, RunRecorder, ScheduleResync
     from .checkpoint_io import resume_checkpoint
     from .instantiators import fault_callbacks, instantiate_callbacks, instantiate_loggers, instantiate_trainer
     from .module import LMModule
@@ -143,6 +171,10 @@ def _fit(cfg: DictConfig, run: RecordBuilder, rank_zero: bool) -> dict[str, Any]
         )
         recorder.session_start, recorder.session_cpu_start = run.t0, run.cpu0  # this launch's setup included
         callbacks = [recorder, *instantiate_callbacks(cfg), interrupt, *fault_callbacks(cfg)]
+        if branch_points:  # the trunk of a multi-budget launch (experiments.budgets)
+            callbacks.append(BranchPoints(branch_points))
+        if resync:  # a decay branch
+            callbacks.append(ScheduleResync())
         resume_from = resume_checkpoint(ckpt, run.run_id, rank_zero)  # a damaged one is reported and set aside
         resuming = resume_from is not None
         loggers = instantiate_loggers(cfg, wandb_run_id(run.run_dir, resuming) if rank_zero else "")

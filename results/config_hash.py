@@ -57,8 +57,9 @@ HASH_EXCLUDE = (
 # unset is the same experiment as one that does not have the key. ``train.flops_budget`` null = the steps come from
 # the size's own length. Without the rule every committed run without a budget (all of docs/results) gets another
 # hash: all 24 cases of tests/test_identity_stable.py move. ``model.moe`` null = a dense feed-forward (attnres.moe):
-# every dense run's identity stays what it was before MoE existed.
-HASH_DROP_IF_NULL = ("train.flops_budget", "model.moe")
+# every dense run's identity stays what it was before MoE existed. ``train.budgets`` null = one run: every run
+# (and every branch of a multi-budget launch, whose own config has it null) keeps the identity it had before the key.
+HASH_DROP_IF_NULL = ("train.flops_budget", "model.moe", "train.budgets")
 # The default protocol is no protocol: ``lr_protocol`` at ``baseline`` (every arm at the baseline's lr, the resolved
 # lr itself always in the hash) is left out, so a config that names the default is the config that does not. Without
 # it 22 of the 24 cases of tests/test_identity_stable.py move (every run at the shared lr). ``model.ffn`` at

@@ -101,6 +101,8 @@ class RunRecord:
     optimizer: str | None = None
     lr_schedule: str | None = None
     step_cpu_s: float | None = None
+    budget: float | None = None
+    trunk_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUSES:

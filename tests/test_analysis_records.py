@@ -164,7 +164,16 @@ def test_the_record_schema_is_the_documented_table():
     assert list(ledger.make_record(run_id="r", status="completed")) == list(schema.COLUMNS)
     assert set(schema.NUMERIC_COLUMNS) | set(schema.STR_COLUMNS) == set(schema.COLUMNS)
     # new fields are appended, never inserted: the newest, in the order they were added
-    assert schema.COLUMNS[-6:] == ("study_kind", "train_path", "cpu_time_s", "optimizer", "lr_schedule", "step_cpu_s")
+    assert schema.COLUMNS[-8:] == (
+        "study_kind",
+        "train_path",
+        "cpu_time_s",
+        "optimizer",
+        "lr_schedule",
+        "step_cpu_s",
+        "budget",
+        "trunk_id",
+    )
     assert set(schema.REQUIRED + schema.REQUIRED_IF_COMPLETED) <= set(schema.COLUMNS)
 
 

@@ -1,0 +1,276 @@
+"""Several budgets from one run: ``train.budgets=[8,32,128]`` (tokens per parameter) with ``scheduler=wsd``.
+
+A WSD schedule's constant phase does not depend on the run's length (experiments.optim.wsd_lambda), so the state of
+a WSD run to the largest budget at step s is the state of a WSD run to any smaller budget at s, as long as s is
+before that budget's decay and both share the warm-up. So (Hägele et al. 2024, arXiv 2405.18392):
+
+* **the trunk** is the ordinary WSD run to the largest budget. While it is at the peak lr it saves its state at
+  each smaller budget's decay start, ``steps_B - round(decay_fraction * steps_B)``, as that budget's
+  **branch point**, ``<branch run dir>/checkpoints/branch_point.ckpt``;
+* **each smaller budget is a decay branch**: the ordinary WSD run to that budget, started from its branch point
+  instead of from step 0 (the branch point becomes its ``last.ckpt``, and the trunk's metrics up to that step its
+  first rows); its lr is set from its own schedule at the step it starts from (:class:`ScheduleResync`). It is then
+  interruptible and resumable like any run, from its own checkpoints. Its branch point is deleted once it is
+  finished (completed or diverged).
+
+Identity: every branch, the trunk included, is the run its config describes: the launch's config with the length
+of its budget (``size.tokens_per_param = B`` where the size has that key, else ``size.tokens = round(B *
+size.target_params)``), ``train.budgets`` null and the shared warm-up. So a branch has the ``config_hash`` of an
+independent WSD run to its budget: a relaunch skips the finished ones (experiments.record_builder.find_finished), an
+independent run already in the study is not trained again, and a branch whose branch point is gone is trained from
+step 0 as that independent run (the same result; it says so). The shared warm-up is ``scheduler.warmup_steps`` when
+set, else ``warmup_fraction`` of the smallest budget's steps; a branch whose own ``warmup_fraction`` gives that same
+length keeps ``warmup_steps`` null (its identity is then the plain run's), every other gets ``warmup_steps`` = the
+shared length. Each record carries ``budget`` (B) and ``trunk_id`` (the trunk's run id; also on the trunk's own).
+
+Decisions and the measured cost: docs/runs.md, "Several budgets from one run". Lightning is imported only by the
+callbacks' module (experiments.callbacks), when a branch trains.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from results import ledger
+
+from . import interrupts
+from .errors import SetupError, StopRequested
+from .identity import run_identity
+from .record_builder import find_finished
+from .validation import check_config, check_writable, planned_steps
+
+BRANCH_POINT = "branch_point.ckpt"  # in the branch's own checkpoints/ directory
+TRUNK_FILES = ("metrics.csv", "diagnostics.jsonl", "router.csv")  # a branch's first rows, up to its branch point
+WSD_TARGET = "experiments.optim.wsd"
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One budget of a multi-budget launch: an ordinary WSD run (``cfg``) and where it branches from the trunk."""
+
+    budget: int | float  # tokens per parameter
+    cfg: DictConfig  # the run's own config: train.budgets null, the budget's length, the shared warm-up
+    steps: int
+    decay_steps: int
+    config_hash: str
+    run_id: str
+    run_dir: Path
+
+    @property
+    def start(self) -> int:
+        """The step its decay starts at: its branch point on the trunk."""
+        return self.steps - self.decay_steps
+
+    @property
+    def branch_point(self) -> Path:
+        return self.run_dir / "checkpoints" / BRANCH_POINT
+
+    def has_own_checkpoint(self) -> bool:
+        ckpts = self.run_dir / "checkpoints"
+        return (ckpts / "last.ckpt").is_file() or (ckpts / "last.prev.ckpt").is_file()
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    branches: tuple[Branch, ...]  # by increasing budget; the last is the trunk
+    warmup_steps: int
+    warmup_from: str  # where the shared warm-up comes from, for the launch's first line
+    study_dir: Path
+
+    @property
+    def trunk(self) -> Branch:
+        return self.branches[-1]
+
+
+def _canonical(budget: Any) -> int | float:
+    """A budget as the size key takes it: 32.0 -> 32 (an int keeps the hash of ``size.tokens_per_param=32``)."""
+    value = float(budget)
+    return int(value) if value.is_integer() else value
+
+
+def branch_config(cfg: DictConfig, budget: int | float, warmup_steps: int | None) -> DictConfig:
+    """The launch's config as the ordinary run to ``budget`` tokens per parameter (``warmup_steps`` None: the
+    schedule's own warm-up). A ValueError naming the key when the length cannot be set that way."""
+    size = cfg.size
+    if size.get("target_params") is None:
+        raise ValueError(
+            f"train.budgets counts tokens per parameter of size.target_params, and size {size.get('name')!r} has "
+            "none: set size.target_params (the N each budget multiplies)"
+        )
+    if OmegaConf.select(cfg, "train.tokens", throw_on_resolution_failure=False) is None or not (
+        OmegaConf.is_interpolation(cfg.train, "tokens")
+    ):
+        raise ValueError(
+            f"train.budgets sets each branch's length, so train.tokens must stay ${{size.tokens}} (it is "
+            f"{cfg.train.get('tokens')!r}); drop the train.tokens override"
+        )
+    out = copy.deepcopy(cfg)
+    want = round(float(size.target_params) * float(budget))
+    with open_dict(out):
+        out.train.budgets = None
+        if "tokens_per_param" in size:
+            out.size.tokens_per_param = budget
+        else:
+            out.size.tokens = want
+        if warmup_steps is not None:
+            out.scheduler.warmup_steps = warmup_steps
+    got = OmegaConf.select(out, "train.tokens")
+    if got != want:
+        raise ValueError(
+            f"train.budgets: budget {budget} should train {want} tokens ({budget} x size.target_params "
+            f"{size.target_params}), but train.tokens resolves to {got!r} with size.tokens_per_param={budget}: drop "
+            "the size.tokens override"
+        )
+    return out
+
+
+def plan_budgets(cfg: DictConfig) -> BudgetPlan:
+    """Every branch's config, steps, decay and identity, and the shared warm-up; a ValueError naming the key when
+    the budgets cannot branch from one trunk (not WSD, two budgets of one step count, a decay that would start
+    before the shared warm-up ends). Reads nothing but the config: the data are not loaded yet."""
+    sched = cfg.scheduler
+    if str(sched.get("_target_")) != WSD_TARGET:
+        raise ValueError(
+            f"train.budgets branches decays from one constant-lr trunk, which needs scheduler=wsd (this config has "
+            f"{sched.get('_target_')!r})"
+        )
+    budgets = [_canonical(b) for b in cfg.train.budgets]
+    plain = [branch_config(cfg, b, None) for b in budgets]
+    steps = [planned_steps(c.train, 0.0) for c in plain]  # a token count: flops_per_token is not read
+    for b, s in zip(budgets, steps):
+        if s < 1:
+            raise ValueError(f"train.budgets: budget {b} trains {s} steps; every budget needs at least one step")
+    for i in range(1, len(steps)):
+        if steps[i] == steps[i - 1]:
+            raise ValueError(
+                f"train.budgets: budgets {budgets[i - 1]} and {budgets[i]} both train {steps[i]} steps (whole batches "
+                f"of {cfg.train.batch_size} x {cfg.train.seq_len} tokens): drop one"
+            )
+    fraction, decay_fraction = float(sched.warmup_fraction), float(sched.decay_fraction)
+    if sched.get("warmup_steps") is not None:
+        warmup, source = int(sched.warmup_steps), "scheduler.warmup_steps"
+    else:
+        warmup = max(1, round(fraction * steps[0]))
+        source = f"scheduler.warmup_fraction {fraction:g} of the smallest budget's {steps[0]} steps"
+    branches = []
+    for b, s, c in zip(budgets, steps, plain):
+        decay = round(decay_fraction * s)
+        if s - decay < warmup:
+            raise ValueError(
+                f"train.budgets: budget {b} ({s} steps) would start its decay at step {s - decay}, before the shared "
+                f"warm-up ends at step {warmup} ({source}): raise the smallest budget or lower "
+                "scheduler.warmup_steps / warmup_fraction or scheduler.decay_fraction"
+            )
+        own = sched.get("warmup_steps") is None and max(1, round(fraction * s)) == warmup
+        run_cfg = c if own else branch_config(cfg, b, warmup)
+        check_config(run_cfg)
+        chash, run_id, run_dir, study_dir = run_identity(run_cfg)
+        branches.append(Branch(b, run_cfg, s, decay, chash, run_id, run_dir))
+    return BudgetPlan(tuple(branches), warmup, source, study_dir)
+
+
+# A run of experiments.train: (cfg, lineage, branch_points, seed, resync) -> its record.
+TrainRun = Callable[..., dict[str, Any]]
+
+
+def seed_branch(branch: Branch, trunk: Branch) -> None:
+    """Start ``branch`` from its branch point: unless it has a checkpoint of its own, the branch point becomes its
+    ``last.ckpt`` and the trunk's metrics.csv, diagnostics.jsonl and router.csv its files (the recorder keeps
+    their rows up to the step it resumes at). Each file is written to a temporary name and renamed into place.
+    The trunk's ModelCheckpoint states are left out of the branch's checkpoint: they name the trunk's directory
+    (Lightning would only warn and ignore them)."""
+    if branch.has_own_checkpoint() or not branch.branch_point.is_file():
+        return
+    import torch
+
+    for name in TRUNK_FILES:
+        if (trunk.run_dir / name).is_file():
+            tmp = _temporary(branch.run_dir / name)
+            shutil.copyfile(trunk.run_dir / name, tmp)
+            os.replace(tmp, branch.run_dir / name)
+    ckpt = torch.load(branch.branch_point, map_location="cpu", weights_only=False)
+    ckpt["callbacks"] = {k: v for k, v in ckpt.get("callbacks", {}).items() if not k.startswith("ModelCheckpoint")}
+    last = branch.run_dir / "checkpoints" / "last.ckpt"
+    tmp = _temporary(last)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(ckpt, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, last)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+
+
+def train_budgets(cfg: DictConfig, train_run: TrainRun) -> dict[str, Any]:
+    """Train the budgets of ``cfg.train.budgets`` that the study does not hold finished: the trunk (the largest
+    budget) first, saving the branch points of the unfinished smaller budgets, then each of those from its branch
+    point. Returns the largest budget's record with ``budgets`` (every budget's record, smallest first); it is
+    ``skipped`` only when every budget was."""
+    try:
+        check_config(cfg)
+        plan = plan_budgets(cfg)
+        check_writable(plan.study_dir)
+    except ValueError as e:
+        raise SetupError(str(e)) from e
+    trunk = plan.trunk
+    print(
+        f"[attnres] budgets {', '.join(str(b.budget) for b in plan.branches)} tokens/parameter: trunk {trunk.run_id} "
+        f"({trunk.steps} steps); branches at steps "
+        f"{', '.join(f'{b.start} (+{b.decay_steps} decay)' for b in plan.branches[:-1]) or '-'}; warm-up "
+        f"{plan.warmup_steps} steps, shared ({plan.warmup_from})"
+    )
+    lineage = {"trunk_id": trunk.run_id}
+    records: dict[int | float, dict[str, Any]] = {}
+    pending = []
+    for b in plan.branches:
+        done = None if cfg.force else find_finished(plan.study_dir, b.config_hash, b.run_id)
+        if done is None:
+            pending.append(b)
+        else:
+            records[b.budget] = done
+            b.branch_point.unlink(missing_ok=True)
+    if trunk in pending:
+        points = {
+            b.start: b.branch_point
+            for b in pending
+            if b is not trunk and not b.has_own_checkpoint() and not b.branch_point.is_file()
+        }
+        records[trunk.budget] = train_run(trunk.cfg, lineage={**lineage, "budget": trunk.budget}, branch_points=points)
+    for b in pending:
+        if b is trunk:
+            continue
+        if (signame := interrupts.received()) is not None:
+            raise StopRequested(signame)
+        if not b.has_own_checkpoint() and not b.branch_point.is_file():
+            print(
+                f"[attnres] {b.run_id}: no trunk state at step {b.start} (its branch point is gone): budget {b.budget} "
+                "trains from step 0, as the independent run it is"
+            )
+        rec = train_run(
+            b.cfg, lineage={**lineage, "budget": b.budget}, seed=lambda b=b: seed_branch(b, trunk), resync=True
+        )
+        records[b.budget] = rec
+        if rec.get("status") in ledger.FINISHED:
+            b.branch_point.unlink(missing_ok=True)
+    result = dict(records[trunk.budget])
+    ordered = [records[b.budget] for b in plan.branches]
+    if not all(r.get("skipped") for r in ordered):
+        result.pop("skipped", None)
+    result["budgets"] = ordered
+    if all(r.get("skipped") for r in ordered):
+        print(f"[attnres] all {len(ordered)} budgets are finished in {plan.study_dir}: nothing to train")
+    return result
