@@ -170,7 +170,7 @@ def malformed(record: Mapping[str, Any]) -> str | None:
 
 # The commit whose scripts/migrate_records.py brings records of an older layout to the current schema (the script
 # was run on the committed records there, then deleted: docs/results_schema.md, "Records of an older layout").
-MIGRATION_COMMIT = "2f60ec856823"  # optimizer, lr_schedule, step_cpu_s
+MIGRATION_COMMIT = "b6f4940d6c36"  # budget, trunk_id (and 2f60ec856823's optimizer, lr_schedule, step_cpu_s)
 EARLIER_MIGRATION_COMMIT = "4c12b9900a71"  # study_kind, data_fingerprint, records/ from results.csv rows
 
 
