@@ -81,6 +81,37 @@ def _parser() -> argparse.ArgumentParser:
         help="fit only the runs of these seeds, comma-separated (e.g. a study's held-out seeds 20,21,22)",
     )
     f.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
+    f.add_argument(
+        "--wallclock",
+        action="store_true",
+        help="add the wall-clock multiplier beside each compute multiplier (from the records' CPU times)",
+    )
+    f.add_argument(
+        "--rollout",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="K",
+        help="fit without the K largest rungs (default 1), predict their losses and the multiplier there beside "
+        "the measurement (fit.json rollout, fig_rollout.png)",
+    )
+    f.add_argument(
+        "--e-sensitivity",
+        type=_fractions,
+        nargs="?",
+        const=(0.5, 0.8, 0.9, 0.95),
+        default=None,
+        metavar="F,F,...",
+        help="the multiplier with E fitted, E = 0 and E pinned at these fractions of the lowest loss "
+        "(default 0.5,0.8,0.9,0.95)",
+    )
+    f.add_argument(
+        "--nd",
+        action="store_true",
+        help="also fit L = E + A/N^alpha + B/D^beta per arm (Chinchilla's approach 3; needs several tokens per "
+        "parameter)",
+    )
 
     r = sub.add_parser(
         "lr", help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read"
@@ -168,6 +199,16 @@ def _seed_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 20,21,22") from None
 
 
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated fractions, e.g. 0.5,0.9") from None
+    if not out or not all(0 < f < 1 for f in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: every fraction must lie in (0, 1)")
+    return out
+
+
 def _f(x: float | None) -> str:
     return "n/a" if x is None or x != x else f"{x:.3f}"
 
@@ -205,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
-    from .pipeline import load_any, run_fit
+    from .pipeline import Sections, load_any, run_fit
     from .runs import select_dataset, select_seeds
     from .scaling import FitOptions
 
@@ -227,7 +268,8 @@ def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
         skip_incomplete=args.skip_incomplete,
         outliers=args.outliers,
     )
-    doc = run_fit(df, args.out, options, make_figures=not args.no_figures)
+    sections = Sections(wallclock=args.wallclock, rollout=args.rollout, e_sensitivity=args.e_sensitivity, nd=args.nd)
+    doc = run_fit(df, args.out, options, make_figures=not args.no_figures, sections=sections)
     for v, m in doc.multipliers.items():
         lo, hi = m.m_ci95 or (None, None)
         print(
@@ -240,7 +282,36 @@ def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
                 f"  exponents differ significantly: M(C) runs from {_f(c.M[0])} at C = {c.C[0]:.3g} "
                 f"to {_f(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
             )
+    for line in _section_lines(doc):
+        print(line)
     print(f"wrote {', '.join(doc.files)} to {args.out}")
+
+
+def _section_lines(doc) -> list[str]:
+    """The optional sections' headline lines (wall-clock multipliers, the rollout's predictions, the E range)."""
+    lines: list[str] = []
+    if doc.wallclock:
+        from .wallclock import wallclock_line
+
+        lines += [wallclock_line(v, e).strip() for v, e in doc.wallclock.items()]
+    for v, e in ((doc.rollout or {}).get("variants") or {}).items():
+        for p in e["points"]:
+            lo, hi = p["prediction_interval95"] or (None, None)
+            lines.append(
+                f"rollout {v}: {p['arm']} at {p['size']}: predicted {_f(p['predicted'])} [{_f(lo)}, {_f(hi)}], "
+                f"measured {_f(p['measured'])} ({'inside' if p['inside'] else 'OUTSIDE'})"
+            )
+        lo, hi = e.get("m_ci95") or (None, None)
+        lines.append(f"rollout {v}: m fitted without the held-out rung(s) = {_f(e['m'])} [{_f(lo)}, {_f(hi)}]")
+    for v, e in ((doc.e_sensitivity or {}).get("variants") or {}).items():
+        lo, hi = e["m_range"]
+        lines.append(f"E sensitivity {v}: m from {_f(lo)} to {_f(hi)} (summary.md has the table)")
+    for arm, e in ((doc.nd_fit or {}).get("arms") or {}).items():
+        if e.get("error"):
+            lines.append(f"nd fit {arm}: {e['error']}")
+        else:
+            lines.append(f"nd fit {arm}: {e['law']}")
+    return lines
 
 
 def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> None:

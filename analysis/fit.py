@@ -479,14 +479,40 @@ def fit_joint(
         fallback = "; ".join(reasons) + " -> fell back to E = 0 (pure power law with a shared exponent)"
         attempt = {k: getattr(sat, k) for k in ("E", "A_base", "A_variant", "alpha", "m", "objective")}
 
-    p = fit_power_batch(lnc, lnL, isv, w, delta)
-    theta0 = np.array([0.0, float(p["a_b"]), float(p["a_v"]), float(p["alpha"])])
-    theta, obj = _polish(theta0, lnc, lnL, isv, w, delta, [(0.0, 0.0), (None, None), (None, None), (None, None)])
-    _, a_b, a_v, alpha = (float(t) for t in theta)
-    res = _joint_result("power_law", 0.0, a_b, a_v, alpha, obj * delta * delta, C_ref)
+    res = _fit_pinned(lnc, L, isv, w, 0.0, delta, C_ref)
     res.fallback = fallback
     res.saturating_attempt = attempt
     return res
+
+
+def _fit_pinned(
+    lnc: np.ndarray, L: np.ndarray, isv: np.ndarray, w: np.ndarray, E: float, delta: float, C_ref: float
+) -> JointFit:
+    """The joint fit with E held at ``E``: started from the shared-exponent power law of L - E in log space, then
+    the L-BFGS-B polish of the Huber log-loss (on log L, as every form) with E's bounds at E. E = 0 is the
+    ``power_law`` form."""
+    p = fit_power_batch(lnc, np.log(L - E), isv, w, delta)
+    theta0 = np.array([E, float(p["a_b"]), float(p["a_v"]), float(p["alpha"])])
+    theta, obj = _polish(theta0, lnc, np.log(L), isv, w, delta, [(E, E), (None, None), (None, None), (None, None)])
+    _, a_b, a_v, alpha = (float(t) for t in theta)
+    return _joint_result("power_law" if E == 0 else "pinned", E, a_b, a_v, alpha, obj * delta * delta, C_ref)
+
+
+def fit_joint_pinned(
+    C: Any, L: Any, is_variant: Any, E: float, weights: Any = None, *, delta: float = HUBER_DELTA
+) -> JointFit:
+    """The joint fit ``L_arm = E + A_arm C^-alpha`` with the asymptote held at ``E`` (0 <= E < min L): form
+    ``pinned`` (``power_law`` at E = 0, the same fit as :func:`fit_joint`'s). How m depends on the asymptote is read
+    by refitting at several E (analysis.asymptote)."""
+    C = np.asarray(C, dtype=float)
+    L = np.asarray(L, dtype=float)
+    isv = np.asarray(is_variant, dtype=bool)
+    w = np.ones_like(L) if weights is None else np.asarray(weights, dtype=float)
+    _check_points(C, L)
+    if not 0.0 <= E < float(L[w > 0].min()):
+        raise ValueError(f"a pinned E must lie in [0, min L = {float(L[w > 0].min()):.4g}), got {E}")
+    C_ref = float(np.exp(np.mean(np.log(C))))
+    return _fit_pinned(np.log(C / C_ref), L, isv, w, float(E), delta, C_ref)
 
 
 def joint_draws_at_bound(
@@ -533,12 +559,20 @@ def fit_joint_batch(
     "power_law"): the replicates reuse the model form chosen on the full data.  The saturating branch stops
     at the zoomed alpha grid (no per-replicate L-BFGS-B polish; the zoomed grid
     resolves alpha to ~1%, and m much better since A_b, A_v are profiled at each alpha).
-    Returns E, alpha, m and the Huber objective (``sum W huber(log L - log Lhat)``), each of the batch shape."""
+    Returns E, alpha, m, the Huber objective (``sum W huber(log L - log Lhat)``) and the arms' amplitudes A_b, A_v
+    in the normalised units of ``lnc`` (L = E + A (C / C_ref)^-alpha), each of the batch shape."""
     if form == "power_law":
         p = fit_power_batch(lnc, np.log(L), isv, W, delta)
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             m = np.exp((p["a_b"] - p["a_v"]) / p["alpha"])
-        return {"E": np.zeros_like(p["alpha"]), "alpha": p["alpha"], "m": m, "obj": p["obj"]}
+        return {
+            "E": np.zeros_like(p["alpha"]),
+            "alpha": p["alpha"],
+            "m": m,
+            "obj": p["obj"],
+            "A_b": np.exp(p["a_b"]),
+            "A_v": np.exp(p["a_v"]),
+        }
     if form != "saturating":
         raise ValueError(f"form={form!r} is unknown; allowed values: saturating, power_law")
     # Coarser than the point estimate's search (32 + 2 x 10 exponents, 8 IRLS steps): on the unresampled data it
@@ -546,4 +580,4 @@ def fit_joint_batch(
     s = search_saturating(lnc, L, isv, W, alpha_bounds, n_coarse=32, n_fine=10, rounds=2, delta=delta, irls_iter=8)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         m = (s["A_b"] / s["A_v"]) ** (1.0 / s["alpha"])
-    return {"E": s["E"], "alpha": s["alpha"], "m": m, "obj": s["obj"]}
+    return {"E": s["E"], "alpha": s["alpha"], "m": m, "obj": s["obj"], "A_b": s["A_b"], "A_v": s["A_v"]}

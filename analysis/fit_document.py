@@ -317,6 +317,13 @@ class FitDocument(_Part):
     block_size_sweep: BlockSizeSweep | None = None
     ablations: list[dict[str, Any]] | None = None
     arch_grid: ArchGrid | None = None
+    # Sections `python -m analysis fit` writes only when a flag asks (docs/analysis.md), absent otherwise, so that
+    # a document without them stays byte-identical: --wallclock (analysis.wallclock.ladder_wallclock), --rollout
+    # (analysis.rollout), --e-sensitivity (analysis.asymptote), --nd (analysis.nd_fit).
+    wallclock: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    rollout: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    e_sensitivity: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
+    nd_fit: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
     files: list[str] = field(default_factory=list)
 
     @classmethod

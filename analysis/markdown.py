@@ -36,7 +36,32 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
         lines += ["## Ablations", "", *ablation_markdown(doc["ablations"]), ""]
     if doc.get("arch_grid"):
         lines += ["## Architecture grid (Fig. 7)", "", *arch_grid_markdown(doc["arch_grid"]), ""]
+    lines += _optional_sections(doc, base)
     return "\n".join(lines)
+
+
+def _optional_sections(doc: dict[str, Any], base: str) -> list[str]:
+    """The sections written only when `python -m analysis fit` was asked for them (absent: nothing)."""
+    lines: list[str] = []
+    if doc.get("wallclock") is not None:
+        from .wallclock import wallclock_line
+
+        lines += [f"## Wall-clock multiplier vs {base} (docs/analysis.md)", ""]
+        lines += [f"-{wallclock_line(v, e)[1:]}" for v, e in doc["wallclock"].items()] or ["- no CPU times"]
+        lines.append("")
+    if doc.get("rollout"):
+        from .rollout import rollout_markdown
+
+        lines += rollout_markdown(doc["rollout"], base)
+    if doc.get("e_sensitivity"):
+        from .asymptote import e_sensitivity_markdown
+
+        lines += e_sensitivity_markdown(doc["e_sensitivity"], base)
+    if doc.get("nd_fit"):
+        from .nd_fit import nd_markdown
+
+        lines += nd_markdown(doc["nd_fit"])
+    return lines
 
 
 def _losses(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +16,44 @@ from .block_size import block_size_figure, block_size_sweep
 from .fit_document import FitDocument
 from .markdown import summary_markdown
 from .report import SCHEMA_VERSION, write_json
-from .runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed
+from .runs import AnalysisWarning, as_plain_scaling, load_results, load_wandb, scaling_runs, select_completed
 from .scaling import FitOptions, analyse_scaling
 
 
+@dataclass(frozen=True)
+class Sections:
+    """The optional sections of ``python -m analysis fit`` (each off by default, so that a report without them is
+    unchanged): ``wallclock`` (the wall-clock multiplier beside each compute one, where the records hold CPU times),
+    ``rollout`` (the number of largest rungs held out and predicted; 0: none), ``e_sensitivity`` (the fractions of
+    the lowest loss at which E is pinned; None: no table), ``nd`` (the fit over parameters and tokens)."""
+
+    wallclock: bool = False
+    rollout: int = 0
+    e_sensitivity: tuple[float, ...] | None = None
+    nd: bool = False
+
+
 def run_fit(
-    df: pd.DataFrame, out: str | Path, options: FitOptions | None = None, *, make_figures: bool = True
+    df: pd.DataFrame,
+    out: str | Path,
+    options: FitOptions | None = None,
+    *,
+    make_figures: bool = True,
+    sections: Sections | None = None,
 ) -> FitDocument:
     """Fit one results table and write everything under ``out`` (fit.json, summary.md, tables, figures); returns
     the fit document. What is fitted follows each record's study kind: the ``scaling`` study (or
     ``options.study``) as a compute ladder, the ``block_size``, ``ablations`` and ``arch_grid`` studies as their
-    sweep and tables."""
+    sweep and tables; ``sections`` adds the optional ones (:class:`Sections`)."""
+    extra = sections if sections is not None else Sections()
     opt = options if options is not None else FitOptions()
     baseline, compute = opt.baseline, opt.compute
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base_dir = df.attrs.get("base_dir")
+    df, plain = as_plain_scaling(df)
+    if plain is not None:
+        warnings.warn(plain, AnalysisWarning, stacklevel=2)
     completed, excluded = select_completed(df, compute)
     ladder = scaling_runs(completed, opt.study)
     if ladder.empty:
@@ -54,15 +77,43 @@ def run_fit(
         "ablations": ablation_table(completed, baseline),
         "arch_grid": arch_grid_table(completed, baseline),
     }
+    if not ladder.empty:
+        parts |= _optional_sections(ladder, parts, opt, extra)
     doc = FitDocument.from_dict(parts)
     written = _write_tables(doc, out)
     if make_figures:
         written += _draw_figures(doc, ladder, out, compute, base_dir)
+        if doc.rollout and not ladder.empty:
+            from .rollout import rollout_figure
+
+            written += rollout_figure(doc.rollout, ladder, out / "fig_rollout", baseline, compute)
     doc.files = [*sorted(str(p.relative_to(out)) for p in written), "fit.json", "summary.md"]
     plain = doc.to_dict()
     write_json(plain, out / "fit.json")
     (out / "summary.md").write_text(summary_markdown(plain))
     return doc
+
+
+def _optional_sections(ladder: pd.DataFrame, parts: dict[str, Any], opt: FitOptions, extra: Sections) -> dict:
+    """The sections :class:`Sections` asks for, from the ladder's runs as analysed and its fitted multipliers."""
+    out: dict[str, Any] = {}
+    if extra.wallclock:
+        from .wallclock import ladder_wallclock
+
+        out["wallclock"] = ladder_wallclock(ladder, opt.baseline, parts["multipliers"])
+    if extra.rollout:
+        from .rollout import rollout
+
+        out["rollout"] = rollout(ladder, opt, extra.rollout, parts["multipliers"])
+    if extra.e_sensitivity is not None:
+        from .asymptote import e_sensitivity
+
+        out["e_sensitivity"] = e_sensitivity(ladder, opt, extra.e_sensitivity)
+    if extra.nd:
+        from .nd_fit import NDOptions, nd_fit
+
+        out["nd_fit"] = nd_fit(ladder, NDOptions(B=opt.B, seed=opt.seed))
+    return out
 
 
 def _write_tables(doc: FitDocument, out: Path) -> list[Path]:

@@ -174,6 +174,46 @@ def _config_get(config: dict[str, Any], path: str) -> Any:
     return node
 
 
+PFLOPS_DAY = 1e15 * 86400  # FLOPs in one PFLOP/s-day
+PLAIN_STUDY = "table"  # the study name of a plain table that names none
+
+
+def as_plain_scaling(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """A plain results table (no ``study_kind`` column: one written by hand or by another harness, with columns
+    run_id, variant, size, seed, params, tokens, flops or pflops_days, val_loss, status) read as one scaling study:
+    every row gets ``study_kind`` scaling (and ``study`` :data:`PLAIN_STUDY` when it has none); ``pflops_days`` comes
+    from ``flops`` when missing, else from 6 x params x tokens, and ``pflops_days_6nd`` from 6 x params x tokens
+    (``params_non_embedding`` when present, else ``params``). Returns (the table, the one line that says so), or
+    (``df`` unchanged, None) for a table with ``study_kind`` (the harness's records, analysed by kind)."""
+    if "study_kind" in df.columns or df.empty:
+        return df, None
+    out = df.copy()
+    out.attrs = dict(df.attrs)
+    out["study_kind"] = "scaling"
+    if "study" not in out.columns:
+        out["study"] = PLAIN_STUDY
+    n_col = "params_non_embedding" if "params_non_embedding" in out.columns else "params"
+    nd6 = None
+    if n_col in out.columns and "tokens" in out.columns:
+        nd6 = 6.0 * pd.to_numeric(out[n_col], errors="coerce") * pd.to_numeric(out["tokens"], errors="coerce")
+    how = "pflops_days given"
+    if "pflops_days" not in out.columns:
+        if "flops" in out.columns:
+            out["pflops_days"] = pd.to_numeric(out["flops"], errors="coerce") / PFLOPS_DAY
+            how = "compute = flops"
+        elif nd6 is not None:
+            out["pflops_days"] = nd6 / PFLOPS_DAY
+            how = f"compute = 6 x {n_col} x tokens"
+    if "pflops_days_6nd" not in out.columns and nd6 is not None:
+        out["pflops_days_6nd"] = nd6 / PFLOPS_DAY
+    studies = sorted(set(out["study"].astype(str)))
+    note = (
+        f"{df.attrs.get('source', 'the results table')} has no study_kind column: read as one scaling study "
+        f"({len(out)} rows, study {', '.join(studies)}, {how})"
+    )
+    return out, note
+
+
 def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str = "a scaling fit") -> None:
     """Raise a ValueError that lists every missing column at once."""
     missing = [c for c in columns if c not in df.columns]

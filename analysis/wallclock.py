@@ -232,3 +232,63 @@ def wallclock_multiplier(
     ``m_wall`` and ``m_wall_ci95`` (:func:`combine`; the module docstring defines them)."""
     timing = time_ratio(df, reference, arm, options)
     return {**timing, "m": m, "m_ci95": m_ci95, **combine(m, m_ci95, timing)}
+
+
+def ladder_wallclock(
+    runs: pd.DataFrame, baseline: str, multipliers: dict[str, Any], options: WallclockOptions = WallclockOptions()
+) -> dict[str, dict[str, Any]]:
+    """fit.json ``wallclock``: for each variant of a fitted ladder, :func:`wallclock_multiplier` beside its compute
+    multiplier. ``runs``: the ladder's runs as analysed (arm names as fitted, e.g. ``<variant>@own_lr``);
+    ``multipliers``: {variant: anything with ``m`` and ``m_ci95`` (a dict or analysis.fit_document.Multiplier)}.
+    Empty when the runs hold no CPU time (no ``cpu_time_s`` column, or none positive)."""
+    if "cpu_time_s" not in runs.columns or not (pd.to_numeric(runs["cpu_time_s"], errors="coerce") > 0).any():
+        return {}
+    out = {}
+    for name, mult in multipliers.items():
+        get = mult.get if isinstance(mult, dict) else lambda k, _m=mult: getattr(_m, k, None)
+        out[name] = wallclock_multiplier(runs, baseline, name, get("m"), get("m_ci95"), options)
+    return out
+
+
+def wallclock_line(name: str, entry: dict[str, Any]) -> str:
+    """One line: the compute multiplier, the time ratio and the wall-clock multiplier of one arm (an entry of
+    :func:`ladder_wallclock`); what the headlines of ``python -m analysis fit`` and ``python -m sweeps.study`` print."""
+
+    def ci(c: list[float] | None) -> str:
+        return f" (95% CI {c[0]:.3f}-{c[1]:.3f})" if c else ""
+
+    if entry.get("m_wall") is None:
+        why = entry.get("error") or "no compute multiplier"
+        return f"  {name}: wall-clock multiplier n/a ({why})"
+    source = "step_cpu_s" if str(entry.get("time_source", "")).startswith("step_cpu_s") else "cpu_time_s"
+    return (
+        f"  {name}: wall-clock multiplier m_wall = {entry['m_wall']:.3f}x{ci(entry.get('m_wall_ci95'))} "
+        f"= compute m {entry['m']:.3f}x x time ratio s_ref/s_arm {entry['s_ref_over_s_arm']:.3f}"
+        f"{ci(entry.get('s_ref_over_s_arm_ci95'))}; step-time ratio {entry['step_time_ratio']:.3f} (from {source})"
+    )
+
+
+def document_wallclock(doc: Any) -> dict[str, dict[str, Any]]:
+    """The wall-clock multipliers of a fit document (analysis.fit_document.FitDocument): its ``wallclock`` section
+    when it has one, else :func:`ladder_wallclock` of the runs its ``source`` names (the study's ladder, arms split
+    by lr protocol as fitted), so that a report written without ``--wallclock`` still gets the line. Empty when the
+    source cannot be read or holds no CPU times."""
+    if doc.wallclock is not None:
+        return dict(doc.wallclock)
+    import warnings
+    from pathlib import Path
+
+    from .runs import load_results, scaling_runs, select_completed
+    from .scaling import split_lr_protocols
+
+    source = Path(str(doc.source))
+    if not source.exists() and (source.parent / "records").is_dir():
+        source = source.parent  # a study's table is derived from its records (results.ledger)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs, _ = select_completed(load_results(source), doc.compute or "pflops_days")
+            ladder = split_lr_protocols(scaling_runs(runs, doc.study), doc.baseline or "baseline")
+    except (OSError, TypeError, ValueError):
+        return {}
+    return ladder_wallclock(ladder, doc.baseline or "baseline", doc.multipliers)

@@ -422,6 +422,10 @@ def headline(fit_path: Path) -> list[str]:
             f"  {name}: compute multiplier {_multiplier_text(m)}, P(m <= 1) = {m.p_m_le_1:.3f}"
             + (f", paper-form M at largest C = {m.paper_M:.3f}x" if m.paper_M is not None else "")
         )
+    if fit.multipliers:  # the wall-clock multiplier beside the compute one, where the records hold CPU times
+        from analysis.wallclock import document_wallclock, wallclock_line
+
+        lines += [wallclock_line(name, e) for name, e in document_wallclock(fit).items()]
     for name, p in fit.protocols.items():
         lo, hi = p.ratio_ci95
         lines.append(
