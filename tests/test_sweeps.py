@@ -165,6 +165,7 @@ SWEEP_KINDS = {
     "cpu_map_lr": "lr",
     "cpu_map": "map",
     "cpu_deep_lr": "lr",
+    "cpu_deep_recipe_lr": "lr",
     "cpu_deep": "scaling",
     "cpu_deep_moe": "scaling",
 }
