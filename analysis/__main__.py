@@ -1,4 +1,4 @@
-"""Command line: ``python -m analysis {fit,lr,map,recipe,gallery,paper} ...`` (also installed as ``attnres-analysis``).
+"""Command line: ``python -m analysis {fit,lr,map,length,recipe,gallery,paper} ...`` (also ``attnres-analysis``).
 
 Heavy imports (pandas, scipy, matplotlib) happen inside the subcommands so that ``--help`` is instant.
 """
@@ -151,6 +151,15 @@ def _parser() -> argparse.ArgumentParser:
         k.add_argument("--out", required=True, help="output directory (JSON, Markdown, figure)")
         k.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
 
+    t = sub.add_parser(
+        "length", help="arm - baseline per rung at each training length (tokens per parameter): 95%% t intervals"
+    )
+    t.add_argument("--results", required=True, help="a study with several budgets per rung (results.csv or directory)")
+    t.add_argument("--out", required=True, help="output directory (length.json, length_summary.md, fig_length.png)")
+    t.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
+    t.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    t.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
+
     c = sub.add_parser(
         "recipe", help="a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction"
     )
@@ -233,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ablations": _fixed_shape,
         "gallery": _gallery,
         "recipe": _recipe,
+        "length": _length,
     }.get(args.command, _paper)
     try:
         command(args, argv)
@@ -400,6 +410,25 @@ def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     timing = read_studies(args.timing) if args.timing else None
     doc = run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)
     print("\n".join(headline_lines(doc)))
+    print(f"wrote {', '.join(doc['files'])} to {args.out}")
+
+
+def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """``length``: the arm's same-seed difference per rung and budget, then one line per row."""
+    from pathlib import Path
+
+    from .runs import check_one_dataset, load_results
+    from .training_length import analyse_length
+
+    df = load_results(args.results)
+    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    doc = analyse_length(df, Path(args.out), args.arm, args.baseline, make_figures=not args.no_figures)
+    for r in doc["rows"]:
+        lo, hi = r["delta_ci95"] or (None, None)
+        print(
+            f"{r['size']} at {r['tokens_per_param']:g} tokens/param: delta {r['delta']:+.4f} "
+            f"[{_f(lo)}, {_f(hi)}], {r['n_pairs']} pairs, {r['verdict']}"
+        )
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
 
 

@@ -451,3 +451,53 @@ def synthetic_recipe_study(
                     )
                     rows.append(rec)
     return pd.DataFrame(rows)
+
+
+def synthetic_budget_ladder(
+    laws: dict[str, tuple[float, float, float, float, float]] | None = None,
+    *,
+    n_sizes: int = 4,
+    budgets: tuple[float, ...] = (8.0, 32.0, 128.0),
+    seeds: tuple[int, ...] | list[int] = (0, 1, 2),
+    sigma: float = 0.003,
+    rho: float = 0.5,
+    study: str = "cpu_budgets",
+    rng: int | np.random.Generator = 0,
+) -> pd.DataFrame:
+    """A multi-budget study (``train.budgets``): n_sizes sizes x ``budgets`` (tokens per non-embedding parameter) x
+    arms x seeds, each arm's loss drawn from its planted Chinchilla law ``laws[arm] = (E, A, alpha, B, beta)``:
+    L = E + A / N^alpha + B / D^beta, N = params_non_embedding, D = tokens; seed noise as :func:`synthetic_ladder`'s.
+    Records carry ``budget`` (and ``trunk_id``: the run at the largest budget of the same arm, size and seed)."""
+    laws = laws or {"baseline": (1.8, 40.0, 0.3, 60.0, 0.28), "block_attnres": (1.8, 34.0, 0.3, 60.0, 0.28)}
+    rng = np.random.default_rng(rng)
+    rows = []
+    for name, n_layers, d_model, n_heads in SIZES[:n_sizes]:
+        for seed in seeds:
+            for budget in budgets:
+                shared = rng.standard_normal()
+                for variant, (E, A, alpha, B, beta) in laws.items():
+                    rec = _record(variant, name, seed, n_layers, d_model, n_heads, 1e-6, 1.0, study)
+                    N = rec["params_non_embedding"]
+                    D = int(budget * N)
+                    L = E + A / N**alpha + B / D**beta
+                    L += sigma * (math.sqrt(rho) * shared + math.sqrt(1 - rho) * rng.standard_normal())
+                    run_id = f"{rec['run_id']}-b{budget:g}"
+                    trunk = f"{rec['run_id']}-b{max(budgets):g}"
+                    fpt = rec["flops_per_token"]
+                    rec.update(
+                        run_id=run_id,
+                        tokens=D,
+                        flops=fpt * D,
+                        pflops_days=fpt * D / PFLOPS_DAY,
+                        flops_6nd=6.0 * N * D,
+                        pflops_days_6nd=6.0 * N * D / PFLOPS_DAY,
+                        val_loss=L,
+                        train_loss=L + 0.02,
+                        steps=max(D // (32 * 256), 1),
+                        config_hash=hashlib.sha256(run_id.encode()).hexdigest()[:16],
+                        run_dir=f"runs/{run_id}",
+                        budget=budget,
+                        trunk_id=trunk,
+                    )
+                    rows.append(rec)
+    return pd.DataFrame(rows)
