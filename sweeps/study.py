@@ -24,9 +24,9 @@
     python -m sweeps.study map_lr     # the depth-by-width map's lr per cell (baseline), then
     python -m sweeps.study map        # the map: Block AttnRes - baseline per (L_b, d_model) cell, same-seed pairs
     python -m sweeps.study deep_moe   # the deep ladder with MoE MLPs, L_b 8-16: baseline / Block AttnRes
-    python -m sweeps.study deep_recipe_lr   # the deep ladder's lrs under Muon + WSD (conf/tuned_lr/cpu_deep_muon_wsd.yaml)
-    python -m sweeps.study deep_recipe      # the deep ladder under AdamW + cosine (committed runs) and Muon + WSD:
-                                      # the recipe's multiplier for the baseline, Block's under each, per-rung interaction
+    python -m sweeps.study deep_recipe_lr   # the deep ladder's lrs under Muon + WSD (tuned_lr/cpu_deep_muon_wsd)
+    python -m sweeps.study deep_recipe      # the deep ladder under AdamW + cosine (committed) and Muon + WSD: the
+                                      # recipe's multiplier for the baseline, Block's under each, the interaction
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
 
 Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,
