@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 WHEEL_LIST = REPO / "scripts" / "gpu_wheels.txt"
 BUNDLE = "gpu_results.json"
 # fields of a completed record that may be empty: set by derived (fixed-compute) sizes only
-MAY_BE_EMPTY = frozenset({"flops_budget", "d_over_lb", "heads_over_lb", "error"})
+# empty in a plain run: no FLOPs budget, no map cell, no error, not a multi-budget launch (train.budgets)
+MAY_BE_EMPTY = frozenset({"flops_budget", "d_over_lb", "heads_over_lb", "error", "budget", "trunk_id"})
 
 
 def wheel_names(path: Path = WHEEL_LIST) -> list[str]:
