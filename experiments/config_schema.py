@@ -64,6 +64,24 @@ def check_budgets(budgets: Any, flops_budget: Any) -> None:
         )
 
 
+def check_adamw_settings(node: Any) -> None:
+    """The AdamW settings ``optimizer=adamw`` and ``optimizer=muon`` (its AdamW part) share: betas, eps, weight
+    decays."""
+    if len(node.betas) != 2:
+        raise ValueError(f"optimizer.betas={list(node.betas)!r} must be two numbers in [0, 1)")
+    for i, b in enumerate(node.betas):
+        number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
+    for key in ("weight_decay", "connection_weight_decay", "eps"):
+        number(getattr(node, key), f"optimizer.{key}", 0, float("inf"))
+
+
+def check_warmup(node: Any) -> None:
+    """The warm-up settings every schedule shares: ``warmup_fraction`` in [0, 1), ``warmup_steps`` >= 0 or null."""
+    number(node.warmup_fraction, "scheduler.warmup_fraction", 0, 1, hi_open=True)
+    if node.warmup_steps is not None and node.warmup_steps < 0:
+        raise ValueError(f"scheduler.warmup_steps={node.warmup_steps!r} must be an integer >= 0 or null")
+
+
 @dataclass
 class TrainSchema:
     """``train``: how long a run trains and how it is evaluated (conf/train.yaml)."""
@@ -109,12 +127,7 @@ class AdamWSchema:
 
     def __post_init__(self) -> None:
         number(self.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)
-        if len(self.betas) != 2:
-            raise ValueError(f"optimizer.betas={list(self.betas)!r} must be two numbers in [0, 1)")
-        for i, b in enumerate(self.betas):
-            number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
-        for key in ("weight_decay", "connection_weight_decay", "eps"):
-            number(getattr(self, key), f"optimizer.{key}", 0, float("inf"))
+        check_adamw_settings(self)
 
 
 @dataclass
@@ -128,9 +141,7 @@ class WarmupCosineSchema:
     min_lr_ratio: float = MISSING
 
     def __post_init__(self) -> None:
-        number(self.warmup_fraction, "scheduler.warmup_fraction", 0, 1, hi_open=True)
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={self.warmup_steps!r} must be an integer >= 0 or null")
+        check_warmup(self)
         number(self.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
 
 
@@ -166,12 +177,7 @@ class MuonSchema:
             raise ValueError(f"optimizer.adjust_lr_fn={self.adjust_lr_fn!r}; allowed values: original, match_rms_adamw")
         if self.ns_dtype not in NS_DTYPES:
             raise ValueError(f"optimizer.ns_dtype={self.ns_dtype!r}; allowed values: null, bfloat16, float32")
-        if len(self.betas) != 2:
-            raise ValueError(f"optimizer.betas={list(self.betas)!r} must be two numbers in [0, 1)")
-        for i, b in enumerate(self.betas):
-            number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
-        for key in ("weight_decay", "connection_weight_decay", "eps"):
-            number(getattr(self, key), f"optimizer.{key}", 0, float("inf"))
+        check_adamw_settings(self)
 
 
 @dataclass
@@ -187,9 +193,7 @@ class WSDSchema:
     shape: str = MISSING
 
     def __post_init__(self) -> None:
-        number(self.warmup_fraction, "scheduler.warmup_fraction", 0, 1, hi_open=True)
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError(f"scheduler.warmup_steps={self.warmup_steps!r} must be an integer >= 0 or null")
+        check_warmup(self)
         number(self.decay_fraction, "scheduler.decay_fraction", 0, 1)
         number(self.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
         if self.shape not in WSD_SHAPES:
