@@ -25,6 +25,8 @@
     python -m sweeps.study map        # the map: Block AttnRes - baseline per (L_b, d_model) cell, same-seed pairs
     python -m sweeps.study deep_moe   # the deep ladder with MoE MLPs, L_b 8-16: baseline / Block AttnRes
     python -m sweeps.study deep_recipe_lr   # the deep ladder's lrs under Muon + WSD (tuned_lr/cpu_deep_muon_wsd)
+    python -m sweeps.study deep_budgets     # the deep ladder at 8, 32 and 128 tokens per parameter (Muon + WSD):
+                                      # does Block AttnRes's gain grow, shrink or stay with training length?
     python -m sweeps.study deep_recipe      # the deep ladder under AdamW + cosine (committed) and Muon + WSD: the
                                       # recipe's multiplier for the baseline, Block's under each, the interaction
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
@@ -183,6 +185,13 @@ STUDIES = {
         # the committed AdamW records predate step_cpu_s: re-runs of their seed-0 configurations time them
         # (docs/results/cpu_deep_recipe/design.md)
         analysis_args=("--timing", "docs/results/cpu_deep_recipe_timing"),
+        why=WHY_DEEP,
+    ),
+    "deep_budgets": Study(
+        "cpu_deep_budgets",
+        "training length on the deep CPU ladder: baseline / Block AttnRes x L_b 8, 10 at d_model = 2 L_b x 8, 32, 128 "
+        "tokens per parameter (one WSD trunk with decay branches per run), Muon + WSD at its tuned lrs, Block at the "
+        "baseline's lr",
         why=WHY_DEEP,
     ),
     "deep_recipe_lr": Study(
