@@ -158,6 +158,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="output directory (length.json, length_summary.md, fig_length.png)")
     t.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
     t.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    t.add_argument(
+        "--no-fit",
+        action="store_true",
+        help="the per-budget differences only: no compute fit over the (rung, budget) points (fit/)",
+    )
+    t.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="the fit's bootstrap replicates (2000)")
+    t.add_argument("--seed", type=int, default=0, help="the fit's bootstrap random seed (default: 0)")
     t.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
     c = sub.add_parser(
@@ -418,17 +425,21 @@ def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     from pathlib import Path
 
     from .runs import check_one_dataset, load_results
-    from .training_length import analyse_length
+    from .training_length import analyse_length, headline_lines
 
     df = load_results(args.results)
     check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
-    doc = analyse_length(df, Path(args.out), args.arm, args.baseline, make_figures=not args.no_figures)
-    for r in doc["rows"]:
-        lo, hi = r["delta_ci95"] or (None, None)
-        print(
-            f"{r['size']} at {r['tokens_per_param']:g} tokens/param: delta {r['delta']:+.4f} "
-            f"[{_f(lo)}, {_f(hi)}], {r['n_pairs']} pairs, {r['verdict']}"
-        )
+    doc = analyse_length(
+        df,
+        Path(args.out),
+        args.arm,
+        args.baseline,
+        make_figures=not args.no_figures,
+        fit=not args.no_fit,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+    )
+    print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
 
 

@@ -4,6 +4,13 @@ For any table with several budgets per rung: a multi-budget study's records (``b
 budgets from one run") or independent runs of one rung at several token counts (tokens / params_non_embedding).
 ``python -m analysis length``.
 
+Beside it, the compute fit over the study's points: every (rung, budget) is one point of the joint law
+``L_arm = E + A_arm C^-alpha`` (:func:`budget_points`; analysis.pipeline.run_fit), which gives the compute
+multiplier over the study's compute range, its wall-clock version, the rollout (the largest compute point, i.e. the
+largest rung at the largest budget, held out and predicted), the multiplier's sensitivity to E and the fit over
+(N, D) per arm, under ``<out>/fit/``. The points mix rungs and budgets, so the law is the loss of this family of runs
+against compute, not a compute-optimal frontier: the per-budget differences above are the direct answer.
+
 Plain functions on tidy DataFrames; no torch.
 """
 
@@ -104,10 +111,71 @@ def length_figure(table: pd.DataFrame, stem: Path, arm: str, reference: str) -> 
     return save(fig, stem)
 
 
+def budget_points(df: pd.DataFrame) -> pd.DataFrame:
+    """The table with each (rung, budget) as its own size, ``<size>@<tokens per param>`` (e.g. ``deep_L8@32``), so
+    that a compute fit takes every budget of every rung as one point; the rung's own name is kept in ``rung``."""
+    tpp = tokens_per_param(df)
+    labels = [f"{s}@{t:g}" if np.isfinite(t) else str(s) for s, t in zip(df["size"], tpp)]
+    return df.assign(rung=df["size"], size=labels)
+
+
+FIT_DIR = "fit"  # the compute fit over the study's points, under the report's directory
+E_FRACTIONS = (0.5, 0.8, 0.9, 0.95)  # as python -m analysis fit --e-sensitivity
+
+
+def fit_points(
+    df: pd.DataFrame, out: Path, arm: str, reference: str, make_figures: bool, bootstrap: int = 2000, seed: int = 0
+) -> dict[str, Any] | None:
+    """The compute fit over :func:`budget_points` under ``out`` (run_fit with every optional section: wall-clock,
+    rollout of the largest point, E sensitivity, (N, D)); its headline numbers for length.json, or None (with the
+    reason in ``error``) when the points are too few for a ladder fit (3 per arm)."""
+    from .pipeline import Sections, run_fit
+    from .scaling import FitOptions
+
+    points = budget_points(df)
+    points = points[points["variant"].isin([arm, reference])]
+    done = points[points["status"] == "completed"] if "status" in points.columns else points
+    fewest = done.groupby("variant")["size"].nunique().reindex([arm, reference]).fillna(0).min()
+    options = FitOptions(baseline=reference, B=bootstrap, seed=seed, skip_incomplete=True)
+    # the rollout fits the points but the largest, which needs 3 left: a 3-point table is fitted without it
+    sections = Sections(wallclock=True, rollout=int(fewest >= 4), e_sensitivity=E_FRACTIONS, nd=True)
+    try:
+        doc = run_fit(points, out, options, make_figures=make_figures, sections=sections)
+    except ValueError as err:
+        return {"error": str(err)}
+    m = doc.multipliers.get(arm)
+    if m is None:
+        return {"error": f"{arm} has fewer than 3 completed (rung, budget) points"}
+    wall = (doc.wallclock or {}).get(arm, {})
+    ro = ((doc.rollout or {}).get("variants") or {}).get(arm, {})
+    es = ((doc.e_sensitivity or {}).get("variants") or {}).get(arm, {})
+    return {
+        "dir": out.name,
+        "m": m.m,
+        "m_ci95": m.m_ci95,
+        "p_m_le_1": m.p_m_le_1,
+        "m_wall": wall.get("m_wall"),
+        "m_wall_ci95": wall.get("m_wall_ci95"),
+        "step_time_ratio": wall.get("step_time_ratio"),
+        "rollout_points": ro.get("points", []),
+        "rollout_m": ro.get("m"),
+        "rollout_m_ci95": ro.get("m_ci95"),
+        "e_sensitivity_m_range": es.get("m_range"),
+    }
+
+
 def analyse_length(
-    df: pd.DataFrame, out: Path, arm: str = "block_attnres", reference: str = "baseline", make_figures: bool = True
+    df: pd.DataFrame,
+    out: Path,
+    arm: str = "block_attnres",
+    reference: str = "baseline",
+    make_figures: bool = True,
+    fit: bool = True,
+    bootstrap: int = 2000,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``."""
+    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``, and with
+    ``fit`` the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`)."""
     from .report import write_json
 
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +185,72 @@ def analyse_length(
     files = ["length.json", "length_summary.md"]
     if make_figures:
         files += [str(p.relative_to(out)) for p in length_figure(table, out / "fig_length", arm, reference)]
-    doc = {"arm": arm, "reference": reference, "rows": table.to_dict("records"), "files": sorted(files)}
+    doc: dict[str, Any] = {"arm": arm, "reference": reference, "rows": table.to_dict("records")}
+    if fit:
+        doc["fit"] = fit_points(df, out / FIT_DIR, arm, reference, make_figures, bootstrap, seed)
+        if doc["fit"] and "error" not in doc["fit"]:
+            files.append(f"{FIT_DIR}/")
+    doc["files"] = sorted(files)
     write_json(doc, out / "length.json")
-    (out / "length_summary.md").write_text("\n".join(length_markdown(table, arm, reference)))
+    md = length_markdown(table, arm, reference) + fit_markdown(doc.get("fit"), arm, reference)
+    (out / "length_summary.md").write_text("\n".join(md))
     return doc
+
+
+def _ci(c: list[float] | None, spec: str = ".3f") -> str:
+    return f"[{c[0]:{spec}}, {c[1]:{spec}}]" if c else "[n/a]"
+
+
+def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
+    """The compute fit's headline: m, m_wall, the rollout's prediction against the measurement, the E range."""
+    if not fit:
+        return []
+    if "error" in fit:
+        return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
+    lines = [f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}"]
+    if fit.get("m_wall") is not None:
+        lines.append(
+            f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
+            f"(step-time ratio {fit['step_time_ratio']:.3f})"
+        )
+    for p in fit.get("rollout_points", []):
+        inside = "inside" if p["inside"] else "OUTSIDE"
+        interval = _ci(p["prediction_interval95"], ".4f")
+        lines.append(
+            f"rollout: {p['arm']} at {p['size']} predicted {p['predicted']:.4f} {interval} from the other points, "
+            f"measured {p['measured']:.4f} ({inside})"
+        )
+    if fit.get("rollout_m") is not None:
+        m_ci = _ci(fit["rollout_m_ci95"])
+        lines.append(f"rollout: m fitted without the largest point = {fit['rollout_m']:.3f}x {m_ci}")
+    if fit.get("e_sensitivity_m_range"):
+        lo, hi = fit["e_sensitivity_m_range"]
+        lines.append(f"{arm}: m from {lo:.3f}x to {hi:.3f}x as E is fitted, 0 or pinned (fit/summary.md)")
+    return lines
+
+
+def fit_markdown(fit: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
+    if not fit:
+        return []
+    head = [
+        f"## Compute fit over the (rung, budget) points: {arm} against {reference}",
+        "",
+        (
+            "Every (rung, budget) is one point of L = E + A C^-alpha (the family of these runs, not a compute-optimal "
+            "frontier). Full report: [fit/summary.md](fit/summary.md)."
+        ),
+        "",
+    ]
+    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), ""]
+
+
+def headline_lines(doc: dict[str, Any]) -> list[str]:
+    """What ``python -m analysis length`` and ``python -m sweeps.study`` print: one line per (rung, budget), then
+    the compute fit's headline."""
+    lines = []
+    for r in doc["rows"]:
+        lines.append(
+            f"{r['size']} at {r['tokens_per_param']:g} tokens/param: {doc['arm']} - {doc['reference']} "
+            f"{r['delta']:+.4f} {_ci(r['delta_ci95'], '+.4f')}, {r['n_pairs']} pairs, {r['verdict']}"
+        )
+    return lines + fit_lines(doc.get("fit"), doc["arm"])

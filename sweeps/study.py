@@ -192,6 +192,7 @@ STUDIES = {
         "training length on the deep CPU ladder: baseline / Block AttnRes x L_b 8, 10 at d_model = 2 L_b x 8, 32, 128 "
         "tokens per parameter (one WSD trunk with decay branches per run), Muon + WSD at its tuned lrs, Block at the "
         "baseline's lr",
+        analysis="length",  # Block - baseline per rung and budget, and the compute fit over the (rung, budget) points
         why=WHY_DEEP,
     ),
     "deep_recipe_lr": Study(
@@ -408,13 +409,16 @@ def analysis_arguments(args: Sequence[str]) -> list[str]:
     return out
 
 
+ANALYSIS_MODULES = {"length": "training_length"}  # a command whose module has another name
+
+
 def analysis_headline(command: str, document: Path) -> list[str]:
     """The headline lines of a study reported by ``python -m analysis <command>`` other than fit (its module's
     ``headline_lines`` of the JSON document it wrote)."""
     import importlib
     import json
 
-    module = importlib.import_module(f"analysis.{command}")
+    module = importlib.import_module(f"analysis.{ANALYSIS_MODULES.get(command, command)}")
     return list(module.headline_lines(json.loads(document.read_text(encoding="utf-8"))))
 
 

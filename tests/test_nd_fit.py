@@ -10,7 +10,7 @@ from synthetic_records import synthetic_budget_ladder, synthetic_ladder
 
 from analysis.__main__ import main
 from analysis.nd_fit import NDOptions, nd_fit
-from analysis.training_length import gain_by_length
+from analysis.training_length import analyse_length, budget_points, gain_by_length, headline_lines
 
 LAWS = {"baseline": (1.8, 40.0, 0.3, 60.0, 0.28), "block_attnres": (1.8, 30.0, 0.3, 60.0, 0.28)}
 
@@ -55,10 +55,51 @@ def test_the_gain_per_rung_and_budget_has_t_intervals(tmp_path):
     assert list(gain_by_length(df.drop(columns=["budget"]))["tokens_per_param"]) == list(t["tokens_per_param"])
     # the command: JSON, Markdown and the figure
     df.to_csv(tmp_path / "results.csv", index=False)
-    assert main(["length", "--results", str(tmp_path / "results.csv"), "--out", str(tmp_path / "o")]) == 0
+    args = ["length", "--results", str(tmp_path / "results.csv"), "--out", str(tmp_path / "o")]
+    assert main([*args, "--no-fit"]) == 0
     doc = json.loads((tmp_path / "o" / "length.json").read_text())
     assert len(doc["rows"]) == 6
     assert "fig_length.png" in doc["files"]
+    assert "fit" not in doc
+    assert not (tmp_path / "o" / "fit").exists()
+
+
+def test_the_length_report_fits_every_rung_and_budget_as_one_compute_point(tmp_path, capsys):
+    # block's A is 3/4 of the baseline's: it wins at every point, so the multiplier over the points is above 1
+    df = synthetic_budget_ladder(LAWS, n_sizes=2, seeds=(0, 1, 2), sigma=0.002, rng=14)
+    points = budget_points(df)
+    assert sorted(points["size"].unique()) == sorted(f"{s}@{b:g}" for s in df["size"].unique() for b in (8, 32, 128))
+    assert list(points["rung"]) == list(df["size"])
+    df.to_csv(tmp_path / "results.csv", index=False)
+    args = ["length", "--results", str(tmp_path / "results.csv"), "--out", str(tmp_path / "o"), "--no-figures"]
+    assert main([*args, "--bootstrap", "40"]) == 0
+    doc = json.loads((tmp_path / "o" / "length.json").read_text())
+    fit = doc["fit"]
+    assert fit["dir"] == "fit"
+    assert "fit/" in doc["files"]
+    assert fit["m"] > 1
+    assert fit["m_ci95"][0] > 1
+    held_out = {p["size"] for p in fit["rollout_points"]}  # the largest compute point: top rung, top budget
+    top = df.loc[df["params_non_embedding"].idxmax(), "size"]
+    assert held_out == {f"{top}@128"}
+    lo, hi = fit["e_sensitivity_m_range"]
+    assert lo <= fit["m"] <= hi
+    fitted = json.loads((tmp_path / "o" / "fit" / "fit.json").read_text())
+    assert set(fitted["nd_fit"]["arms"]) == {"baseline", "block_attnres"}
+    out = capsys.readouterr().out
+    assert "compute multiplier over the (rung, budget) points" in out
+    assert "rollout:" in out
+    assert "Compute fit over the (rung, budget) points" in (tmp_path / "o" / "length_summary.md").read_text()
+
+
+def test_too_few_points_for_a_fit_leave_the_differences_and_say_why(tmp_path):
+    df = synthetic_budget_ladder(LAWS, n_sizes=2, seeds=(0, 1), sigma=0.002, rng=15)
+    one_budget = df[df["budget"] == 128]  # two points per arm: no ladder fit
+    doc = analyse_length(one_budget, tmp_path / "o", make_figures=False, bootstrap=20)
+    assert len(doc["rows"]) == 2
+    assert "error" in doc["fit"]
+    assert "fit/" not in doc["files"]
+    assert any("n/a" in line for line in headline_lines(doc))
 
 
 def test_fit_nd_adds_the_section(tmp_path):
