@@ -9,6 +9,7 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -231,6 +232,15 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m analysis <command> ...``: the exit status (0, or 2 after one ``error:`` line)."""
+    return run(argv)[0]
+
+
+def run(argv: Sequence[str] | None = None) -> tuple[int, Any]:
+    """One command, in this process, as ``python -m analysis <argv>`` runs it (the same files and printout):
+    returns (its exit status, the document it built: a :class:`~analysis.fit_document.FitDocument` for ``fit`` and
+    ``paper``, the page's path for ``gallery``, the report's dict for the others; None after an error).
+    ``sweeps.study`` reports a study through it and takes the headline from that document."""
     args = _parser().parse_args(argv)
     saved = warnings.formatwarning
     warnings.formatwarning = _format_warning
@@ -245,16 +255,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "length": _length,
     }.get(args.command, _paper)
     try:
-        command(args, argv)
+        document = command(args, argv)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 2, None
     finally:
         warnings.formatwarning = saved
-    return 0
+    return 0, document
 
 
-def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
     from .pipeline import Sections, load_any, run_fit
     from .runs import select_dataset, select_seeds
@@ -295,6 +305,7 @@ def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     for line in _section_lines(doc):
         print(line)
     print(f"wrote {', '.join(doc.files)} to {args.out}")
+    return doc
 
 
 def _section_lines(doc) -> list[str]:
@@ -324,7 +335,7 @@ def _section_lines(doc) -> list[str]:
     return lines
 
 
-def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""
     from .lr import run_lr
     from .runs import check_one_dataset, load_results, select_dataset
@@ -350,9 +361,10 @@ def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
         edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""
         print(f"{r.variant} {r.size}: lr = {_f3(r.lr)} [{_f3(lo)}, {_f3(hi)}]{edge}")
     print(f"wrote {', '.join(doc['files'])}")
+    return doc
 
 
-def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``map``: map.json, map_summary.md and the heat map, then each cell's verdict."""
     from pathlib import Path
 
@@ -371,9 +383,10 @@ def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
             f"{c['n_pairs']} pairs, {c['verdict']}"
         )
     print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
+    return mdoc
 
 
-def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``block-size`` and ``ablations``: the study's JSON, Markdown table and figure, then its verdict."""
     from pathlib import Path
 
@@ -387,9 +400,10 @@ def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     doc = analyse(df, Path(args.out), args.baseline)
     print(doc["verdict"])
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    return doc
 
 
-def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``recipe``: recipe.json, recipe_summary.md and figures, then the headline multipliers."""
     from .recipe import RecipeOptions, headline_lines, read_studies, run_recipe
     from .runs import select_seeds
@@ -411,9 +425,10 @@ def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     doc = run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)
     print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    return doc
 
 
-def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``length``: the arm's same-seed difference per rung and budget, then one line per row."""
     from pathlib import Path
 
@@ -430,9 +445,10 @@ def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
             f"[{_f(lo)}, {_f(hi)}], {r['n_pairs']} pairs, {r['verdict']}"
         )
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    return doc
 
 
-def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``gallery``: the page of every paper item beside ours, from committed results."""
     from pathlib import Path
 
@@ -446,15 +462,17 @@ def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     for e in entries:
         print(f"{e.item}: {e.verdict}")
     print(f"wrote {page}")
+    return page
 
 
-def _paper(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _paper(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``paper``: the paper's own numbers refitted, with the headline."""
     from .paper import headline_numbers, run_paper
 
     doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
     print(headline_numbers(doc))
     print(f"wrote {', '.join(doc.files)} to {args.out}")
+    return doc
 
 
 if __name__ == "__main__":
