@@ -19,7 +19,13 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/results_schema.md). Output schema: docs/analysis.md.",
     )
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_fit, _add_lr, _add_map, _add_fixed_shape, _add_length, _add_recipe, _add_gallery, _add_paper):
+        add(sub)  # one function per subcommand, in the order --help lists them
+    return p
 
+
+def _add_fit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``fit``: the scaling ladder's fit, its bootstrap and outlier options."""
     f = sub.add_parser("fit", help="fit a results table and write fit.json, summary.md and figures")
     src = f.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -82,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
         help="fit only the runs of these seeds, comma-separated (e.g. a study's held-out seeds 20,21,22)",
     )
     f.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
+    _add_fit_sections(f)
+
+
+def _add_fit_sections(f: argparse.ArgumentParser) -> None:
+    """``fit``'s optional sections (docs/analysis.md): wall clock, rollout, E sensitivity, the N-D fit."""
     f.add_argument(
         "--wallclock",
         action="store_true",
@@ -114,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
         "parameter)",
     )
 
+
+def _add_lr(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``lr``: the learning-rate tuning and the config it writes."""
     r = sub.add_parser(
         "lr", help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read"
     )
@@ -136,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--no-figures", action="store_true", help="write lr.json and lr_summary.md only")
 
+
+def _add_map(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``map``: the depth-by-width map."""
     m = sub.add_parser("map", help="the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map")
     m.add_argument("--results", required=True, help="the map study's results.csv (or a study directory)")
     m.add_argument("--out", required=True, help="output directory (map.json, map_summary.md, fig7_map.png)")
@@ -146,12 +163,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--seed", type=int, default=0, help="resampling seed (default: 0)")
 
+
+def _add_fixed_shape(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``block-size`` and ``ablations``: the fixed-shape studies."""
     for name, what in (("block-size", "block size (Fig. 6)"), ("ablations", "ablations and peers (Table 4)")):
         k = sub.add_parser(name, help=f"{what}: same-seed differences with 95%% t intervals, beside the paper's")
         k.add_argument("--results", required=True, help="the study's results.csv (or a study directory)")
         k.add_argument("--out", required=True, help="output directory (JSON, Markdown, figure)")
         k.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
 
+
+def _add_length(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``length``: arm - baseline per rung and training length."""
     t = sub.add_parser(
         "length", help="arm - baseline per rung at each training length (tokens per parameter): 95%% t intervals"
     )
@@ -161,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
     t.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
+
+def _add_recipe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``recipe``: two training recipes x arms x rungs."""
     c = sub.add_parser(
         "recipe", help="a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction"
     )
@@ -187,11 +213,18 @@ def _parser() -> argparse.ArgumentParser:
         "ratios only (e.g. re-runs of committed runs whose records predate step_cpu_s), never fitted",
     )
 
+
+def _add_gallery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``gallery``: the paper's figures and tables beside ours."""
     g = sub.add_parser("gallery", help="the paper's figures and tables beside ours, one Markdown page")
     g.add_argument(
         "--results", default="docs/results", help="the committed results to draw from (default: docs/results)"
     )
     g.add_argument("--out", default=None, help="the page (default: <results>/README.md)")
+
+
+def _add_paper(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``paper``: the refit of the paper's published numbers."""
     q = sub.add_parser("paper", help="refit the paper's published numbers and draw its figures")
     q.add_argument("--out", required=True, help="output directory")
     q.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
@@ -199,7 +232,6 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--seed-sigma", type=float, help="seed-noise sd for the parametric bootstrap (default: fit residual sd)"
     )
-    return p
 
 
 def _seed_list(text: str) -> list[int]:
