@@ -64,7 +64,9 @@ def test_the_counter_measures_nested_functions_and_methods(tmp_path):
 
 if __name__ == "__main__":
     found = function_lengths()
-    print(f"{len(found)} functions; over 60 lines: {sum(n > 60 for n in found.values())}; over {MAX_LINES}: "
-          f"{sum(n > MAX_LINES for n in found.values())}")
+    print(
+        f"{len(found)} functions; over 60 lines: {sum(n > 60 for n in found.values())}; over {MAX_LINES}: "
+        f"{sum(n > MAX_LINES for n in found.values())}"
+    )
     for name, n in sorted(found.items(), key=lambda item: -item[1])[: int(sys.argv[1]) if len(sys.argv) > 1 else 15]:
         print(f"{n:5d}  {name}{'  (allowed: ' + ALLOWED[name] + ')' if name in ALLOWED else ''}")
