@@ -9,6 +9,7 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -18,7 +19,13 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/results_schema.md). Output schema: docs/analysis.md.",
     )
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_fit, _add_lr, _add_map, _add_fixed_shape, _add_length, _add_recipe, _add_gallery, _add_paper):
+        add(sub)  # one function per subcommand, in the order --help lists them
+    return p
 
+
+def _add_fit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``fit``: the scaling ladder's fit, its bootstrap and outlier options."""
     f = sub.add_parser("fit", help="fit a results table and write fit.json, summary.md and figures")
     src = f.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -81,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
         help="fit only the runs of these seeds, comma-separated (e.g. a study's held-out seeds 20,21,22)",
     )
     f.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
+    _add_fit_sections(f)
+
+
+def _add_fit_sections(f: argparse.ArgumentParser) -> None:
+    """``fit``'s optional sections (docs/analysis.md): wall clock, rollout, E sensitivity, the N-D fit."""
     f.add_argument(
         "--wallclock",
         action="store_true",
@@ -113,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
         "parameter)",
     )
 
+
+def _add_lr(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``lr``: the learning-rate tuning and the config it writes."""
     r = sub.add_parser(
         "lr", help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read"
     )
@@ -135,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--no-figures", action="store_true", help="write lr.json and lr_summary.md only")
 
+
+def _add_map(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``map``: the depth-by-width map."""
     m = sub.add_parser("map", help="the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map")
     m.add_argument("--results", required=True, help="the map study's results.csv (or a study directory)")
     m.add_argument("--out", required=True, help="output directory (map.json, map_summary.md, fig7_map.png)")
@@ -145,12 +163,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--seed", type=int, default=0, help="resampling seed (default: 0)")
 
+
+def _add_fixed_shape(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``block-size`` and ``ablations``: the fixed-shape studies."""
     for name, what in (("block-size", "block size (Fig. 6)"), ("ablations", "ablations and peers (Table 4)")):
         k = sub.add_parser(name, help=f"{what}: same-seed differences with 95%% t intervals, beside the paper's")
         k.add_argument("--results", required=True, help="the study's results.csv (or a study directory)")
         k.add_argument("--out", required=True, help="output directory (JSON, Markdown, figure)")
         k.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
 
+
+def _add_length(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``length``: arm - baseline per rung and training length."""
     t = sub.add_parser(
         "length", help="arm - baseline per rung at each training length (tokens per parameter): 95%% t intervals"
     )
@@ -167,6 +191,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="the fit's bootstrap random seed (default: 0)")
     t.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
+
+def _add_recipe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``recipe``: two training recipes x arms x rungs."""
     c = sub.add_parser(
         "recipe", help="a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction"
     )
@@ -193,11 +220,18 @@ def _parser() -> argparse.ArgumentParser:
         "ratios only (e.g. re-runs of committed runs whose records predate step_cpu_s), never fitted",
     )
 
+
+def _add_gallery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``gallery``: the paper's figures and tables beside ours."""
     g = sub.add_parser("gallery", help="the paper's figures and tables beside ours, one Markdown page")
     g.add_argument(
         "--results", default="docs/results", help="the committed results to draw from (default: docs/results)"
     )
     g.add_argument("--out", default=None, help="the page (default: <results>/README.md)")
+
+
+def _add_paper(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``paper``: the refit of the paper's published numbers."""
     q = sub.add_parser("paper", help="refit the paper's published numbers and draw its figures")
     q.add_argument("--out", required=True, help="output directory")
     q.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
@@ -205,7 +239,6 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--seed-sigma", type=float, help="seed-noise sd for the parametric bootstrap (default: fit residual sd)"
     )
-    return p
 
 
 def _seed_list(text: str) -> list[int]:
@@ -238,6 +271,15 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m analysis <command> ...``: the exit status (0, or 2 after one ``error:`` line)."""
+    return run(argv)[0]
+
+
+def run(argv: Sequence[str] | None = None) -> tuple[int, Any]:
+    """One command, in this process, as ``python -m analysis <argv>`` runs it (the same files and printout):
+    returns (its exit status, the document it built: a :class:`~analysis.fit_document.FitDocument` for ``fit`` and
+    ``paper``, the page's path for ``gallery``, the report's dict for the others; None after an error).
+    ``sweeps.study`` reports a study through it and takes the headline from that document."""
     args = _parser().parse_args(argv)
     saved = warnings.formatwarning
     warnings.formatwarning = _format_warning
@@ -252,16 +294,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "length": _length,
     }.get(args.command, _paper)
     try:
-        command(args, argv)
+        document = command(args, argv)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 2, None
     finally:
         warnings.formatwarning = saved
-    return 0
+    return 0, document
 
 
-def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
     from .pipeline import Sections, load_any, run_fit
     from .runs import select_dataset, select_seeds
@@ -302,6 +344,7 @@ def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     for line in _section_lines(doc):
         print(line)
     print(f"wrote {', '.join(doc.files)} to {args.out}")
+    return doc
 
 
 def _section_lines(doc) -> list[str]:
@@ -331,7 +374,7 @@ def _section_lines(doc) -> list[str]:
     return lines
 
 
-def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""
     from .lr import run_lr
     from .runs import check_one_dataset, load_results, select_dataset
@@ -357,9 +400,10 @@ def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
         edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""
         print(f"{r.variant} {r.size}: lr = {_f3(r.lr)} [{_f3(lo)}, {_f3(hi)}]{edge}")
     print(f"wrote {', '.join(doc['files'])}")
+    return doc
 
 
-def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``map``: map.json, map_summary.md and the heat map, then each cell's verdict."""
     from pathlib import Path
 
@@ -378,9 +422,10 @@ def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
             f"{c['n_pairs']} pairs, {c['verdict']}"
         )
     print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
+    return mdoc
 
 
-def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``block-size`` and ``ablations``: the study's JSON, Markdown table and figure, then its verdict."""
     from pathlib import Path
 
@@ -394,9 +439,10 @@ def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     doc = analyse(df, Path(args.out), args.baseline)
     print(doc["verdict"])
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    return doc
 
 
-def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``recipe``: recipe.json, recipe_summary.md and figures, then the headline multipliers."""
     from .recipe import RecipeOptions, headline_lines, read_studies, run_recipe
     from .runs import select_seeds
@@ -418,9 +464,10 @@ def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     doc = run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)
     print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    return doc
 
 
-def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``length``: the arm's same-seed difference per rung and budget, then one line per row."""
     from pathlib import Path
 
@@ -441,9 +488,10 @@ def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     )
     print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    return doc
 
 
-def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``gallery``: the page of every paper item beside ours, from committed results."""
     from pathlib import Path
 
@@ -457,15 +505,17 @@ def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
     for e in entries:
         print(f"{e.item}: {e.verdict}")
     print(f"wrote {page}")
+    return page
 
 
-def _paper(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+def _paper(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``paper``: the paper's own numbers refitted, with the headline."""
     from .paper import headline_numbers, run_paper
 
     doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
     print(headline_numbers(doc))
     print(f"wrote {', '.join(doc.files)} to {args.out}")
+    return doc
 
 
 if __name__ == "__main__":

@@ -145,6 +145,37 @@ def scaling_figure(
         fig, ax = plt.subplots(figsize=(8.8 if mults else 6.6, 4.5))
         ax2 = None
     grid = np.geomspace(lo, hi, 200)
+    _runs_and_laws(ax, df, fits, variants, grid, compute, labels)
+    y_lo, y_hi = _loss_limits(df, variants, grid, fits)
+    n_lines = len(mults)
+    y_bottom = y_lo - (0.06 + 0.045 * n_lines) * (y_hi - y_lo) if n_lines else y_lo
+    _multiplier_arrows(ax, fits, mults, variants, labels, y_bottom, y_hi)
+    _joint_fit_box(ax, mults, labels)
+    _log_compute_axis(ax, lo, hi)
+    ax.set_ylim(y_bottom, y_hi)
+    xlabel = "Compute (PFLOP/s-days)" + ("" if compute == "pflops_days" else f"  [{compute}]")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("Validation loss")
+    ax.set_title(title or f"Scaling laws; arrows: multiplier M vs {label_of(base, labels)} at the largest C")
+    ax.legend(loc="upper right", frameon=True, framealpha=0.9)
+    if ax2 is not None:
+        _multiplier_panel(ax2, mults, variants, labels, base)
+        _log_compute_axis(ax2, lo, hi)
+        ax2.set_xlabel(xlabel)
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+def _runs_and_laws(
+    ax: plt.Axes,
+    df: pd.DataFrame,
+    fits: dict[str, Any],
+    variants: list[str],
+    grid: np.ndarray,
+    compute: str,
+    labels: dict[str, str] | None,
+) -> None:
+    """The scaling panel's data: each variant's runs (flagged ones ringed), per-size means and fitted law."""
     flagged_labelled = False
     for v in variants:
         f = fits[v]
@@ -176,15 +207,22 @@ def scaling_figure(
             label=f"{label_of(v, labels)}: $L = {f.A:.3f}\\,C^{{-{f.alpha:.4f}}}$",
         )
 
-    # Arrows: variant curve at C* -> baseline curve at the same loss, i.e. M x further right.
+
+def _multiplier_arrows(
+    ax: plt.Axes,
+    fits: dict[str, Any],
+    mults: dict[str, Any],
+    variants: list[str],
+    labels: dict[str, str] | None,
+    y_bottom: float,
+    y_hi: float,
+) -> None:
+    """The scaling panel's arrows (variant curve at C* -> baseline curve at the same loss, i.e. M x further right)
+    and their labels in the right margin."""
     arrows = sorted(
         ((v, mm) for v, mm in mults.items() if mm.paper_M and np.isfinite(mm.paper_M)),
         key=lambda t: PowerLaw(fits[t[0]].A, fits[t[0]].alpha).loss(t[1].paper_M_at_C),
     )
-    y_lo, y_hi = _loss_limits(df, variants, grid, fits)
-    span = y_hi - y_lo
-    n_lines = len(mults)
-    y_bottom = y_lo - (0.06 + 0.045 * n_lines) * span if n_lines else y_lo
     ends = []  # (arrow's loss in axes fraction, label, colour)
     for v, mm in arrows:
         C_star = mm.paper_M_at_C
@@ -224,6 +262,10 @@ def scaling_figure(
             clip_on=False,
             zorder=6,
         )
+
+
+def _joint_fit_box(ax: plt.Axes, mults: dict[str, Any], labels: dict[str, str] | None) -> None:
+    """The scaling panel's box of joint-fit multipliers m with their intervals, lower left."""
     lines = []
     for v, mm in mults.items():
         ci = mm.m_ci95
@@ -247,19 +289,6 @@ def scaling_figure(
             bbox={"boxstyle": "round,pad=0.35", "fc": "white", "ec": "0.8", "alpha": 0.9},
             zorder=6,
         )
-    _log_compute_axis(ax, lo, hi)
-    ax.set_ylim(y_bottom, y_hi)
-    xlabel = "Compute (PFLOP/s-days)" + ("" if compute == "pflops_days" else f"  [{compute}]")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("Validation loss")
-    ax.set_title(title or f"Scaling laws; arrows: multiplier M vs {label_of(base, labels)} at the largest C")
-    ax.legend(loc="upper right", frameon=True, framealpha=0.9)
-    if ax2 is not None:
-        _multiplier_panel(ax2, mults, variants, labels, base)
-        _log_compute_axis(ax2, lo, hi)
-        ax2.set_xlabel(xlabel)
-    fig.tight_layout()
-    return save(fig, stem)
 
 
 def _spread(fracs: list[float], gap: float, lo: float = 0.02, hi: float = 0.98) -> list[float]:

@@ -243,43 +243,14 @@ def lr_optima(
     for (variant, size), g in d.groupby(["variant", "size"], sort=False):
         curves[(str(size), str(variant))] = _curve_matrix(g)
     pooled_seed = _pooled_seed_sigma(curves)
-    if seed_sigma is not None:
-        if not seed_sigma > 0:
-            raise ValueError(f"seed-noise sigma={seed_sigma} must be > 0")
-        sigma, sigma_source = float(seed_sigma), "given (--seed-sigma)"
-    elif pooled_seed is not None:
-        sigma, sigma_source = pooled_seed, "pooled seed sd of the grid points with >= 2 seeds"
-    else:
-        sigma = _residual_sigma(curves)
-        sigma_source = "pooled residual sd of the quadratic fits (includes misfit; pass --seed-sigma from a seed study)"
+    sigma, sigma_source = _noise_sigma(curves, seed_sigma, pooled_seed)
     rows = []
     for (size, variant), (x, seeds, M, lrs) in curves.items():
         y = _mean_over_seeds(M)
         x_opt, y_opt, c, _, _ = quadratic_vertex(x, y, window)
         edge = _edge(y)
         rng = np.random.default_rng([seed, zlib.crc32(f"lr:{size}:{variant}".encode())])
-        per_point = (np.isfinite(M) | np.isposinf(M)).sum(0)
-        n_seeds = int(per_point[per_point > 0].min()) if (per_point > 0).any() else 0
-        if n_seeds >= 2:
-            method = f"cluster bootstrap over {len(seeds)} seeds"
-            picks = rng.integers(0, len(seeds), size=(B, len(seeds)))
-            reps = [_mean_over_seeds(M, np.bincount(p, minlength=len(seeds)).astype(float)) for p in picks]
-            scale = math.sqrt(len(seeds) / (len(seeds) - 1))
-        elif sigma is not None and np.isfinite(y).sum() >= 3:
-            method = f"parametric, sigma = {sigma:.3g} ({sigma_source})"
-            noise = rng.standard_normal((B, len(y))) * sigma
-            reps = list(y[None, :] + np.where(np.isfinite(y), noise, 0.0))
-            scale = 1.0
-        else:
-            method, reps, scale = "none (too few points)", [], 1.0
-        xs = np.array([quadratic_vertex(x, r, window)[0] for r in reps]) if reps else np.array([])
-        xs = xs[np.isfinite(xs)]
-        if xs.size and np.isfinite(x_opt):
-            q = 100 * (1 - CI_LEVEL) / 2
-            lo, hi = np.percentile(x_opt + scale * (xs - x_opt), [q, 100 - q])
-            ci = [float(np.exp(lo)), float(np.exp(hi))]
-        else:
-            ci = [float("nan"), float("nan")]
+        ci, method, n_seeds = _optimum_interval(x, seeds, M, x_opt, rng, B, window, sigma, sigma_source)
         g = d[(d["size"] == size) & (d["variant"] == variant)]
         n_params = (
             pd.to_numeric(g.get("params_non_embedding"), errors="coerce").median()
@@ -311,31 +282,7 @@ def lr_optima(
     order = table.groupby("size")["params_non_embedding"].median().sort_values(na_position="last").index.tolist()
     table["_o"] = table["size"].map({s: i for i, s in enumerate(order)})
     table = table.sort_values(["variant", "_o"], kind="stable").drop(columns="_o").reset_index(drop=True)
-    for r in table.itertuples():
-        if r.on_edge:
-            where = "below the lowest" if r.edge == "low" else "above the highest"
-            warnings.warn(
-                f"LR optimum of {r.variant} at {r.size} lies at the {r.edge} edge of the grid "
-                f"(best grid lr {r.grid_best_lr:.3g}, grid {min(r.grid):.3g}..{max(r.grid):.3g}): extend the "
-                f"grid {where} point",
-                AnalysisWarning,
-                stacklevel=2,
-            )
-        elif r.edge == "divergence":
-            warnings.warn(
-                f"LR optimum of {r.variant} at {r.size} is the highest lr that did not diverge "
-                f"({r.grid_best_lr:.3g}): the optimum may lie between it and the next grid point; refine the "
-                "grid there",
-                AnalysisWarning,
-                stacklevel=2,
-            )
-        elif not r.curvature > 0:
-            warnings.warn(
-                f"LR curve of {r.variant} at {r.size} shows no minimum around its best grid lr "
-                f"{r.grid_best_lr:.3g} (curvature {r.curvature:.3g}); reported that grid point",
-                AnalysisWarning,
-                stacklevel=2,
-            )
+    _warn_doubtful_optima(table)
     info = {
         "B": B,
         "seed": seed,
@@ -346,6 +293,90 @@ def lr_optima(
         "pooled_seed_sd": pooled_seed,
     }
     return table, info
+
+
+def _noise_sigma(
+    curves: dict[tuple[str, str], Any], seed_sigma: float | None, pooled_seed: float | None
+) -> tuple[float | None, str]:
+    """The seed noise of one run's loss for the parametric bootstrap, and where it came from: given, else pooled
+    over the grid points with >= 2 seeds, else the quadratic fits' residuals."""
+    if seed_sigma is not None:
+        if not seed_sigma > 0:
+            raise ValueError(f"seed-noise sigma={seed_sigma} must be > 0")
+        return float(seed_sigma), "given (--seed-sigma)"
+    if pooled_seed is not None:
+        return pooled_seed, "pooled seed sd of the grid points with >= 2 seeds"
+    return (
+        _residual_sigma(curves),
+        "pooled residual sd of the quadratic fits (includes misfit; pass --seed-sigma from a seed study)",
+    )
+
+
+def _optimum_interval(
+    x: np.ndarray,
+    seeds: list[int],
+    M: np.ndarray,
+    x_opt: float,
+    rng: np.random.Generator,
+    B: int,
+    window: int,
+    sigma: float | None,
+    sigma_source: str,
+) -> tuple[list[float], str, int]:
+    """One curve's 95% interval of the optimal lr (a cluster bootstrap over seeds when every grid point has >= 2,
+    else parametric with ``sigma``), the method in words, and the fewest seeds of a grid point."""
+    y = _mean_over_seeds(M)
+    per_point = (np.isfinite(M) | np.isposinf(M)).sum(0)
+    n_seeds = int(per_point[per_point > 0].min()) if (per_point > 0).any() else 0
+    if n_seeds >= 2:
+        method = f"cluster bootstrap over {len(seeds)} seeds"
+        picks = rng.integers(0, len(seeds), size=(B, len(seeds)))
+        reps = [_mean_over_seeds(M, np.bincount(p, minlength=len(seeds)).astype(float)) for p in picks]
+        scale = math.sqrt(len(seeds) / (len(seeds) - 1))
+    elif sigma is not None and np.isfinite(y).sum() >= 3:
+        method = f"parametric, sigma = {sigma:.3g} ({sigma_source})"
+        noise = rng.standard_normal((B, len(y))) * sigma
+        reps = list(y[None, :] + np.where(np.isfinite(y), noise, 0.0))
+        scale = 1.0
+    else:
+        method, reps, scale = "none (too few points)", [], 1.0
+    xs = np.array([quadratic_vertex(x, r, window)[0] for r in reps]) if reps else np.array([])
+    xs = xs[np.isfinite(xs)]
+    if xs.size and np.isfinite(x_opt):
+        q = 100 * (1 - CI_LEVEL) / 2
+        lo, hi = np.percentile(x_opt + scale * (xs - x_opt), [q, 100 - q])
+        return [float(np.exp(lo)), float(np.exp(hi))], method, n_seeds
+    return [float("nan"), float("nan")], method, n_seeds
+
+
+def _warn_doubtful_optima(table: pd.DataFrame) -> None:
+    """An AnalysisWarning for each optimum on a grid edge, at the divergence edge, or without curvature (stacklevel
+    3: the warning names lr_optima's caller, as when these checks were inline)."""
+    for r in table.itertuples():
+        if r.on_edge:
+            where = "below the lowest" if r.edge == "low" else "above the highest"
+            warnings.warn(
+                f"LR optimum of {r.variant} at {r.size} lies at the {r.edge} edge of the grid "
+                f"(best grid lr {r.grid_best_lr:.3g}, grid {min(r.grid):.3g}..{max(r.grid):.3g}): extend the "
+                f"grid {where} point",
+                AnalysisWarning,
+                stacklevel=3,
+            )
+        elif r.edge == "divergence":
+            warnings.warn(
+                f"LR optimum of {r.variant} at {r.size} is the highest lr that did not diverge "
+                f"({r.grid_best_lr:.3g}): the optimum may lie between it and the next grid point; refine the "
+                "grid there",
+                AnalysisWarning,
+                stacklevel=3,
+            )
+        elif not r.curvature > 0:
+            warnings.warn(
+                f"LR curve of {r.variant} at {r.size} shows no minimum around its best grid lr "
+                f"{r.grid_best_lr:.3g} (curvature {r.curvature:.3g}); reported that grid point",
+                AnalysisWarning,
+                stacklevel=3,
+            )
 
 
 def lr_trend(table: pd.DataFrame) -> dict[str, dict[str, float]]:

@@ -9,9 +9,9 @@
 ``minimum`` bytes (every input read once and every output written once: the op's contract) and the bytes the
 kernel's passes move (``passes``: each walk over a [tokens, D] tensor counted, the small per-token tensors
 once), which is what DRAM sees if no re-read hits in cache. The calls of a training step come from the model's
-residual scheme itself (attnres.triton_aot.op_calls). On CUDA, ``measure`` times each distinct call's forward and
-backward kernel with CUDA events and reports achieved bandwidth as minimum bytes / time, against the GPU's peak
-HBM bandwidth. experiments.bench (size_section) prints it beside the step times when it runs on CUDA, and
+residual scheme itself (experiments.bench.triton_aot.op_calls). On CUDA, ``measure`` times each distinct call's
+forward and backward kernel with CUDA events and reports achieved bandwidth as minimum bytes / time, against the
+GPU's peak HBM bandwidth. experiments.bench (size_section) prints it beside the step times when it runs on CUDA, and
 scripts/gpu_suite.sh runs it. Reading the numbers: docs/performance.md, "Triton kernels on CUDA".
 """
 
@@ -79,7 +79,7 @@ def call_bytes(kernel: str, tokens: int, D: int, sources: Sequence[str], n: int,
 
 
 def kernel_calls_of(call) -> list[tuple[str, dict[str, Any]]]:
-    """The two kernels (forward, backward) of an attnres.triton_aot.OpCall, with call_bytes' keywords."""
+    """The two kernels (forward, backward) of an experiments.bench.triton_aot.OpCall, with call_bytes' keywords."""
     if call.op == "attend":
         return [("attend_fwd", {}), ("attend_bwd", {})]
     kw = {"has_q": call.has_q, "out": call.out, "base": call.base}
@@ -88,9 +88,9 @@ def kernel_calls_of(call) -> list[tuple[str, dict[str, Any]]]:
 
 def step_calls(n_layers: int, scheme: str, precision: str = "bf16-mixed", n_blocks: int = 8) -> Counter:
     """The depth-op calls of one training step of a model of ``n_layers`` with ``scheme`` ("block" with
-    ``n_blocks`` blocks, or "full"), as a Counter of attnres.triton_aot.OpCall."""
+    ``n_blocks`` blocks, or "full"), as a Counter of experiments.bench.triton_aot.OpCall."""
     from attnres import ModelConfig
-    from attnres.triton_aot import op_calls
+    from experiments.bench.triton_aot import op_calls
 
     kw = SCHEMES[scheme] | ({"n_blocks": n_blocks} if scheme == "block" else {})
     config = ModelConfig(n_layers=n_layers, d_model=16, n_heads=1, **kw)  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
 """Compile every Triton depth-kernel configuration the paper sizes dispatch for Hopper (sm_90a), without a GPU,
-and print ptxas's registers, spills and the resulting occupancy (attnres/triton_aot.py; docs/performance.md).
+and print ptxas's registers, spills and the resulting occupancy (experiments/bench/triton_aot.py; docs/performance.md).
 
     python scripts/triton_aot_report.py                          # the five paper sizes, Block (N = 8) and Full
     python scripts/triton_aot_report.py --sizes paper_528m --markdown
@@ -53,7 +53,7 @@ def missing() -> str | None:
 def report(sizes: list[str]) -> list[dict]:
     """One row per (size, scheme, kernel call): the call, its launch, ptxas's numbers and the occupancy."""
     from attnres import ModelConfig
-    from attnres.triton_aot import compile_report, kernel_calls
+    from experiments.bench.triton_aot import compile_report, kernel_calls
 
     rows = []
     for size in sizes:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         import triton
 
         from attnres import triton_launch
-        from attnres.triton_aot import SELECT_WIDTH, select_tiles
+        from experiments.bench.triton_aot import SELECT_WIDTH, select_tiles
 
         tiles = select_tiles(log=lambda line: print(line, file=sys.stderr, flush=True))
         meta = {

@@ -29,6 +29,9 @@
                                       # does Block AttnRes's gain grow, shrink or stay with training length?
     python -m sweeps.study deep_recipe      # the deep ladder under AdamW + cosine (committed) and Muon + WSD: the
                                       # recipe's multiplier for the baseline, Block's under each, the interaction
+    python -m sweeps.study paper data=shards data.name=/data/shards +launcher=slurm hydra.launcher.partition=<p>
+                                      # the paper's ladder (Table 2, Fig. 4) on a GPU cluster: one SLURM job per
+                                      # run, then the fit and the headline as above (paper_lr: its lr tuning)
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
 
 Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import signal
 import subprocess
@@ -49,7 +53,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from analysis.fit_document import FitDocument, Multiplier
 from results.record import STUDY_KINDS
@@ -223,6 +227,20 @@ STUDIES = {
         committed="docs/results/cpu_deep_moe/report/fit.json",
         why=WHY_DEEP,
     ),
+    "paper": Study(
+        "paper_ladder",
+        "the paper's scaling ladder (Table 2, Fig. 4; GPU cluster scale): baseline / Full / Block AttnRes (N = 8) x "
+        "paper_194m..paper_528m at context 8192, every arm at the baseline's lr (conf/tuned_lr/paper.yaml: Table 2's); "
+        "bring a prepared corpus (data.name=...) and a launcher (+launcher=slurm)",
+        why="the paper's own sizes, context and variants (Table 2)",
+    ),
+    "paper_lr": Study(
+        "paper_lr",
+        "LR tuning of the paper ladder (GPU cluster scale): a log-spaced lr grid around Table 2's per size, baseline "
+        "(--arms all: every arm); bring a prepared corpus (data.name=...) and a launcher (+launcher=slurm)",
+        tuned_config="conf/tuned_lr/paper.yaml",
+        lr_rule="per_size",  # as conf/sweep/paper_lr.yaml's `python -m analysis lr` (its default rule)
+    ),
     "map": Study(
         "cpu_map",
         "depth-by-width map: baseline / Block AttnRes x L_b {4, 8, 16} x d_model {32, 64, 128}, same-seed pairs",
@@ -251,14 +269,16 @@ FIXED_SHAPE_REPORTS = {
 }
 
 TRAIN_COMMAND = (sys.executable, "-m", "experiments.train", "-m")
+LAUNCHER_KEYS = ("launcher", "hydra/launcher")  # an override of one of them chooses the sweep's launcher
 
 
 def sweep_command(sweep: str, seeds: str | None, jobs: int, runs_root: str, extra: list[str]) -> list[str]:
-    """The multirun command; seeds=None keeps the sweep config's own seed list."""
+    """The multirun command; seeds=None keeps the sweep config's own seed list. ``jobs`` > 1 runs the jobs side by
+    side on this machine (``+launcher=parallel``) unless ``extra`` chooses a launcher itself (``+launcher=slurm``)."""
     cmd = [*TRAIN_COMMAND, f"+sweep={sweep}", f"paths.runs_root={runs_root}", "trainer.enable_progress_bar=false"]
     if seeds is not None:
         cmd.insert(5, f"seed={seeds}")
-    if jobs > 1:
+    if jobs > 1 and not any(o.lstrip("+~").split("=", 1)[0] in LAUNCHER_KEYS for o in extra):
         cmd += ["+launcher=parallel", f"hydra.launcher.n_jobs={jobs}"]
     return cmd + extra
 
@@ -412,19 +432,20 @@ def analysis_arguments(args: Sequence[str]) -> list[str]:
 ANALYSIS_MODULES = {"length": "training_length"}  # a command whose module has another name
 
 
-def analysis_headline(command: str, document: Path) -> list[str]:
-    """The headline lines of a study reported by ``python -m analysis <command>`` other than fit (its module's
-    ``headline_lines`` of the JSON document it wrote)."""
-    import importlib
-    import json
+def run_analysis(argv: list[str]) -> tuple[int, Any]:
+    """``python -m analysis <argv>`` in this process (analysis.__main__.run: the same files and printout): its exit
+    status and the document it built (None after an error)."""
+    from analysis.__main__ import run
 
-    module = importlib.import_module(f"analysis.{ANALYSIS_MODULES.get(command, command)}")
-    return list(module.headline_lines(json.loads(document.read_text(encoding="utf-8"))))
+    try:
+        return run(argv)
+    except SystemExit as e:  # argparse refused the arguments (it has printed why)
+        return (e.code if isinstance(e.code, int) else 2), None
 
 
-def headline(fit_path: Path) -> list[str]:
-    """One line per variant: the compute multiplier vs the baseline with its 95% interval."""
-    fit = FitDocument.from_json(fit_path)
+def headline(fit: FitDocument) -> list[str]:
+    """One line per variant: the compute multiplier vs the baseline with its 95% interval (``fit``: the document
+    ``python -m analysis fit`` built, or read back from its fit.json: ``FitDocument.from_json``)."""
     lines = []
     for name, b in (fit.arch_grid.best if fit.arch_grid else {}).items():
         lines.append(
@@ -587,35 +608,39 @@ def run_passes(plan: Plan) -> int:
 
 
 def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
-    """The study kind's analysis of the completed runs (a subprocess of ``python -m analysis``), then its headline
-    lines. Returns the analysis' exit status."""
+    """The study kind's analysis of the completed runs (``python -m analysis <command>``, run in this process), then
+    its headline lines from the document it built. Returns the analysis' exit status."""
     results, report = str(plan.results), plan.report
     if plan.kind == "lr":
         tuned = REPO / study.tuned_config if study.tuned_config else None
-        cmd = [sys.executable, "-m", "analysis", "lr", "--results", results, "--out", str(report)]
-        cmd += ["--rule", rule or study.lr_rule] + (["--write-config", str(tuned)] if tuned is not None else [])
+        argv = ["lr", "--results", results, "--out", str(report)]
+        argv += ["--rule", rule or study.lr_rule] + (["--write-config", str(tuned)] if tuned is not None else [])
         files = "lr_summary.md, lr.json, fig_lr.png"
     elif plan.kind in FIXED_SHAPE_REPORTS:
         command, files = FIXED_SHAPE_REPORTS[plan.kind]
-        cmd = [sys.executable, "-m", "analysis", command, "--results", results, "--out", str(report)]
+        argv = [command, "--results", results, "--out", str(report)]
     elif study.analysis != "fit":
-        cmd = [sys.executable, "-m", "analysis", study.analysis, "--results", results, "--out", str(report)]
-        cmd += analysis_arguments(study.analysis_args)
+        argv = [study.analysis, "--results", results, "--out", str(report)]
+        argv += analysis_arguments(study.analysis_args)
         files = f"{study.analysis}_summary.md, {study.analysis}.json, figures"
     else:
-        cmd = [sys.executable, "-m", "analysis", "fit", "--results", results, "--out", str(report)]
+        argv = ["fit", "--results", results, "--out", str(report)]
         files = "summary.md, fit.json, figures"
-    print(f"[attnres] $ {' '.join(cmd[1:])}", flush=True)
-    rc = subprocess.call(cmd)
+    print(f"[attnres] $ -m analysis {' '.join(argv)}", flush=True)
+    rc, document = run_analysis(argv)
     scaling = plan.kind not in FIXED_SHAPE_REPORTS and plan.kind != "lr"
-    document = report / ("fit.json" if study.analysis == "fit" else f"{study.analysis}.json")
-    if rc != 0 or (scaling and not document.is_file()):
+    if rc != 0 or (scaling and document is None):
         return rc
     print(f"[attnres] report: {report}/ ({files}); total {time.time() - t0:.0f} s")
     if plan.kind == "lr" and study.tuned_config:
         print(f"[attnres] tuned lrs written to {REPO / study.tuned_config}: the ladder's sizes read them from now on")
     if scaling:
-        for line in headline(document) if study.analysis == "fit" else analysis_headline(study.analysis, document):
+        if study.analysis == "fit":
+            lines = headline(document)
+        else:  # the command's module says its headline (e.g. analysis.recipe.headline_lines)
+            module = ANALYSIS_MODULES.get(study.analysis, study.analysis)
+            lines = list(importlib.import_module(f"analysis.{module}").headline_lines(document))
+        for line in lines:
             print(line)
         for line in committed_lines(REPO / study.committed) if study.committed else []:
             print(line)
@@ -648,7 +673,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"[attnres] warning: {problem}", file=sys.stderr)
         print(f"[attnres] restored {copied} record(s) from {args.from_records} into {plan.results.parent}", flush=True)
-    print(f"[attnres] {study.what}; seeds {plan.seeds}; {args.jobs} parallel job(s)", flush=True)
+    launcher = next((o for o in args.overrides if o.lstrip("+~").split("=", 1)[0] in LAUNCHER_KEYS), None)
+    jobs = f"jobs through {launcher}" if launcher else f"{args.jobs} parallel job(s)"
+    print(f"[attnres] {study.what}; seeds {plan.seeds}; {jobs}", flush=True)
     sweep_rc = run_passes(plan)
     if sweep_rc > 128:
         return sweep_rc
@@ -684,12 +711,12 @@ def run_figures(jobs: int, runs_root: Path, reports_root: Path, fresh: bool) -> 
             return study_rc
         rc = rc or study_rc
     restore_records(REPO / FIGURE_MAP_RECORDS, runs_root / "cpu_map")
-    for cmd in (
+    for argv in (
         ["map", "--results", str(runs_root / "cpu_map"), "--out", str(reports_root / "cpu_map")],
         ["paper", "--out", str(reports_root / "paper_refit")],
     ):
-        print(f"[attnres] $ python -m analysis {' '.join(cmd)}", flush=True)
-        rc = rc or subprocess.call([sys.executable, "-m", "analysis", *cmd])
+        print(f"[attnres] $ python -m analysis {' '.join(argv)}", flush=True)
+        rc = rc or run_analysis(argv)[0]
     sources = GallerySources.from_studies(reports_root, runs_root, REPO / FIGURE_ARCH_GRID)
     page = write_gallery(gallery_entries(sources), reports_root / "README.md")
     print(f"[attnres] gallery: {page} (the committed one: docs/results/README.md); total {time.time() - t0:.0f} s")

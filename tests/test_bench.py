@@ -126,27 +126,6 @@ def test_quick_benchmark_writes_the_documented_json(tmp_path, data_cache):
     assert res["options"] is None
 
 
-def test_gpu_script_dry_run_on_cpu(tmp_path):
-    """scripts/gpu_bench.sh with --dry-run: the GPU flags (bf16 autocast, flash SDPA, no harness) on the CPU."""
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "gpu_bench.sh"), "--dry-run", "--no-memory"],
-        cwd=REPO,
-        env={**_env(), "OUT": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((tmp_path / "gpu_bench.json").read_text())
-    assert res["meta"]["bf16"] is True
-    assert res["meta"]["sdpa"] == "flash"
-    assert res["harness"] is None
-    (size,) = res["sizes"]
-    assert size["size"]["seq_len"] == 64
-    assert size["size"]["batch_size"] == 2
-    assert list(size["schemes"]) == ["baseline", "full", "block"]
-
-
 def test_statistics_and_memory_bound():
     s = sample_stats.summarize([3.0, 1.0, 2.0, 4.0])
     assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 4.0, 4)
@@ -226,11 +205,6 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
         (["--device", "tpu"], "allowed values: cpu, cuda"),
         (["--harness-steps", "3"], ">= 4"),
         (["--decode-tokens", "-1"], ">= 0"),
-        (["--ladder-sizes", "cpu_xs,cpu_zz"], "unknown.*cpu_xs"),
-        (["--ladder-schemes", "nope"], "unknown.*block_attnres"),
-        (["--ladder-paths", "jit"], "allowed values: compiled, eager"),
-        (["--ladder-fraction", "0"], "> 0"),
-        (["--ladder-seeds", "0"], ">= 1"),
         (["--moe-pairs", "cpu_moe"], "--moe-pairs.*<moe size>:<dense size>"),
         (["--moe-pairs", "cpu_moe:cpu_zz"], "--moe-pairs: unknown size 'cpu_zz'.*cpu_xs"),
         (["--moe-pairs", "cpu_xs:cpu_moe"], "--moe-pairs: cpu_xs:cpu_moe must name an MoE size, then a dense one"),
@@ -239,6 +213,17 @@ def test_full_attnres_peak_memory_stays_near_its_saved_activations():
 def test_bad_arguments_say_what_is_allowed(argv, match):
     with pytest.raises(SystemExit, match=match):
         settings.parse_args(argv)
+
+
+@pytest.mark.parametrize("argv", [["--ladder"], ["--quick", "--ladder-fraction", "0.2"], ["--ladder-seeds=2"]])
+def test_the_retired_ladder_flags_fail_with_one_line_naming_the_frozen_note(argv):
+    with pytest.raises(SystemExit) as e:
+        settings.parse_args(argv)
+    message = str(e.value)
+    assert "\n" not in message
+    assert "is retired" in message
+    assert "docs/results/bench/2026-12-02_ladder/" in message
+    assert (REPO / "docs/results/bench/2026-12-02_ladder/README.md").is_file()
 
 
 def test_unknown_size_lists_the_sizes():
@@ -390,257 +375,3 @@ def test_the_plain_loop_gets_the_trainer_and_data_of_experiments_train(train_cfg
     torch.set_num_threads(1)
     gaps = bench_harness.plain_run(cfg, torch.device("cpu"))
     assert len(gaps) == trained.max_steps * 2 - 1 - bench_harness.WARMUP_STEPS  # one stamp per micro-batch
-
-
-# ---- the ladder section (experiments/bench/ladder.py) ------------------------------------------------------------
-
-
-def test_ladder_section_writes_the_documented_json(tmp_path, data_cache):
-    """--ladder trains real experiments.train runs (eager only here: compiling costs ~30 s a shape; the compiled
-    path's numerics are tests/test_compiled_step.py's) and reports each against the GEMM floor timed in its round."""
-    out = tmp_path / "ladder.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "experiments.bench",
-            "--ladder",
-            "--ladder-sizes",
-            "cpu_xs",
-            "--ladder-schemes",
-            "baseline,block_attnres",
-            "--ladder-paths",
-            "eager",
-            "--ladder-fraction",
-            "0.02",
-            "--ladder-override",
-            "train.val_sequences=8",
-            "--out",
-            str(out),
-            "--data-cache",
-            str(data_cache),
-            "--data-max-bytes",
-            str(TEST_MAX_BYTES),
-        ],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step against the GEMM floor" in proc.stdout
-    res = json.loads(out.read_text())
-    assert res["sizes"] == []  # --ladder runs its section alone
-    assert res["harness"] is None
-    lad = res["ladder"]
-    assert (lad["paths"], lad["seeds"], lad["fraction"]) == (["eager"], 2, 0.02)
-    (size,) = lad["sizes"]
-    steps = size["steps"]
-    assert steps == round(432000 * 0.02 / 512)  # cpu_xs: train.tokens x the fraction, in 512-token steps
-    assert len(size["rounds"]) == 2
-    assert size["gemm_floor"]["calls"] == 18 * 4 + 3  # 4 transformer blocks: see the test below
-    runs = size["runs"]
-    assert sorted((r["scheme"], r["round"]) for r in runs) == [
-        ("baseline", 0),
-        ("baseline", 1),
-        ("block_attnres", 0),
-        ("block_attnres", 1),
-    ]
-    assert [r["scheme"] for r in runs[:2]] == ["baseline", "block_attnres"]  # the arms' order rotates per round
-    assert [r["scheme"] for r in runs[2:]] == ["block_attnres", "baseline"]
-    for r in runs:
-        assert r["kind"] == r["train_path"] == "eager"
-        assert r["steps"] == steps
-        assert r["tokens"] == steps * 512
-        assert r["tokens_per_cpu_s"] == pytest.approx(r["tokens"] / r["cpu_s"])
-        assert 0 < r["steady_steps"] <= steps - 1 - 10  # warm-up gaps dropped
-        assert r["dirty_gaps"] >= 1  # the in-loop evaluations
-        assert r["steady"]["floor_fraction"] == pytest.approx(r["floor_s"] / r["steady_step_s"])
-        assert r["whole"]["floor_fraction"] == pytest.approx(r["floor_s"] / r["cpu_s_per_step"])
-        assert r["whole"]["floor_fraction"] < r["steady"]["floor_fraction"]  # the run is more than its steps
-    ratio = size["step_ratios"]["block_attnres"]["eager"]["steady"]
-    assert ratio["n"] == 2
-    assert {a: size["arms"][a]["cold"] for a in size["arms"]} == {"baseline": None, "block_attnres": None}
-
-
-def test_gemm_floor_counts_every_matmul_of_a_training_step():
-    """The recorded matmuls of one step are all of it: 6 mm + 2 attention bmm per transformer block forward (SDPA
-    on its math backend), the LM head, and twice / 4 bmm as many in backward, i.e. 3x the forward FLOPs."""
-    import torch
-
-    from attnres import ModelConfig
-    from experiments.bench import gemm_floor
-
-    torch.set_num_threads(1)
-    B, T, L, d, H, hd, f, V = 2, 16, 2, 32, 2, 16, 48, 256
-    cfg = ModelConfig(vocab_size=V, n_layers=L, d_model=d, n_heads=H, head_dim=hd, d_ff=f, max_seq_len=T)
-    calls = gemm_floor.record_matmuls(cfg, B, T)
-    counts: dict[str, int] = {}
-    for c in calls:
-        counts[c.op] = counts.get(c.op, 0) + c.count
-    assert counts == {"mm": 12 * L + 3, "bmm": 6 * L}
-    a = H * hd
-    forward = 2 * B * T * (L * (d * 3 * a + a * d + d * 2 * f + f * d) + d * V) + L * 2 * (2 * B * H * T * T * hd)
-    assert sum(c.flops * c.count for c in calls) == 3 * forward
-    floor = gemm_floor.time_floor(calls, repeats=3)
-    assert floor["calls"] == 18 * L + 3
-    assert floor["flops"] == 3 * forward
-    assert floor["floor_s"] == pytest.approx(sum(r["s_total"] for r in floor["matmuls"]))
-    assert all(r["s_per_call"] > 0 for r in floor["matmuls"])
-    assert 0 < floor["attention_share"] < 1
-
-
-def _ladder_run(kind: str, rnd: int, tokens_per_cpu_s: float, cpu_s: float, steps: int = 100) -> dict:
-    from experiments.bench import ladder as bench_ladder
-
-    r = {
-        "kind": kind,
-        "round": rnd,
-        "tokens": steps * 512,
-        "steps": steps,
-        "cpu_s": cpu_s,
-        "cpu_s_per_step": cpu_s / steps,
-        "tokens_per_cpu_s": tokens_per_cpu_s,
-        "steady_step_s": 0.01,
-        "first_step_s": 0.01,
-        "first_step_wall_s": 0.01,
-    }
-    return bench_ladder.derive_run(r, floor_s=0.004, step_flops=2e8, peak=100.0)
-
-
-def test_ladder_figures_pair_rounds_and_amortise_the_cold_compile():
-    from experiments.bench import ladder as bench_ladder
-
-    assert bench_ladder.steady_gaps([0, 1, 3, 6, 10, 15], dirty=[3], warmup=1) == [2, 3, 5]
-    assert bench_ladder.amortised_cpu_s(cold=100.0, warm=10.0, k=3) == 40.0
-    runs = [
-        _ladder_run("eager", 0, 100.0, 512.0),
-        _ladder_run("cold", 0, 20.0, 50.0),
-        _ladder_run("warm", 1, 240.0, 5.0),
-        _ladder_run("eager", 1, 120.0, 426.0),
-    ]
-    arm = bench_ladder.summarize_arm(runs, floor_s=0.004, step_flops=2e8, peak=100.0, steps=100)
-    assert arm["eager"]["runs"] == 2
-    assert arm["eager"]["tokens_per_cpu_s"] == 110.0
-    assert arm["cold"]["vs_eager"] == pytest.approx(0.2)  # against the eager run of its own round
-    assert arm["warm"]["vs_eager"] == pytest.approx(2.0)
-    assert arm["disk"] is None
-    assert arm["compile_cpu_s"]["cold"] == 45.0
-    assert arm["amortised"]["1"]["tokens_per_cpu_s"] == pytest.approx(51200 / 50.0)
-    assert arm["amortised"]["3"]["tokens_per_cpu_s"] == pytest.approx(51200 / 20.0)
-    assert arm["amortised"]["3"]["floor_fraction"] == pytest.approx(0.004 / 0.2)
-    assert arm["warm"]["steady"]["gflop_per_s"] == pytest.approx(2e8 / 0.01 / 1e9)
-    assert arm["warm"]["steady"]["peak_fraction"] == pytest.approx(0.2)
-
-
-def test_the_inductor_cache_directory_is_set_inside_and_restored_after(tmp_path, monkeypatch):
-    from experiments.bench import ladder as bench_ladder
-    from experiments.compiler import CACHE_ENV
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "before"))
-    with bench_ladder.inductor_cache(tmp_path / "fresh", fresh=True) as path:
-        assert os.environ[CACHE_ENV] == str(path) == str(tmp_path / "fresh")
-        assert path.is_dir()
-    assert os.environ[CACHE_ENV] == str(tmp_path / "before")
-
-
-def test_the_ladder_section_classifies_and_summarises_every_kind_of_run(monkeypatch):
-    """bench_ladder end to end with its training runs and timings stubbed (speed is never asserted): round 0's
-    compiled run of each shape is cold (a fresh inductor cache), round 1's warm, the disk round's in a new process;
-    the order of the paths flips per round, and each figure is taken against the eager run of its round."""
-    from experiments.bench import ladder as bench_ladder
-    from experiments.bench import ladder_report
-    from experiments.compiler import CACHE_ENV
-
-    seen_caches: set[str] = set()
-    order: list[tuple[str, str]] = []
-
-    def fake_run(overrides, timer_path, cpu_s):
-        model = next(o.split("=")[1] for o in overrides if o.startswith("model="))
-        path = next(o.split("=")[1] for o in overrides if o.startswith("train_path="))
-        order.append((model, path))
-        steps = 50
-        return {
-            "steps": steps,
-            "tokens": steps * 512,
-            "wall_s": cpu_s,
-            "cpu_s": cpu_s,
-            "train_path": path,
-            "tokens_per_cpu_s": steps * 512 / cpu_s,
-            "cpu_s_per_step": cpu_s / steps,
-            "first_step_s": 0.01,
-            "first_step_wall_s": 0.01,
-            "steady_step_s": 0.01 if path == "eager" else 0.005,
-            "steady_steps": 30,
-            "dirty_gaps": 5,
-            "other_cores_busy": 0.5,
-            "setup_cpu_s": 1.0,
-            "eval_cpu_s": 2.0,
-        }
-
-    def train_once(overrides, timer_path):
-        if "train_path=compiled" not in overrides:
-            return fake_run(overrides, timer_path, 10.0)
-        cold = os.environ[CACHE_ENV] not in seen_caches
-        seen_caches.add(os.environ[CACHE_ENV])
-        return fake_run(overrides, timer_path, 30.0 if cold else 4.0)
-
-    monkeypatch.setattr(bench_ladder, "train_once", train_once)
-    monkeypatch.setattr(bench_ladder, "child_run", lambda spec: fake_run(spec["overrides"], None, 6.0))
-    monkeypatch.setattr(bench_ladder, "record_matmuls", lambda *a, **k: [])
-    floor = {"floor_s": 0.002, "flops": 1e8, "gflop_per_s": 50.0, "calls": 75, "attention_share": 0.4, "matmuls": []}
-    monkeypatch.setattr(bench_ladder, "time_floor", lambda calls: dict(floor))
-    monkeypatch.setattr(bench_ladder, "matmul_peak", lambda: {"gflop_per_s": 100.0})
-    args = settings.parse_args(
-        [
-            "--ladder",
-            "--ladder-sizes",
-            "cpu_xs",
-            "--ladder-schemes",
-            "baseline,block_attnres,full_attnres",
-            "--ladder-paths",
-            "eager,compiled",
-            "--ladder-fraction",
-            "0.5",
-            "--ladder-seeds",
-            "2",
-            "--ladder-disk-warm",
-            "--ladder-override",
-            "train.val_sequences=8",
-        ]
-    )
-    lines: list[str] = []
-    res = bench_ladder.bench_ladder(args, log=lines.append)
-    ladder_report.print_ladder(res, log=lines.append)
-    assert order[:2] == [("baseline", "eager"), ("baseline", "compiled")]  # round 0: eager first
-    assert order[6:8] == [("block_attnres", "compiled"), ("block_attnres", "eager")]  # round 1: rotated, flipped
-    assert order[12:] == [("full_attnres", "compiled"), ("baseline", "compiled"), ("block_attnres", "compiled")]
-    (size,) = res["sizes"]
-    assert [r["kind"] for r in size["runs"] if r["scheme"] == "baseline"] == ["eager", "cold", "warm", "eager", "disk"]
-    for arm in size["arms"].values():
-        assert arm["cold"]["vs_eager"] == pytest.approx(10 / 30)
-        assert arm["warm"]["vs_eager"] == pytest.approx(10 / 4)
-        assert arm["disk"]["vs_eager"] == pytest.approx(10 / 6)
-        assert arm["compile_cpu_s"] == {"cold": 26.0, "disk": 2.0}
-        assert arm["amortised"]["3"]["vs_eager"] == pytest.approx(10 / ((30 + 2 * 4) / 3))
-        assert arm["warm"]["steady"]["floor_fraction"] == pytest.approx(0.4)
-        # the full cpu_xs run (844 steps): setup and evaluations as measured, the rest per step
-        eager_full, warm_full = 3 + 844 * (10 - 3) / 50, 3 + 844 * (4 - 3) / 50
-        assert arm["projected"]["steps"] == 844
-        assert arm["projected"]["warm_vs_eager"] == pytest.approx(eager_full / warm_full)
-        assert arm["projected"]["amortised"]["3"]["vs_eager"] == pytest.approx(
-            eager_full / ((warm_full + 26 + 2 * warm_full) / 3)
-        )
-        assert arm["projected"]["disk_amortised"]["vs_eager"] == pytest.approx(
-            eager_full / ((warm_full + 2 + 2 * warm_full) / 3)
-        )
-    assert size["step_ratios"]["full_attnres"]["compiled"]["steady"]["n"] == 3  # cold, warm, disk: by round
-    names = [c["name"] for c in res["checks"]]
-    assert "cpu_xs block_attnres: compiled steady step / baseline's" in names
-    assert any(line.startswith("  [PASS]") for line in lines)
-    assert any(line.startswith("  [FAIL]") for line in lines)  # 1 cold in 3 is 0.79x eager here
-    tables = ladder_report.markdown(res)
-    row = "| cpu_xs | full_attnres | 1.000 [1.000, 1.000] | 1.000 | - | 1.000 [1.000, 1.000] | 1.000 | 1.000 |"
-    assert row in tables
-    assert "| cpu_xs | baseline | 26.0 | 2.0 |" in tables

@@ -14,6 +14,7 @@ from synthetic_records import synthetic_ladder
 from analysis.__main__ import main
 from analysis.asymptote import e_sensitivity
 from analysis.fit import fit_joint, fit_joint_pinned
+from analysis.fit_document import FitDocument
 from analysis.pipeline import Sections, run_fit
 from analysis.rollout import rollout
 from analysis.runs import AnalysisWarning, load_results
@@ -91,9 +92,9 @@ def test_the_wallclock_multiplier_is_m_times_the_time_ratio_in_fit_json_summary_
     lo, hi = w["m_wall_ci95"]
     assert lo < w["m_wall"] < hi
     assert "wall-clock multiplier m_wall" in (tmp_path / "w" / "summary.md").read_text()
-    assert any(
-        "block_attnres: wall-clock multiplier m_wall = " in line for line in headline(tmp_path / "w" / "fit.json")
-    )
+    # the study's headline from the document the fit built, as from its fit.json read back
+    assert headline(doc) == headline(FitDocument.from_json(tmp_path / "w" / "fit.json"))
+    assert any("block_attnres: wall-clock multiplier m_wall = " in line for line in headline(doc))
     # without the flag fit.json has no such key; the study's headline reads the times from the document's source
     table = tmp_path / "t" / "results.csv"
     table.parent.mkdir()
@@ -101,7 +102,8 @@ def test_the_wallclock_multiplier_is_m_times_the_time_ratio_in_fit_json_summary_
     plain = run_fit(load_results(table), tmp_path / "n", FitOptions(B=50), make_figures=False)
     assert "wallclock" not in json.loads((tmp_path / "n" / "fit.json").read_text())
     assert plain.wallclock is None
-    lines = [line for line in headline(tmp_path / "n" / "fit.json") if "wall-clock" in line]
+    assert headline(plain) == headline(FitDocument.from_json(tmp_path / "n" / "fit.json"))
+    lines = [line for line in headline(plain) if "wall-clock" in line]
     assert len(lines) == 1
     assert f"compute m {plain.multipliers['block_attnres'].m:.3f}x" in lines[0]
 

@@ -90,7 +90,7 @@ def test_the_figures_command_restores_runs_each_study_then_writes_the_page(tmp_p
     calls: list[list[str]] = []
     analyses: list[list[str]] = []
     monkeypatch.setattr(study, "main", lambda argv: calls.append(list(argv)) or 0)
-    monkeypatch.setattr(study.subprocess, "call", lambda cmd: analyses.append(list(cmd[3:4])) or 0)
+    monkeypatch.setattr(study, "run_analysis", lambda argv: analyses.append(list(argv[:1])) or (0, None))
     runs, reports = tmp_path / "runs", tmp_path / "reports"
     assert study.run_figures(2, runs, reports, fresh=False) == 0
     assert [c[0] for c in calls] == [name for name, _, _ in study.FIGURE_STUDIES]

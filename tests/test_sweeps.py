@@ -216,13 +216,13 @@ def test_study_command_chooses_the_analysis_by_study_kind(tmp_path, monkeypatch,
         return 0
 
     monkeypatch.setattr(study, "run_streaming", sweep)
-    monkeypatch.setattr(study.subprocess, "call", lambda cmd: calls.append(cmd) or 1)
+    monkeypatch.setattr(study, "run_analysis", lambda argv: calls.append(argv) or (1, None))
     assert (
         study.main([name, "--jobs", "1", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p")])
         == 1
     )
-    (cmd,) = calls
-    assert cmd[1:4] == ["-m", "analysis", analysis]
+    (argv,) = calls
+    assert argv[0] == analysis
 
 
 def test_study_command_stops_at_a_bad_override_before_any_run(tmp_path, monkeypatch, capsys):
@@ -303,6 +303,7 @@ def test_study_options_may_come_between_the_study_and_its_overrides(tmp_path, mo
 def test_study_headline_flags_single_seed_intervals(tmp_path):
     import json
 
+    from analysis.fit_document import FitDocument
     from sweeps.study import headline
 
     fit = {
@@ -316,10 +317,104 @@ def test_study_headline_flags_single_seed_intervals(tmp_path):
     }
     path = tmp_path / "fit.json"
     path.write_text(json.dumps(fit))
-    lines = headline(path)
+    lines = headline(FitDocument.from_json(path))
     assert "m = 2.000x" in lines[0]
     assert "1 seed(s) per size" in lines[-1]
     assert "not a claim" in lines[-1]
     fit["bootstrap"] = {"mode": "paired_cluster", "seeds_per_size": {"cpu_xs": 3}}
     path.write_text(json.dumps(fit))
-    assert len(headline(path)) == 1
+    assert len(headline(FitDocument.from_json(path))) == 1
+
+
+def _stub_sweep(monkeypatch, study, tmp_path: Path, seen: list) -> None:
+    """The sweep "ran" (its command kept in ``seen``): its study's table exists, empty."""
+
+    def sweep(cmd, log):
+        seen.append(cmd)
+        name = study._sweep_key(cmd[4].split("=", 1)[1], "study", cmd[5:])
+        table = tmp_path / "r" / name / "results.csv"
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text("run_id\n")
+        return 0
+
+    monkeypatch.setattr(study, "run_streaming", sweep)
+
+
+def test_the_paper_study_sends_its_sweep_through_the_launcher_given_then_fits(tmp_path, monkeypatch, capsys):
+    """`python -m sweeps.study paper data.name=... +launcher=slurm`: the paper ladder's multirun with the user's
+    launcher in place of the local parallel one, then `analysis fit` of its table (nothing trains here)."""
+    from sweeps import study
+
+    seen, analyses = [], []
+    _stub_sweep(monkeypatch, study, tmp_path, seen)
+    monkeypatch.setattr(study, "run_analysis", lambda argv: analyses.append(argv) or (1, None))
+    roots = ["--jobs", "2", "--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p")]
+    user = ["data=shards", "data.name=/data/shards", "+launcher=slurm", "hydra.launcher.partition=gpu"]
+    assert study.main(["paper", *roots, *user]) == 1  # the stubbed analysis' status
+    (cmd,) = seen
+    assert cmd[:5] == [*study.TRAIN_COMMAND, "+sweep=paper_ladder"]
+    assert cmd[-4:] == user
+    assert not any("launcher=parallel" in a or "n_jobs" in a for a in cmd)
+    assert "jobs through +launcher=slurm" in capsys.readouterr().out
+    (argv,) = analyses
+    table, report = tmp_path / "r" / "paper_scaling" / "results.csv", tmp_path / "p" / "paper_scaling"
+    assert argv == ["fit", "--results", str(table), "--out", str(report)]
+    # the command composes as it stands: the SLURM launcher, the user's corpus, the paper's context
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    out = subprocess.run(
+        [*cmd[:3], *cmd[4:], "--cfg", "all"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SlurmLauncher" in out.stdout
+    assert "partition: gpu" in out.stdout
+    assert "name: /data/shards" in out.stdout
+    assert "seq_len: 8192" in out.stdout
+    assert "study: paper_scaling" in out.stdout
+    # without a launcher of the user's, --jobs 2 runs side by side here, as every CPU study does
+    seen.clear()
+    assert study.main(["paper", *roots, "data.name=/data/shards"]) == 1
+    assert "+launcher=parallel" in seen[0]
+
+
+def test_the_paper_lr_study_tunes_and_writes_the_paper_sizes_lr_table(tmp_path, monkeypatch):
+    from sweeps import study
+
+    seen, analyses = [], []
+    _stub_sweep(monkeypatch, study, tmp_path, seen)
+    monkeypatch.setattr(study, "run_analysis", lambda argv: analyses.append(argv) or (1, None))
+    roots = ["--runs-root", str(tmp_path / "r"), "--reports-root", str(tmp_path / "p")]
+    assert study.main(["paper_lr", *roots, "--arms", "all", "data.name=/data/shards", "+launcher=slurm"]) == 1
+    (cmd,) = seen
+    assert "+sweep=paper_lr" in cmd
+    assert "model=baseline,full_attnres,block_attnres" in cmd
+    (argv,) = analyses
+    assert argv[:2] == ["lr", "--results"]
+    assert argv[-4:] == ["--rule", "per_size", "--write-config", str(REPO / "conf" / "tuned_lr" / "paper.yaml")]
+
+
+def test_the_study_fits_in_process_and_prints_the_headline_of_the_document_it_built(tmp_path, monkeypatch, capsys):
+    """The analysis runs in the study's process (no `python -m analysis` subprocess): the study prints what the
+    command prints, then the headline of the document it built, the same lines as of its fit.json read back."""
+    from synthetic_records import write_study
+
+    from analysis.__main__ import main as analysis_main
+    from analysis.fit_document import FitDocument
+    from sweeps import study
+
+    runs, reports, name = tmp_path / "r", tmp_path / "p", study._sweep_key("quick", "study")
+    monkeypatch.setattr(
+        study, "run_streaming", lambda cmd, log: 0 if write_study(runs / name, extra_studies=False) else 1
+    )
+    monkeypatch.setattr(study.subprocess, "call", lambda *a, **k: pytest.fail("the analysis ran in a subprocess"))
+    monkeypatch.setattr(study.subprocess, "Popen", lambda *a, **k: pytest.fail("the analysis ran in a subprocess"))
+    assert study.main(["quick", "--jobs", "1", "--runs-root", str(runs), "--reports-root", str(reports)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    lines = study.headline(FitDocument.from_json(reports / name / "fit.json"))
+    assert any("compute multiplier m = " in line for line in lines)
+    start = printed.index(lines[0])
+    assert printed[start : start + len(lines)] == lines
+    assert printed[start + len(lines)].startswith("[attnres] regime: ")
+    assert analysis_main(["fit", "--results", str(runs / name / "results.csv"), "--out", str(tmp_path / "a")]) == 0
+    command = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("wrote ")]
+    assert command
+    assert all(line in printed for line in command)

@@ -1,6 +1,6 @@
 """The Triton depth kernels compiled ahead of time for Hopper (sm_90a) on a machine without a GPU: at the five paper
 sizes, every kernel configuration the dispatch chooses compiles without spills, leaves at least two blocks per SM,
-and pads D only to a multiple of its chunk (scripts/triton_aot_report.py; attnres/triton_aot.py).
+and pads D only to a multiple of its chunk (scripts/triton_aot_report.py; experiments/bench/triton_aot.py).
 
 The report runs in a subprocess: the kernels cannot be compiled in a process whose triton runs its interpreter
 (conftest.py sets TRITON_INTERPRET=1 where there is no GPU). The calls come from running Block (N = 8) and Full

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from attnres import triton_launch as tl_
-from attnres.triton_aot import TABLE_KEYS
+from experiments.bench.triton_aot import TABLE_KEYS
 
 
 def test_the_packaged_table_covers_its_keys_and_launches_are_deterministic():

@@ -3,9 +3,8 @@
     python -m experiments.bench                       # CPU, ~4 min: the 16 x 256 target size and cpu_xl
     python -m experiments.bench --quick               # <= 30 s smoke of every section (tests/test_bench.py)
     python -m experiments.bench --options             # also eager vs torch.compile / bf16 / checkpointing
-    python -m experiments.bench --device cuda --sizes paper_194m --bf16 --sdpa flash   # scripts/gpu_bench.sh
+    python -m experiments.bench --device cuda --sizes paper_194m --bf16 --sdpa flash   # scripts/gpu_suite.sh
     python -m experiments.bench ... --compile regional --decode-tokens 32             # scripts/gpu_suite.sh
-    python -m experiments.bench --ladder              # CPU ladder: eager vs compiled real runs (bench/ladder.py)
     python -m experiments.bench --moe-pairs cpu_moe:cpu_xs --threads 1   # MoE vs dense at equal activated N
 
 Per size, for each residual scheme (baseline, full, block by default):
@@ -35,6 +34,8 @@ Modules: ``settings`` (the command line, read once into a frozen BenchSettings),
 order, the JSON), ``shapes`` (the sizes), ``runner`` (one timed variant, the interleaved rounds; its training step
 is experiments.train_step.TrainStep, the trainer's), ``memory``, ``size_section``, ``option_section``,
 ``printout``, ``moe_section`` (an MoE size's step against a dense size's, and on CUDA the grouped GEMM against
-the loop over experts), ``harness`` (Lightning vs a plain loop), ``ladder`` / ``gemm_floor`` / ``ladder_report``
-(the CPU ladder's real runs), ``sample_stats``, ``machine_load``. No torch at import: ``--help`` stays fast.
+the loop over experts), ``harness`` (Lightning vs a plain loop), ``sample_stats``, ``machine_load``,
+``triton_aot`` (the Triton kernels compiled ahead of time: scripts/triton_aot_report.py). No torch at import:
+``--help`` stays fast. The ladder bench (``--ladder``: eager vs compiled real ladder runs) answered one question and
+is frozen with its result in docs/results/bench/2026-12-02_ladder/.
 """

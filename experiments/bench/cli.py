@@ -1,4 +1,4 @@
-"""``python -m experiments.bench``: the sections in order (per size, options, harness; or the ladder alone), their
+"""``python -m experiments.bench``: the sections in order (per size, options, MoE, harness), their
 printout, and the one JSON file (--out). The flags: experiments.bench.settings."""
 
 from __future__ import annotations
@@ -95,16 +95,8 @@ def run(settings: BenchSettings, log: Callable[[str], None] = print) -> dict[str
         "sizes": [],
         "harness": None,
         "options": None,
-        "ladder": None,
         "moe": None,
     }
-    if settings.ladder:  # this section alone (experiments/bench/ladder.py)
-        from .ladder import bench_ladder
-        from .ladder_report import print_ladder
-
-        out["ladder"] = bench_ladder(settings, log=log)
-        print_ladder(out["ladder"], log=log)
-        sizes = []
     for size in sizes:
         res = bench_size(size, settings.schemes, settings, device, log=log)
         print_size(res, log=log)
@@ -117,11 +109,11 @@ def run(settings: BenchSettings, log: Callable[[str], None] = print) -> dict[str
         res = bench_options(sizes[0], settings.schemes, settings.option_variants, settings, device, log=log)
         print_options(res, log=log)
         out["options"] = res
-    if settings.moe_pairs and not settings.ladder:
+    if settings.moe_pairs:
         from .moe_section import bench_moe
 
         out["moe"] = bench_moe(settings, device, log=log)
-    if settings.harness and not settings.ladder:
+    if settings.harness:
         out["harness"] = _run_harness(settings, sizes, out["sizes"], device, log)
     out["meta"]["wall_time_s"] = time.perf_counter() - t_start
     path = Path(settings.out)

@@ -16,7 +16,7 @@ only after the last step (eval_count=1) and is not inside any gap. Harness and p
 flips every round); the ratio is taken per round between the medians of the two runs, and summarised by median
 and IQR over rounds.
 
-Lightning is imported here only (and in the ladder), so ``python -m experiments.bench --harness off`` never
+Lightning is imported here only, so ``python -m experiments.bench --harness off`` never
 imports it. The plain loop's step is experiments.train_step.TrainStep, the trainer's own step definition.
 """
 

@@ -5,12 +5,13 @@ checked); the sections take the settings, never the argparse namespace. No torch
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .shapes import BUILTIN, REPO, TARGET, TINY, check_moe_pair, resolve_size, size_names
+from .shapes import BUILTIN, TARGET, TINY, check_moe_pair, resolve_size, size_names
 
 DEFAULT_OUT = Path("reports") / "bench" / "bench.json"
 SCHEMES = ("baseline", "full", "block")
@@ -26,6 +27,9 @@ OPTION_VARIANTS: dict[str, dict[str, Any]] = {
     "torch-path": {"cpu_kernels": False},  # eager without the compiled CPU depth-mixing kernels (cpu_kernels.py)
 }
 QUICK_OPTION_VARIANTS = ("eager", "bf16", "checkpointing")
+# Sections that answered one question each and were then frozen, with their results, as dated notes: a flag of one
+# (or of its ``-<option>`` family) fails with one line naming the note.
+RETIRED_FLAGS = {"--ladder": "docs/results/bench/2026-12-02_ladder/"}
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,6 @@ class BenchSettings:
     harness_steps: int | None
     harness_rounds: int
     harness_logger: str
-    ladder: bool
-    ladder_sizes: tuple[str, ...]
-    ladder_schemes: tuple[str, ...]
-    ladder_paths: tuple[str, ...]
-    ladder_fraction: float
-    ladder_seeds: int
-    ladder_disk_warm: bool
-    ladder_override: tuple[str, ...]
     data_cache: str | None
     data_max_bytes: int | None
     quick: bool
@@ -85,7 +81,6 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     _add_run_args(p)
     _add_variant_args(p)
     _add_harness_args(p)
-    _add_ladder_args(p)
     p.add_argument("--data-cache", default=None, help="dataset cache dir for the harness (default: the project's)")
     p.add_argument("--data-max-bytes", type=int, default=None, help="stdlib slice for the harness (tests)")
     p.add_argument("--quick", action="store_true", help="<= 30 s smoke of every section on the tiny size")
@@ -197,47 +192,13 @@ def _add_harness_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_ladder_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--ladder",
-        action="store_true",
-        help="the CPU ladder's eager and compiled training paths side by side, real experiments.train runs "
-        "(experiments/bench/ladder.py; this section only: the others are skipped)",
-    )
-    p.add_argument("--ladder-sizes", default="cpu_xs,cpu_s,cpu_m,cpu_l", help="ladder sizes (conf/size/)")
-    p.add_argument(
-        "--ladder-schemes", default="baseline,block_attnres,full_attnres", help="arms (conf/model/; first: reference)"
-    )
-    p.add_argument("--ladder-paths", default="eager,compiled", help="training paths (conf/train_path/)")
-    p.add_argument(
-        "--ladder-fraction", type=float, default=1.0, help="train.tokens x this (default 1.0: the real runs)"
-    )
-    p.add_argument(
-        "--ladder-seeds",
-        type=int,
-        default=2,
-        help="rounds per size, one seed each (round 0 compiles cold, later ones reuse the compiled code; default 2)",
-    )
-    p.add_argument(
-        "--ladder-disk-warm",
-        action="store_true",
-        help="also one compiled run per (size, arm) in a new process with the warm inductor cache",
-    )
-    p.add_argument(
-        "--ladder-override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="one more Hydra override of every ladder run (repeatable; e.g. train.val_sequences=8 on a small corpus)",
-    )
-
-
 def _split(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def parse_args(argv: Sequence[str] | None = None, description: str = "") -> BenchSettings:
-    """The settings of ``argv`` (default: sys.argv[1:]); exits with a message on a bad value."""
+    """The settings of ``argv`` (default: sys.argv[1:]); exits with a message on a bad value or a retired flag."""
+    _refuse_retired(sys.argv[1:] if argv is None else argv)
     args = build_parser(description).parse_args(argv)
     if args.quick:  # --quick: seconds, every section on the tiny size (explicit flags still win)
         args.sizes = args.sizes or TINY.name
@@ -276,14 +237,6 @@ def parse_args(argv: Sequence[str] | None = None, description: str = "") -> Benc
         harness_steps=args.harness_steps,
         harness_rounds=args.harness_rounds or 3,
         harness_logger=args.harness_logger,
-        ladder=args.ladder,
-        ladder_sizes=_conf_names("sizes", "size", args.ladder_sizes),
-        ladder_schemes=_conf_names("schemes", "model", args.ladder_schemes),
-        ladder_paths=_conf_names("paths", "train_path", args.ladder_paths),
-        ladder_fraction=args.ladder_fraction,
-        ladder_seeds=args.ladder_seeds,
-        ladder_disk_warm=args.ladder_disk_warm,
-        ladder_override=tuple(args.ladder_override),
         data_cache=args.data_cache,
         data_max_bytes=args.data_max_bytes,
         quick=args.quick,
@@ -291,6 +244,18 @@ def parse_args(argv: Sequence[str] | None = None, description: str = "") -> Benc
         memory_child=args.memory_child,
         optimizer=args.optimizer,
     )
+
+
+def _refuse_retired(argv: Sequence[str]) -> None:
+    """Exit with one line if ``argv`` holds a flag of a retired section (:data:`RETIRED_FLAGS`)."""
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        for retired, note in RETIRED_FLAGS.items():
+            if flag == retired or flag.startswith(retired + "-"):
+                raise SystemExit(
+                    f"python -m experiments.bench: {flag} is retired; the tool and its result are frozen in {note} "
+                    "(README.md: what it decided, and the commit to run it at)"
+                )
 
 
 def _schemes(value: str) -> tuple[str, ...]:
@@ -348,17 +313,3 @@ def _check_counts(args: argparse.Namespace) -> None:
         raise SystemExit("--harness-steps must be >= 4 (K steps give K - 1 timed gaps, the first two warm-up)")
     if args.device not in ("cpu", "cuda"):
         raise SystemExit(f"--device={args.device!r}; allowed values: cpu, cuda")
-    if not args.ladder_fraction > 0:
-        raise SystemExit("--ladder-fraction must be > 0")
-    if args.ladder_seeds < 1:
-        raise SystemExit("--ladder-seeds must be >= 1")
-
-
-def _conf_names(flag: str, group: str, value: str) -> tuple[str, ...]:
-    """--ladder-<flag> as a tuple, each value checked against conf/<group>/."""
-    values = _split(value)
-    allowed = sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        raise SystemExit(f"--ladder-{flag}: unknown {bad}; allowed values: {', '.join(allowed)}")
-    return tuple(values)

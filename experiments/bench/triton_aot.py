@@ -9,7 +9,9 @@ stack frame, shared memory, and the blocks of one launch that fit on an SM (trit
 
 It must run in a process whose triton was imported without TRITON_INTERPRET=1 (the interpreter replaces every
 kernel by a Python function that cannot be compiled): scripts/triton_aot_report.py is its command line, and
-tests/test_triton_aot.py runs it in a subprocess. Results: docs/performance.md, "Triton kernels on CUDA".
+tests/test_triton_aot.py runs it in a subprocess. Results: docs/performance.md, "Triton kernels on CUDA". It is
+performance tooling over the model library, not part of it (it reaches into attnres' kernel modules), so it lives
+with the benchmarks.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from . import gpu_kernels
-from .config import ModelConfig
-from .triton_launch import CHUNK, Launch, Tile, blocks_per_sm, candidates, key, launch, select
+from attnres import gpu_kernels
+from attnres.config import ModelConfig
+from attnres.triton_launch import CHUNK, Launch, Tile, blocks_per_sm, candidates, key, launch, select
 
 ARCH = 90  # sm_90a: H100 / H200
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -79,7 +81,7 @@ class OpCall:
 @contextlib.contextmanager
 def _intercepted(calls: list[OpCall]) -> Iterator[None]:
     """The CUDA dispatch taken on CPU tensors, each kernel call recorded and run by the torch reference."""
-    from . import depth
+    from attnres import depth
 
     saved = gpu_kernels.applies, gpu_kernels.attend_batched, gpu_kernels.merge_read
 
@@ -106,7 +108,7 @@ def op_calls(config: ModelConfig, precision: str = "bf16-mixed") -> list[OpCall]
     """The depth-op calls of one training forward of ``config``'s model on CUDA, in order, found at width 16 (the
     calls do not depend on the width): ``precision`` "bf16-mixed" (fp32 weights, bf16 autocast: an fp32 embedding,
     bf16 sublayer outputs), "bf16-true" (everything bf16) or "fp32". Each call's backward follows from it."""
-    from .model import Transformer
+    from attnres.model import Transformer
 
     tiny = replace(config, d_model=16, n_heads=1, head_dim=16, d_ff=32, vocab_size=32, max_seq_len=4)
     torch.manual_seed(0)
@@ -138,7 +140,7 @@ def kernel_calls(config: ModelConfig, precision: str = "bf16-mixed") -> set[Call
 
 def _signature(kernel: str, call: Call) -> dict[str, str]:
     """Triton signature of ``kernel`` for ``call``: the pointer dtypes; every other argument an int32 or fp32."""
-    from . import depth_mix_triton as k
+    from attnres import depth_mix_triton as k
 
     pointers = {"tab": "*i64"}
     if kernel == "merge_fwd":
@@ -191,7 +193,7 @@ def compile_call(call: Call, D: int, cfg: Launch | None = None) -> Compiled:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from . import depth_mix_triton as k
+    from attnres import depth_mix_triton as k
 
     if cfg is None:
         cfg = launch(call.kernel, D, call.n, call.has_q, call.low)
