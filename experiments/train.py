@@ -41,7 +41,7 @@ from .locks import acquire_run_lock
 from .record_builder import RecordBuilder, find_finished, warn_other_data
 from .run_env import environment, is_rank_zero, quiet_lightning
 from .run_plan import plan_run
-from .validation import check_config, check_writable
+from .validation import check_config, check_writable, min_free_mb
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
 # job's config (hydra.sweep.dir uses ${attnres_pid:}) without running main(); conf/ names the structured configs.
@@ -90,7 +90,7 @@ def _train_run(
     try:
         check_config(cfg)
         chash, run_id, run_dir, study_dir = run_identity(cfg)
-        check_writable(study_dir)
+        check_writable(study_dir, min_free_mb=min_free_mb(cfg))
     except ValueError as e:
         raise _setup_error(e) from e
     if not cfg.force and (done := find_finished(study_dir, chash, run_id)) is not None:
