@@ -235,8 +235,8 @@ def main() -> None:
     if problem is not None:
         print(f"[attnres] config error: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(2)
-    interrupts.install_launcher()
     try:
+        interrupts.install_launcher()  # inside: a parent that is gone already stops the launch here
         hydra_main()
     except (KeyboardInterrupt, StopRequested) as e:
         signame = e.signame if isinstance(e, StopRequested) else "SIGINT"
