@@ -86,8 +86,9 @@ RUN_OVERRIDES = (
     "trainer.enable_progress_bar=false",
     "logger=none",
 )
-ORPHAN_WAIT_S = 120.0  # how long the processes of a launch whose launcher died may take to stop by themselves
-LAUNCH_TIMEOUT_S = 900.0  # a launch that runs longer than this is stopped (SIGKILL) and reported
+ORPHAN_WAIT_S = 120.0  # how long a process of a launch whose launcher died may stay in a run (its lock held)
+IDLE_GRACE_S = 5.0  # how long the processes left of a launch may hold no run before they count as idle
+LAUNCH_TIMEOUT_S = float(os.environ.get("ATTNRES_CHAOS_LAUNCH_TIMEOUT_S", 3600))  # past it: SIGKILL, reported
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,17 @@ class Kill:
 @dataclass
 class Launch:
     """One launch of the sweep: its exit status (negative: killed by that signal), its seconds, whether its
-    processes had to be killed by the driver after their launcher died (an orphan that did not stop)."""
+    processes had to be killed by the driver after their launcher died while still in a run (an orphan that did not
+    stop), how many idle ones it killed (joblib workers that never got a job: loky's own idle timeout would end
+    them after 300 s), whether it ran past LAUNCH_TIMEOUT_S (then the driver killed it)."""
 
     round: int
     number: int
     returncode: int
     seconds: float
     orphans_killed: bool = False
+    timed_out: bool = False
+    idle_killed: int = 0
 
 
 @dataclass
@@ -304,21 +309,46 @@ def run_launch(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, getattr(signal, signame))
             kills.append(Kill(round_no, number, round(time.monotonic() - t0, 3), target, signame, phase))
+    timed_out = False
     try:
         returncode = proc.wait(timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)
         returncode = proc.wait()
-    orphans = False
-    deadline = time.monotonic() + ORPHAN_WAIT_S
-    while _group_alive(proc.pid):
-        if time.monotonic() > deadline:
-            orphans = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        time.sleep(0.1)
+    orphans, idle = _reap_group(proc.pid, study_dir)
     output.join()
-    return Launch(round_no, number, returncode, round(time.monotonic() - t0, 2), orphans), kills
+    return Launch(round_no, number, returncode, round(time.monotonic() - t0, 2), orphans, timed_out, idle), kills
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == pgid:
+                members.append(int(stat.parent.name))
+    return members
+
+
+def _reap_group(pgid: int, study_dir: Path) -> tuple[bool, int]:
+    """Wait until the processes left of a launch (its group) are gone. One that stays in a run (holds a run lock or
+    has a file of the study open) for ORPHAN_WAIT_S is killed and reported (True); ones that hold nothing for
+    IDLE_GRACE_S are idle joblib workers that never got a job: killed and counted."""
+    deadline, idle_since = time.monotonic() + ORPHAN_WAIT_S, time.monotonic()
+    while _group_alive(pgid):
+        members = _group_members(pgid)
+        holders = _lock_holders(study_dir)
+        busy = [m for m in members if m in holders or any(str(study_dir) in f for f in _open_files(m))]
+        now = time.monotonic()
+        if busy:
+            idle_since = now
+        if now > deadline or (not busy and now - idle_since > IDLE_GRACE_S):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            time.sleep(0.5)
+            return bool(busy), 0 if busy else len(members)
+        time.sleep(0.1)
+    return False, 0
 
 
 def _completed_by_hash(study_dir: Path) -> dict[str, list[dict]]:
@@ -425,6 +455,8 @@ def chaos_round(
         )
         result.launches.append(launch)
         result.kills += kills
+        if launch.timed_out:
+            result.problems.append(f"launch {number} ran past {LAUNCH_TIMEOUT_S:.0f} s and was killed")
         if launch.orphans_killed:
             result.problems.append(f"launch {number}: processes left after the launcher died had to be killed")
         if launch.returncode == 0 and all_done(study, configs):
@@ -458,7 +490,12 @@ def summary(results: Sequence[RoundResult], seconds: float) -> str:
     totals = [sum(table[(p, s)] for p in PHASES) for s in SIGNALS]
     lines.append("| all | " + " | ".join(str(n) for n in totals) + f" | {len(kills)} |")
     targets = Counter(k.target for k in kills)
-    lines += ["", "targets: " + ", ".join(f"{t} {targets[t]}" for t in TARGETS)]
+    idle = sum(launch.idle_killed for r in results for launch in r.launches)
+    lines += [
+        "",
+        "targets: " + ", ".join(f"{t} {targets[t]}" for t in TARGETS) + f"; idle processes of a dead launcher "
+        f"(holding no run) killed by the driver: {idle}",
+    ]
     records = sum((r.records for r in results), Counter())
     configs = sum(r.configs for r in results)
     lines.append(
