@@ -12,9 +12,12 @@ in a process group (session) of their own. The driver only ever signals processe
 **The driver** (:func:`chaos_round`). A round launches the sweep, and while it runs waits a random delay, then
 sends SIGKILL, SIGTERM, SIGINT or SIGUSR1 to the launcher or to one of its workers (each drawn from one
 ``numpy.random.Generator`` seeded by ``--seed`` and the round: a failure is replayed by its seed). With probability
-``--second-kill`` a second one follows within 3 seconds, landing while the sweep stops. The delay is uniform
-between 0 and the time the uninterrupted twin took (``--window``), so the kills spread over a launch's whole
-life on whatever machine runs it. After the launch has ended
+``--second-kill`` a second one follows within 3 seconds, landing while the sweep stops. When the kill comes is
+drawn in the launch's own progress, so that it lands inside the launch however fast the machine is: a number k of
+run starts, uniform in 0 .. half the runs not yet completed; k = 0 is a delay uniform in ``STARTUP_WINDOW_S`` from
+the launch (its start: Python, Hydra, the workers, the first run's setup), k > 0 a delay uniform in
+``AFTER_START_S`` after the k-th ``starting;`` / ``resuming from`` line of the launch (a run's training,
+evaluations, checkpoints and record, or the next run's setup). After the launch has ended
 (and every process of its group is gone: an orphaned worker must notice its dead launcher and stop by itself
 within ``ORPHAN_WAIT_S``) the same command is launched again. The first ``--kill-launches`` launches of a round are
 attacked; the kills of a relaunch land anywhere in it, its start included. The launches after those run
@@ -87,6 +90,8 @@ RUN_OVERRIDES = (
     "logger=none",
 )
 ORPHAN_WAIT_S = 120.0  # how long a process of a launch whose launcher died may stay in a run (its lock held)
+STARTUP_WINDOW_S = 20.0  # a kill before the launch's first run start lands within this many seconds of it
+AFTER_START_S = 4.0  # a kill after the k-th run start lands within this many seconds of it (a tiny run's length)
 IDLE_GRACE_S = 5.0  # how long the processes left of a launch may hold no run before they count as idle
 LAUNCH_TIMEOUT_S = float(os.environ.get("ATTNRES_CHAOS_LAUNCH_TIMEOUT_S", 3600))  # past it: SIGKILL, reported
 
@@ -220,6 +225,7 @@ class _Output:
 
     def __init__(self, proc: subprocess.Popen, log_path: Path) -> None:
         self.started: set[str] = set()
+        self.start_times: list[float] = []  # time.monotonic() of each run start line
         self.lines = 0
         self._thread = threading.Thread(target=self._drain, args=(proc, log_path), daemon=True)
         self._thread.start()
@@ -233,6 +239,7 @@ class _Output:
                 match = re.match(r"\[attnres\] (\S+): (starting;|resuming from)", line)
                 if match:
                     self.started.add(match.group(1))
+                    self.start_times.append(time.monotonic())
 
     def join(self) -> None:
         self._thread.join(timeout=30)
@@ -269,11 +276,12 @@ def run_launch(
     rng: np.random.Generator | None,
     round_no: int,
     number: int,
-    window_s: float,
+    remaining: int,
     second_kill: float,
 ) -> tuple[Launch, list[Kill]]:
     """One launch of ``cmd`` in a session of its own; with ``rng``, one random kill (and maybe a second) while it
-    runs. Waits until every process of its group is gone (an orphan has ORPHAN_WAIT_S to stop by itself)."""
+    runs, at a point drawn in its progress (``remaining``: runs not completed yet; the module docstring).
+    Waits until every process of its group is gone (_reap_group)."""
     t0 = time.monotonic()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log:
@@ -290,16 +298,27 @@ def run_launch(
     )
     output = _Output(proc, log_path)
     kills: list[Kill] = []
-    plan: list[float] = []
+    plan: list[tuple[int, float]] = []  # (run starts to wait for, then seconds)
     if rng is not None:
-        plan.append(float(rng.uniform(0.0, window_s)))
+        k = int(rng.integers(0, max(1, remaining // 2) + 1))
+        plan.append((k, float(rng.uniform(0.0, AFTER_START_S if k else STARTUP_WINDOW_S))))
         if rng.random() < second_kill:
-            plan.append(plan[0] + float(rng.uniform(0.0, 3.0)))
-    for at in plan:
-        while proc.poll() is None and time.monotonic() - t0 < at:
+            plan.append((-1, float(rng.uniform(0.0, 3.0))))  # -1: after the first kill
+    last_kill = t0
+    for k, delay in plan:
+        while proc.poll() is None:
+            if k < 0:
+                since = last_kill
+            elif k == 0:
+                since = t0
+            else:
+                since = output.start_times[k - 1] if len(output.start_times) >= k else None
+            if since is not None and time.monotonic() - since >= delay:
+                break
             time.sleep(0.02)
         if proc.poll() is not None:
             break
+        last_kill = time.monotonic()
         workers = _children(proc.pid)
         assert rng is not None
         target = TARGETS[int(rng.integers(2))] if workers else "launcher"
@@ -437,7 +456,6 @@ def chaos_round(
     extra: Sequence[str] = (),
     kill_launches: int = 6,
     max_relaunches: int = 10,
-    window_s: float = 60.0,
     second_kill: float = 0.3,
 ) -> RoundResult:
     """One round under ``root``: the sweep launched, attacked during its first ``kill_launches`` launches,
@@ -450,8 +468,9 @@ def chaos_round(
     configs = seeds * len(variants)
     for number in range(max_relaunches + 1):
         attacked = number < kill_launches
+        remaining = configs - len(_completed_by_hash(study)) if study.is_dir() else configs
         launch, kills = run_launch(
-            cmd, root / "sweep.log", study, rng if attacked else None, round_no, number, window_s, second_kill
+            cmd, root / "sweep.log", study, rng if attacked else None, round_no, number, remaining, second_kill
         )
         result.launches.append(launch)
         result.kills += kills
@@ -531,12 +550,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--variants", default="baseline,block_attnres", help="comma-separated conf/model names")
     ap.add_argument("--kill-launches", type=int, default=6, help="launches per round that are attacked (default 6)")
     ap.add_argument("--max-relaunches", type=int, default=10, help="relaunches per round at most (default 10)")
-    ap.add_argument(
-        "--window",
-        type=float,
-        default=None,
-        help="kills land uniformly in this many seconds of a launch (default: the time the twin sweep took)",
-    )
     ap.add_argument("--second-kill", type=float, default=0.3, help="chance of a second kill while it stops (0.3)")
     ap.add_argument("--workdir", default=None, help="where the studies go (default: a temporary directory, removed)")
     ap.add_argument("--markdown", default=None, help="also write the summary to this file")
@@ -560,8 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         twin, twin_s = twin_sweep(work / "twin", args.seeds, variants, args.overrides)
-        window = args.window if args.window is not None else twin_s
-        print(f"[attnres] chaos: twin done in {twin_s:.0f} s; kills within {window:.0f} s of a launch", flush=True)
+        print(f"[attnres] chaos: twin done in {twin_s:.0f} s", flush=True)
         results = []
         for n in range(args.rounds):
             r = chaos_round(
@@ -574,7 +586,6 @@ def main(argv: list[str] | None = None) -> int:
                 args.overrides,
                 args.kill_launches,
                 args.max_relaunches,
-                window,
                 args.second_kill,
             )
             results.append(r)

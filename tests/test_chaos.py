@@ -41,7 +41,6 @@ def test_a_sweep_killed_at_random_and_relaunched_loses_nothing_and_is_bit_identi
         extra,
         kill_launches=KILL_LAUNCHES,
         max_relaunches=10,
-        window_s=twin_s,
         second_kill=0.3,
     )
     text = chaos.summary([result], time.monotonic() - t0)
