@@ -46,7 +46,7 @@ from . import interrupts
 from .errors import SetupError, StopRequested
 from .identity import run_identity
 from .record_builder import find_finished
-from .validation import check_config, check_writable, planned_steps
+from .validation import check_config, check_writable, min_free_mb, planned_steps
 
 BRANCH_POINT = "branch_point.ckpt"  # in the branch's own checkpoints/ directory
 TRUNK_FILES = ("metrics.csv", "diagnostics.jsonl", "router.csv")  # a branch's first rows, up to its branch point
@@ -223,7 +223,7 @@ def train_budgets(cfg: DictConfig, train_run: TrainRun) -> dict[str, Any]:
     try:
         check_config(cfg)
         plan = plan_budgets(cfg)
-        check_writable(plan.study_dir)
+        check_writable(plan.study_dir, min_free_mb=min_free_mb(cfg))
     except ValueError as e:
         raise SetupError(str(e)) from e
     trunk = plan.trunk

@@ -418,10 +418,16 @@ class GracefulInterrupt(pl.Callback):
             signal.signal(signal.SIGTERM, self._handler)  # Lightning's fit/validate registered its own just before
 
     def _agreed(self, trainer: pl.Trainer) -> bool:
-        stop = self.received is not None
-        if trainer.world_size > 1:
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        return stop
+        """Whether any rank received a signal (one collective per call under DDP); a rank that did not takes the
+        signal of the lowest rank that did, so every rank stops, records and exits under the same signal."""
+        if trainer.world_size == 1:
+            return self.received is not None
+        mine = int(getattr(signal, self.received)) if self.received is not None else 0
+        gathered = trainer.strategy.all_gather(torch.tensor([mine], device=trainer.strategy.root_device))
+        numbers = [int(n) for n in gathered.flatten().tolist() if int(n) > 0]
+        if numbers and self.received is None:
+            interrupts.on_signal(numbers[0])
+        return bool(numbers)
 
     def _saved(self, trainer: pl.Trainer) -> bool:
         """Whether this process saved ``checkpoint`` at the current step already (rank zero's answer under DDP)."""
@@ -523,17 +529,22 @@ class SignalAtStep(pl.Callback):
     * ``train``: just before step `step` + 1 starts;
     * ``eval``: during the evaluation of step `step` (at its first batch; fit's periodic or final one, or the
       validate() after fit);
-    * ``checkpoint``: while the checkpoint of step `step` is being written."""
+    * ``checkpoint``: while the checkpoint of step `step` is being written.
+
+    With ``rank`` (a multi-process run), only the process of that global rank signals itself; the others learn of
+    it from it (GracefulInterrupt)."""
 
     PHASES = ("train", "eval", "checkpoint")
 
-    def __init__(self, step: int, signame: str, phase: str = "train") -> None:
+    def __init__(self, step: int, signame: str, phase: str = "train", rank: int | None = None) -> None:
         if phase not in self.PHASES:
             raise ValueError(f"fault.signal_phase={phase!r}; allowed values: {', '.join(self.PHASES)}")
-        self.step, self.signame, self.phase = step, signame, phase
+        self.step, self.signame, self.phase, self.rank = step, signame, phase, rank
         self._sent = False
 
     def _send(self, trainer: pl.Trainer, phase: str) -> None:
+        if self.rank is not None and trainer.global_rank != self.rank:
+            return
         if phase == self.phase and trainer.global_step == self.step and not self._sent:
             self._sent = True
             os.kill(os.getpid(), getattr(signal, self.signame))

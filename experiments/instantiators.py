@@ -41,7 +41,10 @@ def fault_callbacks(cfg: DictConfig) -> list[Any]:
     if fault.get("signal_at_step") is not None:
         callbacks.append(
             SignalAtStep(
-                int(fault.signal_at_step), str(fault.get("signal", "SIGTERM")), str(fault.get("signal_phase", "train"))
+                int(fault.signal_at_step),
+                str(fault.get("signal", "SIGTERM")),
+                str(fault.get("signal_phase", "train")),
+                None if fault.get("signal_rank") is None else int(fault.signal_rank),
             )
         )
     if fault.get("raise_at_step") is not None:

@@ -119,17 +119,17 @@ def install_launcher() -> None:
     """The handlers of a launching process (experiments.train.main), for good; also :func:`watch_parent` and
     :func:`tolerate_closed_pipes`."""
     tolerate_closed_pipes()
-    watch_parent()
     _install(_launcher_handler)
+    watch_parent()  # after the handler: a parent already gone is a SIGTERM at once
 
 
 def install_worker() -> None:
     """The handlers of a launcher's worker process (once per process): every signal is remembered, none stops at
     once; also :func:`watch_parent` and :func:`tolerate_closed_pipes`."""
     tolerate_closed_pipes()
-    watch_parent()
     if signal.getsignal(signal.SIGTERM) is not on_signal:
         _install(on_signal)
+    watch_parent()  # after the handlers: a parent already gone is a SIGTERM at once
 
 
 def notify_parent(signame: str) -> None:
@@ -146,10 +146,22 @@ def notify_parent(signame: str) -> None:
 _parent_pid: int | None = None
 
 
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
+
+
 def watch_parent() -> None:
     """Once per process: when ``ATTNRES_PARENT_PID`` is this process's parent, a daemon thread polls it and, once
-    it is gone, sends this process SIGTERM (its output to the dead parent's pipe going to /dev/null). Sets the
-    variable to this process's pid for the processes it starts."""
+    it is gone, sends this process SIGTERM (its output to the dead parent's pipe going to /dev/null). When the
+    process it names is gone already (this process was orphaned before it got here: a launcher killed while its
+    workers started), that SIGTERM comes at once. Sets the variable to this process's pid for the processes it
+    starts."""
     global _watching, _parent_pid
     if _watching:
         return
@@ -158,6 +170,9 @@ def watch_parent() -> None:
     os.environ[PARENT_ENV] = str(os.getpid())
     parent = os.getppid()
     if named != str(parent):
+        if named is not None and named.isdigit() and _gone(int(named)):
+            _silence_pipes()
+            os.kill(os.getpid(), signal.SIGTERM)
         return
     _parent_pid = parent
 

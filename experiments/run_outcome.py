@@ -77,6 +77,10 @@ def recorded_outcome(run: RecordBuilder, interrupt: Any, rank_zero: bool) -> Ite
                     "command to resume.",
                     flush=True,
                 )
+            elif (
+                getattr(run, "trainer", None) is not None
+            ):  # the other ranks of a multi-process run: where each stopped
+                print(f"[attnres] {run.run_id}: rank {run.trainer.global_rank} {message}", flush=True)
             raise e from None
         raise
     finish_wandb(exit_code=0, record=run.completed)

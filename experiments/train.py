@@ -41,7 +41,7 @@ from .locks import acquire_run_lock
 from .record_builder import RecordBuilder, find_finished, warn_other_data
 from .run_env import environment, is_rank_zero, quiet_lightning
 from .run_plan import plan_run
-from .validation import check_config, check_writable
+from .validation import check_config, check_writable, min_free_mb
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
 # job's config (hydra.sweep.dir uses ${attnres_pid:}) without running main(); conf/ names the structured configs.
@@ -90,7 +90,7 @@ def _train_run(
     try:
         check_config(cfg)
         chash, run_id, run_dir, study_dir = run_identity(cfg)
-        check_writable(study_dir)
+        check_writable(study_dir, min_free_mb=min_free_mb(cfg))
     except ValueError as e:
         raise _setup_error(e) from e
     if not cfg.force and (done := find_finished(study_dir, chash, run_id)) is not None:
@@ -235,8 +235,8 @@ def main() -> None:
     if problem is not None:
         print(f"[attnres] config error: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(2)
-    interrupts.install_launcher()
     try:
+        interrupts.install_launcher()  # inside: a parent that is gone already stops the launch here
         hydra_main()
     except (KeyboardInterrupt, StopRequested) as e:
         signame = e.signame if isinstance(e, StopRequested) else "SIGINT"

@@ -15,10 +15,14 @@ torch is imported.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import functools
+import importlib.util
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,6 +82,28 @@ TOP_LEVEL_KEYS = (
 )
 
 
+# The Trainer classes whose arguments are checked by name (the trainer node's ``_target_``): the package and, inside
+# it, the file defining ``Trainer``. Its ``__init__`` is read with ``ast`` from the installed source, so the names are
+# those of the installed version and Lightning is not imported before training (another ``_target_``: not checked).
+TRAINER_SOURCES = {
+    "lightning.pytorch.Trainer": ("lightning", "pytorch/trainer/trainer.py"),
+    "lightning.Trainer": ("lightning", "pytorch/trainer/trainer.py"),
+    "pytorch_lightning.Trainer": ("pytorch_lightning", "trainer/trainer.py"),
+}
+# Trainer arguments the harness passes itself (experiments.instantiators.instantiate_trainer): the step count and the
+# evaluation and logging cadence from train.*, its callbacks, loggers and run directory. A value under trainer.
+# would be overridden without a word, so it is refused.
+TRAINER_SET_BY_HARNESS = (
+    "max_steps",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "log_every_n_steps",
+    "callbacks",
+    "logger",
+    "default_root_dir",
+)
+
+
 def closest(word: str, choices: list[str] | tuple[str, ...], n: int = 3) -> str:
     """``"; closest: a, b"`` (difflib) or "" when nothing is close: the tail of an unknown-name message."""
     close = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.5)
@@ -96,12 +122,24 @@ def check_name(key: str, value: Any) -> str:
     raise ValueError(f"{key}={shown} is not a valid name ({key} names a directory under paths.runs_root): {NAME_RULE}")
 
 
-def check_writable(directory: Path, key: str = "paths.runs_root") -> None:
+def check_writable(directory: Path, key: str = "paths.runs_root", min_free_mb: float = 0.0) -> None:
     """Fail with one line unless a file can be created in ``directory`` (or, while it does not exist yet, in its
-    nearest existing parent, where it will be created). Leaves nothing behind."""
+    nearest existing parent, where it will be created) and its file system has at least ``min_free_mb`` MiB free
+    (``paths.min_free_mb``: a disk that is full at launch is refused here, before the run's lock or any file of the
+    run is written). Leaves nothing behind."""
     probe_dir = Path(directory)
     while not probe_dir.exists() and probe_dir != probe_dir.parent:
         probe_dir = probe_dir.parent
+    try:
+        free = shutil.disk_usage(probe_dir).free
+    except OSError:
+        free = None  # not measurable here: the probe below still finds a file system that refuses a file
+    if free is not None and free < min_free_mb * 2**20:
+        raise ValueError(
+            f"{key}: only {free:,} bytes free on the file system of {probe_dir}, where {directory} would be; a run "
+            f"needs at least paths.min_free_mb={min_free_mb:g} MiB (its lock, record and checkpoints): free some "
+            "space or choose another directory"
+        )
     try:
         fd, name = tempfile.mkstemp(dir=probe_dir, prefix=".attnres-write-test-")
         os.close(fd)
@@ -170,10 +208,12 @@ def check_config(cfg: DictConfig) -> None:
                 f"trainer.accelerator={tr.accelerator!r} but torch sees no CUDA device; use trainer=cpu "
                 "(or install a CUDA build of torch on a GPU machine)"
             )
+    check_trainer_keys(tr)
     _positive_int(tr.get("accumulate_grad_batches", 1), "trainer.accumulate_grad_batches")
     if tr.get("gradient_clip_val") is not None:
         _number(tr.gradient_clip_val, "trainer.gradient_clip_val", 0, float("inf"))
     check_data_config(cfg.data, prefix="data.")
+    min_free_mb(cfg)
     seq_len, context = cfg.train.seq_len, cfg.model.get("max_seq_len")
     if _is_count(seq_len) and _is_count(context) and seq_len > context:
         raise ValueError(
@@ -182,6 +222,60 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.get("study_kind", "scaling") not in STUDY_KINDS:
         raise ValueError(f"study_kind={cfg.get('study_kind')!r}; allowed values: {', '.join(STUDY_KINDS)}")
+
+
+@functools.cache
+def trainer_arguments(target: str) -> tuple[str, ...] | None:
+    """The keyword arguments of the Trainer class ``target`` (TRAINER_SOURCES), read from its installed source
+    without importing it; None for another target or a source that cannot be read (then nothing is checked)."""
+    if target not in TRAINER_SOURCES:
+        return None
+    package, relative = TRAINER_SOURCES[target]
+    try:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / relative).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, ImportError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    a = item.args
+                    if a.kwarg is not None:  # takes any keyword: nothing to check against
+                        return None
+                    return tuple(x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs) if x.arg != "self")
+    return None
+
+
+def check_trainer_keys(trainer: DictConfig) -> None:
+    """Every key of the trainer node is an argument of its Trainer (``+trainer.max_stepz=3`` is refused with the
+    closest ones, instead of a TypeError from ``Trainer(...)`` after the run started) and none is one the harness
+    sets itself (TRAINER_SET_BY_HARNESS)."""
+    allowed = trainer_arguments(str(trainer.get("_target_", "")))
+    for key in trainer:
+        key = str(key)
+        if key == "_target_":
+            continue
+        if key in TRAINER_SET_BY_HARNESS:
+            raise ValueError(
+                f"trainer.{key} is set by the harness (experiments/instantiators.py: the step count and the "
+                "evaluation and logging cadence come from train.*, callbacks and loggers from their groups), so a "
+                f"value here would be ignored; set it through train.* (train.tokens, train.eval_count, "
+                "train.log_every), callbacks= or logger= instead"
+            )
+        if allowed is not None and key not in allowed:
+            raise ValueError(
+                f"trainer.{key} is not an argument of {trainer.get('_target_')}{closest(key, allowed)}; the ones "
+                f"a config may set: {', '.join(k for k in allowed if k not in TRAINER_SET_BY_HARNESS)}"
+            )
+
+
+def min_free_mb(cfg: DictConfig) -> float:
+    """``paths.min_free_mb``: the free space (MiB) a launch needs on the runs root's file system (0 when unset)."""
+    value = OmegaConf.select(cfg, "paths.min_free_mb", default=0.0)
+    return _number(value, "paths.min_free_mb", 0, float("inf"))
 
 
 def _is_count(x: Any) -> bool:

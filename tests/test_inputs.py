@@ -152,3 +152,79 @@ def test_a_read_only_runs_root_is_one_line_before_the_model_is_built(tmp_path, d
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "starting;" not in proc.stdout
     assert took < 10, took  # before the data and the model (it took 14.6 s to fail in locks.py)
+
+
+# ---- issue 39: a typo under +trainer., a disk full at launch ----------------------------------------------------
+def test_a_typo_under_trainer_is_one_line_with_the_closest_arguments(train_cfg, tmp_path, capsys):
+    """Before: the trainer node took any key, and ``+trainer.max_stepz=3`` failed at ``Trainer(...)`` with a
+    TypeError traceback, after the run directory and its record were written."""
+    line = _refused(train_cfg("+trainer.max_stepz=3"), capsys)
+    assert "config error: trainer.max_stepz is not an argument of lightning.pytorch.Trainer; closest: max_steps" in line
+    assert "the ones a config may set: accelerator, strategy, devices" in line
+    _nothing_under(tmp_path / "runs", tmp_path / "outputs")
+    line = _refused(train_cfg("+trainer.max_steps=3"), capsys)  # a real argument, but one the harness sets
+    assert "trainer.max_steps is set by the harness" in line
+    assert "set it through train.*" in line
+    _nothing_under(tmp_path / "runs")
+
+
+def test_the_trainer_arguments_are_read_from_the_installed_lightning():
+    import inspect
+
+    import lightning.pytorch as pl
+
+    from experiments.instantiators import planned_trainer_kwargs
+    from experiments.validation import TRAINER_SET_BY_HARNESS, trainer_arguments
+
+    assert trainer_arguments("lightning.pytorch.Trainer") == tuple(inspect.signature(pl.Trainer).parameters)
+    assert trainer_arguments("my.own.Trainer") is None  # another target: not checked
+    cfg = compose(["experiment=smoke"])
+    plan = type("Plan", (), {"steps": 12, "eval_every": 6})()
+    harness = {*planned_trainer_kwargs(cfg, plan), "callbacks", "logger", "default_root_dir"}  # instantiate_trainer's
+    assert set(TRAINER_SET_BY_HARNESS) == harness
+    for key in compose(["experiment=smoke"]).trainer:  # every key the trainer configs set is an argument
+        assert key == "_target_" or key in trainer_arguments("lightning.pytorch.Trainer")
+
+
+def test_a_disk_full_at_launch_is_one_line_naming_the_free_space(train_cfg, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import experiments.validation as validation
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(validation.shutil, "disk_usage", lambda p: usage._replace(free=4096))
+    line = _refused(train_cfg(), capsys)
+    assert "config error: paths.runs_root: only 4,096 bytes free on the file system of" in line
+    assert "a run needs at least paths.min_free_mb=0.25 MiB" in line
+    _nothing_under(tmp_path / "runs")  # no lock (.locks/), no run directory, no record
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"paths.min_free_mb=-1 must be a number in \[0, inf\]"):
+        check_config(train_cfg("paths.min_free_mb=-1"))
+
+
+def test_a_really_full_disk_at_launch_is_refused_before_the_lock(tmp_path, data_cache):
+    """A 600 KB tmpfs filled to the last block as the runs root. Before: the launch got as far as the run's lock,
+    whose marker could not be written (a traceback, exit status 1, no record)."""
+    if mount_namespace() is None:
+        pytest.skip("no private mount namespace here (unshare) for a small tmpfs")
+    disk, out = tmp_path / "disk", tmp_path / "copied"
+    disk.mkdir()
+    out.mkdir()
+    d, o = shlex.quote(str(disk)), shlex.quote(str(out))
+    proc = run_cli_mounted(
+        f"mount -t tmpfs -o size=600k tmpfs {d} && (dd if=/dev/zero of={d}/fill bs=4k 2>/dev/null; df -B1 {d} >&2;"
+        f" true)",
+        [
+            "experiment=smoke",
+            f"paths.runs_root={disk}",
+            f"paths.hydra_root={tmp_path / 'outputs'}",
+            f"data.cache_dir={data_cache}",
+            f"data.max_bytes={TEST_MAX_BYTES}",
+        ],
+        after=f"rm {d}/fill; cp -a {d}/. {o}/",
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert f"config error: paths.runs_root: only 0 bytes free on the file system of {disk}" in line, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert sorted(out.iterdir()) == []  # no lock, no run directory, no record

@@ -263,3 +263,38 @@ def test_killing_the_study_stops_its_sweep_cleanly_and_a_relaunch_runs_exactly_t
     assert "checkpoints/last.ckpt" in resumed
     recs = ledger.read_records(study)
     assert [(r["seed"], r["status"]) for r in recs] == [(0, "interrupted"), (0, "completed"), (1, "completed")]
+
+
+def test_a_process_whose_launcher_died_before_it_watched_stops_at_once(tmp_path):
+    """Issue 39 (found by the chaos sweep, tests/test_chaos.py): a launcher killed while its joblib workers were
+    starting. A worker reached its first job after its parent was gone, saw that ATTNRES_PARENT_PID was not its
+    parent, and did not watch: it trained every job left in its queue, unwatched. Now a parent that is gone already
+    is a SIGTERM at once (the run starts nothing, and a launch stops in one line)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    out = tmp_path / "received"
+    code = (  # its pipes go to /dev/null once its parent is gone (nobody reads them): the answer goes to a file
+        "import sys, time; from pathlib import Path; from experiments import interrupts; interrupts.install_worker(); "
+        "time.sleep(2); Path(sys.argv[1]).write_text(str(interrupts.received()))"
+    )
+    try:
+        for named, want in ((dead.pid, "SIGTERM"), (alive.pid, "None")):  # gone / alive but not its parent
+            env = {**_env(), "ATTNRES_PARENT_PID": str(named)}
+            proc = subprocess.run([sys.executable, "-c", code, str(out)], cwd=REPO, env=env, capture_output=True)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            assert out.read_text() == want
+    finally:
+        alive.kill()
+        alive.wait()
+    env = {**_env(), "ATTNRES_PARENT_PID": str(dead.pid)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "experiment=smoke", f"paths.runs_root={tmp_path / 'runs'}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]  # its one line went to /dev/null
+    assert not (tmp_path / "runs").exists()
