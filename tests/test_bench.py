@@ -349,7 +349,7 @@ def test_the_plain_loop_gets_the_trainer_and_data_of_experiments_train(train_cfg
     import torch
 
     from experiments.bench import harness as bench_harness
-    from experiments.run_plan import plan_run
+    from experiments.run.run_plan import plan_run
     from experiments.train import train
 
     fitted = []
@@ -536,7 +536,7 @@ def test_ladder_figures_pair_rounds_and_amortise_the_cold_compile():
 
 def test_the_inductor_cache_directory_is_set_inside_and_restored_after(tmp_path, monkeypatch):
     from experiments.bench import ladder as bench_ladder
-    from experiments.compiler import CACHE_ENV
+    from experiments.training.compiler import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "before"))
     with bench_ladder.inductor_cache(tmp_path / "fresh", fresh=True) as path:
@@ -551,7 +551,7 @@ def test_the_ladder_section_classifies_and_summarises_every_kind_of_run(monkeypa
     the order of the paths flips per round, and each figure is taken against the eager run of its round."""
     from experiments.bench import ladder as bench_ladder
     from experiments.bench import ladder_report
-    from experiments.compiler import CACHE_ENV
+    from experiments.training.compiler import CACHE_ENV
 
     seen_caches: set[str] = set()
     order: list[tuple[str, str]] = []

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import TEST_MAX_BYTES, compose, mount_namespace, run_cli_mounted
 
-from experiments.identity import run_identity
-from experiments.job import run_job
+from experiments.config.validation import TOP_LEVEL_KEYS, check_config
+from experiments.run.identity import run_identity
+from experiments.run.job import run_job
 from experiments.train import main, train
-from experiments.validation import TOP_LEVEL_KEYS, check_config
 
 
 def _refused(cfg, capsys) -> str:

@@ -2,7 +2,7 @@
 here an evaluation, the final evaluation, a checkpoint being written, the completed record being written) stop it at
 a consistent point with a checkpoint of that step and an `interrupted` record, and stop the whole sweep (Hydra's
 basic launcher, the joblib launcher, sweeps.study); a sweep whose parent is killed outright stops cleanly, and its
-relaunch runs exactly the unfinished runs (experiments/interrupts.py)."""
+relaunch runs exactly the unfinished runs (experiments/run/interrupts.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 import torch
 from conftest import REPO, TEST_MAX_BYTES, cli_overrides, compose
 
-from experiments.callbacks import read_metrics
-from experiments.job import run_job
+from experiments.run.job import run_job
 from experiments.train import train
+from experiments.training.callbacks import read_metrics
 from results import ledger
 
 torch.set_num_threads(1)
