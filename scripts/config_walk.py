@@ -2,16 +2,21 @@
 
     python scripts/config_walk.py                  # this checkout
     python scripts/config_walk.py --root DIR -v    # another tree (e.g. `git archive main | tar -x -C DIR`), the trail
+    python scripts/config_walk.py --every-call     # every project call followed, not only the config's
 
 A static call graph, read from the source with ``ast`` (nothing is imported or run):
 
-- Start at the function ``train`` of ``experiments/train.py`` and walk depth-first: each call in a function's body,
-  in evaluation order (a call's arguments before the call), is followed into its callee when the callee is a
-  function or class defined in a project package (attnres, experiments, results, analysis, sweeps); a class is
-  entered at its ``__init__``. A callee is found through the caller module's imports (module level or inside a
-  function, relative ones resolved, re-exports of a package's ``__init__`` followed), a ``module.function``
-  attribute, ``self.method``, or a method on a local whose class is known (an annotated parameter, ``x = Cls(...)``,
-  ``with Cls(...) as x``).
+- Start at the function ``train`` of ``experiments/train.py`` with its parameter ``cfg`` and walk depth-first: each
+  call in a function's body, in evaluation order (a call's arguments before the call), is followed into its callee
+  when the callee is a function or class defined in a project package (attnres, experiments, results, analysis,
+  sweeps; a class is entered at its ``__init__``) and the call passes the config on: an argument reads a name that
+  holds it, or the method is called on an object that holds it. A callee is found through the caller module's
+  imports (module level or inside a function, relative ones resolved, re-exports of a package's ``__init__``
+  followed), a ``module.function`` attribute, ``self.method``, or a method on a local whose class is known (an
+  annotated parameter, ``x = Cls(...)``, ``with Cls(...) as x``).
+- A name holds the config when it is a parameter that received it, or is assigned (anywhere in the function) from an
+  expression that reads a name holding it (``model = cfg.model``, ``run = RecordBuilder(cfg, ...)``); ``self.x``
+  holds it in every method of a class whose ``__init__`` stored it there.
 - A function's body is walked the first time it is called only (the walk is finite; later calls are not followed).
 - Not followed: Hydra ``_target_`` strings, Lightning's hooks (what Lightning calls), calls through values whose
   class the source does not say.
@@ -219,9 +224,7 @@ def config_names(frame: Frame, received: set[str], self_attrs: dict[str, set[str
     for node in ast.walk(frame.func):
         if isinstance(node, ast.Assign):
             pairs += [(t, node.value) for t in node.targets]
-        elif (isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None) or isinstance(
-            node, ast.NamedExpr
-        ):
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and node.value is not None:
             pairs.append((node.target, node.value))
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
             pairs.append((node.optional_vars, node.context_expr))
@@ -253,7 +256,12 @@ def bound_params(
     if method:
         params = params[1:]
     got = {params[i] for i, a in enumerate(call.args) if i < len(params) and mentions(a, names)}
-    got |= {k.arg for k in call.keywords if k.arg is not None and mentions(k.value, names)}
+    if func.args.vararg is not None and any(mentions(a, names) for a in call.args[len(params) :]):
+        got.add(func.args.vararg.arg)
+    named = [a.arg for a in func.args.kwonlyargs] + params
+    for k in call.keywords:
+        if k.arg is not None and mentions(k.value, names):
+            got.add(k.arg if k.arg in named or func.args.kwarg is None else func.args.kwarg.arg)
     return got
 
 
