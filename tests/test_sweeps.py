@@ -168,6 +168,7 @@ SWEEP_KINDS = {
     "cpu_deep_recipe_lr": "lr",
     "cpu_deep": "scaling",
     "cpu_deep_moe": "scaling",
+    "cpu_deep_budgets": "scaling",
 }
 
 
