@@ -1,5 +1,5 @@
 """Router statistics of one MoE run: load balance and balancing bias over training, from the run's ``router.csv``
-(written by experiments.callbacks.RunRecorder: one row per logged step, MoE layer and expert).
+(written by experiments.training.callbacks.RunRecorder: one row per logged step, MoE layer and expert).
 
     python -m analysis.router runs/<study>/<run>        # prints the summary, writes <run>/fig_router.png
 

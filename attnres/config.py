@@ -187,6 +187,12 @@ class ModelConfig:
         return math.ceil(self.n_sublayers / self.n_blocks)
 
     @property
+    def reads_block_geometry(self) -> bool:
+        """Whether the residual scheme reads n_blocks / block_size (its class's ``uses_block_geometry``); for any
+        other scheme they are neither checked nor used."""
+        return bool(registry.get(self.residual).uses_block_geometry)
+
+    @property
     def effective_n_blocks(self) -> int:
         """Number of blocks actually formed: ceil(L / S) (can be < n_blocks when L is not divisible)."""
         return math.ceil(self.n_sublayers / self.sublayers_per_block)

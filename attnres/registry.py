@@ -124,6 +124,13 @@ def register(name: str) -> Callable[[SchemeT], SchemeT]:
     return decorate
 
 
+def block_geometry_schemes() -> tuple[str, ...]:
+    """The registered schemes that read ``ModelConfig.n_blocks`` / ``block_size`` (their class sets
+    ``uses_block_geometry``), in registration order: what a run's identity canonicalises for every other scheme
+    (results.config_hash, through experiments.run.identity)."""
+    return tuple(name for name, cls in SCHEMES.items() if cls.uses_block_geometry)
+
+
 def get(name: str) -> type[Any]:
     """The scheme class registered as ``name``; ValueError listing the allowed names otherwise."""
     try:

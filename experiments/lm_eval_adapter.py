@@ -96,7 +96,7 @@ def load_checkpoint(
     state_dict's ``model.*`` tensors loaded strictly; a run trained on BPE shards is a ValueError."""
     from omegaconf import OmegaConf
 
-    from .validation import build_model_config
+    from .config.config_schema import build_model_config
 
     ckpt_path, config_path = _checkpoint_paths(checkpoint, config)
     cfg = OmegaConf.load(config_path)

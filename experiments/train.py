@@ -4,16 +4,18 @@
     python -m experiments.train experiment=smoke model=full_attnres               # seconds
     python -m experiments.train -m experiment=cpu_ladder model=baseline,full_attnres,block_attnres seed=0,1
 
-A run is identified by its config_hash (results/config_hash.py, experiments/identity.py) and lives in
+A run is identified by its config_hash (results/config_hash.py, experiments/run/identity.py) and lives in
 ``<paths.runs_root>/<study>/<variant>_<size>_s<seed>_<hash8>``: relaunching the same config resumes from
 ``checkpoints/last.ckpt``, or skips a run the study already holds as completed or diverged (``force=true`` re-runs
 it, moving the old directory aside). Every run that started training writes ``results.json`` and one record to the
-study's ledger (experiments/record_builder.py, results/ledger.py), however it ended (experiments/run_outcome.py); a
-config or data error found before training writes nothing. One process trains a run at a time (experiments/locks.py).
+study's ledger (experiments/run/record_builder.py, results/ledger.py), however it ended
+(experiments/run/record_builder.py); a config or data error found before training writes nothing. One process trains a
+run at a time (experiments/run/locks.py).
 
 Run directory: results.json, config.yaml (resolved), environment.json (exact dataset, versions), metrics.csv,
-diagnostics.json(+l) (experiments/callbacks.py), checkpoints/last.ckpt and the one before it, last.prev.ckpt (written
-atomically, checked before a resume: experiments/checkpoint_io.py), and the loggers' files (wandb/, csv_logs/).
+diagnostics.json(+l) (experiments/training/callbacks.py), checkpoints/last.ckpt and the one before it, last.prev.ckpt
+(written atomically, checked before a resume: experiments/run/checkpoint_io.py), and the loggers' files (wandb/,
+csv_logs/).
 
 Lightning is imported only inside :func:`train`, so ``--help`` and config composition stay fast.
 """
@@ -32,16 +34,17 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from results import ledger
 from results.io import atomic_write_text, write_json
 
-from . import config_schema, interrupts, resolvers
-from .compose import cli_problem, conf_dir
-from .errors import SetupError, StopRequested
-from .identity import resolved_container, run_identity
-from .job import run_job
-from .locks import acquire_run_lock
-from .record_builder import RecordBuilder, find_finished, warn_other_data
-from .run_env import environment, is_rank_zero, quiet_lightning
-from .run_plan import plan_run
-from .validation import check_config, check_writable, min_free_mb
+from .config import config_schema, resolvers
+from .config.compose import cli_problem, conf_dir
+from .config.validation import check_config, check_writable, min_free_mb
+from .run import interrupts
+from .run.errors import SetupError, StopRequested
+from .run.identity import resolved_container, run_identity
+from .run.job import run_job
+from .run.locks import acquire_run_lock
+from .run.record_builder import RecordBuilder, find_finished, warn_other_data
+from .run.run_env import environment, is_rank_zero, quiet_lightning
+from .run.run_plan import plan_run
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
 # job's config (hydra.sweep.dir uses ${attnres_pid:}) without running main(); conf/ names the structured configs.
@@ -55,12 +58,12 @@ def _setup_error(e: BaseException) -> SetupError:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Run (or resume, or skip) one training run; returns its result record. With ``train.budgets`` set, the trunk
-    and the decay branches of several budgets, each a run of its own (experiments.budgets.train_budgets); returns
+    and the decay branches of several budgets, each a run of its own (experiments.run.budgets.train_budgets); returns
     the largest budget's record, every budget's under ``budgets``."""
     cfg = copy.deepcopy(cfg)
-    interrupts.reset()  # a new run (experiments.job.run_job starts none after an interrupt of its launch)
+    interrupts.reset()  # a new run (experiments.run.job.run_job starts none after an interrupt of its launch)
     if OmegaConf.select(cfg, "train.budgets", throw_on_resolution_failure=False) is not None:
-        from .budgets import train_budgets
+        from .run.budgets import train_budgets
 
         return train_budgets(cfg, _train_run)
     return _train_run(cfg)
@@ -75,7 +78,7 @@ def _train_run(
 ) -> dict[str, Any]:
     """Run (or resume, or skip) one training run; returns its result record.
 
-    A multi-budget launch (experiments.budgets) passes what its runs need beyond an ordinary one: ``lineage``
+    A multi-budget launch (experiments.run.budgets) passes what its runs need beyond an ordinary one: ``lineage``
     (the record's ``budget`` and ``trunk_id``), ``branch_points`` (the trunk: step -> file to save its state at),
     ``seed`` (a branch: called in the run directory, under the lock, before the resume, to start it from its
     branch point) and ``resync`` (a branch: the lr of the step it resumes at comes from its own schedule).
@@ -136,12 +139,12 @@ def _fit(
     """Train ``run`` to its planned step, evaluate the last step and write the completed record."""
     from hydra.utils import instantiate
 
-    from .callbacks import BranchPoints, GracefulInterrupt, RunRecorder, ScheduleResync
-    from .checkpoint_io import resume_checkpoint
-    from .instantiators import fault_callbacks, instantiate_callbacks, instantiate_loggers, instantiate_trainer
-    from .module import LMModule
-    from .run_outcome import recorded_outcome
-    from .wandb_setup import log_hyperparameters, wandb_run_id
+    from .run.checkpoint_io import resume_checkpoint
+    from .run.record_builder import recorded_outcome
+    from .run.wandb_setup import log_hyperparameters, wandb_run_id
+    from .training.callbacks import BranchPoints, GracefulInterrupt, RunRecorder, ScheduleResync, fault_callbacks
+    from .training.instantiators import instantiate_callbacks, instantiate_loggers, instantiate_trainer
+    from .training.module import LMModule
 
     plan, ckpt = run.plan, run.run_dir / "checkpoints" / "last.ckpt"
     interrupt = GracefulInterrupt(ckpt)
@@ -171,7 +174,7 @@ def _fit(
         )
         recorder.session_start, recorder.session_cpu_start = run.t0, run.cpu0  # this launch's setup included
         callbacks = [recorder, *instantiate_callbacks(cfg), interrupt, *fault_callbacks(cfg)]
-        if branch_points:  # the trunk of a multi-budget launch (experiments.budgets)
+        if branch_points:  # the trunk of a multi-budget launch (experiments.run.budgets)
             callbacks.append(BranchPoints(branch_points))
         if resync:  # a decay branch
             callbacks.append(ScheduleResync())
@@ -220,7 +223,7 @@ def _fit(
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
-    """One run as a Hydra job (exit statuses and the sweep's per-job summary: experiments/job.py); returns its
+    """One run as a Hydra job (exit statuses and the sweep's per-job summary: experiments/run/job.py); returns its
     val_loss, the metric a Hydra sweeper optimizes."""
     return run_job(train, cfg)
 
@@ -228,9 +231,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """``python -m experiments.train`` and the console script ``attnres-train`` (any working directory): the
     Hydra app. A command line Hydra would refuse (a group choice or key that does not exist, an override that does
-    not parse) ends in one line and exit status 2 before anything runs (experiments.compose.cli_problem). An
+    not parse) ends in one line and exit status 2 before anything runs (experiments.config.compose.cli_problem). An
     interrupt outside training (composing, preparing data, between the runs of a sweep) ends in one line, not a
-    traceback, with exit status 128 + the signal number (experiments.interrupts.install_launcher)."""
+    traceback, with exit status 128 + the signal number (experiments.run.interrupts.install_launcher)."""
     problem = cli_problem(sys.argv[1:])
     if problem is not None:
         print(f"[attnres] config error: {problem}", file=sys.stderr, flush=True)

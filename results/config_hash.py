@@ -1,11 +1,12 @@
 """A run's identity: ``config_hash`` = sha256 of the resolved config minus the keys in HASH_EXCLUDE (where files
-go, loggers, callbacks, device/launch settings, fault injection; the seed is included), canonicalised by three
+go, loggers, callbacks, device/launch settings, fault injection; the seed is included), canonicalised by four
 identity rules: a null HASH_DROP_IF_NULL setting and a HASH_DROP_IF_DEFAULT setting at its default are left out,
-and the block geometry of a scheme that does not read it is held at fixed values (CANONICAL_BLOCK_GEOMETRY); and
-the data's identity, :func:`data_fingerprint`.
+the block geometry of a scheme that does not read it is held at fixed values (CANONICAL_BLOCK_GEOMETRY), and a
+``_target_`` whose code moved is named as the committed runs recorded it (HASH_TARGET_NAMES); and the data's
+identity, :func:`data_fingerprint`.
 
 Plain dicts in, hex digests out: standard library only. Composing the config and naming the run from the hash:
-experiments.identity.
+experiments.run.identity.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 # Keys that do not change a run's results: where files go, what mirrors them, how/where it runs. Everything
@@ -65,14 +66,27 @@ HASH_DROP_IF_NULL = ("train.flops_budget", "model.moe", "train.budgets")
 # it 22 of the 24 cases of tests/test_identity_stable.py move (every run at the shared lr). ``model.ffn`` at
 # ``dense`` likewise: the dense MLP is no feed-forward option.
 HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"), ("model.ffn", "dense"))
-# Geometry a scheme does not read is not its identity: block geometry is read only by the schemes listed here
-# (attnres: ResidualScheme.uses_block_geometry, checked by tests/test_configs.py), so any other scheme is hashed with
-# these fixed values in place of the configured ones, and model.n_blocks / model.block_size never split its runs.
+# Geometry a scheme does not read is not its identity: block geometry is read only by the schemes the caller names
+# (``block_geometry_schemes``: the model library's own statement, attnres.registry.block_geometry_schemes, passed on
+# by experiments.run.identity), so any other scheme is hashed with these fixed values in place of the configured
+# ones, and model.n_blocks / model.block_size never split its runs.
 # The values are those of the first committed ladder (cpu_ladder, n_blocks 4 for every arm): other values would move
 # every non-block run's hash. Without the rule the deep ladder's baseline and Full runs (n_blocks = min(8, L_b)) move,
 # e.g. docs/results/cpu_deep's baseline_deep_L16_s0 from 4169851232f70b25 to 937217d1758236ca.
-BLOCK_GEOMETRY_SCHEMES = ("block",)
 CANONICAL_BLOCK_GEOMETRY = {"n_blocks": 4, "block_size": None}
+# A ``_target_`` says where the code that builds a node lives, not what the run does: moving that code must not move
+# a run's identity. The identity names each moved target (by its current import path) as the committed runs
+# recorded it. Issue 38 moved the data module, the optimizers and the schedules from experiments/ into
+# experiments/training/; without the rule every committed run's hash moves (all 24 cases of
+# tests/test_identity_stable.py). A later move of a hashed target adds its new path here, mapped to the recorded
+# name (tests/test_configs.py checks that every key here is a target that imports).
+HASH_TARGET_NAMES = {
+    "experiments.training.datamodule.TokenDataModule": "experiments.datamodule.TokenDataModule",
+    "experiments.training.optim.adamw": "experiments.optim.adamw",
+    "experiments.training.optim.muon": "experiments.optim.muon",
+    "experiments.training.optim.warmup_cosine": "experiments.optim.warmup_cosine",
+    "experiments.training.optim.wsd": "experiments.optim.wsd",
+}
 
 
 def config_hash(resolved: Mapping[str, Any]) -> str:
@@ -95,10 +109,24 @@ def _drop(tree: dict[str, Any], dotted: str) -> None:
     node.pop(leaf, None)
 
 
-def identity_config(container: dict[str, Any]) -> dict[str, Any]:
+def _recorded_targets(node: Any) -> None:
+    """Rename, in place, every ``_target_`` of the tree that HASH_TARGET_NAMES lists to its recorded name."""
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        if isinstance(target, str) and target in HASH_TARGET_NAMES:
+            node["_target_"] = HASH_TARGET_NAMES[target]
+        for value in node.values():
+            _recorded_targets(value)
+    elif isinstance(node, list):
+        for value in node:
+            _recorded_targets(value)
+
+
+def identity_config(container: dict[str, Any], block_geometry_schemes: Collection[str]) -> dict[str, Any]:
     """The part of the resolved config that defines the experiment (what config_hash covers): the config minus
     HASH_EXCLUDE, canonicalised by the identity rules (HASH_DROP_IF_NULL, HASH_DROP_IF_DEFAULT,
-    CANONICAL_BLOCK_GEOMETRY), so that two configs of one experiment give one identity."""
+    CANONICAL_BLOCK_GEOMETRY for a ``model.residual`` not in ``block_geometry_schemes``, HASH_TARGET_NAMES), so that
+    two configs of one experiment give one identity."""
     ident = copy.deepcopy(container)
     for key in HASH_EXCLUDE:
         _drop(ident, key)
@@ -113,10 +141,11 @@ def identity_config(container: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict) and leaf in node and node[leaf] == default:
             del node[leaf]
     model = ident.get("model")
-    if isinstance(model, dict) and model.get("residual") not in BLOCK_GEOMETRY_SCHEMES:
+    if isinstance(model, dict) and model.get("residual") not in block_geometry_schemes:
         for key, value in CANONICAL_BLOCK_GEOMETRY.items():
             if key in model:
                 model[key] = value
+    _recorded_targets(ident)
     return ident
 
 

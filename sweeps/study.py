@@ -289,7 +289,7 @@ def sweep_config(sweep: str, overrides: Sequence[str] = ()) -> DictConfig:
     runs, not the study's settings, and are left out: composition takes one value per key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from experiments.compose import compose
+    from experiments.config.compose import compose
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     single = [text for text, o in zip(overrides, parsed) if not o.is_sweep_override()]
@@ -301,9 +301,9 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
 
     SIGTERM and SIGUSR1 to this process are passed on to the command (which stops its runs cleanly) and its end is
     awaited; Ctrl-C reaches both anyway. The command watches this process (``ATTNRES_PARENT_PID``,
-    experiments.interrupts.watch_parent): if this one is killed outright, the sweep stops its run in flight as
+    experiments.run.interrupts.watch_parent): if this one is killed outright, the sweep stops its run in flight as
     interrupted instead of going on with nobody reading its output."""
-    from experiments.interrupts import PARENT_ENV
+    from experiments.run.interrupts import PARENT_ENV
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
@@ -548,8 +548,8 @@ class Plan:
 def plan_study(study: Study, args: argparse.Namespace, ap: argparse.ArgumentParser) -> Plan | None:
     """The study's Plan, or None after printing the config error (a bad override, kind or name) that would make
     the sweep fail."""
-    from experiments.compose import cli_problem
-    from experiments.validation import check_name
+    from experiments.config.compose import cli_problem
+    from experiments.config.validation import check_name
 
     extra = list(study.overrides)
     if ARMS[args.arms] is not None:

@@ -51,7 +51,7 @@ def summarize(jobs: list[dict[str, Any]], diverged_is_failure: bool = True) -> t
 def interrupted_by(jobs: list[dict[str, Any]]) -> str | None:
     """The signal that interrupted the sweep: the first this process received (a launcher's workers pass theirs
     on to it), else the first a job reports."""
-    from experiments import interrupts
+    from experiments.run import interrupts
 
     return interrupts.received() or next((str(j["signal"]) for j in jobs if j.get("signal")), None)
 
@@ -76,7 +76,7 @@ class SweepSummary(Callback):
         )
         signame = interrupted_by(jobs)
         if signame is not None:
-            from experiments import interrupts
+            from experiments.run import interrupts
 
             print(f"[attnres] sweep interrupted by {signame}: relaunch the same command to resume it", flush=True)
             raise SystemExit(interrupts.exit_code(signame))

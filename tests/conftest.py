@@ -39,7 +39,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "tra
     the rest of the test (fast repeated composes)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from experiments import compose as composing
+    from experiments.config import compose as composing
 
     global _HYDRA
     if _HYDRA is None or not GlobalHydra.instance().is_initialized():
@@ -66,11 +66,11 @@ def _release_hydra():
 
 @pytest.fixture(autouse=True)
 def _forget_interrupts():
-    """A test that interrupts a run in this process leaves the signal remembered (experiments.interrupts: a launch
+    """A test that interrupts a run in this process leaves the signal remembered (experiments.run.interrupts: a launch
     starts no run after one); each test starts without."""
     yield
-    if "experiments.interrupts" in sys.modules:
-        sys.modules["experiments.interrupts"].reset()
+    if "experiments.run.interrupts" in sys.modules:
+        sys.modules["experiments.run.interrupts"].reset()
 
 
 @pytest.fixture(scope="session")

@@ -18,13 +18,14 @@ import pytest
 from conftest import CONF, compose
 from omegaconf import OmegaConf
 
-from experiments import resolvers
-from experiments.compose import sweep_cells
-from experiments.identity import resolved_container, run_identity
+from experiments.config import resolvers
+from experiments.config.compose import sweep_cells
+from experiments.config.config_schema import build_model_config
+from experiments.config.validation import check_config
+from experiments.run.identity import experiment_config, resolved_container, run_identity
+from experiments.run.run_plan import planned_steps
 from experiments.sizes import ArchShape, baseline_non_embedding, derive_arch_shape, steps_for, steps_for_budget
 from experiments.train import train
-from experiments.validation import build_model_config, check_config, planned_steps
-from results.config_hash import identity_config
 
 PAPER_GRID = {"d_over_lb": (15, 30, 45, 60, 75), "heads_over_lb": (0.3, 0.4, 0.5, 0.6, 0.7)}  # Fig. 7
 CPU_GRID = {"d_over_lb": (2, 4, 6), "heads_over_lb": (0.3, 0.5, 0.7)}
@@ -183,7 +184,7 @@ def test_tokens_and_budget_must_agree():
 
 def test_budget_enters_the_hash_only_when_set():
     def ident(*o):
-        return identity_config(resolved_container(compose(["experiment=cpu_ladder", *o])))
+        return experiment_config(resolved_container(compose(["experiment=cpu_ladder", *o])))
 
     assert "flops_budget" not in ident()["train"]  # runs recorded before budgets existed keep their config_hash
     chash = lambda *o: run_identity(compose(["experiment=cpu_ladder", *o]))[0]  # noqa: E731

@@ -334,7 +334,7 @@ def test_the_plain_loop_gets_the_trainer_and_data_of_experiments_train(train_cfg
     import torch
 
     from experiments.bench import harness as bench_harness
-    from experiments.run_plan import plan_run
+    from experiments.run.run_plan import plan_run
     from experiments.train import train
 
     fitted = []

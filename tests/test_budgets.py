@@ -1,4 +1,4 @@
-"""Issue 36 item 1, several budgets from one run (experiments/budgets.py): WSD decay branches from one constant-lr
+"""Issue 36 item 1, several budgets from one run (experiments/run/budgets.py): WSD decay branches from one constant-lr
 trunk equal independent WSD runs to their budgets bit for bit and share their config_hash; an interrupted trunk or
 branch resumes bit-identically; a relaunch trains only what is missing; bad budgets fail in one line before
 anything is written.
@@ -17,10 +17,10 @@ import pytest
 import torch
 from conftest import TEST_MAX_BYTES, cli_overrides, compose, run_cli
 
-from experiments import budgets as budgets_module
-from experiments.callbacks import ScheduleResync, read_metrics
-from experiments.errors import RunInterrupted, SetupError
+from experiments.run import budgets as budgets_module
+from experiments.run.errors import RunInterrupted, SetupError
 from experiments.train import _train_run, train
+from experiments.training.callbacks import ScheduleResync, read_metrics
 from results import ledger
 
 torch.set_num_threads(1)
@@ -198,8 +198,7 @@ def test_bad_budgets_on_the_command_line(tmp_path, data_cache):
 def test_a_single_budget_run_keeps_its_identity():
     """train.budgets null is left out of the identity (results.config_hash.HASH_DROP_IF_NULL): the key's existence
     moves no run's config_hash (tests/test_identity_stable.py holds the committed runs' hashes)."""
-    from experiments.identity import resolved_container
-    from results.config_hash import identity_config
+    from experiments.run.identity import experiment_config, resolved_container
 
-    ident = identity_config(resolved_container(compose(["experiment=smoke", "scheduler=wsd"])))
+    ident = experiment_config(resolved_container(compose(["experiment=smoke", "scheduler=wsd"])))
     assert "budgets" not in ident["train"]

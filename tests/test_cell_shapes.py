@@ -12,9 +12,9 @@ import torch
 from conftest import compose
 
 from attnres import Transformer
-from experiments.identity import resolved_container
+from experiments.config.config_schema import build_model_config
+from experiments.run.identity import resolved_container
 from experiments.sizes import map_cell
-from experiments.validation import build_model_config
 
 DEEP_RUNGS = (8, 10, 12, 16)
 MAP_CELLS = [(L, d) for d in (32, 64, 128) for L in (4, 8, 16)]

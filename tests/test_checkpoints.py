@@ -1,6 +1,6 @@
 """Issue 23, runs that got stuck: a damaged checkpoint (truncated, a flipped bit), a full disk during a checkpoint,
 a torn last line of diagnostics.jsonl, and a failure record that cannot be written. A relaunch always goes on, from
-the newest readable checkpoint or from the start, saying which (experiments/checkpoint_io.py)."""
+the newest readable checkpoint or from the start, saying which (experiments/run/checkpoint_io.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import cli_overrides, mount_namespace, run_cli_mounted
 
-from experiments.callbacks import read_metrics
-from experiments.checkpoint_io import AtomicCheckpointIO, inspect_checkpoint
-from experiments.errors import RunInterrupted
+from experiments.run.checkpoint_io import AtomicCheckpointIO, inspect_checkpoint
+from experiments.run.errors import RunInterrupted
 from experiments.train import train
+from experiments.training.callbacks import read_metrics
 from results import ledger
 
 torch.set_num_threads(1)

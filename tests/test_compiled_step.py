@@ -1,7 +1,7 @@
 """The compiled training step (``train_path=compiled``: torch.compile of the whole model + AdamW's fused kernel) is the
 same training as the eager one: per-step losses agree to rounding over 50 steps for every ladder arm, a resumed
 compiled run equals an uninterrupted one bit for bit, every record says which path trained it, and the compiler's
-process-wide settings (experiments.compiler) are what the runs rely on.
+process-wide settings (experiments.training.compiler) are what the runs rely on.
 
 The model is shrunk (2 transformer blocks, context 32) so that compiling it costs seconds, not minutes; the
 ladder's shapes compile the same graphs, only larger (docs/performance.md, "The compiled CPU step")."""
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import cli_overrides, compose, run_cli
 
-from experiments.callbacks import read_metrics
 from experiments.train import train
+from experiments.training.callbacks import read_metrics
 from results import ledger
 
 STEPS = 50
@@ -93,7 +93,7 @@ def test_configure_compiler_uses_one_cache_and_fails_loudly_at_the_recompile_lim
     import torch._inductor.config as inductor_config
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir as torch_default
 
-    from experiments import compiler
+    from experiments.training import compiler
 
     monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
     monkeypatch.setattr(dynamo_config, "fail_on_recompile_limit_hit", False)

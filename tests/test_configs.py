@@ -14,11 +14,11 @@ import torch
 from conftest import CONF, compose
 from omegaconf import OmegaConf
 
-from experiments.identity import resolved_container, run_identity
-from experiments.optim import param_groups, warmup_cosine
+from experiments.config.config_schema import build_model_config
+from experiments.config.validation import check_config
+from experiments.run.identity import experiment_config, resolved_container, run_identity
 from experiments.sizes import baseline_non_embedding, solve_d_ff, steps_for
-from experiments.validation import build_model_config, check_config
-from results.config_hash import identity_config
+from experiments.training.optim import param_groups, warmup_cosine
 
 torch.set_num_threads(1)
 
@@ -154,7 +154,7 @@ def test_readme_command_composes_to_the_smallest_cpu_size_on_the_default_corpus(
 
 def test_variants_share_every_hyperparameter_of_a_size():
     def identity(variant):
-        ident = identity_config(
+        ident = experiment_config(
             resolved_container(compose(["experiment=cpu_ladder", "size=cpu_m", f"model={variant}"]))
         )
         for key in ("variant", "residual", "n_blocks", "block_size", "residual_options"):
@@ -172,6 +172,25 @@ def test_hydra_output_dirs_cannot_collide():
         assert "%f" in d, d
         assert "attnres_pid" in d, d
     assert "hydra.job.num" in text
+
+
+def test_moved_targets_keep_their_recorded_names_in_the_identity():
+    """results.config_hash.HASH_TARGET_NAMES: each key is where a hashed ``_target_`` lives now (it imports), each
+    value the name the committed runs recorded, and a composed run's identity holds the recorded names. The recipe
+    names records carry (experiments.run.record_builder.RECIPE_NAMES) are keyed by targets that import too."""
+    from hydra.utils import get_object
+
+    from experiments.run.record_builder import RECIPE_NAMES
+    from results.config_hash import HASH_TARGET_NAMES
+
+    for target in (*HASH_TARGET_NAMES, *RECIPE_NAMES):
+        assert callable(get_object(target)), target
+    assert not set(HASH_TARGET_NAMES) & set(HASH_TARGET_NAMES.values())
+    for overrides in ([], ["optimizer=muon", "scheduler=wsd"]):
+        cfg = compose(["experiment=cpu_ladder", *overrides])
+        ident = experiment_config(resolved_container(cfg))
+        for node in ("data", "optimizer", "scheduler"):
+            assert ident[node]["_target_"] == HASH_TARGET_NAMES[cfg[node]._target_]
 
 
 def test_config_hash_covers_results_not_paths():
@@ -362,15 +381,18 @@ def test_block_geometry_splits_block_attnres_runs():
 
 
 def test_canonical_block_geometry_is_what_ignoring_schemes_ignore():
-    """identity.BLOCK_GEOMETRY_SCHEMES restates (without importing torch) which registered schemes read the block
-    geometry; for every other scheme the model is the same whatever n_blocks / block_size say."""
+    """attnres.registry.block_geometry_schemes says which registered schemes read the block geometry (the identity
+    canonicalises it for the others); for every other scheme the model is the same whatever n_blocks / block_size
+    say."""
     from attnres import RESIDUAL_SCHEMES, ModelConfig, Transformer
-    from results.config_hash import BLOCK_GEOMETRY_SCHEMES, CANONICAL_BLOCK_GEOMETRY
+    from attnres.registry import block_geometry_schemes
+    from results.config_hash import CANONICAL_BLOCK_GEOMETRY
 
-    assert set(BLOCK_GEOMETRY_SCHEMES) == {n for n, cls in RESIDUAL_SCHEMES.items() if cls.uses_block_geometry}
+    reading = block_geometry_schemes()
+    assert reading == ("block",)
     assert set(CANONICAL_BLOCK_GEOMETRY) == {"n_blocks", "block_size"}
     idx = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
-    for name in set(RESIDUAL_SCHEMES) - set(BLOCK_GEOMETRY_SCHEMES):
+    for name in set(RESIDUAL_SCHEMES) - set(reading):
         outputs = []
         for geometry in ({"n_blocks": 4}, {"n_blocks": 8}, {"n_blocks": None, "block_size": 3}, {"n_blocks": 99}):
             torch.manual_seed(0)
@@ -406,7 +428,7 @@ def test_schemas_type_exactly_the_yaml_keys():
     """A schema field the YAML lacks would add a key to the composed tree (and move every config_hash)."""
     import dataclasses
 
-    from experiments.config_schema import SCHEMAS
+    from experiments.config.config_schema import SCHEMAS
 
     for path, schema in SCHEMAS.items():
         if path == "train":
@@ -559,12 +581,12 @@ def test_cpu_moe_size_composes_checks_and_has_its_own_identity():
     assert param_counts(mc)["activated_non_embedding"] == 48416 + 576
     base = compose(["experiment=cpu_ladder", "size=cpu_moe", "model=baseline", "data.vocab_size=256"])
     assert abs(param_counts(build_model_config(base))["activated_non_embedding"] / s.target_params - 1) < 0.01
-    ident = identity_config(resolved_container(cfg))
+    ident = experiment_config(resolved_container(cfg))
     assert ident["model"]["ffn"] == "moe"
     assert ident["model"]["moe"]["n_experts"] == 8
     dense = compose(["experiment=cpu_ladder", "size=cpu_xs", "model=block_attnres", "data.vocab_size=256"])
-    assert "ffn" not in identity_config(resolved_container(dense))["model"]
-    assert "moe" not in identity_config(resolved_container(dense))["model"]
+    assert "ffn" not in experiment_config(resolved_container(dense))["model"]
+    assert "moe" not in experiment_config(resolved_container(dense))["model"]
     assert run_identity(cfg)[0] != run_identity(dense)[0]
 
 

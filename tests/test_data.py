@@ -647,7 +647,7 @@ def _one_file_shards(tmp_path: Path) -> Path:
 
 
 def test_a_same_size_bit_flip_is_caught_at_load_and_a_stamp_spares_rehashing(tmp_path, monkeypatch):
-    from experiments.datamodule import TokenDataModule
+    from experiments.training.datamodule import TokenDataModule
 
     monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path / "cache"))
     shards = _one_file_shards(tmp_path)
@@ -674,7 +674,7 @@ def test_a_same_size_bit_flip_is_caught_at_load_and_a_stamp_spares_rehashing(tmp
 
 
 def test_a_bit_flip_stops_training_before_it_starts(train_cfg, tmp_path, monkeypatch):
-    from experiments.errors import SetupError
+    from experiments.run.errors import SetupError
     from experiments.train import train
 
     monkeypatch.setenv("ATTNRES_CACHE_DIR", str(tmp_path / "cache"))

@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import TEST_MAX_BYTES, run_cli
 
-from experiments.callbacks import read_metrics
+from experiments.training.callbacks import read_metrics
 from results import ledger
 
 DDP = ("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true")

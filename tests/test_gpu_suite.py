@@ -28,13 +28,18 @@ REPO_PACKAGES = {"attnres", "experiments", "results", "analysis", "sweeps"}
 BUDGET_S = 540
 # Third-party modules imported only inside functions of the suite's modules, on paths the suite does not take.
 LAZY_OFF_PATH = {
-    "wandb": "logger=wandb only (experiments/factories.py; finish_wandb reads sys.modules): the suite runs logger=none",
+    "wandb": (
+        "logger=wandb only (experiments/training/instantiators.py; finish_wandb reads sys.modules): the suite runs "
+        "logger=none"
+    ),
     "datasets": "data from Hugging Face (experiments/data/sources.py): the suite trains on the stdlib corpus",
     "tokenizers": "tokenizer=bpe (experiments/data/format.py): the suite uses bytes",
 }
 # Shipped although the image has them.
 SHIPPED_OVER_THE_IMAGE = {
-    "filelock": "the image's is torch's, of an unrecorded version; experiments/locks.py needs SoftFileLease (>=3.30)"
+    "filelock": (
+        "the image's is torch's, of an unrecorded version; experiments/run/locks.py needs SoftFileLease (>=3.30)"
+    )
 }
 # What the walk must find, or it is not walking the suite at all.
 MUST_FIND = {"torch", "triton", "lightning", "hydra", "omegaconf", "filelock", "numpy", "pytest"}
@@ -387,13 +392,14 @@ def test_dry_run_installs_the_wheels_and_trains_through_sigusr1_and_a_resume(tmp
 
 
 def test_bench_times_muon_for_the_suites_muon_step():
-    """The muon step's `experiments.bench --optimizer muon`: the timed step runs Muon + AdamW (experiments.optim)."""
+    """The muon step's `experiments.bench --optimizer muon`: the timed step runs Muon + AdamW
+    (experiments.training.optim)."""
     import torch
 
     from experiments.bench import shapes
     from experiments.bench.runner import build_runner
     from experiments.bench.settings import parse_args
-    from experiments.optim import MuonWithAdamW
+    from experiments.training.optim import MuonWithAdamW
 
     assert parse_args(["--optimizer", "muon"]).optimizer == "muon"
     assert parse_args([]).optimizer == "adamw"

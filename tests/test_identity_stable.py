@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import compose
 
-from experiments.identity import run_identity
+from experiments.run.identity import run_identity
 
 RECORDED = [  # (overrides, config_hash recorded in runs/cpu_ladder/results.csv)
     (("model=baseline", "size=cpu_xs", "seed=0"), "1a01d4acfffb449f"),

@@ -19,6 +19,10 @@ library and filelock: nothing from any other project package, no torch, numpy, p
 W&B or triton); ``analysis`` runs without the training stack (no torch, Lightning or triton, nothing from
 attnres/experiments/sweeps; its records come from ``results``); ``experiments`` imports nothing from ``sweeps`` (the
 study drives the trainer).
+
+Inside ``experiments``, by stage: ``experiments.config`` (composing and checking the config) imports nothing from a
+run or from training, ``experiments.run`` (a run's lifecycle: plan, identity, lock, interrupts, checkpoints, record,
+how it ends) nothing from training, and ``experiments.data`` (token shards) none of the three.
 """
 
 from __future__ import annotations
@@ -47,6 +51,14 @@ FORBIDDEN_INTERNAL = {
     "results": {"attnres", "experiments", "analysis", "sweeps"},  # the contract both sides import
     "analysis": {"attnres", "experiments", "sweeps"},
     "experiments": {"sweeps"},  # sweeps drive experiments, never the other way
+}
+
+
+# experiments/ by stage: sub-package -> the sub-packages it must not import (any import, as above)
+STAGE_FORBIDDEN = {
+    "experiments.config": {"experiments.run", "experiments.training"},
+    "experiments.run": {"experiments.training"},
+    "experiments.data": {"experiments.config", "experiments.run", "experiments.training"},
 }
 
 
@@ -175,6 +187,20 @@ def layering_violations(imports: list[Import], root: Path) -> list[str]:
     return bad
 
 
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def stage_violations(imports: list[Import], root: Path, rules: dict[str, set[str]]) -> list[str]:
+    """Imports from a sub-package into one that ``rules`` forbids it (``rules``: sub-package -> forbidden ones)."""
+    return [
+        f"{imp.importer} imports {imp.target}   {imp.where(root)}"
+        for imp in imports
+        for stage, forbidden in rules.items()
+        if _within(imp.importer, stage) and any(_within(imp.target, f) for f in forbidden)
+    ]
+
+
 # ---- the project's own tree --------------------------------------------------------------------------------
 def test_every_package_is_scanned():
     imports = scan_imports(ROOT, PACKAGES)
@@ -183,7 +209,7 @@ def test_every_package_is_scanned():
     graph = internal_graph(imports, PACKAGES)
     # edges the project has by construction: the package re-exports its model, the trainer builds on the model
     assert "attnres.model" in graph["attnres"]
-    assert any(t.split(".")[0] == "attnres" for t in graph["experiments.module"])
+    assert any(t.split(".")[0] == "attnres" for t in graph["experiments.training.module"])
 
 
 def tangles(cycles: list[list[str]]) -> list[set[str]]:
@@ -212,6 +238,14 @@ def test_layering(package):
     assert imports, f"no imports found in {package}/"
     bad = layering_violations(imports, ROOT)
     assert not bad, f"{package}/ breaks the layering of docs/DEVELOPING.md:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_FORBIDDEN))
+def test_experiments_stages_import_one_way(stage):
+    imports = [imp for imp in scan_imports(ROOT, PACKAGES) if _within(imp.importer, stage)]
+    assert imports, f"no imports found in {stage}"
+    bad = stage_violations(imports, ROOT, {stage: STAGE_FORBIDDEN[stage]})
+    assert not bad, f"{stage} breaks the stage layering of docs/DEVELOPING.md:\n" + "\n".join(bad)
 
 
 def test_records_cross_between_training_and_analysis_only_through_results():
@@ -311,3 +345,21 @@ def test_checker_layering(tmp_path):
         "attnres.m imports experiments.train",
         "attnres.m imports lightning",
     ]
+
+
+def test_checker_stage_layering(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "p/__init__.py": "",
+            "p/config/__init__.py": "",
+            "p/config/a.py": "def f():\n    from ..run import b\n",
+            "p/run/__init__.py": "",
+            "p/run/b.py": "from p.config.a import f\nfrom p.training import c\n",
+            "p/training/__init__.py": "",
+            "p/training/c.py": "from ..run.b import f\n",
+        },
+    )
+    rules = {"p.config": {"p.run", "p.training"}, "p.run": {"p.training"}}
+    bad = stage_violations(scan_imports(root, ("p",)), root, rules)
+    assert sorted(b.split("   ")[0] for b in bad) == ["p.config.a imports p.run.b", "p.run.b imports p.training.c"]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import TEST_MAX_BYTES, compose, mount_namespace, run_cli_mounted
 
-from experiments.identity import run_identity
-from experiments.job import run_job
+from experiments.config.validation import TOP_LEVEL_KEYS, check_config
+from experiments.run.identity import run_identity
+from experiments.run.job import run_job
 from experiments.train import main, train
-from experiments.validation import TOP_LEVEL_KEYS, check_config
 
 
 def _refused(cfg, capsys) -> str:
@@ -173,8 +173,8 @@ def test_the_trainer_arguments_are_read_from_the_installed_lightning():
 
     import lightning.pytorch as pl
 
-    from experiments.instantiators import planned_trainer_kwargs
-    from experiments.validation import TRAINER_SET_BY_HARNESS, trainer_arguments
+    from experiments.config.validation import TRAINER_SET_BY_HARNESS, trainer_arguments
+    from experiments.training.instantiators import planned_trainer_kwargs
 
     assert trainer_arguments("lightning.pytorch.Trainer") == tuple(inspect.signature(pl.Trainer).parameters)
     assert trainer_arguments("my.own.Trainer") is None  # another target: not checked
@@ -189,7 +189,7 @@ def test_the_trainer_arguments_are_read_from_the_installed_lightning():
 def test_a_disk_full_at_launch_is_one_line_naming_the_free_space(train_cfg, tmp_path, capsys, monkeypatch):
     import shutil
 
-    import experiments.validation as validation
+    import experiments.config.validation as validation
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(validation.shutil, "disk_usage", lambda p: usage._replace(free=4096))

@@ -233,7 +233,7 @@ def test_outputs_go_under_the_working_directory_and_the_readme_says_so(tmp_path,
     scripts in the README."""
     from conftest import compose
 
-    from experiments.identity import run_identity
+    from experiments.run.identity import run_identity
 
     monkeypatch.chdir(tmp_path)
     cfg = compose(["experiment=smoke"])

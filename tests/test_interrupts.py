@@ -2,7 +2,7 @@
 here an evaluation, the final evaluation, a checkpoint being written, the completed record being written) stop it at
 a consistent point with a checkpoint of that step and an `interrupted` record, and stop the whole sweep (Hydra's
 basic launcher, the joblib launcher, sweeps.study); a sweep whose parent is killed outright stops cleanly, and its
-relaunch runs exactly the unfinished runs (experiments/interrupts.py)."""
+relaunch runs exactly the unfinished runs (experiments/run/interrupts.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 import torch
 from conftest import REPO, TEST_MAX_BYTES, cli_overrides, compose
 
-from experiments.callbacks import read_metrics
-from experiments.job import run_job
+from experiments.run.job import run_job
 from experiments.train import train
+from experiments.training.callbacks import read_metrics
 from results import ledger
 
 torch.set_num_threads(1)
@@ -275,8 +275,8 @@ def test_a_process_whose_launcher_died_before_it_watched_stops_at_once(tmp_path)
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     out = tmp_path / "received"
     code = (  # its pipes go to /dev/null once its parent is gone (nobody reads them): the answer goes to a file
-        "import sys, time; from pathlib import Path; from experiments import interrupts; interrupts.install_worker(); "
-        "time.sleep(2); Path(sys.argv[1]).write_text(str(interrupts.received()))"
+        "import sys, time; from pathlib import Path; from experiments.run import interrupts; "
+        "interrupts.install_worker(); time.sleep(2); Path(sys.argv[1]).write_text(str(interrupts.received()))"
     )
     try:
         for named, want in ((dead.pid, "SIGTERM"), (alive.pid, "None")):  # gone / alive but not its parent

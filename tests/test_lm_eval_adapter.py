@@ -30,10 +30,10 @@ def run_dir(tmp_path, monkeypatch):
     model's greedy choices are ASCII text (a random model otherwise emits bytes that are not UTF-8)."""
     from omegaconf import OmegaConf
 
-    from experiments.checkpoint_io import AtomicCheckpointIO
-    from experiments.identity import resolved_container
-    from experiments.module import LMModule
-    from experiments.validation import build_model_config
+    from experiments.config.config_schema import build_model_config
+    from experiments.run.checkpoint_io import AtomicCheckpointIO
+    from experiments.run.identity import resolved_container
+    from experiments.training.module import LMModule
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     cfg = compose(["experiment=smoke", "model=block_attnres", "data.vocab_size=256", f"size.seq_len={SEQ_LEN}"])

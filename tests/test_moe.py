@@ -436,8 +436,8 @@ def test_a_moe_run_through_the_harness(train_cfg):
 
     from omegaconf import OmegaConf
 
+    from experiments.config.config_schema import build_model_config
     from experiments.train import train
-    from experiments.validation import build_model_config
 
     cfg = train_cfg("size=cpu_moe", "model=block_attnres")
     rec = train(cfg)

@@ -1,5 +1,5 @@
-"""optimizer=muon and scheduler=wsd (experiments/optim.py): the Muon step against a transcription of its equations
-written here in float64 (Moonlight's recipe: Nesterov momentum, quintic Newton-Schulz, decoupled weight decay,
+"""optimizer=muon and scheduler=wsd (experiments/training/optim.py): the Muon step against a transcription of its
+equations written here in float64 (Moonlight's recipe: Nesterov momentum, quintic Newton-Schulz, decoupled weight decay,
 0.2 sqrt(max(A, B)) per logical matrix), torch.optim.Muon itself on a plain matrix, the AdamW part against torch's
 AdamW, the parameter groups, the WSD formula at every step, and the harness paths: resume, compile, DDP, FSDP."""
 
@@ -15,9 +15,10 @@ from conftest import TEST_MAX_BYTES, cli_overrides, compose, run_cli
 
 from attnres import ModelConfig, Transformer
 from attnres.config import MoEConfig
-from experiments import config_schema
-from experiments.callbacks import read_metrics
-from experiments.optim import (
+from experiments.config import config_schema
+from experiments.train import train
+from experiments.training.callbacks import read_metrics
+from experiments.training.optim import (
     NS_DTYPES,
     WSD_SHAPES,
     Muon,
@@ -29,7 +30,6 @@ from experiments.optim import (
     wsd,
     wsd_lambda,
 )
-from experiments.train import train
 
 A, B, C = 3.4445, -4.7750, 2.0315  # Keller Jordan's quintic coefficients
 
@@ -110,7 +110,7 @@ def _tiny(ffn: str = "dense", residual: str = "block") -> Transformer:
 
 
 def _logical(name: str, W: torch.Tensor) -> list[torch.Tensor]:
-    """The matrices a weight holds, written out per kind (not through experiments.optim's layout table)."""
+    """The matrices a weight holds, written out per kind (not through experiments.training.optim's layout table)."""
     if name.endswith("attn.qkv.weight"):
         return list(W.chunk(3, dim=0))  # [q; k; v] rows (attnres.model.Attention's view(B, T, 3, H, hd))
     if name.endswith("gate_up.weight"):
@@ -254,7 +254,7 @@ def test_wsd_overlapping_warmup_and_decay_is_refused():
     ],
 )
 def test_bad_muon_and_wsd_settings_fail_in_one_line(override, match):
-    from experiments.validation import check_config
+    from experiments.config.validation import check_config
 
     with pytest.raises(ValueError, match=match):
         check_config(compose(["experiment=smoke", "optimizer=muon", "scheduler=wsd", override]))

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis.router import load_balance, plot_router, read_router, summary, write_run_figure
-from experiments.callbacks import ROUTER_COLUMNS, RunRecorder
+from experiments.training.callbacks import ROUTER_COLUMNS, RunRecorder
 
 
 def _router(steps=(10, 20), layers=2, experts=4, skew=True) -> pd.DataFrame:

@@ -15,11 +15,11 @@ import pytest
 import torch
 from conftest import REPO, TEST_MAX_BYTES, cli_overrides, compose, run_cli
 
-from experiments.callbacks import read_metrics
-from experiments.errors import RunBusy
-from experiments.identity import run_identity
-from experiments.run_env import is_rank_zero
+from experiments.run.errors import RunBusy
+from experiments.run.identity import run_identity
+from experiments.run.run_env import is_rank_zero
 from experiments.train import train
+from experiments.training.callbacks import read_metrics
 from results import ledger
 
 torch.set_num_threads(1)
@@ -38,7 +38,7 @@ time.sleep(120)
 
 
 def _hold_lock(path: Path) -> subprocess.Popen:
-    from experiments.locks import LOCK_LEASE_S
+    from experiments.run.locks import LOCK_LEASE_S
 
     path.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
@@ -89,7 +89,7 @@ def _foreign_holder(path: Path, lease: float) -> subprocess.Popen:
 
 
 def test_a_lock_from_another_node_is_taken_over_only_when_its_heartbeat_stops(tmp_path, monkeypatch):
-    from experiments import locks
+    from experiments.run import locks
 
     if shutil.which("unshare") is None:
         pytest.skip("no unshare")
@@ -128,7 +128,7 @@ def test_two_launches_of_one_config_at_once_train_it_once(tmp_path, data_cache):
     if codes == [0, 3]:
         assert any("busy:" in o and "is being trained right now by" in o for o in outs), outs
     (run_dir,) = [p for p in study.iterdir() if p.is_dir() and not p.name.startswith((".", "records"))]
-    # the last two checkpoints (experiments/checkpoint_io.py), and no last-v1.ckpt
+    # the last two checkpoints (experiments/run/checkpoint_io.py), and no last-v1.ckpt
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "last.prev.ckpt"]
 
 

@@ -132,7 +132,7 @@ def test_slurm_launcher_config_composes():
 def test_every_sweep_config_composes():
     from hydra import compose, initialize_config_dir
 
-    from experiments import config_schema
+    from experiments.config import config_schema
 
     config_schema.register()  # the structured configs conf/ composes with (Hydra's ConfigStore)
 

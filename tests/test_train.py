@@ -16,8 +16,8 @@ import torch
 from conftest import TEST_MAX_BYTES, cli_overrides, run_cli
 
 from attnres import RESIDUAL_SCHEMES
-from experiments.callbacks import METRIC_COLUMNS, read_metrics
 from experiments.train import train
+from experiments.training.callbacks import METRIC_COLUMNS, read_metrics
 from results import ledger
 from results.record import COLUMNS
 
@@ -166,7 +166,7 @@ def test_training_and_evaluation_draw_no_random_numbers(residual):
     import numpy as np
 
     from attnres import ModelConfig, Transformer
-    from experiments.optim import adamw
+    from experiments.training.optim import adamw
 
     torch.manual_seed(0)
     model = Transformer(
@@ -223,7 +223,7 @@ def test_skip_completed_and_force(train_cfg, capsys):
 
 
 def test_nan_loss_is_recorded_as_diverged(train_cfg):
-    from experiments.module import DivergedError
+    from experiments.run.errors import DivergedError
 
     cfg = train_cfg("fault.nan_at_step=3")
     with pytest.raises(DivergedError, match="at step 3"):
@@ -238,7 +238,7 @@ def test_nan_loss_is_recorded_as_diverged(train_cfg):
 def test_a_diverged_run_is_one_line_and_a_relaunch_skips_it_unless_forced(train_cfg, capsys):
     """Issue 23 #11: a NaN loss ends a single run with one line and exit status 1 (it was a 93-line traceback), and
     a relaunch skips the diverged run (docs/results_schema.md, the skip rule) instead of training it again."""
-    from experiments.job import run_job
+    from experiments.run.job import run_job
 
     cfg = train_cfg("fault.nan_at_step=3")
     with pytest.raises(SystemExit) as exit_:
@@ -271,7 +271,7 @@ def _no_trace(cfg) -> None:
 
 
 def test_missing_dataset(train_cfg, tmp_path):
-    from experiments.errors import SetupError
+    from experiments.run.errors import SetupError
 
     cfg = train_cfg(f"data.name={tmp_path / 'nope'}")
     with pytest.raises(SetupError, match=r"FileNotFoundError: dataset .* is neither a built-in name.*prepare_data"):
@@ -392,7 +392,7 @@ def test_bf16_mixed_precision_runs_on_cpu(train_cfg):
 def test_fused_adamw_with_mixed_precision_clipping(train_cfg):
     """Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients (found on an H200: every
     trainer=gpu run crashed at step 1). Auto (fused=null) picks foreach there; fused=true says why it cannot."""
-    from experiments.optim import adamw
+    from experiments.training.optim import adamw
 
     model = torch.nn.Linear(4, 4)
     assert adamw(model, lr=1e-3, fused=None, amp_clipping=True).defaults["fused"] is None
@@ -415,7 +415,7 @@ def test_fused_adamw_with_mixed_precision_clipping(train_cfg):
 def test_dead_gradient_at_first_step_fails_the_run(train_cfg, monkeypatch):
     """A parameter that gets no gradient at step 1 (as torch.compile of Full AttnRes did to the embedding on an
     H200) stops the run with the parameter's name, instead of training a model whose embedding never moves."""
-    from experiments.module import DeadGradientError, LMModule, dead_gradients
+    from experiments.training.module import DeadGradientError, LMModule, dead_gradients
 
     setup = LMModule.setup
 
@@ -459,7 +459,7 @@ def test_compile_true_compiles_whole_or_regional(monkeypatch):
     """compile=true: the whole model or its sublayers (ATTNRES_COMPILE; default regional on CUDA, whole elsewhere);
     a bad value names the allowed ones. Nothing is compiled until the first forward."""
     from attnres import ModelConfig
-    from experiments.module import COMPILE_ENV, LMModule, compile_mode
+    from experiments.training.module import COMPILE_ENV, LMModule, compile_mode
 
     monkeypatch.delenv(COMPILE_ENV, raising=False)
     assert compile_mode("cuda") == "regional"

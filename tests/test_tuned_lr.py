@@ -8,9 +8,9 @@ import yaml
 from conftest import CONF, compose
 from omegaconf import OmegaConf
 
-from experiments import resolvers
-from experiments.identity import resolved_container
-from results.config_hash import config_hash, identity_config
+from experiments.config import resolvers
+from experiments.run.identity import experiment_config, resolved_container
+from results.config_hash import config_hash
 
 LADDER_SIZES = ("cpu_xs", "cpu_s", "cpu_m", "cpu_l")  # the default study's sizes (cpu5 adds cpu_xl)
 PAPER_SIZES = ("paper_194m", "paper_241m", "paper_296m", "paper_436m", "paper_528m")
@@ -106,7 +106,7 @@ def test_a_bad_protocol_fails_at_composition_naming_the_key():
 
 def test_lr_protocol_enters_the_identity_only_when_not_the_default():
     def ident(*o):
-        return identity_config(resolved_container(compose(["experiment=cpu_ladder", "size.lr=3e-3", *o])))
+        return experiment_config(resolved_container(compose(["experiment=cpu_ladder", "size.lr=3e-3", *o])))
 
     assert "lr_protocol" not in ident()
     assert "tuned_lr" not in ident()

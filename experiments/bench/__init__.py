@@ -32,7 +32,7 @@ number. Results go to one JSON file (--out); the printout shows every ratio.
 
 Modules: ``settings`` (the command line, read once into a frozen BenchSettings), ``cli`` (main: the sections in
 order, the JSON), ``shapes`` (the sizes), ``runner`` (one timed variant, the interleaved rounds; its training step
-is experiments.train_step.TrainStep, the trainer's), ``memory``, ``size_section``, ``option_section``,
+is experiments.training.train_step.TrainStep, the trainer's), ``memory``, ``size_section``, ``option_section``,
 ``printout``, ``moe_section`` (an MoE size's step against a dense size's, and on CUDA the grouped GEMM against
 the loop over experts), ``harness`` (Lightning vs a plain loop), ``sample_stats``, ``machine_load``,
 ``triton_aot`` (the Triton kernels compiled ahead of time: scripts/triton_aot_report.py). No torch at import:

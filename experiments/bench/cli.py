@@ -77,8 +77,8 @@ def _device(settings: BenchSettings) -> Any:
     device = torch.device(settings.device)
     if device.type == "cpu":
         torch.set_num_threads(settings.threads)
-    if settings.compile:  # the harness section's training runs compile the same way (experiments.module.compile_mode)
-        from ..module import COMPILE_ENV
+    if settings.compile:  # the harness section's runs compile the same way (experiments.training.module.compile_mode)
+        from ..training.module import COMPILE_ENV
 
         os.environ[COMPILE_ENV] = settings.compile
     return device

@@ -1,8 +1,8 @@
 """Lightning's overhead as a number: optimizer steps of ``experiments.train`` against a plain PyTorch loop.
 
 Both sides train the same model (attnres.Transformer of the size, baseline residual) on the same data
-(TrainBatches of the same TokenDataModule, experiments.run_plan) with the same trainer settings
-(experiments.instantiators) and the same work per step: forward, cross-entropy, backward (of each micro-batch
+(TrainBatches of the same TokenDataModule, experiments.run.run_plan) with the same trainer settings
+(experiments.training.instantiators) and the same work per step: forward, cross-entropy, backward (of each micro-batch
 under gradient accumulation), global-norm gradient clipping (trainer.gradient_clip_val), AdamW with the harness'
 parameter groups, the warm-up/cosine schedule, zero_grad, and reading the loss back to the host (the harness
 checks it is finite and records it every step).
@@ -17,7 +17,7 @@ flips every round); the ratio is taken per round between the medians of the two 
 and IQR over rounds.
 
 Lightning is imported here only, so ``python -m experiments.bench --harness off`` never
-imports it. The plain loop's step is experiments.train_step.TrainStep, the trainer's own step definition.
+imports it. The plain loop's step is experiments.training.train_step.TrainStep, the trainer's own step definition.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig
 
-from ..compose import compose
-from ..run_plan import RunPlan
-from ..train_step import TrainStep, train_forward
+from ..config.compose import compose
+from ..run.run_plan import RunPlan
+from ..training.train_step import TrainStep, train_forward
 from .machine_load import CoreMonitor
 from .sample_stats import summarize
 from .settings import BenchSettings
@@ -135,17 +135,17 @@ def harness_run(cfg) -> list[float]:
 
 
 def plain_trainer(cfg: DictConfig, plan: RunPlan) -> pl.Trainer:
-    """The trainer ``experiments.train`` builds for ``cfg`` (experiments.instantiators), never fitted: the plain
-    loop reads its settings (steps, accumulation, clipping, precision) from it."""
-    from ..instantiators import instantiate_trainer
+    """The trainer ``experiments.train`` builds for ``cfg`` (experiments.training.instantiators), never fitted: the
+    plain loop reads its settings (steps, accumulation, clipping, precision) from it."""
+    from ..training.instantiators import instantiate_trainer
 
     return instantiate_trainer(cfg, plan, callbacks=[], loggers=[], root_dir=Path(cfg.paths.runs_root))
 
 
 def plain_run(cfg: DictConfig, device: torch.device) -> list[float]:
     """The same steps as the harness, written as a plain loop (no Lightning in the loop): the data and schedule of
-    experiments.run_plan.plan_run, the settings of :func:`plain_trainer`, and the trainer's step
-    (experiments.train_step.TrainStep: LMModule's forward and loss, then what Lightning does with them)."""
+    experiments.run.run_plan.plan_run, the settings of :func:`plain_trainer`, and the trainer's step
+    (experiments.training.train_step.TrainStep: LMModule's forward and loss, then what Lightning does with them)."""
     plan, trainer, step = _plain_step(cfg, device)
     total, accumulate = trainer.max_steps, trainer.accumulate_grad_batches
     stamps: list[float] = []
@@ -170,8 +170,8 @@ def _plain_step(cfg: DictConfig, device: torch.device) -> tuple[RunPlan, pl.Trai
 
     from attnres import Transformer
 
-    from ..optim import amp_clipping
-    from ..run_plan import plan_run
+    from ..run.run_plan import plan_run
+    from ..training.optim import amp_clipping
 
     plan = plan_run(cfg, progress=False)
     trainer = plain_trainer(cfg, plan)
@@ -183,7 +183,7 @@ def _plain_step(cfg: DictConfig, device: torch.device) -> tuple[RunPlan, pl.Trai
     model = Transformer(plan.model_config).to(device)
     if cfg.activation_checkpointing:
         model.set_activation_checkpointing(True)
-    from ..module import compile_mode  # as LMModule.setup compiles
+    from ..training.module import compile_mode  # as LMModule.setup compiles
 
     forward = train_forward(model, compile_mode(device.type) if cfg.compile else None)
     optimizer = instantiate(cfg.optimizer)(model=model, amp_clipping=amp_clipping(trainer.precision, clip))

@@ -58,10 +58,10 @@ class Runner:
         return cpu_kernels.use_kernels(self.cpu_kernels)  # backward chooses the kernels per call too (not autocast)
 
     def train_step(self) -> float:
-        """One training step on the fixed batch: experiments.train_step.TrainStep (the trainer's step: forward,
+        """One training step on the fixed batch: experiments.training.train_step.TrainStep (the trainer's step: forward,
         loss and its divergence check, backward, optimizer step, zero_grad; no clipping, no scheduler)."""
         if self._step is None:
-            from ..train_step import TrainStep
+            from ..training.train_step import TrainStep
 
             self._step = TrainStep(
                 self.model,
@@ -115,13 +115,14 @@ def build_runner(
     optimizer_name: str = "adamw",
 ) -> Runner:
     """compile_model: None / False (eager), True or "whole" (torch.compile of the model), "regional"
-    (Transformer.compile_regions). optimizer_name: "adamw" or "muon" (experiments.optim's, at their defaults)."""
+    (Transformer.compile_regions). optimizer_name: "adamw" or "muon" (experiments.training.optim's, at their
+    defaults)."""
     import torch
 
     from attnres import Transformer
 
-    from ..optim import adamw, muon
-    from ..train_step import train_forward
+    from ..training.optim import adamw, muon
+    from ..training.train_step import train_forward
 
     torch.manual_seed(seed)
     model = Transformer(size.model_config(scheme)).to(device)

@@ -150,7 +150,7 @@ def _add_variant_args(p: argparse.ArgumentParser) -> None:
         default="adamw",
         choices=("adamw", "muon"),
         help="the optimizer of the per-size section's timed steps: adamw, or muon (Muon for the sublayer matrices, "
-        "AdamW for the rest: experiments.optim.muon); default adamw",
+        "AdamW for the rest: experiments.training.optim.muon); default adamw",
     )
     p.add_argument("--no-prefill", action="store_true", help="skip inference (prefill) timing")
     p.add_argument("--no-memory", action="store_true", help="skip the memory measurements")

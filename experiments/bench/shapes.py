@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import resolvers
+from ..config import resolvers
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_SIZES = REPO / "conf" / "size"

@@ -137,7 +137,7 @@ def _scheme_entry(
         entry["decode"] = {"tokens": decode_tokens, "batch": 1, "context": size.seq_len}
     if r.name in first_step:
         entry["first_step_s"] = first_step[r.name]
-    if cfg.residual == "block":
+    if cfg.reads_block_geometry:
         entry["n_blocks"] = cfg.effective_n_blocks
         entry["sublayers_per_block"] = cfg.sublayers_per_block
     return entry

@@ -5,8 +5,9 @@ shapes of the arch-grid sweeps (paper Fig. 7), each cell composed as its run wou
 from __future__ import annotations
 
 from .. import sizes
-from ..compose import compose, conf_dir, sweep_cells
-from ..validation import build_model_config, planned_steps
+from ..config.compose import compose, conf_dir, sweep_cells
+from ..config.config_schema import build_model_config
+from ..run.run_plan import planned_steps
 
 ARCH_SWEEPS = ("arch_grid", "cpu_arch_grid")  # conf/sweep/: the Fig. 7 grid at paper scale and on the CPU
 
@@ -36,8 +37,8 @@ def arch_grid_rows(sweep: str, vocab_size: int) -> list[dict]:
                 "seed": int(cfg.seed),
                 **shape.to_dict(),
                 "params_non_embedding": round(count.six_n / 6),
-                "block_size": mc.sublayers_per_block if mc.residual == "block" else None,
-                "n_blocks": mc.effective_n_blocks if mc.residual == "block" else None,
+                "block_size": mc.sublayers_per_block if mc.reads_block_geometry else None,
+                "n_blocks": mc.effective_n_blocks if mc.reads_block_geometry else None,
                 "seq_len": int(cfg.train.seq_len),
                 "batch_size": int(cfg.train.batch_size),
                 "lr": float(cfg.optimizer.lr),

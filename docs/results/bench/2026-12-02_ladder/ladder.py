@@ -9,7 +9,7 @@ of every arm (the arms' order rotates by one per round), each arm on both paths,
 compiled first in odd ones. The arms of a size and the two paths of an arm thus run next to each other in time,
 and every ratio below is taken between runs of the same round.
 
-**What a run reports.** steps, tokens, wall seconds and CPU seconds (:func:`experiments.compiler.cpu_seconds`
+**What a run reports.** steps, tokens, wall seconds and CPU seconds (:func:`experiments.training.compiler.cpu_seconds`
 around ``train()``: data and model setup, compilation with the C++ compiler's child processes, training,
 evaluation, checkpoints), ``tokens_per_cpu_s`` = tokens / CPU seconds, the first step (compilation included on
 the compiled path) and the **steady step**: the median gap between consecutive training-batch starts
@@ -20,8 +20,8 @@ machine during each run (machine_load.CoreMonitor) is recorded with it.
 **Compilation is counted.** Round 0's compiled run of every (size, arm) is **cold**: it compiles into a fresh,
 empty inductor cache (a new ``$TORCHINDUCTOR_CACHE_DIR`` under a temporary directory, inductor's in-memory caches
 cleared). Later rounds are **warm in-process**: the same process has that shape's compiled code already (dynamo
-guards on shapes, not on the model object: experiments/compiler.py). With ``--ladder-disk-warm`` each shape also
-gets one compiled run in a **new process** that finds only the warm disk cache (a study worker's first run of a
+guards on shapes, not on the model object: experiments/training/compiler.py). With ``--ladder-disk-warm`` each shape
+also gets one compiled run in a **new process** that finds only the warm disk cache (a study worker's first run of a
 shape another worker compiled). The **amortised** figure for a study with K runs per shape and worker is
 tokens / ((cold + (K - 1) warm) / K) CPU seconds.
 
@@ -56,7 +56,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from ..compiler import CACHE_ENV, cpu_seconds
+from ..run.run_env import cpu_seconds
+from ..training.compiler import CACHE_ENV
 from .gemm_floor import matmul_peak, record_matmuls, time_floor
 from .machine_load import CoreMonitor
 from .sample_stats import summarize
@@ -143,7 +144,7 @@ def ladder_overrides(
     """The overrides of one ladder run as the study launches it (one thread, no external logger, no progress bar),
     on training path ``path``, with ``train.tokens`` scaled by ``fraction`` (at least 16 steps' worth), then
     ``extra``."""
-    from ..compose import compose
+    from ..config.compose import compose
 
     o = [
         "experiment=cpu_ladder",
@@ -173,7 +174,7 @@ def ladder_overrides(
 
 def full_steps(size: str) -> int:
     """Optimizer steps of the real ladder run at ``size`` (train.tokens = size.tokens, in whole batches)."""
-    from ..compose import compose
+    from ..config.compose import compose
     from ..sizes import steps_for
 
     s = compose([f"size={size}"]).size
@@ -182,7 +183,7 @@ def full_steps(size: str) -> int:
 
 def train_once(overrides: Sequence[str], timer_path: Path) -> dict[str, Any]:
     """Train one run in this process (experiments.train.train); its measurements as a dict (module docstring)."""
-    from ..compose import compose
+    from ..config.compose import compose
     from ..train import train
 
     cfg = compose(list(overrides))
@@ -227,7 +228,8 @@ def train_once(overrides: Sequence[str], timer_path: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def inductor_cache(path: Path, fresh: bool) -> Iterator[Path]:
-    """``$TORCHINDUCTOR_CACHE_DIR`` = ``path`` inside the block (experiments.compiler keeps a directory that is set);
+    """``$TORCHINDUCTOR_CACHE_DIR`` = ``path`` inside the block (experiments.training.compiler keeps a directory that is
+    set);
     ``fresh``: inductor's in-memory caches are cleared first, so nothing compiled before is reused but the code
     dynamo already holds for other shapes."""
     from torch._inductor.utils import clear_caches
@@ -461,7 +463,7 @@ def bench_ladder(settings: BenchSettings, log: Callable[[str], None] = print) ->
     """The ladder section of experiments.bench (module docstring), from the settings' ladder_* fields (sizes,
     schemes, paths, fraction, seeds, disk_warm, override: extra overrides of every run), data_cache and
     data_max_bytes."""
-    from ..compose import initialize
+    from ..config.compose import initialize
 
     initialize()
     sizes, schemes, paths = list(settings.ladder_sizes), list(settings.ladder_schemes), list(settings.ladder_paths)
@@ -694,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not a.child:
         p.error("one of --child, --markdown")
     spec = json.loads(a.child)
-    from ..compose import initialize
+    from ..config.compose import initialize
 
     initialize()
     with inductor_cache(Path(spec["cache"]), fresh=False):

@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     from experiments.bench.gemm_floor import gemm_floor
     from experiments.bench.machine_load import CoreMonitor
     from experiments.bench.shapes import conf_size
-    from experiments.compose import initialize
+    from experiments.config.compose import initialize
 
     torch.set_num_threads(1)
     initialize()

@@ -1,6 +1,6 @@
 """The probe behind docs/results/cpu_ladder/design.md: one training run as the harness does it (attnres model,
-experiments.optim AdamW groups and warmup-cosine, clip, TrainBatches), without Lightning, with the two things the
-harness ties to one seed split apart (--init-seed, --data-seed), and the final model scored on three held-out sets:
+experiments.training.optim AdamW groups and warmup-cosine, clip, TrainBatches), without Lightning, with the two things
+the harness ties to one seed split apart (--init-seed, --data-seed), and the final model scored on three held-out sets:
 the harness's 256 validation windows, every validation window, and 1,024 windows of the training split.
 
     python scripts/design_probe.py --B 4 --L 4 --dff 80 --tokens 480000 --lr 3e-3 \
@@ -8,8 +8,8 @@ the harness's 256 validation windows, every validation window, and 1,024 windows
 
 docs/results/cpu_ladder/design/probe_runs.csv holds every run the design note cites (made when this script was
 docs/results/cpu_ladder/design/probe.py). Not part of the harness: the study itself runs through experiments.train.
-Its loop is its own, not experiments.train_step.TrainStep: it records every step's pre-clipping gradient norm and
-can keep an EMA of the weights, and it never stops on a diverged loss (a probe records it).
+Its loop is its own, not experiments.training.train_step.TrainStep: it records every step's pre-clipping gradient norm
+and can keep an EMA of the weights, and it never stops on a diverged loss (a probe records it).
 """
 
 import argparse
@@ -21,7 +21,7 @@ import torch
 
 from attnres import ModelConfig, Transformer, flops_per_token
 from experiments.data import TrainBatches, load_dataset, val_windows
-from experiments.optim import adamw, warmup_cosine
+from experiments.training.optim import adamw, warmup_cosine
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--L", type=int, default=5)

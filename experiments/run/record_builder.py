@@ -2,12 +2,22 @@
 is made of while the run progresses (so a failed run records what it had) and writes it, to the study's ledger
 and to the run's ``results.json`` (results.ledger). Before a run starts: :func:`find_finished` (the skip check)
 and :func:`warn_other_data`.
+
+Every way a run that started training can end is recorded: :func:`recorded_outcome` wraps the training of a run
+(experiments.train) and, when it raises, writes the record with its status before the exception goes on.
+
+    completed     the body returned after the completed record was written (RecordBuilder.completed)
+    interrupted   SIGINT / SIGTERM / SIGUSR1 (experiments.training.callbacks.GracefulInterrupt), raised as
+    RunInterrupted diverged      experiments.run.errors.DivergedError
+    failed        any other exception
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +26,19 @@ from omegaconf import DictConfig
 from results import ledger
 from results.io import git_commit, utc_now, write_json
 
-from .compiler import cpu_seconds
-from .run_env import torch_threads
+from .errors import DivergedError, RunInterrupted
+from .run_env import cpu_seconds, torch_threads
 from .run_plan import RunPlan
+from .wandb_setup import finish_wandb
+
+# The names a run records for its recipe (results.record: optimizer, lr_schedule), by factory (_target_ in
+# conf/optimizer, conf/scheduler: experiments.training.optim's functions; tests/test_configs.py checks each imports).
+RECIPE_NAMES = {
+    "experiments.training.optim.adamw": "adamw",
+    "experiments.training.optim.muon": "muon",
+    "experiments.training.optim.warmup_cosine": "cosine",
+    "experiments.training.optim.wsd": "wsd",
+}
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -30,15 +50,13 @@ def _float_or_none(value: Any) -> float | None:
 
 def recipe_name(node: Any) -> str | None:
     """The name a record gives an optimizer or scheduler config node (``adamw``, ``muon``; ``cosine``, ``wsd``:
-    experiments.optim.RECIPE_NAMES by its ``_target_``), the target itself when unnamed, None without one."""
-    from .optim import RECIPE_NAMES
-
+    RECIPE_NAMES by its ``_target_``), the target itself when unnamed, None without one."""
     target = node.get("_target_") if node is not None else None
     return RECIPE_NAMES.get(str(target), str(target)) if target else None
 
 
 class RecordBuilder:
-    """The record of one run in the making. ``module``, ``trainer`` and ``recorder`` (experiments.callbacks.
+    """The record of one run in the making. ``module``, ``trainer`` and ``recorder`` (experiments.training.callbacks.
     RunRecorder) are set by experiments.train as they are built; :meth:`record` uses whichever exist."""
 
     def __init__(
@@ -53,7 +71,7 @@ class RecordBuilder:
     ) -> None:
         self.cfg, self.chash, self.run_id, self.run_dir, self.study_dir = cfg, chash, run_id, run_dir, study_dir
         self.plan = plan
-        self.lineage = dict(lineage or {})  # a multi-budget launch's run: budget, trunk_id (experiments.budgets)
+        self.lineage = dict(lineage or {})  # a multi-budget launch's run: budget, trunk_id (experiments.run.budgets)
         self.table = study_dir / ledger.RESULTS_TABLE
         self.started_at = utc_now()
         self.t0 = time.time()
@@ -146,8 +164,8 @@ class RecordBuilder:
                 d_model=mc.d_model,
                 n_heads=mc.n_heads,
                 d_ff=mc.d_ff,
-                block_size=mc.sublayers_per_block if mc.residual == "block" else None,
-                n_blocks=mc.effective_n_blocks if mc.residual == "block" else None,
+                block_size=mc.sublayers_per_block if mc.reads_block_geometry else None,
+                n_blocks=mc.effective_n_blocks if mc.reads_block_geometry else None,
                 params=params,
                 params_non_embedding=non_emb,
                 tokens=tokens,
@@ -212,3 +230,69 @@ def warn_other_data(study_dir: Path, plan: RunPlan) -> None:
             file=sys.stderr,
             flush=True,
         )
+
+
+# ---- how a run ends ------------------------------------------------------------------------------------------------
+def _status(e: BaseException) -> tuple[str, str]:
+    if isinstance(e, RunInterrupted):
+        return "interrupted", f"interrupted by {e.signame} at step {e.step}"
+    status = "diverged" if isinstance(e, DivergedError) else "failed"
+    return status, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+@contextlib.contextmanager
+def recorded_outcome(run: RecordBuilder, interrupt: Any, rank_zero: bool) -> Iterator[None]:
+    """Run the block with ``interrupt``'s signal handlers installed; record how it ended.
+
+    On an exception (unless the completed record was already written: that record stands) rank zero writes the
+    record with the status above, the W&B run ends with exit code 1, and the exception is re-raised (a divergence
+    after one line saying at which step). A second
+    Ctrl-C (KeyboardInterrupt after a first signal) becomes RunInterrupted without a checkpoint at this step; a
+    RunInterrupted is re-raised after a message saying how to resume. On success the W&B run ends with the
+    completed record in its summary.
+    """
+    try:
+        with interrupt.installed():
+            yield
+    except BaseException as e:
+        if run.completed:  # e.g. a closed stdout after the completed record was written: keep that record
+            finish_wandb(exit_code=0)
+            raise
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) and interrupt.received and not isinstance(e, RunInterrupted):
+            # a second Ctrl-C: stopped at once, without a checkpoint at this step (the last periodic one stands)
+            e = RunInterrupted(interrupt.received, run.step, None)
+        status, message = _status(e)
+        if rank_zero:
+            try:
+                run.write(run.record(status, error=message))
+            except Exception as write_error:  # noqa: BLE001 - never mask the original error
+                print(
+                    f"[attnres] {run.run_id}: could not write its {status} record ({type(write_error).__name__}: "
+                    f"{write_error}); the study's earlier records are untouched",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finish_wandb(exit_code=1)
+        if status == "diverged" and rank_zero:
+            print(
+                f"[attnres] {run.run_id}: diverged at step {run.step + 1} ({e}); recorded as diverged: a relaunch "
+                "skips it (force=true re-runs it)",
+                flush=True,
+            )
+        if isinstance(e, RunInterrupted):
+            if rank_zero:
+                saved = (
+                    f"checkpoint {e.checkpoint} saved at that step" if e.checkpoint else "no checkpoint at that step"
+                )
+                print(
+                    f"[attnres] {run.run_id}: {message}; {saved}; recorded as interrupted. Relaunch the same "
+                    "command to resume.",
+                    flush=True,
+                )
+            elif (
+                getattr(run, "trainer", None) is not None
+            ):  # the other ranks of a multi-process run: where each stopped
+                print(f"[attnres] {run.run_id}: rank {run.trainer.global_rank} {message}", flush=True)
+            raise e from None
+        raise
+    finish_wandb(exit_code=0, record=run.completed)

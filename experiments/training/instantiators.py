@@ -1,8 +1,14 @@
-"""Small factories that Hydra ``_target_``s point at when a Lightning object needs more than its constructor:
-the W&B logger (offline unless a key is configured; never a prompt) and the FSDP strategy (wrapping each
-``attnres.model.TransformerBlock``, given as import paths in YAML).
+"""The Lightning objects of a run, built from its config: the callbacks (:func:`instantiate_callbacks`; the fault
+injectors: experiments.training.callbacks.fault_callbacks), the loggers (:func:`instantiate_loggers`) and the trainer
+(:func:`instantiate_trainer`), and the factories Hydra ``_target_``s point at when a Lightning object needs more than
+its constructor: the W&B logger (:func:`wandb_logger`: offline unless a key is configured; never a prompt) and the
+FSDP strategy (:func:`fsdp_strategy`: wrapping each ``attnres.model.TransformerBlock``, given as import paths in
+YAML).
 
-Lightning is imported inside the functions, so importing this module stays cheap.
+``cfg.trainer`` gives every trainer setting but the four derived from the run's plan (:func:`planned_trainer_kwargs`).
+experiments.train and the harness benchmark's plain loop (experiments.bench.harness) build their trainers here, so
+the two cannot run with different settings. Lightning is imported inside the functions, so importing this module
+stays cheap.
 """
 
 from __future__ import annotations
@@ -14,6 +20,75 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from omegaconf import DictConfig
+
+from ..run.run_plan import RunPlan
+
+
+def instantiate_callbacks(cfg: DictConfig) -> list[Any]:
+    """Every ``cfg.callbacks`` node with a ``_target_`` (a progress bar only while the trainer shows one:
+    Lightning rejects the callback otherwise)."""
+    from hydra.utils import instantiate
+
+    bar = cfg.trainer.get("enable_progress_bar", True)
+    return [
+        instantiate(node)
+        for node in (cfg.get("callbacks") or {}).values()
+        if isinstance(node, DictConfig) and "_target_" in node and (bar or "ProgressBar" not in node._target_)
+    ]
+
+
+def instantiate_loggers(cfg: DictConfig, wandb_id: str) -> list[Any]:
+    """Every logger node of ``cfg.logger`` with a ``_target_``; the W&B one gets ``id=wandb_id``."""
+    from hydra.utils import instantiate
+
+    loggers = []
+    for node in (cfg.get("logger") or {}).values():
+        if isinstance(node, DictConfig) and "_target_" in node:
+            extra = {"id": wandb_id} if node._target_.endswith("wandb_logger") else {}
+            loggers.append(instantiate(node, **extra))
+    return loggers
+
+
+def planned_trainer_kwargs(cfg: DictConfig, plan: RunPlan) -> dict[str, Any]:
+    """The trainer settings that come from the plan, not from ``cfg.trainer``: the step count and when to
+    evaluate (every ``plan.eval_every`` optimizer steps) and log."""
+    return {
+        "max_steps": plan.steps,
+        "val_check_interval": plan.eval_every,
+        "check_val_every_n_epoch": None,
+        "log_every_n_steps": int(cfg.train.log_every),
+    }
+
+
+def instantiate_trainer(
+    cfg: DictConfig, plan: RunPlan, callbacks: list[Any], loggers: list[Any], root_dir: Path
+) -> Any:
+    """The lightning.pytorch.Trainer of ``cfg.trainer`` with the plan's settings, ``callbacks`` and ``loggers``
+    (none: no logger), writing under ``root_dir``; its checkpoints are saved atomically
+    (experiments.run.checkpoint_io.AtomicCheckpointIO, added to ``cfg.trainer.plugins`` unless they name a
+    CheckpointIO)."""
+    from hydra.utils import instantiate
+    from lightning.fabric.plugins import CheckpointIO
+    from omegaconf import ListConfig
+
+    from ..run.checkpoint_io import AtomicCheckpointIO
+
+    nodes = cfg.trainer.get("plugins") or []
+    plugins = [instantiate(node) for node in (nodes if isinstance(nodes, (list, ListConfig)) else [nodes])]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return instantiate(
+        cfg.trainer,
+        **planned_trainer_kwargs(cfg, plan),
+        callbacks=callbacks,
+        logger=loggers or False,
+        default_root_dir=str(root_dir),
+        plugins=plugins,
+    )
+
+
+# ---- the factories conf/ names as _target_s ------------------------------------------------------------------------
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 

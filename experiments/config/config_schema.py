@@ -1,4 +1,5 @@
-"""Structured configs (Hydra ConfigStore) of the ``train`` node and the ``optimizer`` and ``scheduler`` groups.
+"""Structured configs (Hydra ConfigStore) of the ``train`` node and the ``optimizer`` and ``scheduler`` groups, and
+the model node built as what types it, an ``attnres.ModelConfig`` (:func:`build_model_config`).
 
 Each dataclass types its node, so a value of the wrong type (``train.batch_size=abc``) fails when the config is
 composed, with the key named. The YAML files keep every default: conf/optimizer/*.yaml and conf/scheduler/*.yaml
@@ -6,23 +7,27 @@ pull their schema in through their defaults list (``/schema/<group>/<name>@_here
 conf/train.yaml pulls ``/schema/train@train`` in after ``_self_`` (so the node keeps its place in the printed
 config); every field here is MISSING (but ``_target_``, ``_partial_``) and the fields are exactly the YAML's
 keys, so the composed tree, and with it every config_hash, is what the YAML alone gives. Range checks live in
-``__post_init__`` and run when :func:`experiments.validation.check_config` builds the node's object
+``__post_init__`` and run when :func:`experiments.config.validation.check_config` builds the node's object
 (``OmegaConf.to_object``): a ValueError naming the key and what is allowed.
 
 ``train.tokens`` and ``train.flops_budget`` are typed ``Any``: a size gives an integer or a float (a float type
 would turn 540000 into 540000.0 and move the config_hash), and a bad value must fail with the check's message.
 
-Importing this module registers the schemas (experiments.validation imports it, and experiments.train that).
+Importing this module registers the schemas (experiments.config.validation imports it, and experiments.train that).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    from attnres import ModelConfig
 
 
 def positive_int(value: Any, key: str) -> int:
@@ -45,7 +50,7 @@ def number(value: Any, key: str, lo: float, hi: float, lo_open: bool = False, hi
 def check_budgets(budgets: Any, flops_budget: Any) -> None:
     """``train.budgets``: a list of tokens per parameter, each positive, strictly increasing (so none twice), and
     no ``train.flops_budget`` beside it; a ValueError naming the key otherwise. The checks that need the step counts
-    (each decay after the warm-up) are experiments.budgets.plan_budgets'."""
+    (each decay after the warm-up) are experiments.run.budgets.plan_budgets'."""
     key = "train.budgets"
     if isinstance(budgets, (str, bytes)) or not hasattr(budgets, "__len__") or len(budgets) == 0:
         raise ValueError(f"{key}={budgets!r} must be a non-empty list of tokens per parameter, e.g. [8,32,128]")
@@ -94,7 +99,8 @@ class TrainSchema:
     eval_count: int = MISSING
     val_sequences: int = MISSING
     val_batch_size: int = MISSING
-    budgets: Any = MISSING  # list[int | float] | None: tokens per parameter of each decay branch (experiments.budgets)
+    # list[int | float] | None: tokens per parameter of each decay branch (experiments.run.budgets)
+    budgets: Any = MISSING
 
     def __post_init__(self) -> None:
         if self.budgets is not None:
@@ -114,9 +120,10 @@ class TrainSchema:
 
 @dataclass
 class AdamWSchema:
-    """``optimizer=adamw``: experiments.optim.adamw, completed with the model in LMModule.configure_optimizers."""
+    """``optimizer=adamw``: experiments.training.optim.adamw, completed with the model in
+    LMModule.configure_optimizers."""
 
-    _target_: str = "experiments.optim.adamw"
+    _target_: str = "experiments.training.optim.adamw"
     _partial_: bool = True
     lr: float = MISSING
     betas: list[float] = MISSING
@@ -132,9 +139,10 @@ class AdamWSchema:
 
 @dataclass
 class WarmupCosineSchema:
-    """``scheduler=cosine``: experiments.optim.warmup_cosine, completed with the optimizer and the step count."""
+    """``scheduler=cosine``: experiments.training.optim.warmup_cosine, completed with the optimizer and the step
+    count."""
 
-    _target_: str = "experiments.optim.warmup_cosine"
+    _target_: str = "experiments.training.optim.warmup_cosine"
     _partial_: bool = True
     warmup_fraction: float = MISSING
     warmup_steps: int | None = MISSING
@@ -145,17 +153,17 @@ class WarmupCosineSchema:
         number(self.min_lr_ratio, "scheduler.min_lr_ratio", 0, 1)
 
 
-# the values experiments.optim accepts (there: NS_DTYPES, WSD_SHAPES; tests/test_muon.py checks they agree): kept
-# here too so that composing a config never imports torch
+# the values experiments.training.optim accepts (there: NS_DTYPES, WSD_SHAPES; tests/test_muon.py checks they agree):
+# kept here too so that composing a config never imports torch
 NS_DTYPES = (None, "bfloat16", "float32")
 WSD_SHAPES = ("linear", "1-sqrt")
 
 
 @dataclass
 class MuonSchema:
-    """``optimizer=muon``: experiments.optim.muon (Muon for the sublayer matrices, AdamW for the rest)."""
+    """``optimizer=muon``: experiments.training.optim.muon (Muon for the sublayer matrices, AdamW for the rest)."""
 
-    _target_: str = "experiments.optim.muon"
+    _target_: str = "experiments.training.optim.muon"
     _partial_: bool = True
     lr: float = MISSING
     momentum: float = MISSING
@@ -182,9 +190,9 @@ class MuonSchema:
 
 @dataclass
 class WSDSchema:
-    """``scheduler=wsd``: experiments.optim.wsd, completed with the optimizer and the step count."""
+    """``scheduler=wsd``: experiments.training.optim.wsd, completed with the optimizer and the step count."""
 
-    _target_: str = "experiments.optim.wsd"
+    _target_: str = "experiments.training.optim.wsd"
     _partial_: bool = True
     warmup_fraction: float = MISSING
     warmup_steps: int | None = MISSING
@@ -215,3 +223,27 @@ def register() -> None:
     for path, node in SCHEMAS.items():
         group, _, name = f"schema/{path}".rpartition("/")
         cs.store(group=group, name=name, node=node)
+
+
+MODEL_NON_FIELDS = ("_target_", "variant")  # keys of cfg.model that are not ModelConfig fields
+
+
+def build_model_config(cfg: DictConfig) -> ModelConfig:
+    """attnres.ModelConfig (the model node's ``_target_``) instantiated from cfg.model; its ``variant`` is a label,
+    not a field. A key that is not a field, or a value ModelConfig refuses, raises ValueError naming it."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import get_class, instantiate
+
+    node = OmegaConf.to_container(cfg.model, resolve=True)
+    node.pop("variant", None)
+    node.setdefault("_target_", "attnres.ModelConfig")
+    fields = [f.name for f in dataclasses.fields(get_class(node["_target_"]))]
+    unknown = sorted(set(node) - set(fields) - set(MODEL_NON_FIELDS))
+    if unknown:
+        raise ValueError(f"model.{unknown[0]} is not a model setting; allowed keys: {', '.join(fields)} (and variant)")
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as e:  # Hydra wraps what the target raised: the ModelConfig check's own message
+        if isinstance(e.__cause__, ValueError):
+            raise e.__cause__ from None
+        raise

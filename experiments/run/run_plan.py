@@ -1,6 +1,7 @@
 """What a run will train, found before anything is written: the data loaded and checked, the model config, the
-step count and the evaluation interval (:func:`plan_run`). Training (experiments.train) and the harness benchmark's
-plain loop (experiments.bench.harness) both start from it, so they see the same data and the same schedule.
+step count (:func:`planned_steps`) and the evaluation interval (:func:`plan_run`). Training (experiments.train) and the
+harness benchmark's plain loop (experiments.bench.harness) both start from it, so they see the same data and the same
+schedule.
 
 Torch, no Lightning: the datamodule class is imported only when ``cfg.data`` is instantiated.
 """
@@ -15,14 +16,15 @@ from omegaconf import DictConfig, open_dict
 
 from results.config_hash import data_fingerprint
 
-from .validation import build_model_config, planned_steps
+from ..config.config_schema import build_model_config
+from ..sizes import steps_for, steps_for_budget
 
 
 @dataclass(frozen=True)
 class RunPlan:
     """The checked inputs of one run; nothing of it is written anywhere yet."""
 
-    datamodule: Any  # experiments.datamodule.TokenDataModule, loaded and checked against the model
+    datamodule: Any  # experiments.training.datamodule.TokenDataModule, loaded and checked against the model
     model_config: Any  # attnres.ModelConfig
     steps: int  # optimizer steps
     flops_per_token: float  # attnres.flops_per_token(model_config, seq_len).total
@@ -77,3 +79,27 @@ def plan_run(cfg: DictConfig, progress: bool = True) -> RunPlan:
         str(shards.path),
         data_fingerprint(shards.header.checksum),
     )
+
+
+def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:
+    """Optimizer steps of a run: from train.tokens, or from train.flops_budget C as D = C / flops_per_token
+    (attnres.flops_per_token(model, seq_len).total), each rounded to whole batches of batch_size x seq_len.
+
+    Both may be set only when they agree on the step count; otherwise this names both keys and what each gives.
+    """
+    batch, seq = int(train_cfg.batch_size), int(train_cfg.seq_len)
+    tokens, budget = train_cfg.tokens, train_cfg.get("flops_budget")
+    by_tokens = steps_for(float(tokens), batch, seq) if tokens is not None else None
+    if budget is None:
+        if by_tokens is None:
+            raise ValueError("train.tokens and train.flops_budget are both null: set one of them")
+        return by_tokens
+    by_budget = steps_for_budget(float(budget), flops_per_token, batch, seq)
+    if by_tokens is not None and by_tokens != by_budget:
+        raise ValueError(
+            f"train.tokens (size.tokens)={tokens!r} gives {by_tokens} steps but train.flops_budget={budget!r} gives "
+            f"{by_budget} steps ({by_budget * batch * seq:,} tokens at {flops_per_token:.4g} FLOPs/token): they "
+            "conflict. Set one of them to null (train.tokens=null to train for the budget, or "
+            "train.flops_budget=null to train for the token count)"
+        )
+    return by_budget

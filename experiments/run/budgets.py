@@ -1,7 +1,7 @@
 """Several budgets from one run: ``train.budgets=[8,32,128]`` (tokens per parameter) with ``scheduler=wsd``.
 
-A WSD schedule's constant phase does not depend on the run's length (experiments.optim.wsd_lambda), so the state of
-a WSD run to the largest budget at step s is the state of a WSD run to any smaller budget at s, as long as s is
+A WSD schedule's constant phase does not depend on the run's length (experiments.training.optim.wsd_lambda), so the
+state of a WSD run to the largest budget at step s is the state of a WSD run to any smaller budget at s, as long as s is
 before that budget's decay and both share the warm-up. So (Hägele et al. 2024, arXiv 2405.18392):
 
 * **the trunk** is the ordinary WSD run to the largest budget. While it is at the peak lr it saves its state at
@@ -16,7 +16,7 @@ before that budget's decay and both share the warm-up. So (Hägele et al. 2024, 
 Identity: every branch, the trunk included, is the run its config describes: the launch's config with the length
 of its budget (``size.tokens_per_param = B`` where the size has that key, else ``size.tokens = round(B *
 size.target_params)``), ``train.budgets`` null and the shared warm-up. So a branch has the ``config_hash`` of an
-independent WSD run to its budget: a relaunch skips the finished ones (experiments.record_builder.find_finished), an
+independent WSD run to its budget: a relaunch skips the finished ones (experiments.run.record_builder.find_finished), an
 independent run already in the study is not trained again, and a branch whose branch point is gone is trained from
 step 0 as that independent run (the same result; it says so). The shared warm-up is ``scheduler.warmup_steps`` when
 set, else ``warmup_fraction`` of the smallest budget's steps; a branch whose own ``warmup_fraction`` gives that same
@@ -24,7 +24,7 @@ length keeps ``warmup_steps`` null (its identity is then the plain run's), every
 shared length. Each record carries ``budget`` (B) and ``trunk_id`` (the trunk's run id; also on the trunk's own).
 
 Decisions and the measured cost: docs/runs.md, "Several budgets from one run". Lightning is imported only by the
-callbacks' module (experiments.callbacks), when a branch trains.
+callbacks' module (experiments.training.callbacks), when a branch trains.
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from results import ledger
 
+from ..config.validation import check_config, check_writable, min_free_mb
 from . import interrupts
 from .errors import SetupError, StopRequested
 from .identity import run_identity
 from .record_builder import find_finished
-from .validation import check_config, check_writable, min_free_mb, planned_steps
+from .run_plan import planned_steps
 
 BRANCH_POINT = "branch_point.ckpt"  # in the branch's own checkpoints/ directory
 TRUNK_FILES = ("metrics.csv", "diagnostics.jsonl", "router.csv")  # a branch's first rows, up to its branch point
-WSD_TARGET = "experiments.optim.wsd"
+WSD_TARGET = "experiments.training.optim.wsd"
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ CPU step"). :func:`configure_compiler` is called once per run, before its model 
   rest of the run eagerly on a path recorded as compiled.
 * **Compilation runs in the run's own threads** (inductor's ``compile_threads`` = the run's torch threads), so a
   single-thread job of a parallel sweep does not start compile workers on the other job's core, and the run's
-  CPU time (``cpu_time_s`` in its record: :func:`cpu_seconds`) includes its compilation, the C++ compiler's child
-  processes included.
+  CPU time (``cpu_time_s`` in its record: experiments.run.run_env.cpu_seconds) includes its compilation, the C++
+  compiler's child processes included.
 """
 
 from __future__ import annotations
@@ -46,9 +46,3 @@ def configure_compiler(threads: int) -> Path:
     dynamo_config.fail_on_recompile_limit_hit = True
     inductor_config.compile_threads = max(1, int(threads))
     return cache
-
-
-def cpu_seconds() -> float:
-    """CPU seconds of this process and of its finished child processes (the C++ compiler inductor runs)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system

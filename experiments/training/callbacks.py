@@ -1,5 +1,6 @@
 """Callbacks: the run recorder (the run's own files, the source of truth), the graceful interrupt (SIGINT, SIGTERM,
-SIGUSR1: a checkpoint at the current step, then a clean stop) and test-only fault injection.
+SIGUSR1: a checkpoint at the current step, then a clean stop) and test-only fault injection (the injectors that
+``cfg.fault`` asks for: :func:`fault_callbacks`).
 
 RunRecorder owns, in the run directory:
   * ``metrics.csv`` — one row per logged step: step, tokens, flops, train_loss, val_loss, lr, grad_norm,
@@ -34,12 +35,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from omegaconf import DictConfig
 
 from results.io import atomic_write_text, utc_now
 
-from . import interrupts
-from .compiler import cpu_seconds
-from .errors import RunInterrupted
+from ..run import interrupts
+from ..run.errors import RunInterrupted
+from ..run.run_env import cpu_seconds
 
 METRIC_COLUMNS = ("step", "tokens", "flops", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s")
 ROUTER_COLUMNS = ("step", "layer", "expert", "tokens", "expected", "bias")  # router.csv (analysis.router)
@@ -371,7 +373,7 @@ INTERRUPT_SIGNALS = interrupts.SIGNALS  # Ctrl-C; what SLURM sends before preemp
 
 
 class GracefulInterrupt(pl.Callback):
-    """While installed, SIGINT, SIGTERM and SIGUSR1 are only remembered (experiments.interrupts.on_signal); the run
+    """While installed, SIGINT, SIGTERM and SIGUSR1 are only remembered (experiments.run.interrupts.on_signal); the run
     then stops at the next consistent point, saves ``checkpoint`` (the last.ckpt a relaunch resumes from) at that
     step and raises RunInterrupted:
 
@@ -431,7 +433,7 @@ class GracefulInterrupt(pl.Callback):
 
     def _saved(self, trainer: pl.Trainer) -> bool:
         """Whether this process saved ``checkpoint`` at the current step already (rank zero's answer under DDP)."""
-        from .checkpoint_io import AtomicCheckpointIO
+        from ..run.checkpoint_io import AtomicCheckpointIO
 
         io = trainer.strategy.checkpoint_io
         saved = isinstance(io, AtomicCheckpointIO) and io.saved_at(self.checkpoint) == trainer.global_step
@@ -474,10 +476,10 @@ class GracefulInterrupt(pl.Callback):
             self.stop(trainer)
 
 
-# ---- several budgets from one run (experiments/budgets.py) ----------------------------------------------------
+# ---- several budgets from one run (experiments/run/budgets.py) ----------------------------------------------------
 class BranchPoints(pl.Callback):
     """The trunk of a multi-budget launch: after optimizer step s of ``points`` (step -> file), save the run's
-    state there, as Lightning's own step checkpoints are saved (atomically, experiments.checkpoint_io), unless the
+    state there, as Lightning's own step checkpoints are saved (atomically, experiments.run.checkpoint_io), unless the
     file is already there (a resumed trunk passing the step again: the same state)."""
 
     def __init__(self, points: dict[int, str | Path]) -> None:
@@ -583,3 +585,24 @@ class NaNAtStep(pl.Callback):
         if trainer.global_step + 1 == self.step:
             with torch.no_grad():
                 pl_module.model.lm_head.weight.fill_(float("nan"))
+
+
+def fault_callbacks(cfg: DictConfig) -> list[Any]:
+    """The fault injectors that ``cfg.fault`` asks for (tests only: a kill, NaN, signal or exception at a step)."""
+    fault, callbacks = cfg.fault, []
+    if fault.get("kill_at_step") is not None:
+        callbacks.append(KillAtStep(int(fault.kill_at_step)))
+    if fault.get("nan_at_step") is not None:
+        callbacks.append(NaNAtStep(int(fault.nan_at_step)))
+    if fault.get("signal_at_step") is not None:
+        callbacks.append(
+            SignalAtStep(
+                int(fault.signal_at_step),
+                str(fault.get("signal", "SIGTERM")),
+                str(fault.get("signal_phase", "train")),
+                None if fault.get("signal_rank") is None else int(fault.signal_rank),
+            )
+        )
+    if fault.get("raise_at_step") is not None:
+        callbacks.append(RaiseAtStep(int(fault.raise_at_step)))
+    return callbacks

@@ -1,16 +1,16 @@
 """Config checks before anything heavy runs: :func:`check_config` (every setting the harness reads, failing with
-a message naming the key and what is allowed), :func:`check_name` (the names that become directories),
-:func:`check_writable` (the runs root), :func:`planned_steps` (a run's step count from its token count or FLOP
-budget, conflicts named) and :func:`build_model_config` (``cfg.model`` instantiated: an ``attnres.ModelConfig``).
+a message naming the key and what is allowed), :func:`check_name` (the names that become directories) and
+:func:`check_writable` (the runs root).
 
 Each concern is checked in one place: the ``train`` node and the ``optimizer`` and ``scheduler`` groups by their
-structured configs (experiments/config_schema.py: types when composed, ranges when check_config builds them), the
-model by ``attnres.ModelConfig`` (and each residual scheme's options dataclass), the run-level keys, the trainer
-and the data here.
+structured configs (experiments/config/config_schema.py: types when composed, ranges when check_config builds them),
+the model by ``attnres.ModelConfig`` (and each residual scheme's options dataclass; built from ``cfg.model`` by
+config_schema.build_model_config), the run-level keys, the trainer and the data here; a run's step count (tokens or
+FLOP budget) by experiments.run.run_plan.planned_steps.
 
-Light on purpose: omegaconf, Hydra's ConfigStore (experiments.config_schema) and experiments.sizes at import, torch only
-where a check needs it (a CUDA device, the model config), so ``experiments.train`` runs these before Lightning or
-torch is imported.
+Light on purpose: omegaconf, Hydra's ConfigStore (experiments.config.config_schema) and experiments.sizes at import,
+torch only where a check needs it (a CUDA device, the model config), so ``experiments.train`` runs these before
+Lightning or torch is imported.
 """
 
 from __future__ import annotations
@@ -25,19 +25,15 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from results.record import STUDY_KINDS
 
+from ..data.options import check_data_config
 from .config_schema import number as _number
 from .config_schema import positive_int as _positive_int
-from .data.options import check_data_config
-from .sizes import steps_for, steps_for_budget
-
-if TYPE_CHECKING:
-    from attnres import ModelConfig
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "64")
@@ -90,9 +86,9 @@ TRAINER_SOURCES = {
     "lightning.Trainer": ("lightning", "pytorch/trainer/trainer.py"),
     "pytorch_lightning.Trainer": ("pytorch_lightning", "trainer/trainer.py"),
 }
-# Trainer arguments the harness passes itself (experiments.instantiators.instantiate_trainer): the step count and the
-# evaluation and logging cadence from train.*, its callbacks, loggers and run directory. A value under trainer.
-# would be overridden without a word, so it is refused.
+# Trainer arguments the harness passes itself (experiments.training.instantiators.instantiate_trainer): the step
+# count and evaluation and logging cadence from train.*, its callbacks, loggers and run directory. A value under
+# trainer. would be overridden without a word, so it is refused.
 TRAINER_SET_BY_HARNESS = (
     "max_steps",
     "val_check_interval",
@@ -164,7 +160,7 @@ def _check_structured(node: DictConfig, group: str) -> None:
 
 def check_config(cfg: DictConfig) -> None:
     """Fail before training with a message naming the key and what is allowed (the model's own fields are
-    checked by attnres.ModelConfig when :func:`build_model_config` builds it)."""
+    checked by attnres.ModelConfig when experiments.config.config_schema.build_model_config builds it)."""
     extra = [key for key in cfg if key not in TOP_LEVEL_KEYS and key != "hydra"]
     if extra:
         raise ValueError(
@@ -280,51 +276,3 @@ def min_free_mb(cfg: DictConfig) -> float:
 
 def _is_count(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
-
-
-def planned_steps(train_cfg: DictConfig, flops_per_token: float) -> int:
-    """Optimizer steps of a run: from train.tokens, or from train.flops_budget C as D = C / flops_per_token
-    (attnres.flops_per_token(model, seq_len).total), each rounded to whole batches of batch_size x seq_len.
-
-    Both may be set only when they agree on the step count; otherwise this names both keys and what each gives.
-    """
-    batch, seq = int(train_cfg.batch_size), int(train_cfg.seq_len)
-    tokens, budget = train_cfg.tokens, train_cfg.get("flops_budget")
-    by_tokens = steps_for(float(tokens), batch, seq) if tokens is not None else None
-    if budget is None:
-        if by_tokens is None:
-            raise ValueError("train.tokens and train.flops_budget are both null: set one of them")
-        return by_tokens
-    by_budget = steps_for_budget(float(budget), flops_per_token, batch, seq)
-    if by_tokens is not None and by_tokens != by_budget:
-        raise ValueError(
-            f"train.tokens (size.tokens)={tokens!r} gives {by_tokens} steps but train.flops_budget={budget!r} gives "
-            f"{by_budget} steps ({by_budget * batch * seq:,} tokens at {flops_per_token:.4g} FLOPs/token): they "
-            "conflict. Set one of them to null (train.tokens=null to train for the budget, or "
-            "train.flops_budget=null to train for the token count)"
-        )
-    return by_budget
-
-
-MODEL_NON_FIELDS = ("_target_", "variant")  # keys of cfg.model that are not ModelConfig fields
-
-
-def build_model_config(cfg: DictConfig) -> ModelConfig:
-    """attnres.ModelConfig (the model node's ``_target_``) instantiated from cfg.model; its ``variant`` is a label,
-    not a field. A key that is not a field, or a value ModelConfig refuses, raises ValueError naming it."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import get_class, instantiate
-
-    node = OmegaConf.to_container(cfg.model, resolve=True)
-    node.pop("variant", None)
-    node.setdefault("_target_", "attnres.ModelConfig")
-    fields = [f.name for f in dataclasses.fields(get_class(node["_target_"]))]
-    unknown = sorted(set(node) - set(fields) - set(MODEL_NON_FIELDS))
-    if unknown:
-        raise ValueError(f"model.{unknown[0]} is not a model setting; allowed keys: {', '.join(fields)} (and variant)")
-    try:
-        return instantiate(node, _convert_="all")
-    except InstantiationException as e:  # Hydra wraps what the target raised: the ModelConfig check's own message
-        if isinstance(e.__cause__, ValueError):
-            raise e.__cause__ from None
-        raise

@@ -1,6 +1,6 @@
 """The OmegaConf resolvers the configs use, registered explicitly by :func:`register` (idempotent).
 
-Whatever composes or resolves a config calls it first: ``experiments.compose.compose`` (the tests, the bench,
+Whatever composes or resolves a config calls it first: ``experiments.config.compose.compose`` (the tests, the bench,
 ``python -m experiments.sizes``), ``experiments.bench.shapes.conf_size`` and ``experiments.train`` (at import,
 before ``@hydra.main`` composes, also in a launcher's worker process).
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .sizes import ARCH_SHAPE_FIELDS, MAP_CELL_FIELDS, MAP_HEAD_DIM, derive_arch_shape, map_cell, solve_shared_d_ff
+from ..sizes import ARCH_SHAPE_FIELDS, MAP_CELL_FIELDS, MAP_HEAD_DIM, derive_arch_shape, map_cell, solve_shared_d_ff
 
 LR_PROTOCOLS = ("baseline", "per_arm")
 BASELINE_VARIANT = "baseline"

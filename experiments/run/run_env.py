@@ -1,11 +1,12 @@
 """The process a run trains in: whether it is global rank zero (:func:`is_rank_zero`), what a result depends on
-beyond its config (:func:`environment`, written to ``environment.json``) and Lightning's console output
-(:func:`quiet_lightning`).
+beyond its config (:func:`environment`, written to ``environment.json``), its CPU time (:func:`cpu_seconds`, the
+``cpu_time_s`` every record carries) and Lightning's console output (:func:`quiet_lightning`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from typing import Any
@@ -28,6 +29,12 @@ def torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its finished child processes (the C++ compiler inductor runs)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def environment(datamodule: Any) -> dict[str, Any]:

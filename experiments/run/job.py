@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from results.io import atomic_write_text
 
 from . import interrupts
-from .errors import RunBusy, RunInterrupted, SetupError, StopRequested
+from .errors import DivergedError, RunBusy, RunInterrupted, SetupError, StopRequested
 from .identity import run_identity
 
 JOB_FILE = "attnres_job.json"
@@ -60,7 +60,7 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
     skipped with a message (exit status 3 for a single run); a diverged run is one line (exit status 1 for a single
     run, no traceback).
 
-    An interrupt (experiments.interrupts) stops the run and the sweep: no run starts after it in this process, and
+    An interrupt (experiments.run.interrupts) stops the run and the sweep: no run starts after it in this process, and
     the launch exits with 128 + the signal number. In the launching process (a single run, Hydra's basic launcher)
     that is a SystemExit at once; in a launcher's worker process (the joblib launcher) the job returns, tells the
     launcher (which passes the signal on to every worker) and starts no further run, so every run in flight stops
@@ -100,11 +100,7 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
             raise SystemExit(code) from None
         return None
     except Exception as e:
-        diverged = False  # a DivergedError exists only once experiments.module was imported
-        if "experiments.module" in sys.modules:
-            from .module import DivergedError
-
-            diverged = isinstance(e, DivergedError)  # its line is printed already (experiments.run_outcome)
+        diverged = isinstance(e, DivergedError)  # its line is printed already (experiments.run.record_builder)
         if not multirun:
             if diverged:
                 raise SystemExit(1) from None

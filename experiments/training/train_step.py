@@ -25,9 +25,7 @@ from typing import Any
 
 import torch
 
-
-class DivergedError(RuntimeError):
-    """The training loss became NaN or infinite; the run is recorded with status `diverged`."""
+from ..run.errors import DivergedError
 
 
 def train_forward(model: Any, compile_mode: str | None) -> Callable[..., Any]:

@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from .data import TokenShards, TrainBatches, load_dataset, val_windows
+from ..data import TokenShards, TrainBatches, load_dataset, val_windows
 
 
 class TokenDataModule(pl.LightningDataModule):

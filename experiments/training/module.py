@@ -7,7 +7,7 @@ What is measured where:
   * ``validation_step``: mean next-token loss over every held-out token, and (``record_diagnostics``) the RMS of
     each block's output, each sublayer's output, and the depth weights alpha of every read, averaged over the
     validation batches.
-Writing them (metrics.csv, diagnostics.json, loggers) is the job of experiments.callbacks.RunRecorder.
+Writing them (metrics.csv, diagnostics.json, loggers) is the job of experiments.training.callbacks.RunRecorder.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from attnres.moe import router_statistics
 
 from .compiler import configure_compiler
 from .optim import amp_clipping
-from .train_step import DivergedError, train_forward, training_loss
+from .train_step import train_forward, training_loss
 
 __all__ = [
     "COMPILE_ENV",
     "DeadGradientError",
-    "DivergedError",
     "LMModule",
     "compile_mode",
     "dead_gradients",
@@ -72,8 +71,8 @@ def dead_gradients(model: nn.Module) -> list[str]:
 
 
 def group_sizes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Parameters (elements) per optimizer group, ``<optimizer>/<group name>``: experiments.optim.MuonWithAdamW's
-    own ``group_sizes``, else ``adamw/decay`` etc. from the groups' names."""
+    """Parameters (elements) per optimizer group, ``<optimizer>/<group name>``:
+    experiments.training.optim.MuonWithAdamW's own ``group_sizes``, else ``adamw/decay`` etc. from the groups' names."""
     sizes = getattr(optimizer, "group_sizes", None)
     if sizes is not None:
         return dict(sizes)
@@ -125,7 +124,8 @@ class LMModule(pl.LightningModule):
             device = trainer.strategy.root_device if trainer is not None else next(self.model.parameters()).device
             self.compile_mode = compile_mode(device.type)
             configure_compiler(torch.get_num_threads())
-        self.__dict__["_train_forward"] = train_forward(self.model, self.compile_mode)  # experiments.train_step
+        # experiments.training.train_step
+        self.__dict__["_train_forward"] = train_forward(self.model, self.compile_mode)
 
     @property
     def train_path(self) -> str:
@@ -151,8 +151,8 @@ class LMModule(pl.LightningModule):
 
     # ---- training ------------------------------------------------------------------------------------------
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """experiments.train_step.training_loss; Lightning then runs the rest of experiments.train_step.TrainStep
-        (backward, clipping, optimizer and scheduler step, zero_grad)."""
+        """experiments.training.train_step.training_loss; Lightning then runs the rest of
+        experiments.training.train_step.TrainStep (backward, clipping, optimizer and scheduler step, zero_grad)."""
         x, y = batch
         forward = self.__dict__.get("_train_forward", self.model)
         return training_loss(

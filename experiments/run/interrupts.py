@@ -3,18 +3,18 @@ time limit), and the death of the process that started this one.
 
 Where a signal lands decides what it does:
 
-* **during a run** (experiments.callbacks.GracefulInterrupt installs :func:`on_signal` around training): the
+* **during a run** (experiments.training.callbacks.GracefulInterrupt installs :func:`on_signal` around training): the
   signal is only remembered. The run stops at its next consistent point (the end of the optimizer step, of the
   evaluation or of the checkpoint in progress, or before its completed record), saves a checkpoint at that step,
   is recorded ``interrupted`` and the launch stops. A second SIGINT stops at once.
 * **in the process that launches** (:func:`install_launcher`, from experiments.train.main): outside a run there is
-  nothing to save, so a signal stops at once (KeyboardInterrupt for SIGINT, experiments.errors.StopRequested for
+  nothing to save, so a signal stops at once (KeyboardInterrupt for SIGINT, experiments.run.errors.StopRequested for
   the others); while the launcher's worker processes train (Hydra's joblib launcher), it is passed on to each of
   them as SIGTERM and the launcher waits for them to stop.
 * **in a launcher's worker process** (:func:`install_worker`): remembered for good; the run in progress stops as
   above and the worker starts no further run.
 
-The process remembers the first signal (:func:`received`): experiments.job.run_job starts no run after it, and the
+The process remembers the first signal (:func:`received`): experiments.run.job.run_job starts no run after it, and the
 launch exits with 128 + its number (:func:`exit_code`), so a sweep stops instead of going on to its next run.
 
 **Parent death.** A process whose parent put the parent's pid in ``ATTNRES_PARENT_PID`` (sweeps.study for its

@@ -8,6 +8,11 @@ from __future__ import annotations
 import signal
 
 
+class DivergedError(RuntimeError):
+    """The training loss became NaN or infinite (experiments.training.train_step.training_loss); the run is recorded
+    with status `diverged`."""
+
+
 class SetupError(ValueError):
     """The run could not start: a config or data problem found before training. Nothing was written for it (no
     run directory, no record): a config that never trained is not a failed run."""

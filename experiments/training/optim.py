@@ -415,12 +415,3 @@ def wsd(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, wsd_lambda(total_steps, warmup_steps, decay_steps, min_lr_ratio, shape)
     )
-
-
-# The names a run records for its recipe (results.record: optimizer, lr_schedule), by factory (_target_).
-RECIPE_NAMES = {
-    "experiments.optim.adamw": "adamw",
-    "experiments.optim.muon": "muon",
-    "experiments.optim.warmup_cosine": "cosine",
-    "experiments.optim.wsd": "wsd",
-}

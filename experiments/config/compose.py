@@ -23,7 +23,7 @@ def conf_dir() -> str:
     ``attnres_conf`` (pyproject.toml). An absolute path either way, so the working directory never matters."""
     import importlib.util
 
-    repo_conf = Path(__file__).resolve().parents[1] / "conf"
+    repo_conf = Path(__file__).resolve().parents[2] / "conf"  # experiments/config/compose.py -> the repository
     if (repo_conf / "train.yaml").is_file():
         return str(repo_conf)
     spec = importlib.util.find_spec("attnres_conf")  # a directory of YAML files, no __init__.py: a namespace package
