@@ -426,6 +426,9 @@ def check_round(study_dir: Path, twin_dir: Path, result: RoundResult) -> None:
         left = sorted(study_dir.glob(pattern))
         if left:
             problems.append(f"{len(left)} {what}(s) left: {', '.join(str(p.relative_to(study_dir)) for p in left[:3])}")
+    if not (study_dir / ledger.RECORDS_DIR).is_dir():  # every launch failed before its first record
+        problems.append(f"no records directory: {study_dir / ledger.RECORDS_DIR}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / STUDY
         shutil.copytree(study_dir / ledger.RECORDS_DIR, copy / ledger.RECORDS_DIR)
