@@ -508,7 +508,7 @@ COMMANDS = {
     "fig5": "the deep ladder's runs (Fig. 4's command)",
     "fig8": "the deep ladder's runs (Fig. 4's command)",
     "table3": "python -m experiments.lm_eval_adapter --checkpoint runs/<study>/<paper-size run> --device cuda "
-    "--tasks mmlu,mmlu_pro,gpqa_diamond_n_shot,bbh,arc_challenge,hellaswag,triviaqa,gsm8k,... (README)",
+    "--tasks mmlu,mmlu_pro,gpqa_diamond_n_shot,bbh,arc_challenge,hellaswag,triviaqa,gsm8k,... (docs/gpu.md)",
 }
 DEEP_REGIME = "L_b 8-16 at d_model = 2 L_b, 8 tokens per parameter"
 
