@@ -41,7 +41,7 @@ from .run import interrupts
 from .run.errors import SetupError, StopRequested
 from .run.identity import resolved_container, run_identity
 from .run.job import run_job
-from .run.locks import acquire_run_lock
+from .run.locks import acquire_run_lock, clear_dead_lock
 from .run.record_builder import RecordBuilder, find_finished, warn_other_data
 from .run.run_env import environment, is_rank_zero, quiet_lightning
 from .run.run_plan import plan_run
@@ -97,6 +97,8 @@ def _train_run(
     except ValueError as e:
         raise _setup_error(e) from e
     if not cfg.force and (done := find_finished(study_dir, chash, run_id)) is not None:
+        if is_rank_zero():
+            clear_dead_lock(study_dir, run_id)
         return done  # every rank checks, so all of a multi-device run skip together
     if cfg.get("threads"):
         import torch

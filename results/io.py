@@ -8,6 +8,7 @@ its compiled kernel cache (attnres/cpu_kernels.py): the model library imports no
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import math
 import os
@@ -52,11 +53,34 @@ def writer_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+def remove_dead_writers_files(path: Path) -> None:
+    """Delete the temporary files in ``path``'s directory (:func:`atomic_write_text`'s, of any target) whose writer
+    was a process on this host that is gone: killed between writing and renaming. Another host's, or a live
+    writer's, are left alone."""
+    marker = f".tmp-{socket.gethostname()}-"
+    for tmp in path.parent.glob(f".*{glob.escape(marker)}*"):
+        pid = tmp.name.rsplit(marker, 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write a file so that readers see either the old or the whole new content, never a part: a temporary file
     with a name no other writer uses (:func:`writer_id`), fsync, rename over the target, fsync the directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_writers_files(path)
     tmp = path.with_name(f".{path.name}.tmp-{writer_id()}")
     try:
         with open(tmp, "w", encoding="utf-8", newline="") as f:

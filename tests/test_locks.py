@@ -128,3 +128,51 @@ def test_the_corpus_lock_says_whether_it_is_held(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", _no_flock)
     with corpus_lock(final) as held:
         assert held is False
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_writers_temporary_files_are_removed_by_the_next_write(tmp_path):
+    import os
+    import socket
+
+    from results.io import atomic_write_text
+
+    host = socket.gethostname()
+    dead = tmp_path / f".results.csv.tmp-{host}-{_dead_pid()}-abc123"  # killed between write and rename
+    dead_record = tmp_path / f".rec.json.tmp-{host}-{_dead_pid()}-def456"  # another target in the same directory
+    live = tmp_path / f".results.csv.tmp-{host}-{os.getpid()}-fff000"  # a live writer's
+    remote = tmp_path / f".results.csv.tmp-otherhost-{_dead_pid()}-aaa111"  # another host's: its pids are not ours
+    for p in (dead, dead_record, live, remote):
+        p.write_text("partial")
+    atomic_write_text(tmp_path / "results.csv", "a,b\n")
+    assert (tmp_path / "results.csv").read_text() == "a,b\n"
+    assert not dead.exists()
+    assert not dead_record.exists()
+    assert live.exists()
+    assert remote.exists()
+
+
+def test_a_dead_holders_run_lock_is_cleared_and_a_live_one_kept(tmp_path):
+    from experiments.run.locks import acquire_run_lock, clear_dead_lock
+
+    code = (
+        "import sys, os; from pathlib import Path; from experiments.run.locks import acquire_run_lock; "
+        "held = acquire_run_lock(Path(sys.argv[1]), 'r0'); os._exit(0)"  # dies holding it, as after a SIGKILL
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, cwd=Path(__file__).resolve().parents[1])
+    marker = tmp_path / ".locks" / "r0.lock"
+    assert marker.is_file()
+    clear_dead_lock(tmp_path, "r0")
+    assert not marker.exists()
+    clear_dead_lock(tmp_path, "r0")  # nothing to clear: no error
+    held = acquire_run_lock(tmp_path, "r1")
+    try:
+        clear_dead_lock(tmp_path, "r1")
+        assert (tmp_path / ".locks" / "r1.lock").is_file()  # a live holder's is kept
+    finally:
+        held.release()

@@ -63,3 +63,21 @@ def acquire_run_lock(study_dir: Path, run_id: str) -> filelock.SoftFileLease:
         f"{LOCK_HEARTBEAT_S:.0f} s); not starting a second copy. It is released when that run ends; a "
         f"holder that died is taken over at once on its own host, after {LOCK_LEASE_S:.0f} s elsewhere"
     )
+
+
+def clear_dead_lock(study_dir: Path, run_id: str) -> None:
+    """Remove the run's lease file when its holder is a dead process on this host (killed after its run was
+    recorded finished, before it let go); a live holder's, or another host's, is left alone."""
+    path = study_dir / ".locks" / f"{run_id}.lock"
+    if not path.is_file():
+        return
+    import filelock
+
+    lock = filelock.SoftFileLease(
+        str(path), lease_duration=LOCK_LEASE_S, heartbeat_interval=LOCK_HEARTBEAT_S, thread_local=False
+    )
+    try:
+        lock.acquire(timeout=0)  # takes a dead local holder's marker over at once
+    except filelock.Timeout:
+        return
+    lock.release()
