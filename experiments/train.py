@@ -32,7 +32,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from results import ledger
-from results.io import atomic_write_text, write_json
+from results.io import atomic_write_text, remove_dead_writers_files, write_json
 
 from .config import config_schema, resolvers
 from .config.compose import cli_problem, conf_dir
@@ -123,6 +123,8 @@ def _train_run(
         if (signame := interrupts.received()) is not None:  # while the data and the model were prepared
             raise StopRequested(signame)
         run_dir.mkdir(parents=True, exist_ok=True)
+        if rank_zero and (run_dir / "checkpoints").is_dir():  # a save killed before its rename, by an earlier launch
+            remove_dead_writers_files(run_dir / "checkpoints" / "last.ckpt")
         if seed is not None and rank_zero:
             seed()
         with open_dict(cfg):

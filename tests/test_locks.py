@@ -176,3 +176,17 @@ def test_a_dead_holders_run_lock_is_cleared_and_a_live_one_kept(tmp_path):
         assert (tmp_path / ".locks" / "r1.lock").is_file()  # a live holder's is kept
     finally:
         held.release()
+
+
+def test_a_killed_checkpoint_saves_temporary_file_is_removed_by_the_next_save(tmp_path):
+    import socket
+
+    import torch
+
+    from experiments.run.checkpoint_io import AtomicCheckpointIO
+
+    dead = tmp_path / f".last.ckpt.tmp-{socket.gethostname()}-{_dead_pid()}-abc123"
+    dead.write_bytes(b"PK")  # a save killed before its rename
+    AtomicCheckpointIO().save_checkpoint({"global_step": 3, "w": torch.zeros(2)}, tmp_path / "last.ckpt")
+    assert (tmp_path / "last.ckpt").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]

@@ -22,13 +22,14 @@ import os
 import shutil
 import sys
 import time
-import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from results.io import remove_dead_writers_files, writer_id
 
 REQUIRED_KEYS = ("global_step", "state_dict", "loops")  # what a Lightning resume reads
 
@@ -53,7 +54,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` to ``.<name>.tmp-<pid>-<nonce>`` beside the target, fsync, then rename; the replaced checkpoint
+    """``torch.save`` to ``.<name>.tmp-<host>-<pid>-<nonce>`` beside the target, fsync, then rename (first removing
+    the temporary files of dead writers on this host: results.io.remove_dead_writers_files); the replaced checkpoint
     becomes :func:`previous_path` (unless it was saved at the same step by this process: two callbacks saving one
     step keep the older step as the previous one). A failed write removes its temporary file, keeps both earlier
     checkpoints, and raises CheckpointWriteError naming the file and the free space."""
@@ -68,7 +70,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         step = checkpoint.get("global_step")
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        remove_dead_writers_files(path)  # a killed save's temporary file (another process's, gone)
+        tmp = path.with_name(f".{path.name}.tmp-{writer_id()}")
         try:
             with open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
