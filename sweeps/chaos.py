@@ -175,7 +175,7 @@ def _env() -> dict[str, str]:
     }
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
     """The child processes of ``pid`` (from /proc), loky's resource tracker left out, in pid order."""
     kids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -319,7 +319,7 @@ def run_launch(
         if proc.poll() is not None:
             break
         last_kill = time.monotonic()
-        workers = _children(proc.pid)
+        workers = child_pids(proc.pid)
         assert rng is not None
         target = TARGETS[int(rng.integers(2))] if workers else "launcher"
         signame = SIGNALS[int(rng.integers(len(SIGNALS)))]

@@ -22,6 +22,7 @@ from experiments.run.job import run_job
 from experiments.train import train
 from experiments.training.callbacks import read_metrics
 from results import ledger
+from sweeps.chaos import child_pids
 
 torch.set_num_threads(1)
 
@@ -143,19 +144,6 @@ def test_an_interrupt_stops_a_basic_multirun_instead_of_starting_the_next_run(tm
     assert not list((tmp_path / "runs" / "smoke").glob("baseline_cpu_xs_s1_*"))  # the second run never started
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and b"resource_tracker" not in cmdline:
-            kids.append(int(stat.parent.name))
-    return kids
-
-
 def test_a_signal_to_one_joblib_worker_stops_every_run_in_flight_and_the_sweep(tmp_path, data_cache):
     """SIGUSR1 to one of two workers (as a scheduler might send it): that worker tells the launcher, which passes it
     on, so both runs in flight checkpoint and are recorded interrupted, the queued runs never start, and the sweep
@@ -185,7 +173,7 @@ def test_a_signal_to_one_joblib_worker_stops_every_run_in_flight_and_the_sweep(t
         if sum(": starting;" in ln for ln in seen) == 2:
             break
     time.sleep(1.0)
-    workers = _children(proc.pid)
+    workers = child_pids(proc.pid)
     assert len(workers) == 2, (workers, "".join(seen)[-3000:])
     os.kill(workers[0], signal.SIGUSR1)
     rest = proc.communicate(timeout=300)[0].decode(errors="replace")
