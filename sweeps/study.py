@@ -200,6 +200,13 @@ STUDIES = {
         why=WHY_DEEP,
         reuse=("docs/results/cpu_deep_budgets",),  # the launches already committed are not trained again
     ),
+    "deep_budgets_lr": Study(
+        "cpu_deep_budgets_lr",
+        "the lr check of the training-length study: baseline / Block AttnRes at L_b 12 x lr 0.5, 1, 2 x the "
+        "baseline's tuned lr x 8, 32, 128 tokens per parameter (one launch per arm and lr), tuning seed 11",
+        analysis="length",
+        why=WHY_DEEP,
+    ),
     "deep_recipe_lr": Study(
         "cpu_deep_recipe_lr",
         "LR tuning of the deep CPU ladder under Muon + WSD (a 4-point lr grid per rung; baseline and Block AttnRes)",
