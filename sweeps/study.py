@@ -194,8 +194,8 @@ STUDIES = {
     "deep_budgets": Study(
         "cpu_deep_budgets",
         "training length on the deep CPU ladder: baseline / Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b x 8, "
-        "32, 128 tokens per parameter (one WSD trunk with decay branches per run), Muon + WSD at its tuned lrs, Block at the "
-        "baseline's lr",
+        "32, 128 tokens per parameter (one WSD trunk with decay branches per run), Muon + WSD at its tuned lrs, Block "
+        "at the baseline's lr",
         analysis="length",  # Block - baseline per rung and budget, and the compute fit over the (rung, budget) points
         why=WHY_DEEP,
         reuse=("docs/results/cpu_deep_budgets",),  # the launches already committed are not trained again
