@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 
 
-def _launch(tmp_path: Path, data_cache: Path, name: str, *overrides: str) -> tuple[subprocess.Popen, Path]:
-    """Start a multirun through the SLURM launcher (its jobs named ``name``); (the process, its log file)."""
-    log = tmp_path / f"{name}.log"
+def _launch(tmp_path: Path, data_cache: Path, base: str, *overrides: str) -> tuple[subprocess.Popen, Path, str]:
+    """Start a multirun through the SLURM launcher; (the process, its log file, its jobs' name: ``base`` and a
+    suffix of its own, so that accounting tells it from earlier sessions' jobs)."""
+    log = tmp_path / f"{base}.log"
+    name = f"{base}-{uuid.uuid4().hex[:8]}"
     args = [*cli_overrides(tmp_path, data_cache), *CPU, f"hydra.launcher.name={name}", *overrides]
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -57,7 +60,7 @@ def _launch(tmp_path: Path, data_cache: Path, name: str, *overrides: str) -> tup
             stderr=subprocess.STDOUT,
             text=True,
         )
-    return proc, log
+    return proc, log, name
 
 
 def _finish(proc: subprocess.Popen, log: Path, timeout: float = 240) -> tuple[int, str]:
@@ -83,10 +86,16 @@ def _job_id(name: str, timeout: float = 60) -> str:
     raise AssertionError(f"no job named {name} in squeue after {timeout} s")
 
 
-def _job_states(name: str) -> list[str]:
-    """Every state the jobs named ``name`` went through, from accounting (-D: requeued attempts too)."""
-    out = _slurm("sacct", "-D", "-X", "-n", "-P", "--name", name, "-o", "State")
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
+def _job_states(name: str, timeout: float = 60) -> list[str]:
+    """Every state the jobs named ``name`` went through (-D: requeued attempts too) once they all ended (a job's
+    result reaches the launcher a moment before accounting says the job ended)."""
+
+    def ended() -> list[str] | None:
+        out = _slurm("sacct", "-D", "-X", "-n", "-P", "--name", name, "-o", "State")
+        states = [line.split()[0] for line in out.splitlines() if line.strip()]
+        return None if any(s in ("PENDING", "RUNNING", "COMPLETING") for s in states) else states
+
+    return _wait_for(f"the jobs named {name} ended", ended, timeout=timeout, poll=0.5)
 
 
 def _wait_for(what: str, check, timeout: float = 120, poll: float = 0.1):
@@ -135,13 +144,13 @@ def _assert_bit_identical(run_dir: Path, ref_dir: Path, steps: int) -> None:
 
 def test_a_small_study_through_submitit_completes_with_its_records(tmp_path, data_cache, slurm_cluster):
     t0 = time.monotonic()
-    proc, log = _launch(tmp_path, data_cache, "study", f"paths.runs_root={tmp_path / 'runs'}", "seed=0,1")
+    proc, log, name = _launch(tmp_path, data_cache, "study", f"paths.runs_root={tmp_path / 'runs'}", "seed=0,1")
     rc, out = _finish(proc, log)
     assert rc == 0, out[-4000:]
     assert "sweep finished: 2 runs: 2 completed" in out, out[-3000:]
     recs = ledger.read_records(tmp_path / "runs" / "smoke")
     assert sorted((r["seed"], r["status"], r["steps"]) for r in recs) == [(0, "completed", 12), (1, "completed", 12)]
-    assert _job_states("study") == ["COMPLETED", "COMPLETED"]
+    assert _job_states(name) == ["COMPLETED", "COMPLETED"]
     print(f"[slurm] study of 2 jobs: {time.monotonic() - t0:.0f} s")
 
 
@@ -156,18 +165,18 @@ def test_a_job_preempted_in_or_before_training_is_requeued_and_resumes_bit_ident
     launches = {
         k: _launch(tmp_path, data_cache, f"preempt_{k}", f"paths.runs_root={r}", *LONGER) for k, r in runs.items()
     }
-    job_in, job_before = _job_id("preempt_in"), _job_id("preempt_before")
+    job_in, job_before = _job_id(launches["in"][2]), _job_id(launches["before"][2])
     _wait_for("the job before training says it requeues", lambda: "requeue the job" in _job_logs(tmp_path, job_before))
     _slurm("scancel", "--signal=USR2", job_before)
     _wait_for("3 steps trained", lambda: _trained_to(runs["in"], 3), timeout=180)
     _slurm("scancel", "--signal=USR2", job_in)
     ref_dir = _reference(tmp_path, data_cache, *LONGER)
 
-    for key, (proc, log) in launches.items():
+    for key, (proc, log, name) in launches.items():
         rc, out = _finish(proc, log)
         assert rc == 0, out[-4000:]
         assert "sweep finished: 1 runs: 1 completed" in out, out[-3000:]
-        assert _job_states(f"preempt_{key}") == ["REQUEUED", "COMPLETED"], _job_logs(tmp_path)[-4000:]
+        assert _job_states(name) == ["REQUEUED", "COMPLETED"], _job_logs(tmp_path)[-4000:]
         recs = ledger.read_records(runs[key] / "smoke")
         (run_dir,) = {Path(r["run_dir"]) for r in recs}
         _assert_bit_identical(run_dir, ref_dir, steps=24)
@@ -186,7 +195,7 @@ def test_a_run_that_crashes_is_recorded_failed_and_the_sweep_goes_on(tmp_path, d
     """seed=3,100 with fault.raise_at_step=${seed}: the seed-3 run raises before step 4 (12 steps in all), the other
     never reaches its fault step."""
     runs = tmp_path / "runs"
-    proc, log = _launch(
+    proc, log, _ = _launch(
         tmp_path, data_cache, "crash", f"paths.runs_root={runs}", "seed=3,100", "fault.raise_at_step=${seed}"
     )
     rc, out = _finish(proc, log)
@@ -199,13 +208,13 @@ def test_a_run_that_crashes_is_recorded_failed_and_the_sweep_goes_on(tmp_path, d
 
 def test_an_impossible_request_fails_at_once_with_slurms_reason(tmp_path, data_cache, slurm_cluster):
     t0 = time.monotonic()
-    proc, log = _launch(
+    proc, log, name = _launch(
         tmp_path, data_cache, "too_big", f"paths.runs_root={tmp_path / 'runs'}", "hydra.launcher.cpus_per_task=64"
     )
     rc, out = _finish(proc, log, timeout=120)
     assert rc != 0
     assert "More processors requested than permitted" in out, out[-3000:]
-    assert not _slurm("squeue", "-h", "-n", "too_big").strip()  # nothing left pending
+    assert not _slurm("squeue", "-h", "-n", name).strip()  # nothing left pending
     assert not (tmp_path / "runs").exists()
     assert time.monotonic() - t0 < 60
 
@@ -215,7 +224,7 @@ def test_ddp_through_srun_trains_and_a_preempted_ddp_job_resumes_bit_identically
     job preempted (USR2 to both tasks) after 3 steps: one checkpoint, requeued, resumed, equal bit for bit."""
     t0 = time.monotonic()
     shape = ("model=block_attnres", "size.tokens=32768", "size.batch_size=16", "train.eval_count=4")
-    proc, log = _launch(tmp_path, data_cache, "ddp_ref", f"paths.runs_root={tmp_path / 'ref'}", *DDP, *shape)
+    proc, log, _ = _launch(tmp_path, data_cache, "ddp_ref", f"paths.runs_root={tmp_path / 'ref'}", *DDP, *shape)
     rc, out = _finish(proc, log)
     assert rc == 0, out[-4000:] + _job_logs(tmp_path)[-4000:]
     logs = _job_logs(tmp_path)
@@ -225,13 +234,13 @@ def test_ddp_through_srun_trains_and_a_preempted_ddp_job_resumes_bit_identically
     t_ref = time.monotonic() - t0
 
     runs = tmp_path / "runs"
-    proc, log = _launch(tmp_path, data_cache, "ddp_preempt", f"paths.runs_root={runs}", *DDP, *shape)
-    job = _job_id("ddp_preempt")
+    proc, log, name = _launch(tmp_path, data_cache, "ddp_preempt", f"paths.runs_root={runs}", *DDP, *shape)
+    job = _job_id(name)
     _wait_for("3 DDP steps trained", lambda: _trained_to(runs, 3), timeout=180)
     _slurm("scancel", "--signal=USR2", job)
     rc, out = _finish(proc, log)
     assert rc == 0, out[-4000:] + _job_logs(tmp_path)[-4000:]
-    assert _job_states("ddp_preempt") == ["REQUEUED", "COMPLETED"]
+    assert _job_states(name) == ["REQUEUED", "COMPLETED"]
     recs = ledger.read_records(runs / "smoke")
     assert [r["status"] for r in recs] == ["interrupted", "completed"]
     assert 3 <= recs[0]["steps"] < 16
