@@ -12,9 +12,10 @@
 # Clients find the cluster through SLURM_CONF=DIR/slurm.conf (`env` prints it). The configuration:
 #   * munged as the munge user; slurmctld, slurmd and slurmdbd as root (SlurmUser=root);
 #   * ProctrackType=proctrack/linuxproc and TaskPlugin=task/none (no cgroups, no systemd);
-#   * one node with this machine's CPUs and memory; partition `debug` (default) and `high` (PriorityTier 2, which
-#     preempts `debug` jobs by requeueing them: PreemptType=preempt/partition_prio, PreemptMode=REQUEUE, the job's
-#     GraceTime 30 s between SIGTERM and SIGKILL);
+#   * one node with this machine's memory and CPUs (ATTNRES_SLURM_CPUS overrides: the tests declare 2 per core, so
+#     that jobs that mostly wait run side by side; SlurmdParameters=config_overrides lets slurmd accept that);
+#   * partition `debug` (the default) and `high` (PriorityTier 2: its jobs preempt `debug` jobs, which SLURM
+#     requeues: PreemptType=preempt/partition_prio, PreemptMode=REQUEUE; GraceTime 30 s from SIGTERM to SIGKILL);
 #   * short credential expiry and scheduler intervals (AuthInfo=cred_expire=5, sched_interval=1) so that a requeued
 #     job starts again within seconds; jobs that ask for more than the node has are rejected at submission
 #     (EnforcePartLimits=ALL) instead of pending forever.
@@ -53,7 +54,7 @@ install_packages() {
 write_configs() {
     local host cpus mem_mb
     host="$(hostname -s)"
-    cpus="$(nproc)"
+    cpus="${ATTNRES_SLURM_CPUS:-$(nproc)}"
     mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 512 ))
     mkdir -p "$DIR"/{state,spool,log,run,db}
     cat >"$DIR/slurm.conf" <<EOF
@@ -89,6 +90,7 @@ ReturnToService=2
 SlurmdTimeout=30
 InactiveLimit=0
 MpiDefault=none
+SlurmdParameters=config_overrides
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=30
 PartitionName=high Nodes=$host MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF

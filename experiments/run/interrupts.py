@@ -172,6 +172,7 @@ def install_job() -> bool:
         _requeue = _submitit_requeue_handler()
         if _requeue is None:
             return False
+        os.environ.pop(PARENT_ENV, None)  # the launching process's pid, on another machine: not this job's parent
         job = os.environ.get("SLURM_JOB_ID", "?")
         print(f"[attnres] SLURM job {job}: SIGUSR1 / SIGUSR2 save a checkpoint and requeue the job", flush=True)
     if signal.getsignal(signal.SIGTERM) is not _job_handler:
