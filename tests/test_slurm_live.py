@@ -206,6 +206,22 @@ def test_a_run_that_crashes_is_recorded_failed_and_the_sweep_goes_on(tmp_path, d
     assert sorted((r["seed"], r["status"], r["steps"]) for r in recs) == [(3, "failed", 3), (100, "completed", 12)]
 
 
+def test_a_job_that_dies_is_seen_as_failed_and_the_other_jobs_complete(tmp_path, data_cache, slurm_cluster):
+    """seed=100,3 with fault.kill_at_step=${seed}: the seed-3 job is killed outright (SIGKILL) before step 4, so it
+    leaves no result; accounting says FAILED, so the launcher stops waiting for it (without accounting it would wait
+    forever) with submitit's error naming the job, while the other job of the array completes its record."""
+    runs = tmp_path / "runs"
+    proc, log, name = _launch(
+        tmp_path, data_cache, "dies", f"paths.runs_root={runs}", "seed=100,3", "fault.kill_at_step=${seed}"
+    )
+    rc, out = _finish(proc, log)
+    assert rc == 1, out[-4000:]
+    assert "has not produced any output (state: FAILED)" in out, out[-3000:]
+    assert sorted(_job_states(name)) == ["COMPLETED", "FAILED"]
+    (rec,) = ledger.read_records(runs / "smoke")
+    assert (rec["seed"], rec["status"], rec["steps"]) == (100, "completed", 12)
+
+
 def test_an_impossible_request_fails_at_once_with_slurms_reason(tmp_path, data_cache, slurm_cluster):
     t0 = time.monotonic()
     proc, log, name = _launch(
