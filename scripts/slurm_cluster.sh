@@ -4,6 +4,7 @@
 #
 #   bash scripts/slurm_cluster.sh install       # apt-get the packages where missing (exit 3 where that fails)
 #   bash scripts/slurm_cluster.sh start [DIR]   # install, write the configs under DIR, start every daemon
+#                                               # (exit 3: cannot install or not root; the tests then skip)
 #   bash scripts/slurm_cluster.sh stop [DIR]    # cancel what is queued, wait until squeue is empty, stop all
 #   bash scripts/slurm_cluster.sh env [DIR]     # the line to eval in a shell that submits: export SLURM_CONF=...
 #
@@ -85,7 +86,7 @@ EnforcePartLimits=ALL
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 MinJobAge=5
-KillWait=10
+KillWait=5
 MessageTimeout=10
 ReturnToService=2
 SlurmdTimeout=30
@@ -157,7 +158,7 @@ start_db() {
 start() {
     local t0=$SECONDS
     install_packages
-    [ "$(id -u)" = 0 ] || die "start needs root"
+    [ "$(id -u)" = 0 ] || { echo "slurm_cluster: starting the daemons needs root" >&2; exit 3; }
     write_configs
     start_munge
     start_db
