@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,25 @@ def job_signals(monkeypatch):
     for num, handler in saved.items():
         signal.signal(num, handler)
     interrupts._requeue = None
+    interrupts._preempted = None
+
+
+@pytest.mark.parametrize(
+    ("shown", "preempted"),
+    [("PreemptEligibleTime=2026-12-05T09:14:08 PreemptTime=2026-12-05T09:14:36", True), ("PreemptTime=None", False)],
+)
+def test_slurms_preemption_is_told_from_a_cancel_by_scontrol(job_signals, monkeypatch, shown, preempted):
+    calls = []
+
+    def scontrol(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"JobId=7 JobName=x\n   {shown} SuspendTime=None\n")
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setattr(interrupts.subprocess, "run", scontrol)
+    assert interrupts.preempted_by_slurm() is preempted
+    assert interrupts.preempted_by_slurm() is preempted  # asked once
+    assert calls == [["scontrol", "show", "job", "7"]]
 
 
 def test_outside_a_submitit_job_nothing_changes(job_signals):
@@ -64,7 +84,10 @@ def test_in_a_submitit_job_a_signal_stops_at_once_and_preemption_requeues(job_si
     monkeypatch.setenv("SLURM_JOB_ID", "42")
 
     assert interrupts.install_job() is True
-    assert "SLURM job 42: SIGUSR1 / SIGUSR2 save a checkpoint and requeue the job" in capsys.readouterr().out
+    assert (
+        "SLURM job 42: SIGUSR1 / SIGUSR2 (and SIGTERM when SLURM preempts it) save a checkpoint and requeue the job"
+        in (capsys.readouterr().out)
+    )
     assert interrupts.PARENT_ENV not in os.environ  # the launcher's pid means nothing on the job's machine
     for name in interrupts.SIGNALS:  # before training: every interrupt signal stops at once
         assert signal.getsignal(getattr(signal, name)) is interrupts._job_handler
@@ -72,6 +95,7 @@ def test_in_a_submitit_job_a_signal_stops_at_once_and_preemption_requeues(job_si
         os.kill(os.getpid(), signal.SIGUSR2)  # the handler runs as os.kill returns
     assert stopped.value.signame == "SIGUSR2" == interrupts.received()
 
+    monkeypatch.setattr(interrupts, "_preempted", False)  # scontrol: PreemptTime=None
     for name in ("SIGTERM", "SIGINT"):  # a cancel or a Ctrl-C: stop, no requeue
         assert not interrupts.requeues(name)
         interrupts.requeue(name)
@@ -80,7 +104,12 @@ def test_in_a_submitit_job_a_signal_stops_at_once_and_preemption_requeues(job_si
         assert interrupts.requeues(name)
         with pytest.raises(SystemExit):
             interrupts.requeue(name)
-    assert fake.calls == [submitit_signal, submitit_signal]
+    monkeypatch.setattr(interrupts, "_preempted", True)  # SLURM's own preemption: SIGTERM, then requeued by us
+    assert interrupts.requeues("SIGTERM")
+    with pytest.raises(SystemExit):
+        interrupts.requeue("SIGTERM")
+    assert not interrupts.requeues("SIGINT")
+    assert fake.calls == [submitit_signal] * 3
     assert "SIGUSR2: checkpoint saved; requeueing this SLURM job (submitit)" in capsys.readouterr().out
 
 

@@ -19,7 +19,8 @@ Where a signal lands decides what it does:
   then, for a preemption signal (SIGUSR1, SIGUSR2 or the one ``SUBMITIT_PREEMPT_SIGNAL`` names), :func:`requeue`
   hands over to submitit's own checkpoint-and-requeue, which resubmits the same job (``scontrol requeue``): the
   requeued job has the same config, hence the same run directory, and resumes from the checkpoint of that step.
-  SIGTERM (``scancel``, or SLURM's own preemption, which requeues the job itself) and SIGINT only stop.
+  SIGTERM requeues too when SLURM is preempting the job (PreemptMode=REQUEUE: :func:`preempted_by_slurm`); after
+  ``scancel`` (SIGTERM) and SIGINT the job only stops.
 
 The process remembers the first signal (:func:`received`): experiments.run.job.run_job starts no run after it, and the
 launch exits with 128 + its number (:func:`exit_code`), so a sweep stops instead of going on to its next run.
@@ -38,8 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -174,23 +177,52 @@ def install_job() -> bool:
             return False
         os.environ.pop(PARENT_ENV, None)  # the launching process's pid, on another machine: not this job's parent
         job = os.environ.get("SLURM_JOB_ID", "?")
-        print(f"[attnres] SLURM job {job}: SIGUSR1 / SIGUSR2 save a checkpoint and requeue the job", flush=True)
+        print(
+            f"[attnres] SLURM job {job}: SIGUSR1 / SIGUSR2 (and SIGTERM when SLURM preempts it) save a checkpoint and "
+            "requeue the job",
+            flush=True,
+        )
     if signal.getsignal(signal.SIGTERM) is not _job_handler:
         _install(_job_handler)
     return True
 
 
+_preempted: bool | None = None
+
+
+def preempted_by_slurm() -> bool:
+    """Whether SLURM selected this job for preemption (``scontrol show job``: PreemptTime is set). SLURM's own
+    preemption (PreemptMode=REQUEUE) sends SIGTERM, as ``scancel`` does: this tells the two apart. Asked once."""
+    global _preempted
+    if _preempted is None:
+        _preempted = False
+        job = os.environ.get("SLURM_JOB_ID")
+        if job:
+            try:
+                out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.SubprocessError):
+                return False
+            found = re.search(r"\bPreemptTime=(\S+)", out.stdout)
+            _preempted = found is not None and found.group(1) not in ("None", "Unknown", "(null)")
+    return _preempted
+
+
 def requeues(signame: str) -> bool:
-    """Whether :func:`requeue` would requeue this job after ``signame``."""
+    """Whether :func:`requeue` would requeue this job after ``signame``: in a job that submitit started, after
+    SIGUSR1, SIGUSR2 (or the signal ``SUBMITIT_PREEMPT_SIGNAL`` names), and after SIGTERM when SLURM is preempting
+    the job (:func:`preempted_by_slurm`: a job that ends by itself within the grace time is not requeued by SLURM)."""
+    if _requeue is None:
+        return False
     preempt = {*PREEMPT_SIGNALS, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}"}
-    return _requeue is not None and signame in preempt
+    return signame in preempt or (signame == "SIGTERM" and preempted_by_slurm())
 
 
 def requeue(signame: str) -> None:
     """After a run stopped by ``signame`` (its checkpoint saved): in a job that submitit started
     (:func:`install_job`) and for a preemption signal, submitit's checkpoint-and-requeue: it saves the job's
     resubmission, runs ``scontrol requeue`` on global rank 0 and exits (SystemExit; on other ranks it returns).
-    Elsewhere, and for SIGTERM and SIGINT, nothing: the caller stops as usual."""
+    Elsewhere, for SIGINT, and for a SIGTERM that is not SLURM's preemption (``scancel``), nothing: the caller stops
+    as usual."""
     if not requeues(signame):
         return
     assert _requeue is not None
