@@ -177,3 +177,78 @@ def run_cli_mounted(mount: str, args: list[str], after: str = "true", timeout: f
         text=True,
         timeout=timeout,
     )
+
+
+# ---- a live one-node SLURM cluster (scripts/slurm_cluster.sh) for tests/test_slurm_live.py -------------------------
+# One cluster per pytest session, however many xdist workers: the controller (pytest_configure without
+# ``workerinput``; the only process without xdist) names a directory in ATTNRES_SLURM_SESSION, which its workers
+# inherit; the first worker that needs the cluster starts it there under a file lock, the others find it running,
+# and the controller stops it at pytest_unconfigure (after every worker is done). A cluster that was already up
+# (SLURM_CONF set and answering, e.g. started by .ci/run) is used and left running.
+SLURM_SCRIPT = REPO / "scripts" / "slurm_cluster.sh"
+SLURM_SESSION_ENV = "ATTNRES_SLURM_SESSION"
+
+
+def pytest_configure(config) -> None:
+    if not hasattr(config, "workerinput") and SLURM_SESSION_ENV not in os.environ:
+        import tempfile
+
+        os.environ[SLURM_SESSION_ENV] = tempfile.mkdtemp(prefix="attnres-slurm-")
+        config._attnres_slurm_session = os.environ[SLURM_SESSION_ENV]
+
+
+def pytest_unconfigure(config) -> None:
+    session = getattr(config, "_attnres_slurm_session", None)
+    if session is None:
+        return
+    import shutil
+    import subprocess
+
+    if (Path(session) / "started").exists():
+        subprocess.run(["bash", str(SLURM_SCRIPT), "stop", str(Path(session) / "cluster")], capture_output=True)
+    shutil.rmtree(session, ignore_errors=True)
+
+
+def _slurm_answers(conf: str) -> bool:
+    import subprocess
+
+    try:
+        ping = subprocess.run(
+            ["scontrol", "ping"], env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return ping.returncode == 0 and "UP" in ping.stdout
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """The slurm.conf of a running one-node SLURM cluster, exported as SLURM_CONF for this process and the processes
+    it starts (sbatch, squeue, and submitit in a launch); skips where the packages cannot be installed (not root,
+    no apt-get, no network)."""
+    import fcntl
+    import subprocess
+
+    given = os.environ.get("SLURM_CONF")
+    if given and _slurm_answers(given):
+        return given
+    session = Path(os.environ[SLURM_SESSION_ENV])  # set by pytest_configure in the controller
+    cluster = session / "cluster"
+    conf = str(cluster / "slurm.conf")
+    with open(session / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (session / "skip").exists():
+            pytest.skip((session / "skip").read_text())
+        if not ((session / "started").exists() and _slurm_answers(conf)):
+            (session / "started").touch()  # the controller stops whatever part of it started
+            env = {**os.environ, "ATTNRES_SLURM_CPUS": str(2 * (os.cpu_count() or 1))}  # jobs mostly wait: side by side
+            start = subprocess.run(
+                ["bash", str(SLURM_SCRIPT), "start", str(cluster)], env=env, capture_output=True, text=True
+            )
+            if start.returncode == 3:  # the packages are missing and cannot be installed here
+                reason = f"no SLURM cluster: {start.stderr.strip().splitlines()[-1]}"
+                (session / "skip").write_text(reason)
+                pytest.skip(reason)
+            assert start.returncode == 0, f"scripts/slurm_cluster.sh start failed:\n{start.stdout}\n{start.stderr}"
+    os.environ["SLURM_CONF"] = conf
+    return conf

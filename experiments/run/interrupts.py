@@ -1,5 +1,6 @@
-"""Interrupts of a whole launch: SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (what SLURM sends before a preemption or a
-time limit), and the death of the process that started this one.
+"""Interrupts of a whole launch: SIGINT (Ctrl-C), SIGTERM, SIGUSR1 and SIGUSR2 (what SLURM sends before a preemption
+or a time limit: SIGUSR2 through the submitit launcher, conf/launcher/slurm.yaml), and the death of the process that
+started this one.
 
 Where a signal lands decides what it does:
 
@@ -13,6 +14,13 @@ Where a signal lands decides what it does:
   them as SIGTERM and the launcher waits for them to stop.
 * **in a launcher's worker process** (:func:`install_worker`): remembered for good; the run in progress stops as
   above and the worker starts no further run.
+* **in a SLURM job that submitit started** (:func:`install_job`, from experiments.run.job.run_job; one run per job):
+  outside training a signal stops at once (StopRequested: nothing to save), in training the run stops as above;
+  then, for a preemption signal (SIGUSR1, SIGUSR2 or the one ``SUBMITIT_PREEMPT_SIGNAL`` names), :func:`requeue`
+  hands over to submitit's own checkpoint-and-requeue, which resubmits the same job (``scontrol requeue``): the
+  requeued job has the same config, hence the same run directory, and resumes from the checkpoint of that step.
+  SIGTERM requeues too when SLURM is preempting the job (PreemptMode=REQUEUE: :func:`preempted_by_slurm`); after
+  ``scancel`` (SIGTERM) and SIGINT the job only stops.
 
 The process remembers the first signal (:func:`received`): experiments.run.job.run_job starts no run after it, and the
 launch exits with 128 + its number (:func:`exit_code`), so a sweep stops instead of going on to its next run.
@@ -31,8 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -41,12 +51,14 @@ from typing import Any
 
 from .errors import StopRequested
 
-SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1")
+SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
+PREEMPT_SIGNALS = ("SIGUSR1", "SIGUSR2")  # a job requeues itself after these (plus SUBMITIT_PREEMPT_SIGNAL's)
 PARENT_ENV = "ATTNRES_PARENT_PID"
 PARENT_POLL_S = 1.0
 
 _received: str | None = None
 _watching = False
+_requeue: tuple[Callable[[int, Any], None], int] | None = None  # submitit's handler and its signal (install_job)
 
 
 def received() -> str | None:
@@ -130,6 +142,93 @@ def install_worker() -> None:
     if signal.getsignal(signal.SIGTERM) is not on_signal:
         _install(on_signal)
     watch_parent()  # after the handlers: a parent already gone is a SIGTERM at once
+
+
+def _submitit_requeue_handler() -> tuple[Callable[[int, Any], None], int] | None:
+    """(submitit's checkpoint-and-requeue handler, its signal) where submitit installed it in this process (a job it
+    started on a cluster: submitit.core.job_environment.SignalHandler), else None."""
+    names = [f"SIG{os.environ['SUBMITIT_PREEMPT_SIGNAL']}"] if os.environ.get("SUBMITIT_PREEMPT_SIGNAL") else []
+    for name in [*names, *PREEMPT_SIGNALS]:
+        num = getattr(signal, name, None)
+        handler = signal.getsignal(num) if num is not None else None
+        if callable(handler) and getattr(handler, "__name__", "") == "checkpoint_and_try_requeue":
+            return handler, int(num)  # type: ignore[arg-type]
+    return None
+
+
+def _job_handler(signum: int, frame: Any) -> None:
+    global _received
+    if _received is None:
+        _received = signal.Signals(signum).name
+    raise StopRequested(signal.Signals(signum).name)
+
+
+def install_job() -> bool:
+    """In a job that submitit started (its checkpoint-and-requeue handler is installed): keep that handler for
+    :func:`requeue` and install this module's, for good: outside training a signal stops at once (StopRequested),
+    in training the run stops at its next consistent point with a checkpoint (experiments.training.callbacks
+    .GracefulInterrupt). Returns whether this is such a job (elsewhere nothing changes). Main thread only."""
+    global _requeue
+    if _requeue is None:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        _requeue = _submitit_requeue_handler()
+        if _requeue is None:
+            return False
+        os.environ.pop(PARENT_ENV, None)  # the launching process's pid, on another machine: not this job's parent
+        job = os.environ.get("SLURM_JOB_ID", "?")
+        print(
+            f"[attnres] SLURM job {job}: SIGUSR1 / SIGUSR2 (and SIGTERM when SLURM preempts it) save a checkpoint and "
+            "requeue the job",
+            flush=True,
+        )
+    if signal.getsignal(signal.SIGTERM) is not _job_handler:
+        _install(_job_handler)
+    return True
+
+
+_preempted: bool | None = None
+
+
+def preempted_by_slurm() -> bool:
+    """Whether SLURM selected this job for preemption (``scontrol show job``: PreemptTime is set). SLURM's own
+    preemption (PreemptMode=REQUEUE) sends SIGTERM, as ``scancel`` does: this tells the two apart. Asked once."""
+    global _preempted
+    if _preempted is None:
+        _preempted = False
+        job = os.environ.get("SLURM_JOB_ID")
+        if job:
+            try:
+                out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.SubprocessError):
+                return False
+            found = re.search(r"\bPreemptTime=(\S+)", out.stdout)
+            _preempted = found is not None and found.group(1) not in ("None", "Unknown", "(null)")
+    return _preempted
+
+
+def requeues(signame: str) -> bool:
+    """Whether :func:`requeue` would requeue this job after ``signame``: in a job that submitit started, after
+    SIGUSR1, SIGUSR2 (or the signal ``SUBMITIT_PREEMPT_SIGNAL`` names), and after SIGTERM when SLURM is preempting
+    the job (:func:`preempted_by_slurm`: a job that ends by itself within the grace time is not requeued by SLURM)."""
+    if _requeue is None:
+        return False
+    preempt = {*PREEMPT_SIGNALS, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}"}
+    return signame in preempt or (signame == "SIGTERM" and preempted_by_slurm())
+
+
+def requeue(signame: str) -> None:
+    """After a run stopped by ``signame`` (its checkpoint saved): in a job that submitit started
+    (:func:`install_job`) and for a preemption signal, submitit's checkpoint-and-requeue: it saves the job's
+    resubmission, runs ``scontrol requeue`` on global rank 0 and exits (SystemExit; on other ranks it returns).
+    Elsewhere, for SIGINT, and for a SIGTERM that is not SLURM's preemption (``scancel``), nothing: the caller stops
+    as usual."""
+    if not requeues(signame):
+        return
+    assert _requeue is not None
+    handler, num = _requeue
+    print(f"[attnres] {signame}: checkpoint saved; requeueing this SLURM job (submitit)", flush=True)
+    handler(num, None)
 
 
 def notify_parent(signame: str) -> None:

@@ -65,7 +65,9 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
     that is a SystemExit at once; in a launcher's worker process (the joblib launcher) the job returns, tells the
     launcher (which passes the signal on to every worker) and starts no further run, so every run in flight stops
     cleanly and the sweep's summary (sweeps.sweep_summary.SweepSummary) exits with that status. A signal while the
-    completed record is written lets it be written: the run stands as completed and the sweep stops.
+    completed record is written lets it be written: the run stands as completed and the sweep stops. In a SLURM job
+    that submitit started, a preemption signal (SIGUSR1, SIGUSR2) then requeues the job, which resumes the run
+    (experiments.run.interrupts.requeue).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -74,9 +76,13 @@ def run_job(train: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> f
     worker = multirun and multiprocessing.parent_process() is not None  # a launcher's worker process (joblib)
     if worker:
         interrupts.install_worker()
+    elif multirun:
+        interrupts.install_job()  # a SLURM job submitit started: a preemption signal requeues it (after the run stops)
 
     def stop(signame: str, summary: dict[str, Any]) -> None:
-        write_job_summary({**summary, "signal": signame})
+        requeued = {"requeued": True} if interrupts.requeues(signame) else {}
+        write_job_summary({**summary, "signal": signame, **requeued})
+        interrupts.requeue(signame)  # a SLURM job submitit started: requeued (exits) on rank 0 after USR1 / USR2
         if not worker:
             raise SystemExit(interrupts.exit_code(signame))
         interrupts.notify_parent(signame)

@@ -373,9 +373,9 @@ INTERRUPT_SIGNALS = interrupts.SIGNALS  # Ctrl-C; what SLURM sends before preemp
 
 
 class GracefulInterrupt(pl.Callback):
-    """While installed, SIGINT, SIGTERM and SIGUSR1 are only remembered (experiments.run.interrupts.on_signal); the run
-    then stops at the next consistent point, saves ``checkpoint`` (the last.ckpt a relaunch resumes from) at that
-    step and raises RunInterrupted:
+    """While installed, SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 are only remembered (experiments.run.interrupts
+    .on_signal); the run then stops at the next consistent point, saves ``checkpoint`` (the last.ckpt a relaunch
+    resumes from) at that step and raises RunInterrupted:
 
     * in training: at the end of the optimizer step in progress;
     * in an evaluation (the periodic ones and the final one): once it is complete and recorded (it is bounded:
