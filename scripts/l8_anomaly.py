@@ -30,6 +30,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "full": (*MUON, "model=full_attnres"),
     "adamw_baseline": (*ADAMW, "model=baseline"),
     "adamw_block": (*ADAMW, "model=block_attnres"),
+    "adamw_block_c0.1": (*ADAMW, "model=block_attnres", "optimizer.connection_lr_scale=0.1"),
 }
 
 
