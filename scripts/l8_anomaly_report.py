@@ -97,6 +97,14 @@ def weight_summary(diag: dict) -> dict[str, float]:
             "entropy_mean": float(np.mean(ent))}  # fmt: skip
 
 
+LABELS = {
+    "block": "Block, Muon + WSD",
+    "block_c0.1": "Block, Muon + WSD,\nresidual lr x 0.1",
+    "adamw_block": "Block, AdamW + cosine",
+    "full": "Full AttnRes, Muon + WSD",
+}
+
+
 def figure(df: pd.DataFrame, diags: dict[str, dict], arms: list[str], seed: int, path: Path) -> None:
     """Depth weights (reads x sources, Fig. 8 of the paper) at the last evaluation of each arm's run at ``seed``."""
     picked = [(a, df[(df.arm == a) & (df.seed == seed)]) for a in arms]
@@ -106,13 +114,14 @@ def figure(df: pd.DataFrame, diags: dict[str, dict], arms: list[str], seed: int,
         d = diags[rec["run_id"]]
         w = np.array([[np.nan if v is None else v for v in row] for row in d["depth_weights"]], dtype=float)
         im = ax.imshow(w, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        ax.set_title(f"{arm}\nval {rec['val_loss']:.3f}", fontsize=9)
+        ent = weight_summary(d)["entropy_mean"]
+        ax.set_title(f"{LABELS.get(arm, arm)}\nval {rec['val_loss']:.3f}, entropy {ent:.2f}", fontsize=8)
         ax.set_xticks(range(w.shape[1]), d["source_labels"], rotation=90, fontsize=6)
         ax.set_yticks(range(w.shape[0]), d["read_kinds"], fontsize=6)
         ax.set_xlabel("source")
     axes[0][0].set_ylabel("read (sublayer input)")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="depth weight α (mean over tokens)")
-    fig.suptitle(f"L_b 8, d 16, 8 tokens/param, seed {seed}: depth weights at the last evaluation", fontsize=10)
+    fig.suptitle(f"L_b 8, d 16, 8 tokens/param, seed {seed}: depth weights at the last evaluation", fontsize=10, y=1.02)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
