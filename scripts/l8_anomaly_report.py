@@ -121,7 +121,7 @@ def figure(df: pd.DataFrame, diags: dict[str, dict], arms: list[str], seed: int,
         ax.set_xlabel("source")
     axes[0][0].set_ylabel("read (sublayer input)")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="depth weight α (mean over tokens)")
-    fig.suptitle(f"L_b 8, d 16, 8 tokens/param, seed {seed}: depth weights at the last evaluation", fontsize=10, y=1.02)
+    fig.suptitle(f"L_b 8, d 16, 8 tokens/param, seed {seed}: depth weights at the last evaluation", fontsize=10, y=1.07)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
