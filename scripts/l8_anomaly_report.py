@@ -44,13 +44,22 @@ def collect(runs_root: Path, out: Path) -> int:
 
 
 def load_records(folder: Path) -> pd.DataFrame:
-    """One row per completed record: arm (the study without ``l8a_``), seed, val loss, lr, variant, n_blocks."""
+    """One row per completed record: arm (the study without ``l8a_``, ``@<budget>`` appended for a record of a
+    multi-budget launch), seed, val loss, lr, variant, n_blocks."""
     rows = [json.loads(p.read_text()) for p in sorted((folder / "records").glob("*.json"))]
     df = pd.DataFrame(rows)
     df = df[df["status"] == "completed"].copy()
     df["arm"] = df["study"].str.removeprefix("l8a_")
+    budget = df["budget"] if "budget" in df else pd.Series(None, index=df.index)
+    has = budget.notna()
+    df.loc[has, "arm"] = df.loc[has, "arm"] + "@" + budget[has].astype(int).astype(str)
     cols = ["arm", "seed", "val_loss", "lr", "variant", "n_blocks", "optimizer", "config_hash", "run_id"]
-    return df[cols].drop_duplicates("config_hash", keep="last").sort_values(["arm", "seed"]).reset_index(drop=True)
+    return (
+        df[cols]
+        .drop_duplicates(["arm", "config_hash"], keep="last")
+        .sort_values(["arm", "seed"])
+        .reset_index(drop=True)
+    )
 
 
 def paired(df: pd.DataFrame, reference: str, seeds: list[int] | None = None) -> pd.DataFrame:
