@@ -33,6 +33,9 @@ ARMS: dict[str, tuple[str, ...]] = {
     "adamw_baseline": (*ADAMW, "model=baseline"),
     "adamw_block": (*ADAMW, "model=block_attnres"),
     "adamw_block_c0.1": (*ADAMW, "model=block_attnres", "optimizer.connection_lr_scale=0.1"),
+    # which half of the recipe: Muon with the cosine schedule; AdamW with WSD at the Muon baseline's lr
+    "muon_cosine_block": (*MUON, "scheduler=cosine", "model=block_attnres"),
+    "adamw_wsd_block": (*ADAMW, "scheduler=wsd", "size.lr=0.02901", "model=block_attnres"),
 }
 
 
