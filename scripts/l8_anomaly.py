@@ -30,6 +30,12 @@ ARMS: dict[str, tuple[str, ...]] = {
     "full": (*MUON, "model=full_attnres"),
     # one WSD trunk to 128 tokens per parameter with decay branches at 8 and 32 (a record per budget)
     "block_budgets": (*MUON, "model=block_attnres", "train.budgets=[8,32,128]"),
+    "block_c0.1_budgets": (
+        *MUON,
+        "model=block_attnres",
+        "optimizer.connection_lr_scale=0.1",
+        "train.budgets=[8,32,128]",
+    ),
     "adamw_baseline": (*ADAMW, "model=baseline"),
     "adamw_block": (*ADAMW, "model=block_attnres"),
     "adamw_block_c0.1": (*ADAMW, "model=block_attnres", "optimizer.connection_lr_scale=0.1"),
