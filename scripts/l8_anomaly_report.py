@@ -62,6 +62,21 @@ def load_records(folder: Path) -> pd.DataFrame:
     )
 
 
+def load_committed(folder: Path) -> pd.DataFrame:
+    """The L_b 8 Muon + WSD records of docs/results/cpu_deep_recipe (another machine, same configs): arms
+    ``recipe_baseline``, ``recipe_block`` (the baseline's lr, connection_lr_scale 1) and ``recipe_block_own_lr``."""
+    rows = []
+    for p in sorted((folder / "records").glob("*deep_L8_*.json")):
+        r = json.loads(p.read_text())
+        if r.get("status") != "completed" or r.get("optimizer") != "muon":
+            continue
+        own = "_own_lr" if r["lr_protocol"] == "per_arm" else ""
+        r["arm"] = "recipe_" + ("block" if r["variant"] == "block_attnres" else r["variant"]) + own
+        rows.append(r)
+    cols = ["arm", "seed", "val_loss", "lr", "variant", "n_blocks", "optimizer", "config_hash", "run_id"]
+    return pd.DataFrame(rows)[cols].drop_duplicates(["arm", "seed"], keep="last")
+
+
 def paired(df: pd.DataFrame, reference: str, seeds: list[int] | None = None) -> pd.DataFrame:
     """Each arm minus ``reference`` over the seeds both ran (restricted to ``seeds`` when given): n, mean and 95% t
     interval of the same-seed differences (no interval for n < 2)."""
@@ -140,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results folder (records/, diagnostics/)")
     parser.add_argument("--collect", type=Path, help="runs root to copy records and diagnostics from first")
     parser.add_argument("--confirm-seeds", default="0,1,2,20,21,22")
+    parser.add_argument("--committed", type=Path, default=Path("docs/results/cpu_deep_recipe"))
     parser.add_argument("--figure-arms", default="block,block_c0.1,adamw_block")
     parser.add_argument("--figure-seed", type=int, default=11)
     args = parser.parse_args(argv)
@@ -156,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nminus {ref}, seed 11:")
             print(paired(df, ref, [11]).to_string(index=False, float_format="%+.4f"))
     seeds = [int(s) for s in args.confirm_seeds.split(",")]
-    if "baseline" in set(df.arm):
-        print("\nminus baseline, confirmation seeds:")
-        print(paired(df, "baseline", seeds).to_string(index=False, float_format="%+.4f"))
+    both = pd.concat([df, load_committed(args.committed)], ignore_index=True)
+    for ref in ("baseline", "recipe_block"):
+        for part in (seeds, seeds[: len(seeds) // 2], seeds[len(seeds) // 2 :]):
+            print(f"\nminus {ref}, seeds {part}:")
+            print(paired(both, ref, part).query("n > 1").to_string(index=False, float_format="%+.4f"))
     figure(df, diags, args.figure_arms.split(","), args.figure_seed, args.out / "fig_depth_weights.png")
     return 0
 
