@@ -121,6 +121,19 @@ def weight_summary(diag: dict) -> dict[str, float]:
             "entropy_mean": float(np.mean(ent))}  # fmt: skip
 
 
+def trajectories(folder: Path) -> pd.DataFrame:
+    """Depth-weight summary (:func:`weight_summary`) at every evaluation of the multi-budget launches' runs (their
+    names hold ``budgets``; ``diagnostics/l12_reference`` holds L_b 12 runs of cpu_deep_budgets for comparison)."""
+    rows = []
+    for p in sorted((folder / "diagnostics").rglob("*budgets*.jsonl")):
+        for line in p.read_text().splitlines():
+            d = json.loads(line)
+            if "depth_weights" in d:
+                rows.append({"run": p.stem.split("__", 1)[1], "step": d["step"], "val_loss": d["val_loss"],
+                             **weight_summary(d)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 LABELS = {
     "block": "Block, Muon + WSD",
     "block_c0.1": "Block, Muon + WSD,\nresidual lr x 0.1",
@@ -177,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         for part in (seeds, seeds[: len(seeds) // 2], seeds[len(seeds) // 2 :]):
             print(f"\nminus {ref}, seeds {part}:")
             print(paired(both, ref, part).query("n > 1").to_string(index=False, float_format="%+.4f"))
+    traj = trajectories(args.out)
+    if len(traj):
+        print("\ndepth weights at each evaluation of the multi-budget runs:")
+        print(traj.to_string(index=False, float_format="%.3f"))
     figure(df, diags, args.figure_arms.split(","), args.figure_seed, args.out / "fig_depth_weights.png")
     return 0
 
