@@ -64,8 +64,9 @@ HASH_DROP_IF_NULL = ("train.flops_budget", "model.moe", "train.budgets")
 # The default protocol is no protocol: ``lr_protocol`` at ``baseline`` (every arm at the baseline's lr, the resolved
 # lr itself always in the hash) is left out, so a config that names the default is the config that does not. Without
 # it 22 of the 24 cases of tests/test_identity_stable.py move (every run at the shared lr). ``model.ffn`` at
-# ``dense`` likewise: the dense MLP is no feed-forward option.
-HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"), ("model.ffn", "dense"))
+# ``dense`` likewise: the dense MLP is no feed-forward option. ``optimizer.connection_lr_scale`` at 1.0 (the residual
+# scheme's own parameters at the optimizer's lr) likewise: without it every committed run's hash moves.
+HASH_DROP_IF_DEFAULT = (("lr_protocol", "baseline"), ("model.ffn", "dense"), ("optimizer.connection_lr_scale", 1.0))
 # Geometry a scheme does not read is not its identity: block geometry is read only by the schemes the caller names
 # (``block_geometry_schemes``: the model library's own statement, attnres.registry.block_geometry_schemes, passed on
 # by experiments.run.identity), so any other scheme is hashed with these fixed values in place of the configured

@@ -71,13 +71,14 @@ def check_budgets(budgets: Any, flops_budget: Any) -> None:
 
 def check_adamw_settings(node: Any) -> None:
     """The AdamW settings ``optimizer=adamw`` and ``optimizer=muon`` (its AdamW part) share: betas, eps, weight
-    decays."""
+    decays, the residual scheme's lr scale (in [0, 100])."""
     if len(node.betas) != 2:
         raise ValueError(f"optimizer.betas={list(node.betas)!r} must be two numbers in [0, 1)")
     for i, b in enumerate(node.betas):
         number(b, f"optimizer.betas[{i}]", 0, 1, hi_open=True)
     for key in ("weight_decay", "connection_weight_decay", "eps"):
         number(getattr(node, key), f"optimizer.{key}", 0, float("inf"))
+    number(node.connection_lr_scale, "optimizer.connection_lr_scale", 0, 100)
 
 
 def check_warmup(node: Any) -> None:
@@ -131,6 +132,7 @@ class AdamWSchema:
     weight_decay: float = MISSING
     connection_weight_decay: float = MISSING
     fused: bool | None = MISSING
+    connection_lr_scale: float = MISSING
 
     def __post_init__(self) -> None:
         number(self.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)
@@ -176,6 +178,7 @@ class MuonSchema:
     eps: float = MISSING
     connection_weight_decay: float = MISSING
     fused: bool | None = MISSING
+    connection_lr_scale: float = MISSING
 
     def __post_init__(self) -> None:
         number(self.lr, "optimizer.lr (size.lr)", 0, 10, lo_open=True)

@@ -15,7 +15,11 @@ import torch.nn as nn
 
 
 def param_groups(
-    model: nn.Module, weight_decay: float, connection_weight_decay: float = 0.0, exclude: frozenset[int] = frozenset()
+    model: nn.Module,
+    weight_decay: float,
+    connection_weight_decay: float = 0.0,
+    exclude: frozenset[int] = frozenset(),
+    connection_lr: float | None = None,
 ) -> list[dict[str, Any]]:
     """Split parameters (but those whose ``id`` is in ``exclude``) into weight-decay groups.
 
@@ -24,7 +28,8 @@ def param_groups(
     * ``connection`` (connection_weight_decay, default 0): everything under ``residual.`` — the residual
       scheme's own parameters (AttnRes pseudo-queries and key-norm gains, DenseFormer/HC weights), whatever
       their shape. Zero-initialised queries decayed towards zero would fight the very thing being tested, so
-      the default is no decay; the value is a recorded setting.
+      the default is no decay; the value is a recorded setting. With ``connection_lr`` given, this group
+      carries its own ``lr`` (the optimizer's lr for the others); a schedule scales it by the same factor.
     Empty groups are dropped. Each group carries a ``name`` for logging.
     """
     groups: dict[str, list[nn.Parameter]] = {"decay": [], "no_decay": [], "connection": []}
@@ -40,7 +45,21 @@ def param_groups(
         else:
             groups["decay"].append(p)
     wd = {"decay": weight_decay, "no_decay": 0.0, "connection": connection_weight_decay}
-    return [{"params": ps, "weight_decay": wd[g], "name": g} for g, ps in groups.items() if ps]
+    out = [{"params": ps, "weight_decay": wd[g], "name": g} for g, ps in groups.items() if ps]
+    for group in out:
+        if group["name"] == "connection" and connection_lr is not None:
+            group["lr"] = connection_lr
+    return out
+
+
+def connection_lr(lr: float, connection_lr_scale: float) -> float | None:
+    """The residual scheme's own lr, ``lr * connection_lr_scale``; None at scale 1 (the group then takes the
+    optimizer's lr, as before the setting existed). A ValueError naming the key for a scale outside [0, 100]:
+    scale 0 freezes those parameters at their initial values (AttnRes: zero queries, uniform depth weights)."""
+    ok = isinstance(connection_lr_scale, (int, float)) and not isinstance(connection_lr_scale, bool)
+    if not ok or not 0.0 <= connection_lr_scale <= 100.0:
+        raise ValueError(f"optimizer.connection_lr_scale={connection_lr_scale!r} must be a number in [0, 100]")
+    return None if connection_lr_scale == 1.0 else lr * connection_lr_scale
 
 
 def amp_clipping(precision: Any, gradient_clip_val: Any) -> bool:
@@ -58,14 +77,19 @@ def adamw(
     connection_weight_decay: float = 0.0,
     fused: bool | None = None,
     amp_clipping: bool = False,
+    connection_lr_scale: float = 1.0,
 ) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`.
 
     ``fused=None`` picks the fused CUDA kernel on a GPU, except with ``amp_clipping`` (Lightning's mixed-precision
     plugin, ``trainer.precision=*-mixed``, with gradient clipping), which refuses to clip the gradients of an
-    optimizer that unscales them itself (a fused one); torch's multi-tensor (foreach) kernel is used then."""
+    optimizer that unscales them itself (a fused one); torch's multi-tensor (foreach) kernel is used then.
+    ``connection_lr_scale``: the residual scheme's own parameters train at ``lr`` times it (:func:`connection_lr`).
+    """
     return torch.optim.AdamW(
-        param_groups(model, weight_decay, connection_weight_decay),
+        param_groups(
+            model, weight_decay, connection_weight_decay, connection_lr=connection_lr(lr, connection_lr_scale)
+        ),
         lr=lr,
         betas=tuple(betas),
         eps=eps,
@@ -149,7 +173,7 @@ def matrix_layout(name: str) -> tuple[int, int] | None:
 
 
 def optimizer_groups(
-    model: nn.Module, weight_decay: float, connection_weight_decay: float = 0.0
+    model: nn.Module, weight_decay: float, connection_weight_decay: float = 0.0, connection_lr: float | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The one place that decides which optimizer trains which parameter under ``optimizer=muon``.
 
@@ -157,15 +181,16 @@ def optimizer_groups(
     projection; gate, up and down, an MoE's routed experts one matrix per expert and its shared experts), each
     group entry carrying its ``layouts``. AdamW, in :func:`param_groups`' groups: everything else, i.e. the token
     embedding, the LM head, every RMSNorm gain, the MoE router, and every parameter of the residual scheme
-    (AttnRes pseudo-queries and key norms, the peers' mixing weights). Returns (muon groups, adamw groups); empty
-    groups are dropped (why each kind goes where: docs/optimizers.md)."""
+    (AttnRes pseudo-queries and key norms, the peers' mixing weights), the last at ``connection_lr`` when given.
+    Returns (muon groups, adamw groups); empty groups are dropped (why each kind goes where: docs/optimizers.md)."""
     matrices, layouts = [], []
     for name, p in model.named_parameters():
         layout = matrix_layout(name)
         if p.requires_grad and layout is not None and not name.startswith("residual."):
             matrices.append(p)
             layouts.append(layout)
-    rest = param_groups(model, weight_decay, connection_weight_decay, exclude=frozenset(id(p) for p in matrices))
+    exclude = frozenset(id(p) for p in matrices)
+    rest = param_groups(model, weight_decay, connection_weight_decay, exclude, connection_lr)
     muon_groups = [{"params": matrices, "layouts": layouts, "weight_decay": weight_decay, "name": "muon"}]
     return [g for g in muon_groups if g["params"]], rest
 
@@ -341,13 +366,17 @@ def muon(
     eps: float = 1e-8,
     fused: bool | None = None,
     amp_clipping: bool = False,
+    connection_lr_scale: float = 1.0,
 ) -> MuonWithAdamW:
     """Muon over the sublayer matrices and AdamW over the rest (:func:`optimizer_groups`), at one lr and weight
     decay (``match_rms_adamw`` makes Muon's update RMS match AdamW's, so both carry over). ``betas``, ``eps``,
     ``fused`` and ``connection_weight_decay`` are the AdamW part's, as in :func:`adamw`. ``ns_dtype``: the
-    orthogonalisation's precision, ``bfloat16``, ``float32`` or None (bf16 on CUDA, fp32 elsewhere: :class:`Muon`)."""
+    orthogonalisation's precision, ``bfloat16``, ``float32`` or None (bf16 on CUDA, fp32 elsewhere: :class:`Muon`).
+    ``connection_lr_scale``: the residual scheme's own parameters (in the AdamW part) train at ``lr`` times it."""
 
-    muon_groups, adamw_groups = optimizer_groups(model, weight_decay, connection_weight_decay)
+    muon_groups, adamw_groups = optimizer_groups(
+        model, weight_decay, connection_weight_decay, connection_lr(lr, connection_lr_scale)
+    )
     fused = resolve_fused(model, fused, amp_clipping)
     return MuonWithAdamW(
         Muon(
