@@ -1,7 +1,9 @@
 """What ``python -m sweeps.study`` plans for every study, as plain data: the sweep commands (one per pass), the
 study's kind, name, seeds, results table and report directory, the analysis argv it runs, and the records it
-reuses; and what scripts/regenerate_reports.py regenerates. tests/data/study_plans.json holds this as the code
-planned it before the studies became data (sweeps/studies/*.yaml); tests/test_study_files.py compares."""
+reuses; the figures command's studies; and what scripts/regenerate_reports.py regenerates. tests/data/study_plans.json
+holds this as the code planned it at c3a49b9, before the studies became data (sweeps/studies/*.yaml: the
+Study(...) entries of sweeps/study.py's STUDIES, the REPORTS and NOT_REGENERABLE of scripts/regenerate_reports.py);
+tests/test_study_files.py compares."""
 
 from __future__ import annotations
 
@@ -65,18 +67,15 @@ def study_plan(name: str, argv: list[str]) -> dict[str, Any]:
 
 def all_plans() -> dict[str, Any]:
     """Every study under every variant (the lr studies also with ``--arms all``), the figures' studies, and the
-    reports scripts/regenerate_reports.py regenerates."""
+    reports scripts/regenerate_reports.py regenerates (and those it cannot)."""
     from sweeps import study as s
 
     plans: dict[str, Any] = {}
     for name in sorted(s.STUDIES):
         variants = [*VARIANTS, LR_VARIANT] if s.STUDIES[name].tuned_config else VARIANTS
         plans[name] = {label: study_plan(name, argv) for label, argv in variants}
-    spec = importlib.util.spec_from_file_location("regenerate_reports", REPO / "scripts" / "regenerate_reports.py")
-    assert spec is not None and spec.loader is not None
-    regen = importlib.util.module_from_spec(spec)
-    sys.modules["regenerate_reports"] = regen
-    spec.loader.exec_module(regen)
+    regen = regenerate_reports()
+    planned, not_regenerable = regen.planned_reports()
     reports = [
         {
             "out": r.out,
@@ -85,10 +84,31 @@ def all_plans() -> dict[str, Any]:
             "pinned": r.pinned,
             "in_place": r.in_place,
         }
-        for r in regen.REPORTS
+        for r in planned
     ]
     figures = [[name, seeds, list(src)] for name, seeds, src in s.FIGURE_STUDIES]
-    return _plain({"studies": plans, "figures": figures, "reports": reports, "default": s.DEFAULT_STUDY})
+    return _plain(
+        {
+            "studies": plans,
+            "figures": figures,
+            "reports": reports,
+            "not_regenerable": not_regenerable,
+            "default": s.DEFAULT_STUDY,
+        }
+    )
+
+
+def regenerate_reports() -> Any:
+    """scripts/regenerate_reports.py as a module."""
+    if "regenerate_reports" in sys.modules:
+        return sys.modules["regenerate_reports"]
+    spec = importlib.util.spec_from_file_location("regenerate_reports", REPO / "scripts" / "regenerate_reports.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["regenerate_reports"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":  # python tests/study_plans.py: (re)writes tests/data/study_plans.json
