@@ -35,7 +35,7 @@ from .config.validation import check_config
 from .run import interrupts
 from .run.errors import StopRequested
 from .run.job import run_job
-from .run.single_run import setup_error, train_run
+from .run.single_run import open_run, setup_error
 from .training.fit_run import fit_run
 
 # At import, not in main(): a launcher's worker process (joblib, submitit) unpickles hydra_main and resolves its
@@ -65,10 +65,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return _train_run(cfg)
 
 
-def _train_run(cfg: DictConfig, **kwargs: Any) -> dict[str, Any]:
-    """One run of a checked config, trained by experiments.training.fit_run (``kwargs``: a multi-budget launch's,
-    experiments.run.single_run.train_run)."""
-    return train_run(cfg, fit_run, **kwargs)
+def _train_run(
+    cfg: DictConfig,
+    lineage: dict[str, Any] | None = None,
+    branch_points: dict[int, Any] | None = None,
+    seed: Any = None,
+    resync: bool = False,
+) -> dict[str, Any]:
+    """Run (or resume, or skip) one training run of a checked config; returns its result record. A multi-budget
+    launch (experiments.run.budgets) passes ``lineage`` (the record's ``budget`` and ``trunk_id``),
+    ``branch_points`` (the trunk: step -> file to save its state at), ``seed`` (a branch: starts it from its branch
+    point) and ``resync`` (a branch: the lr of the step it resumes at comes from its own schedule)."""
+    with open_run(cfg, lineage, seed) as opened:
+        if opened.run is None or opened.cfg is None:
+            assert opened.done is not None
+            return opened.done  # finished already: skipped
+        return fit_run(opened.cfg, opened.run, opened.rank_zero, branch_points or {}, resync)
 
 
 @hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")
