@@ -256,6 +256,8 @@ def load_studies(directory: Path, conf: Path) -> dict[str, Study]:
                 f"letter, and not {FIGURES!r}"
             )
         studies[path.stem] = parse_study(path, _yaml(path), reasons, conf)
+    if not studies:
+        raise StudyFileError(f"{directory}: no study files (<name>.yaml): an install lacking its package data?")
     ranks = [(s.gallery.rank, name) for name, s in studies.items() if s.gallery is not None]
     if len({rank for rank, _ in ranks}) < len(ranks):
         raise StudyFileError(f"{directory}: gallery.rank: two studies share a rank ({sorted(ranks)}); each its own")

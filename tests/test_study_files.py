@@ -166,3 +166,9 @@ def test_the_repositorys_study_files_load_and_each_shared_reason_is_used():
 
     for name, text in yaml.safe_load((STUDY_DIR / "_reasons.yaml").read_text(encoding="utf-8")).items():
         assert json.dumps(text)[1:-1] in reasons, name
+
+
+def test_a_directory_without_study_files_is_an_error_not_an_empty_list(tmp_path):
+    """A wheel built without its package data (sweeps/studies/*.yaml) must not offer no studies silently."""
+    with pytest.raises(StudyFileError, match=r"no study files \(<name>.yaml\)"):
+        load_studies(tmp_path, REPO / "conf")
