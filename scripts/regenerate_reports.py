@@ -4,8 +4,9 @@ and compare them byte for byte with the committed files.
     python scripts/regenerate_reports.py               # every report below; exit status 1 if any file differs
     python scripts/regenerate_reports.py --only cpu_deep/pooled,cpu_map --keep /tmp/regen
 
-Each report is rebuilt by the analysis command that wrote it (the study's own, ``sweeps/study.py``; the seeds,
-options and study directory from the report's own ``fit.json`` / ``lr.json`` / ``recipe.json``), run in a scratch
+The reports are the study files' (sweeps/studies/<name>.yaml, ``reports``: each report's directory, the records it
+is made from, the options of its own) and two of no study (the paper's refit, the gallery page). Each report is
+rebuilt by the analysis command that wrote it (the study's own, ``sweeps.study.analysis_argv``), run in a scratch
 directory laid out as the study's was (``runs/<study>/records/``), so that the ``source`` a document records is the
 same relative path. What a regeneration cannot reproduce is pinned or masked, and said per file:
 
@@ -17,8 +18,8 @@ same relative path. What a regeneration cannot reproduce is pinned or masked, an
 
 Per file it prints ``identical`` (every byte), ``identical, <what> masked`` or ``DIFFERENT``. Files of a report
 directory that no command writes (design notes) are not compared. Reports whose records were never committed
-(docs/results/cpu_ladder's top level, cpu_arch_grid, the MoE router figures: their run directories are not kept)
-are listed as not regenerable.
+(a study file's ``not_regenerable``: docs/results/cpu_ladder's top level, cpu_arch_grid, the MoE router figures,
+whose run directories are not kept) are listed as not regenerable.
 """
 
 from __future__ import annotations
@@ -51,65 +52,48 @@ class Report:
     in_place: str | None = None  # a file the command writes inside the scratch copy of docs/results (the gallery)
 
 
-def _fit(study: str, seeds: str | None = None) -> tuple[str, ...]:
-    return ("-m", "analysis", "fit", "--results", f"runs/{study}/results.csv", "--out", "{out}") + (
-        ("--seeds", seeds) if seeds else ()
-    )
-
-
-DEEP = (("cpu_deep", ("cpu_deep",)),)
-REPORTS = (
-    Report("cpu_deep/design", _fit("cpu_deep", "0,1,2"), DEEP, "fit.json"),
-    Report("cpu_deep/heldout", _fit("cpu_deep", "20,21,22"), DEEP, "fit.json"),
-    Report("cpu_deep/pooled", _fit("cpu_deep"), DEEP, "fit.json"),
-    Report("cpu_deep_moe/report", _fit("cpu_deep_moe"), (("cpu_deep_moe", ("cpu_deep_moe",)),), "fit.json"),
-    Report(
-        "cpu_deep_moe",
-        ("-m", "analysis.moe_interaction", "docs/results/cpu_deep_moe", "docs/results/cpu_deep", "--out", "{out}"),
-    ),
-    *(
-        Report(
-            name,
-            ("-m", "analysis", "lr", "--results", f"runs/{name}/results.csv", "--out", "{out}", "--rule", "per_size"),
-            ((name, (name,)),),
-            "lr.json",
-        )
-        for name in ("cpu_deep_lr", "cpu_map_lr", "cpu_deep_recipe_lr")
-    ),
-    Report(
-        "cpu_map",
-        ("-m", "analysis", "map", "--results", "runs/cpu_map/results.csv", "--out", "{out}"),
-        (("cpu_map", ("cpu_map",)),),
-    ),
-    Report(
-        "deep_block_size",
-        ("-m", "analysis", "block-size", "--results", "runs/cpu_deep_block_size/results.csv", "--out", "{out}"),
-        (("cpu_deep_block_size", ("deep_block_size", "cpu_deep")),),
-    ),
-    Report(
-        "deep_ablations",
-        ("-m", "analysis", "ablations", "--results", "runs/cpu_deep_ablations/results.csv", "--out", "{out}"),
-        (("cpu_deep_ablations", ("deep_ablations", "cpu_deep")),),
-    ),
-    *(
-        Report(
-            out,
-            (
-                *("-m", "analysis", "recipe", "--results", "runs/cpu_deep_recipe/results.csv", "--out", "{out}"),
-                *("--timing", "docs/results/cpu_deep_recipe_timing", "--lr-protocol", protocol),
-            ),
-            (("cpu_deep_recipe", ("cpu_deep", "cpu_deep_recipe")),),
-        )
-        for out, protocol in (("cpu_deep_recipe/report", "baseline"), ("cpu_deep_recipe/report_per_arm", "per_arm"))
-    ),
+# The reports of no study: the refit of the paper's own numbers, and the gallery page over every report.
+STANDALONE = (
     Report("paper_refit", ("-m", "analysis", "paper", "--out", "{out}"), (), "fit.json"),
     Report("", ("-m", "analysis", "gallery", "--results", "docs/results"), in_place="README.md"),
 )
-NOT_REGENERABLE = {
-    "cpu_ladder (top level, heldout/, pooled/)": "its runs predate records/ (runs.csv only): no records committed",
-    "cpu_arch_grid": "its 18 runs' records were not committed",
-    "cpu_deep_moe/router_*": "drawn from run directories (diagnostics), which are not committed",
-}
+
+
+def study_reports(only: set[str] | None = None) -> tuple[list[Report], dict[str, str]]:
+    """The reports the study files name (sweeps/studies/<name>.yaml, ``reports``; ``only``: those directories),
+    each rebuilt by its study's own analysis command (sweeps.study.analysis_argv, the study's name and kind as its
+    sweep composes them) or by a command of its own, and the ones that cannot be rebuilt, with why."""
+    from sweeps.study import STUDIES, analysis_argv, study_runs
+
+    reports, not_regenerable = [], {}
+    for study in STUDIES.values():
+        runs: tuple[str, str] | None = None
+        for spec in study.reports:
+            if only is not None and spec.out not in only:
+                continue
+            if spec.not_regenerable is not None:
+                not_regenerable[spec.out] = spec.not_regenerable
+                continue
+            if spec.records or spec.command is None:
+                runs = runs or study_runs(study)  # composes the sweep once per study
+            if spec.command is not None:
+                command = spec.command
+            else:
+                assert runs is not None
+                argv = analysis_argv(study, runs[1], f"runs/{runs[0]}/results.csv", "{out}", args=study.analysis_args)
+                command = ("-m", "analysis", *argv, *spec.args)
+            sources = ((runs[0], spec.records),) if spec.records and runs is not None else ()
+            reports.append(Report(spec.out, command, sources, spec.pinned))
+    return reports, not_regenerable
+
+
+def planned_reports(only: set[str] | None = None) -> tuple[list[Report], dict[str, str]]:
+    """Every report this script regenerates (``only``: those directories; ``README.md``: the gallery page) and the
+    committed ones it cannot, with why."""
+    reports, not_regenerable = study_reports(only)
+    reports += [r for r in STANDALONE if only is None or (r.out or "README.md") in only]
+    return reports, not_regenerable
+
 
 # Runs `python -m <module> ...` with datetime.now() pinned (PIN_CREATED, an ISO time), after pandas and matplotlib
 # are loaded and before the analysis is, so that both `from datetime import datetime` (module level and in a
@@ -201,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated report directories (relative to docs/results), e.g. cpu_map")
     ap.add_argument("--keep", metavar="DIR", help="regenerate into DIR (kept) instead of a temporary directory")
     args = ap.parse_args(argv)
-    only = set(args.only.split(",")) if args.only else None
-    reports = [r for r in REPORTS if only is None or (r.out or "README.md") in only]
+    reports, not_regenerable = planned_reports(set(args.only.split(",")) if args.only else None)
     scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="attnres_regen_"))
     for stale in (*PACKAGES, "runs", "out"):  # a kept directory of an earlier run: start afresh
         shutil.rmtree(scratch / stale, ignore_errors=True)
@@ -222,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             status = compare(new, old) if old.is_file() else "not committed"
             counts[status] = counts.get(status, 0) + 1
             print(f"{(Path(report.out) / rel).as_posix()}: {status}", flush=True)
-    for what, why in NOT_REGENERABLE.items():
+    for what, why in not_regenerable.items():
         print(f"{what}: not regenerable ({why})")
     print("; ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not args.keep:

@@ -1,43 +1,20 @@
 """The main job in one command: run a study's sweep, then the analysis, and print the headline.
 
-    python -m sweeps.study            # the deep CPU ladder's 30-minute slice: baseline / Block AttnRes x 4 rungs
-                                      # (L_b 8..16, d_model = 2 L_b) x 3 seeds on the embedded data, then the fit
-                                      # (= python -m sweeps.study deep)
-    python -m sweeps.study deep_full  # the same ladder with Full AttnRes too (3 arms), into the same table
-    python -m sweeps.study deep_per_arm   # its Full and Block AttnRes at their own tuned lr, into the same table
-    python -m sweeps.study deep_lr    # its LR tuning (--arms all: every arm), written to conf/tuned_lr/cpu_deep.yaml
-    python -m sweeps.study cpu        # the d = 32 CPU ladder: 3 arms x 4 sizes x 3 seeds (runs/cpu_ladder)
-    python -m sweeps.study tiny       # the same d = 32 ladder, in its own table (runs/tiny)
-    python -m sweeps.study cpu5       # the d = 32 ladder with its fifth rung (cpu_xl) added
-    python -m sweeps.study quick      # first contact: 3 arms x 3 small sizes, 1 seed, short budgets
-    python -m sweeps.study per_arm    # Full and Block AttnRes at their own tuned lr, into the d = 32 ladder's table:
-                                      # the fit then reports the multiplier under both lr protocols
-    python -m sweeps.study lr         # LR tuning of the d = 32 ladder (baseline; --arms all: every arm), then
-                                      # `python -m analysis lr`, which writes conf/tuned_lr/cpu.yaml (the sizes read it)
-    python -m sweeps.study deep_block_size   # Fig. 6 on the CPU: Block AttnRes at S = 1..32 on the deep ladder's
-                                      # top rung (L_b 16, d_model 32), baseline and Full as reference lines
-    python -m sweeps.study deep_ablations    # Table 4 on the CPU: ablations and peers at the deep ladder's L_b 12
-    python -m sweeps.study figures    # every paper figure and table reachable on the CPU, beside ours: the studies
-                                      # above (committed runs restored, the rest trained), then reports/README.md
-    python -m sweeps.study arch       # Fig. 7 on the CPU: baseline / Block AttnRes x a 3 x 3 shape grid at
-                                      # fixed compute
-    python -m sweeps.study map_lr     # the depth-by-width map's lr per cell (baseline), then
-    python -m sweeps.study map        # the map: Block AttnRes - baseline per (L_b, d_model) cell, same-seed pairs
-    python -m sweeps.study deep_moe   # the deep ladder with MoE MLPs, L_b 8-16: baseline / Block AttnRes
-    python -m sweeps.study deep_recipe_lr   # the deep ladder's lrs under Muon + WSD (tuned_lr/cpu_deep_muon_wsd)
-    python -m sweeps.study deep_budgets     # the deep ladder at 8, 32 and 128 tokens per parameter (Muon + WSD):
-                                      # does Block AttnRes's gain grow, shrink or stay with training length?
-    python -m sweeps.study deep_recipe      # the deep ladder under AdamW + cosine (committed) and Muon + WSD: the
-                                      # recipe's multiplier for the baseline, Block's under each, the interaction
+    python -m sweeps.study            # the default study, deep: the deep CPU ladder's 30-minute slice
+    python -m sweeps.study <study>    # any study below (--help lists them with what each measures)
+    python -m sweeps.study figures    # every paper figure and table reachable on the CPU, beside ours: the gallery's
+                                      # studies (committed runs restored, the rest trained), then reports/README.md
     python -m sweeps.study paper data=shards data.name=/data/shards +launcher=slurm hydra.launcher.partition=<p>
                                       # the paper's ladder (Table 2, Fig. 4) on a GPU cluster: one SLURM job per
                                       # run, then the fit and the headline as above (paper_lr: its lr tuning)
     python -m sweeps.study cpu --jobs 1 --seeds 0,1,2
 
-Runs go to ``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``,
-``summary.md``, figures; for ``lr``: ``lr.json``, ``lr_summary.md``, ``fig_lr.png``) to ``<reports-root>/<study>/``.
-Re-running a command skips completed runs and resumes interrupted ones, so an interrupted study is finished by
-running the same command again.
+A study is data: its sweep config (conf/sweep/<sweep>.yaml) and its study file (sweeps/studies/<name>.yaml, the
+schema: sweeps/study_spec.py); this module is the command line, the planning and the running. Runs go to
+``<runs-root>/<study>/`` (one directory per run plus ``results.csv``); the report (``fit.json``, ``summary.md``,
+figures; for ``lr``: ``lr.json``, ``lr_summary.md``, ``fig_lr.png``) to ``<reports-root>/<study>/``. Re-running a
+command skips completed runs and resumes interrupted ones, so an interrupted study is finished by running the same
+command again.
 """
 
 from __future__ import annotations
@@ -49,222 +26,39 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analysis.fit_document import FitDocument, Multiplier
 from results.record import STUDY_KINDS
+from sweeps.study_spec import FIGURES, Study, StudyFileError, studies
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parent.parent
 ARMS = {"default": None, "all": "baseline,full_attnres,block_attnres"}
-
-
-@dataclass(frozen=True)
-class Study:
-    """A named study: its sweep config (whose ``study_kind`` chooses the analysis: ``lr`` runs
-    ``python -m analysis lr``, every other kind ``python -m analysis fit``) and what it adds to the sweep."""
-
-    sweep: str  # conf/sweep/<sweep>.yaml
-    what: str
-    overrides: tuple[str, ...] = ()  # appended to the sweep (before the user's own)
-    tuned_config: str | None = None  # study_kind lr: where the tuned lrs are written (relative to the repository)
-    lr_rule: str = "trend"  # study_kind lr: which lr each size gets (`--rule` overrides it)
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    committed: str | None = None  # fit.json of the study's committed full result, printed beside a new run's
-    why: str | None = None  # why the study measures at its shape: the end of the regime sentence
-    # one multirun per pass, in order, into the same study: each pass's overrides come after ``overrides`` (and
-    # before the user's own); a pass sets what a sweep file cannot vary per arm (e.g. one arm's own option)
-    passes: tuple[tuple[str, ...], ...] = ((),)
-    # committed record directories restored into the study's runs first (unless --fresh): their runs are reused by
-    # identity (config_hash) instead of trained again
-    reuse: tuple[str, ...] = ()
-    analysis: str = "fit"  # scaling kinds: the `python -m analysis <analysis>` command that reports the study
-    analysis_args: tuple[str, ...] = ()  # appended to that command (paths relative to the repository)
-
-
-COMMITTED_LADDER = "docs/results/cpu_ladder/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), d = 32 ladder
-COMMITTED_DEEP = "docs/results/cpu_deep/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), the deep ladder
-WHY_DEEP = (
-    "the deep ladder grows depth and width together at d_model = 2 L_b, the depth-by-width map's deep, narrow "
-    "aspect, where Block AttnRes won (docs/results/cpu_map/)"
-)
-WHY_TINY = (
-    "the d = 32 ladder grows depth alone at one width, where the map finds no decided effect at L_b 4-8 "
-    "(docs/results/cpu_map/)"
-)
-WHY_FIG6 = (
-    "32 sublayers is the paper's Fig. 6 depth, and L_b 16 x d_model 32 is the depth-by-width map's cell where Block "
-    "AttnRes won (docs/results/cpu_map/)"
-)
-WHY_TABLE4 = (
-    "one rung below the map's winning cell on the deep ladder's aspect (d_model = 2 L_b), since 15 arms at L_b 16 "
-    "would take ~3x the CPU (docs/results/deep_ablations/design.md)"
-)
 DEFAULT_STUDY = "deep"
-STUDIES = {
-    "deep": Study(
-        "cpu_deep",
-        "deep CPU ladder, its 30-minute slice: baseline / Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b, "
-        "Block at the baseline's tuned lr",
-        overrides=("model=baseline,block_attnres",),
-        committed=COMMITTED_DEEP,
-        why=WHY_DEEP,
-    ),
-    "deep_full": Study(
-        "cpu_deep",
-        "deep CPU ladder, all three arms: baseline / Full / Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b, "
-        "every arm at the baseline's tuned lr (adds Full to the slice's table)",
-        committed=COMMITTED_DEEP,
-        why=WHY_DEEP,
-    ),
-    "deep_per_arm": Study(
-        "cpu_deep",
-        "deep CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
-        overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres"),
-        why=WHY_DEEP,
-    ),
-    "cpu": Study(
-        "cpu_ladder",
-        "CPU ladder: baseline / Full / Block AttnRes x cpu_xs..cpu_l, every arm at the baseline's tuned lr",
-        committed=COMMITTED_LADDER,
-        why=WHY_TINY,
-    ),
-    "tiny": Study(
-        "cpu_ladder",
-        "the d = 32 CPU ladder as committed, in its own table (the name the next ladder leaves it)",
-        overrides=("study=tiny",),
-        committed=COMMITTED_LADDER,
-        why=WHY_TINY,
-    ),
-    "cpu5": Study(
-        "cpu_ladder",
-        "CPU ladder with its fifth rung: baseline / Full / Block AttnRes x cpu_xs..cpu_xl",
-        overrides=("size=cpu_xs,cpu_s,cpu_m,cpu_l,cpu_xl",),
-    ),
-    "quick": Study("quick", "quick look: baseline / Full / Block AttnRes x 3 small sizes, short budgets"),
-    "per_arm": Study(
-        "cpu_ladder",
-        "CPU ladder, Full and Block AttnRes at their own tuned lr (lr_protocol=per_arm)",
-        overrides=("lr_protocol=per_arm", "model=full_attnres,block_attnres"),
-    ),
-    "lr": Study(
-        "cpu_lr", "LR tuning of the CPU ladder (a log-spaced lr grid per size)", tuned_config="conf/tuned_lr/cpu.yaml"
-    ),
-    "arch": Study(
-        "cpu_arch_grid", "architecture grid (Fig. 7): baseline / Block AttnRes x 3 d/L_b x 3 H/L_b at fixed compute"
-    ),
-    "map_lr": Study(
-        "cpu_map_lr",
-        "LR of the depth-by-width map: the baseline of every cell on a coarse lr grid",
-        tuned_config="conf/tuned_lr/cpu_map.yaml",
-        lr_rule="per_size",  # the cells are not a ladder: no power law across them
-    ),
-    "deep_lr": Study(
-        "cpu_deep_lr",
-        "LR tuning of the deep CPU ladder (a coarse lr grid per rung; --arms all: every arm)",
-        tuned_config="conf/tuned_lr/cpu_deep.yaml",
-        lr_rule="per_size",  # the trend's power law is set by noisy small rungs (docs/results/cpu_deep/design.md)
-    ),
-    "deep_recipe": Study(
-        "cpu_deep",
-        "deep CPU ladder under two recipes: baseline / Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b x "
-        "{AdamW + cosine (the committed runs of docs/results/cpu_deep, reused), Muon + WSD (the paper's 48B recipe, "
-        "at its own tuned lrs, conf/tuned_lr/cpu_deep_muon_wsd.yaml)}, Block at the baseline's lr in each",
-        overrides=("study=cpu_deep_recipe", "model=baseline,block_attnres"),
-        # passes: the AdamW runs (reused), the timing re-runs of their seed 0 (their records predate step_cpu_s; into
-        # their own table, never fitted), then Muon + WSD
-        passes=(
-            (),
-            ("study=cpu_deep_recipe_timing", "seed=0"),
-            ("optimizer=muon", "scheduler=wsd", "tuned_lr=cpu_deep_muon_wsd"),
-        ),
-        reuse=("docs/results/cpu_deep", "docs/results/cpu_deep_recipe"),
-        analysis="recipe",
-        # the committed AdamW records predate step_cpu_s: re-runs of their seed-0 configurations time them
-        # (docs/results/cpu_deep_recipe/design.md)
-        analysis_args=("--timing", "docs/results/cpu_deep_recipe_timing"),
-        why=WHY_DEEP,
-    ),
-    "deep_budgets": Study(
-        "cpu_deep_budgets",
-        "training length on the deep CPU ladder: baseline / Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b x 8, "
-        "32, 128 tokens per parameter (one WSD trunk with decay branches per run), Muon + WSD at its tuned lrs, Block "
-        "at the baseline's lr",
-        analysis="length",  # Block - baseline per rung and budget, and the compute fit over the (rung, budget) points
-        why=WHY_DEEP,
-        reuse=("docs/results/cpu_deep_budgets",),  # the launches already committed are not trained again
-    ),
-    "deep_budgets_lr": Study(
-        "cpu_deep_budgets_lr",
-        "the lr check of the training-length study: baseline / Block AttnRes at L_b 12 x lr 0.5, 1, 2 x the "
-        "baseline's tuned lr x 8, 32, 128 tokens per parameter (one launch per arm and lr), tuning seed 11",
-        analysis="length",
-        why=WHY_DEEP,
-    ),
-    "deep_recipe_lr": Study(
-        "cpu_deep_recipe_lr",
-        "LR tuning of the deep CPU ladder under Muon + WSD (a 4-point lr grid per rung; baseline and Block AttnRes)",
-        tuned_config="conf/tuned_lr/cpu_deep_muon_wsd.yaml",
-        lr_rule="per_size",
-    ),
-    "deep_block_size": Study(
-        "cpu_deep_block_size",
-        "block size (Fig. 6) at the deep ladder's top rung (L_b 16, d_model 32): Block AttnRes at S = 1..32, with the "
-        "baseline and Full AttnRes of the same rung and seeds as reference lines",
-        passes=((), ("model=baseline,full_attnres", "model.n_blocks=8")),
-        why=WHY_FIG6,
-    ),
-    "deep_ablations": Study(
-        "cpu_deep_ablations",
-        "ablations and peers (Table 4) at the deep ladder's L_b 12 rung (d_model 24): 15 arms, every arm at the "
-        "baseline's tuned lr",
-        passes=((), ("model=block_multihead", "model.residual_options.heads=4")),
-        why=WHY_TABLE4,
-    ),
-    "deep_moe": Study(
-        "cpu_deep_moe",
-        "the deep ladder with MoE MLPs (8 experts, top-2, 1 shared, activated N = the dense rung's): baseline / "
-        "Block AttnRes x L_b 8, 10, 12, 16 at d_model = 2 L_b, at the dense baseline's tuned lr; the dense pairs of "
-        "the same rungs and seeds are in docs/results/cpu_deep",
-        committed="docs/results/cpu_deep_moe/report/fit.json",
-        why=WHY_DEEP,
-    ),
-    "paper": Study(
-        "paper_ladder",
-        "the paper's scaling ladder (Table 2, Fig. 4; GPU cluster scale): baseline / Full / Block AttnRes (N = 8) x "
-        "paper_194m..paper_528m at context 8192, every arm at the baseline's lr (conf/tuned_lr/paper.yaml: Table 2's); "
-        "bring a prepared corpus (data.name=...) and a launcher (+launcher=slurm)",
-        why="the paper's own sizes, context and variants (Table 2)",
-    ),
-    "paper_lr": Study(
-        "paper_lr",
-        "LR tuning of the paper ladder (GPU cluster scale): a log-spaced lr grid around Table 2's per size, baseline "
-        "(--arms all: every arm); bring a prepared corpus (data.name=...) and a launcher (+launcher=slurm)",
-        tuned_config="conf/tuned_lr/paper.yaml",
-        lr_rule="per_size",  # as conf/sweep/paper_lr.yaml's `python -m analysis lr` (its default rule)
-    ),
-    "map": Study(
-        "cpu_map",
-        "depth-by-width map: baseline / Block AttnRes x L_b {4, 8, 16} x d_model {32, 64, 128}, same-seed pairs",
-    ),
-}
+try:
+    STUDIES: dict[str, Study] = studies()  # sweeps/studies/<name>.yaml
+except StudyFileError as e:
+    if __name__ != "__main__":
+        raise
+    print(f"[attnres] study file error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
 
-
-# `python -m sweeps.study figures`: the studies behind the gallery (analysis/gallery.py), each with its seeds and
-# the committed record directories restored into its runs first (unless --fresh), then the map's and the paper's
-# analyses and the gallery page.
-FIGURES = "figures"
-FIGURE_STUDIES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
-    ("deep_full", "0,1,2,20,21,22", ("docs/results/cpu_deep",)),
-    ("deep_per_arm", "0,1,2,20,21,22", ("docs/results/cpu_deep",)),
-    ("deep_block_size", "0,1,2,20,21,22", ("docs/results/deep_block_size", "docs/results/cpu_deep")),
-    ("deep_ablations", None, ("docs/results/deep_ablations", "docs/results/cpu_deep")),
+# `python -m sweeps.study figures`: the studies behind the gallery (analysis/gallery.py; a study file's `gallery`),
+# in their ranks' order, each with its seeds and the committed record directories restored into its runs first
+# (unless --fresh), then the map's and the paper's analyses and the gallery page.
+FIGURE_STUDIES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = tuple(
+    (name, g.seeds, g.records)
+    for name, g in sorted(
+        ((n, s.gallery) for n, s in STUDIES.items() if s.gallery is not None), key=lambda item: item[1].rank
+    )
 )
 FIGURE_MAP_RECORDS = "docs/results/cpu_map"  # the map costs ~55 core-hours: always its committed records
 FIGURE_ARCH_GRID = "docs/results/cpu_arch_grid"  # Fig. 7's fixed-compute grid: a committed demonstration
@@ -376,10 +170,20 @@ def restore_records(source: Path, study_dir: Path) -> tuple[int, list[str]]:
     return copied, problems
 
 
+# The paper's claim (its Table 2, the scaling ladder of conf/size/paper_*.yaml): 2 L_b = 24-34 sublayers, d_model
+# 896-1264, ~200 tokens per parameter.
+PAPER_SUBLAYERS = (24, 34)
+PAPER_D_MODEL = (896, 1264)
+PAPER_TOKENS_PER_PARAM = (100, 400)  # "~200": within a factor of two counts as the paper's training length
+CPU_MAP_NOTE = " (where Block AttnRes starts to pay at CPU scale: docs/results/cpu_map/)"
+
+
 def regime_sentence(results: Path, why: str | None = None) -> str:
     """One sentence on the regime a study's completed runs measured: depths, widths, heads, context, tokens per
     parameter, where that sits against the paper's claim (24-34 sublayers, d_model 896-1264, ~200 tokens per
-    parameter), and ``why`` the study measures there."""
+    parameter), and ``why`` the study measures there. Runs whose depths and widths all lie in the paper's ranges
+    speak for the paper's shapes (and, at 100-400 tokens per parameter, its regime); any other for their own
+    shape, not the paper's."""
     from analysis.runs import load_results
 
     df = load_results(results)
@@ -391,15 +195,30 @@ def regime_sentence(results: Path, why: str | None = None) -> str:
         lo, hi = int(df[col].min()), int(df[col].max())
         return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
+    def inside(lo: float, hi: float, bounds: tuple[int, int]) -> bool:
+        return bounds[0] <= lo and hi <= bounds[1]
+
     tpp = (df["tokens"] / df["params_non_embedding"]).astype(float)
     tpp_text = f"{tpp.min():.0f}" if round(tpp.min()) == round(tpp.max()) else f"{tpp.min():.0f}-{tpp.max():.0f}"
-    sublayers = f"{2 * int(df['n_layers'].min())}-{2 * int(df['n_layers'].max())}"
+    layers, widths = df["n_layers"].astype(int), df["d_model"].astype(int)
+    sublayers = f"{2 * layers.min()}-{2 * layers.max()}"
+    paper_shape = inside(2 * layers.min(), 2 * layers.max(), PAPER_SUBLAYERS) and inside(
+        widths.min(), widths.max(), PAPER_D_MODEL
+    )
+    if not paper_shape:
+        verdict = "so a result here speaks for this shape, not for the paper's"
+    elif inside(tpp.min(), tpp.max(), PAPER_TOKENS_PER_PARAM):
+        verdict = "and these runs are at the paper's shapes and training length, so a result here speaks for its regime"
+    else:
+        verdict = (
+            f"and these runs are at the paper's shapes but {tpp_text} tokens per parameter, so a result here speaks "
+            "for the paper's shapes at this training length"
+        )
     return (
         f"regime: L_b {span('n_layers')} transformer blocks ({sublayers} sublayers), d_model {span('d_model')} "
         f"({span('n_heads')} heads), context {span('seq_len')}, {tpp_text} tokens per parameter; the paper's claim is "
-        "at 24-34 sublayers, d_model 896-1264 and ~200 tokens per parameter, so a result here speaks for this "
-        "shape, not for the paper's"
-        + (f"; {why}" if why else " (where Block AttnRes starts to pay at CPU scale: docs/results/cpu_map/)")
+        f"at 24-34 sublayers, d_model 896-1264 and ~200 tokens per parameter, {verdict}"
+        + (f"; {why}" if why else "" if paper_shape else CPU_MAP_NOTE)
     )
 
 
@@ -490,9 +309,22 @@ def headline(fit: FitDocument) -> list[str]:
     return lines
 
 
+def study_list(width: int = 118) -> str:
+    """The studies for ``--help``: each name and its ``what``, wrapped under it."""
+    lines = ["studies (sweeps/studies/<name>.yaml):"]
+    for name, study in sorted(STUDIES.items()):
+        default = " (the default)" if name == DEFAULT_STUDY else ""
+        lines.append(f"  {name}{default}: sweep conf/sweep/{study.sweep}.yaml")
+        lines += textwrap.wrap(study.what, width, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m sweeps.study", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m sweeps.study",
+        description=__doc__,
+        epilog=study_list(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
         "study",
@@ -615,24 +447,51 @@ def run_passes(plan: Plan) -> int:
     return sweep_rc
 
 
+def analysis_argv(
+    study: Study,
+    kind: str,
+    results: str,
+    out: str,
+    rule: str | None = None,
+    write_config: str | None = None,
+    args: Sequence[str] = (),
+) -> list[str]:
+    """The ``python -m analysis`` argv that reports a study of ``kind`` from its ``results`` table into ``out``: the
+    lr analysis (``rule``, else the study's own; ``write_config``: where the tuned lrs go), a fixed-shape kind's
+    command, else the study's ``analysis`` (scaling kinds), with ``args`` appended (the study's analysis arguments,
+    as the caller resolves their paths). scripts/regenerate_reports.py rebuilds the committed reports by it."""
+    if kind == "lr":
+        return ["lr", "--results", results, "--out", out, "--rule", rule or study.lr_rule] + (
+            ["--write-config", write_config] if write_config is not None else []
+        )
+    if kind in FIXED_SHAPE_REPORTS:
+        return [FIXED_SHAPE_REPORTS[kind][0], "--results", results, "--out", out]
+    return [study.analysis, "--results", results, "--out", out, *(args if study.analysis != "fit" else ())]
+
+
+def study_runs(study: Study) -> tuple[str, str]:
+    """(the study's name, its study_kind) as its sweep composes them with the study's own overrides (the first
+    pass's): its runs go to ``<runs-root>/<name>``."""
+    overrides = [*study.overrides, *study.passes[0]]
+    cfg = sweep_config(study.sweep, overrides)
+    return _sweep_key(study.sweep, "study", overrides, cfg), str(cfg.study_kind)
+
+
 def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
     """The study kind's analysis of the completed runs (``python -m analysis <command>``, run in this process), then
     its headline lines from the document it built. Returns the analysis' exit status."""
-    results, report = str(plan.results), plan.report
+    report = plan.report
+    tuned = str(REPO / study.tuned_config) if study.tuned_config else None
+    argv = analysis_argv(
+        study, plan.kind, str(plan.results), str(report), rule, tuned, analysis_arguments(study.analysis_args)
+    )
     if plan.kind == "lr":
-        tuned = REPO / study.tuned_config if study.tuned_config else None
-        argv = ["lr", "--results", results, "--out", str(report)]
-        argv += ["--rule", rule or study.lr_rule] + (["--write-config", str(tuned)] if tuned is not None else [])
         files = "lr_summary.md, lr.json, fig_lr.png"
     elif plan.kind in FIXED_SHAPE_REPORTS:
-        command, files = FIXED_SHAPE_REPORTS[plan.kind]
-        argv = [command, "--results", results, "--out", str(report)]
+        files = FIXED_SHAPE_REPORTS[plan.kind][1]
     elif study.analysis != "fit":
-        argv = [study.analysis, "--results", results, "--out", str(report)]
-        argv += analysis_arguments(study.analysis_args)
         files = f"{study.analysis}_summary.md, {study.analysis}.json, figures"
     else:
-        argv = ["fit", "--results", results, "--out", str(report)]
         files = "summary.md, fit.json, figures"
     print(f"[attnres] $ -m analysis {' '.join(argv)}", flush=True)
     rc, document = run_analysis(argv)

@@ -288,7 +288,7 @@ def test_rank_zero_under_srun_follows_lightnings_slurm_environment(monkeypatch):
 
 def test_a_non_zero_rank_writes_no_record(train_cfg, monkeypatch):
     """Under srun every task runs train(); only rank zero may write the record and take the lock."""
-    import experiments.train as t
+    import experiments.run.single_run as t
 
     monkeypatch.setattr(t, "is_rank_zero", lambda: False)
     cfg = train_cfg("size.tokens=8192", "train.eval_count=1")

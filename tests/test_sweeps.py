@@ -169,6 +169,7 @@ SWEEP_KINDS = {
     "cpu_deep": "scaling",
     "cpu_deep_moe": "scaling",
     "cpu_deep_budgets": "scaling",
+    "cpu_deep_budgets_lr": "scaling",
 }
 
 

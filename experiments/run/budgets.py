@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from results import ledger
 
-from ..config.validation import check_config, check_writable, min_free_mb
+from ..config.validation import check_writable, min_free_mb
 from . import interrupts
 from .errors import SetupError, StopRequested
 from .identity import run_identity
@@ -137,7 +137,11 @@ def branch_config(cfg: DictConfig, budget: int | float, warmup_steps: int | None
 def plan_budgets(cfg: DictConfig) -> BudgetPlan:
     """Every branch's config, steps, decay and identity, and the shared warm-up; a ValueError naming the key when
     the budgets cannot branch from one trunk (not WSD, two budgets of one step count, a decay that would start
-    before the shared warm-up ends). Reads nothing but the config: the data are not loaded yet."""
+    before the shared warm-up ends). Reads nothing but the config: the data are not loaded yet.
+
+    ``cfg`` is a config check_config passed; a branch's config differs from it in ``train.budgets`` (null),
+    the size's length (``size.tokens_per_param`` = a budget check_budgets accepted, or ``size.tokens``) and the
+    shared ``scheduler.warmup_steps`` (>= 1, before every decay: checked here), so it is not checked again."""
     sched = cfg.scheduler
     if str(sched.get("_target_")) != WSD_TARGET:
         raise ValueError(
@@ -172,8 +176,7 @@ def plan_budgets(cfg: DictConfig) -> BudgetPlan:
                 "scheduler.warmup_steps / warmup_fraction or scheduler.decay_fraction"
             )
         own = sched.get("warmup_steps") is None and max(1, round(fraction * s)) == warmup
-        run_cfg = c if own else branch_config(cfg, b, warmup)
-        check_config(run_cfg)
+        run_cfg = c if own else branch_config(cfg, b, warmup)  # not checked again: the docstring
         chash, run_id, run_dir, study_dir = run_identity(run_cfg)
         branches.append(Branch(b, run_cfg, s, decay, chash, run_id, run_dir))
     return BudgetPlan(tuple(branches), warmup, source, study_dir)
@@ -220,9 +223,8 @@ def train_budgets(cfg: DictConfig, train_run: TrainRun) -> dict[str, Any]:
     """Train the budgets of ``cfg.train.budgets`` that the study does not hold finished: the trunk (the largest
     budget) first, saving the branch points of the unfinished smaller budgets, then each of those from its branch
     point. Returns the largest budget's record with ``budgets`` (every budget's record, smallest first); it is
-    ``skipped`` only when every budget was."""
+    ``skipped`` only when every budget was. ``cfg``: a config check_config passed (experiments.train.train)."""
     try:
-        check_config(cfg)
         plan = plan_budgets(cfg)
         check_writable(plan.study_dir, min_free_mb=min_free_mb(cfg))
     except ValueError as e:
