@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(argv: Sequence[str] | None = None) -> tuple[int, Any]:
     """One command, in this process, as ``python -m analysis <argv>`` runs it (the same files and printout):
-    returns (its exit status, the document it built: a :class:`~analysis.fit_document.FitDocument` for ``fit`` and
+    returns (its exit status, the document it built: a :class:`~analysis.io.fit_document.FitDocument` for ``fit`` and
     ``paper``, the page's path for ``gallery``, the report's dict for the others; None after an error).
     ``sweeps.study`` reports a study through it and takes the headline from that document."""
     args = _parser().parse_args(argv)
@@ -305,9 +305,9 @@ def run(argv: Sequence[str] | None = None) -> tuple[int, Any]:
 
 def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
-    from .pipeline import Sections, load_any, run_fit
-    from .runs import select_dataset, select_seeds
-    from .scaling import FitOptions
+    from .io.runs import select_dataset, select_seeds
+    from .laws.fit_options import FitOptions
+    from .studies.pipeline import Sections, load_any, run_fit
 
     df = load_any(args.results, args.wandb, args.wandb_group)
     if args.dataset:
@@ -351,7 +351,7 @@ def _section_lines(doc) -> list[str]:
     """The optional sections' headline lines (wall-clock multipliers, the rollout's predictions, the E range)."""
     lines: list[str] = []
     if doc.wallclock:
-        from .wallclock import wallclock_line
+        from .laws.wallclock import wallclock_line
 
         lines += [wallclock_line(v, e).strip() for v, e in doc.wallclock.items()]
     for v, e in ((doc.rollout or {}).get("variants") or {}).items():
@@ -376,8 +376,8 @@ def _section_lines(doc) -> list[str]:
 
 def _lr(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""
-    from .lr import run_lr
-    from .runs import check_one_dataset, load_results, select_dataset
+    from .io.runs import check_one_dataset, load_results, select_dataset
+    from .studies.lr import run_lr
 
     command = "python -m analysis " + " ".join(argv if argv is not None else sys.argv[1:])
     df = load_results(args.results)
@@ -407,8 +407,8 @@ def _map(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]
     """``map``: map.json, map_summary.md and the heat map, then each cell's verdict."""
     from pathlib import Path
 
-    from .depth_width_map import MapOptions, analyse_map
-    from .runs import check_one_dataset, load_results
+    from .io.runs import check_one_dataset, load_results
+    from .studies.depth_width_map import MapOptions, analyse_map
 
     df = load_results(args.results)
     check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
@@ -429,9 +429,9 @@ def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[s
     """``block-size`` and ``ablations``: the study's JSON, Markdown table and figure, then its verdict."""
     from pathlib import Path
 
-    from .ablations import analyse_ablations
-    from .block_size import analyse_block_size
-    from .runs import check_one_dataset, load_results
+    from .io.runs import check_one_dataset, load_results
+    from .studies.ablations import analyse_ablations
+    from .studies.block_size import analyse_block_size
 
     df = load_results(args.results)
     check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
@@ -444,9 +444,9 @@ def _fixed_shape(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[s
 
 def _recipe(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
     """``recipe``: recipe.json, recipe_summary.md and figures, then the headline multipliers."""
-    from .recipe import RecipeOptions, headline_lines, read_studies, run_recipe
-    from .runs import select_seeds
-    from .scaling import FitOptions
+    from .io.runs import select_seeds
+    from .laws.fit_options import FitOptions
+    from .studies.recipe import RecipeOptions, headline_lines, read_studies, run_recipe
 
     df = read_studies(args.results)
     if args.seeds:
@@ -471,8 +471,8 @@ def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, A
     """``length``: the arm's same-seed difference per rung and budget, then one line per row."""
     from pathlib import Path
 
-    from .runs import check_one_dataset, load_results
-    from .training_length import analyse_length, headline_lines
+    from .io.runs import check_one_dataset, load_results
+    from .studies.training_length import analyse_length, headline_lines
 
     df = load_results(args.results)
     check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
@@ -495,7 +495,7 @@ def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``gallery``: the page of every paper item beside ours, from committed results."""
     from pathlib import Path
 
-    from .gallery import GallerySources, gallery_entries, write_gallery
+    from .render.gallery import GallerySources, gallery_entries, write_gallery
 
     results = Path(args.results)
     if not results.is_dir():
@@ -510,7 +510,7 @@ def _gallery(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
 
 def _paper(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
     """``paper``: the paper's own numbers refitted, with the headline."""
-    from .paper import headline_numbers, run_paper
+    from .studies.paper import headline_numbers, run_paper
 
     doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
     print(headline_numbers(doc))

@@ -65,7 +65,7 @@ REPORTS = (
     Report("cpu_deep_moe/report", _fit("cpu_deep_moe"), (("cpu_deep_moe", ("cpu_deep_moe",)),), "fit.json"),
     Report(
         "cpu_deep_moe",
-        ("-m", "analysis.moe_interaction", "docs/results/cpu_deep_moe", "docs/results/cpu_deep", "--out", "{out}"),
+        ("-m", "analysis", "moe", "docs/results/cpu_deep_moe", "docs/results/cpu_deep", "--out", "{out}"),
     ),
     *(
         Report(

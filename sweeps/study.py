@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.fit_document import FitDocument, Multiplier
+from analysis.io.fit_document import FitDocument, Multiplier
 from results.record import STUDY_KINDS
 
 if TYPE_CHECKING:
@@ -380,7 +380,7 @@ def regime_sentence(results: Path, why: str | None = None) -> str:
     """One sentence on the regime a study's completed runs measured: depths, widths, heads, context, tokens per
     parameter, where that sits against the paper's claim (24-34 sublayers, d_model 896-1264, ~200 tokens per
     parameter), and ``why`` the study measures there."""
-    from analysis.runs import load_results
+    from analysis.io.runs import load_results
 
     df = load_results(results)
     df = df[df["status"] == "completed"] if "status" in df.columns else df
@@ -468,7 +468,7 @@ def headline(fit: FitDocument) -> list[str]:
             + (f", paper-form M at largest C = {m.paper_M:.3f}x" if m.paper_M is not None else "")
         )
     if fit.multipliers:  # the wall-clock multiplier beside the compute one, where the records hold CPU times
-        from analysis.wallclock import document_wallclock, wallclock_line
+        from analysis.laws.wallclock import document_wallclock, wallclock_line
 
         lines += [wallclock_line(name, e) for name, e in document_wallclock(fit).items()]
     for name, p in fit.protocols.items():
@@ -645,7 +645,7 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
     if scaling:
         if study.analysis == "fit":
             lines = headline(document)
-        else:  # the command's module says its headline (e.g. analysis.recipe.headline_lines)
+        else:  # the command's module says its headline (e.g. analysis.studies.recipe.headline_lines)
             module = ANALYSIS_MODULES.get(study.analysis, study.analysis)
             lines = list(importlib.import_module(f"analysis.{module}").headline_lines(document))
         for line in lines:
@@ -702,7 +702,7 @@ def run_figures(jobs: int, runs_root: Path, reports_root: Path, fresh: bool) -> 
     """The gallery from one command: every study behind it (completed runs are skipped; with ``fresh`` nothing
     committed is restored first, so every run trains), the map's and the paper's analyses, then
     ``<reports_root>/README.md``. Returns the first non-zero exit status, else 0."""
-    from analysis.gallery import GallerySources, gallery_entries, write_gallery
+    from analysis.render.gallery import GallerySources, gallery_entries, write_gallery
 
     t0, rc = time.time(), 0
     for name, seeds, committed in FIGURE_STUDIES:

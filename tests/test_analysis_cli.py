@@ -13,7 +13,7 @@ import pytest
 from synthetic_records import synthetic_ladder, write_study
 
 from analysis.__main__ import main
-from analysis.runs import AnalysisWarning
+from analysis.io.runs import AnalysisWarning
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = ["fig4_scaling", "loss_curves", "fig5_dynamics", "fig8_depth_weights", "fig6_block_size"]
@@ -210,7 +210,7 @@ def test_loss_curve_panels_of_a_size_zoom_alike(tmp_path: Path, monkeypatch: pyt
     the FLOPs panel only."""
     import matplotlib.pyplot as plt
 
-    from analysis import figures
+    from analysis.render import figures
 
     rows = []
     for variant, flops_per_token, first_loss in (("baseline", 1.0, 5.0), ("block_attnres", 1.3, 4.0)):
@@ -245,7 +245,7 @@ def test_loss_curve_panels_of_a_size_zoom_alike(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize("name", ["fit.json", "heldout/fit.json", "pooled/fit.json"])
 def test_committed_fit_documents_load_typed_and_round_trip(name: str) -> None:
     """The committed study's fit.json files load into the typed document and are written back unchanged."""
-    from analysis.fit_document import FitDocument, JointLaw, Multiplier, SizeMultiplier
+    from analysis.io.fit_document import FitDocument, JointLaw, Multiplier, SizeMultiplier
 
     path = REPO / "docs" / "results" / "cpu_ladder" / name
     raw = json.loads(path.read_text())
@@ -269,7 +269,7 @@ def test_committed_fit_documents_load_typed_and_round_trip(name: str) -> None:
 def test_fit_document_keeps_unknown_keys_and_tolerates_missing_ones() -> None:
     """A document from a newer writer (an extra key anywhere) round-trips; an older or partial one loads with
     defaults."""
-    from analysis.fit_document import FitDocument
+    from analysis.io.fit_document import FitDocument
 
     raw = {"multipliers": {"v": {"m": 1.2, "m_ci95": [1.0, 1.5], "new_estimator": {"m": 1.1}}}, "new_top": [1]}
     doc = FitDocument.from_dict(raw)
@@ -288,7 +288,7 @@ def test_fit_document_keeps_unknown_keys_and_tolerates_missing_ones() -> None:
 
 
 def test_the_fit_document_is_what_run_fit_writes(report: tuple[Path, int, list[str]]) -> None:
-    from analysis.fit_document import FitDocument
+    from analysis.io.fit_document import FitDocument
 
     out = report[0]
     raw = json.loads((out / "fit.json").read_text())

@@ -2,7 +2,7 @@
 seeds with only the MLP changed), the same-seed difference ``arm - reference`` with MoE, the same without (dense),
 and their difference (the interaction, per seed: delta_moe - delta_dense), each with its t interval.
 
-    python -m analysis.moe_interaction docs/results/cpu_deep_moe docs/results/cpu_deep --out reports/cpu_deep_moe
+    python -m analysis moe docs/results/cpu_deep_moe docs/results/cpu_deep --out reports/cpu_deep_moe
 
 writes ``moe_vs_dense.csv``, ``moe_vs_dense.md`` and ``fig_moe_vs_dense.png`` under ``--out``.
 """
@@ -20,8 +20,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .runs import load_results, select_completed
-from .seed_stats import interval_text, rung_interaction
+from ..io.runs import load_results, select_completed
+from ..laws.paired import rung_interaction
+from ..render.tables import interval_text
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ def interaction_table(
     """One row per rung (``n_layers`` = L_b) that both tables hold: d_model, the activated N of each arm with MoE and
     dense, ``delta_moe`` / ``delta_dense`` (arm - reference, same seeds, with ``*_ci95`` and verdict) and
     ``interaction`` (delta_moe - delta_dense on the seeds all four runs share). Rungs whose shapes differ
-    (d_model) are an error: then the MLP is not the only change (analysis.seed_stats.rung_interaction)."""
+    (d_model) are an error: then the MLP is not the only change (analysis.laws.paired.rung_interaction)."""
     keep = {opts.arm, opts.reference}
     frames = []
     for df in (moe, dense):

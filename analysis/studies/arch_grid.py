@@ -1,6 +1,6 @@
 """The architecture grid (study kind ``arch_grid``, paper Fig. 7): final val loss per variant over the (H/L_b rows,
 d/L_b columns) grid at fixed compute; fit.json's ``arch_grid`` and its Markdown table (the figure:
-analysis.figures.arch_grid_figure)."""
+analysis.render.figures.arch_grid_figure)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .runs import AnalysisWarning, runs_of_kind
-from .table_format import num as _num
+from ..io.runs import AnalysisWarning, runs_of_kind
 
 # The record columns read as numbers here (a table read from CSV holds strings until then).
 _NUMERIC = (
@@ -165,37 +164,3 @@ def _cells(rows: pd.DataFrame, baseline: str) -> list[dict[str, Any]]:
         cell["tokens"] = {str(v): float(t["tokens"].mean()) for v, t in g.groupby("variant")} if "tokens" in g else None
         cells.append(cell)
     return cells
-
-
-def arch_grid_markdown(table: dict[str, Any]) -> list[str]:
-    """The Fig. 7 table: one block of rows per variant (H/L_b, largest first) x d/L_b columns, then Δ vs baseline."""
-    xs, ys = table["d_over_lb"], table["heads_over_lb"]
-    head = ["| variant | H/L_b ↓ · d/L_b → | " + " | ".join(_num(x) for x in xs) + " |", "|---|---|" + "---|" * len(xs)]
-
-    def block(name: str, grid: list[list[float | None]], fmt: str, best: tuple[int, int] | None) -> list[str]:
-        out = []
-        for i, y in enumerate(ys):
-            cells = []
-            for j in range(len(xs)):
-                v = grid[i][j]
-                text = "–" if v is None else format(v, fmt)
-                cells.append(f"**{text}**" if best == (i, j) else text)
-            out.append(f"| {name if i == 0 else ''} | {_num(y)} | " + " | ".join(cells) + " |")
-        return out
-
-    lines = [
-        "Final validation loss at fixed compute"
-        + (f" C = {table['flops_budget']:.3g} FLOPs" if table.get("flops_budget") else "")
-        + " (mean over seeds; bold: the variant's best cell).",
-        "",
-        *head,
-    ]
-    for v in table["variants"]:
-        b = table["best"].get(v)
-        pos = (ys.index(b["heads_over_lb"]), xs.index(b["d_over_lb"])) if b else None
-        lines += block(v, table["val_loss"][v], ".4f", pos)
-    if table.get("delta_vs_baseline"):
-        lines += ["", f"Δ vs {table['baseline']} (negative: lower loss than the baseline in that cell).", "", *head]
-        for v, grid in table["delta_vs_baseline"].items():
-            lines += block(v, grid, "+.4f", None)
-    return lines

@@ -503,7 +503,7 @@ def fit_joint_pinned(
 ) -> JointFit:
     """The joint fit ``L_arm = E + A_arm C^-alpha`` with the asymptote held at ``E`` (0 <= E < min L): form
     ``pinned`` (``power_law`` at E = 0, the same fit as :func:`fit_joint`'s). How m depends on the asymptote is read
-    by refitting at several E (analysis.asymptote)."""
+    by refitting at several E (analysis.laws.asymptote)."""
     C = np.asarray(C, dtype=float)
     L = np.asarray(L, dtype=float)
     isv = np.asarray(is_variant, dtype=bool)

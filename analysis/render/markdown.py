@@ -1,7 +1,7 @@
 """summary.md of ``python -m analysis fit`` and ``paper``: the fit document (schema: docs/analysis.md) as Markdown.
 
 Pure functions from the document's dicts to text: the scaling ladder's sections here, one function a section, then
-each other study kind's section from its own module (analysis.block_size, analysis.ablations, analysis.arch_grid).
+each other study kind's section (analysis.render.tables: block size, ablations, architecture grid).
 Nothing here fits or resamples; every number printed is read from the document.
 """
 
@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ablations import ablation_markdown
-from .arch_grid import arch_grid_markdown
-from .block_size import block_size_markdown
-from .fit import ALPHA_BOUNDS
-from .multipliers import PAIRED_SD_FLOOR
-from .table_format import AT_BOUND
-from .table_format import ci as _ci
-from .table_format import fmt as _fmt
-from .table_format import loss_cell as _loss_cell
+from ..laws.fit import ALPHA_BOUNDS
+from ..laws.multipliers import PAIRED_SD_FLOOR
+from .tables import AT_BOUND, ablation_markdown, arch_grid_markdown, block_size_markdown
+from .tables import ci as _ci
+from .tables import fmt as _fmt
+from .tables import loss_cell as _loss_cell
 
 
 def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") -> str:
@@ -44,21 +41,21 @@ def _optional_sections(doc: dict[str, Any], base: str) -> list[str]:
     """The sections written only when `python -m analysis fit` was asked for them (absent: nothing)."""
     lines: list[str] = []
     if doc.get("wallclock") is not None:
-        from .wallclock import wallclock_line
+        from ..laws.wallclock import wallclock_line
 
         lines += [f"## Wall-clock multiplier vs {base} (docs/analysis.md)", ""]
         lines += [f"-{wallclock_line(v, e)[1:]}" for v, e in doc["wallclock"].items()] or ["- no CPU times"]
         lines.append("")
     if doc.get("rollout"):
-        from .rollout import rollout_markdown
+        from ..laws.rollout import rollout_markdown
 
         lines += rollout_markdown(doc["rollout"], base)
     if doc.get("e_sensitivity"):
-        from .asymptote import e_sensitivity_markdown
+        from ..laws.asymptote import e_sensitivity_markdown
 
         lines += e_sensitivity_markdown(doc["e_sensitivity"], base)
     if doc.get("nd_fit"):
-        from .nd_fit import nd_markdown
+        from ..laws.nd_fit import nd_markdown
 
         lines += nd_markdown(doc["nd_fit"])
     return lines
@@ -140,7 +137,7 @@ def _bound_note(doc: dict[str, Any]) -> list[str]:
 
 def _headline_note(v: str, mm: dict[str, Any]) -> list[str]:
     """Where the joint fit's m lies outside the range of the per-size m_s, one sentence on why, from the
-    document's ``headline_gap`` (analysis.multipliers.headline_gap)."""
+    document's ``headline_gap`` (analysis.laws.multipliers.headline_gap)."""
     g = mm.get("headline_gap")
     if not g:
         return []

@@ -14,7 +14,7 @@ the cell's effect is measured on same-seed pairs:
 * :func:`map_markdown`, :func:`map_figure` -- the table and the Fig. 7-style heat map, every cell annotated with
   its delta, half-width and pair count; cells without pairs are drawn as missing, never interpolated.
 
-Plain functions on tidy DataFrames (analysis.runs.load_results); no torch.
+Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .runs import AnalysisWarning
-from .seed_stats import t_interval
-from .seed_stats import verdict as cell_verdict
+from ..io.runs import AnalysisWarning
+from ..laws.paired import t_interval
+from ..laws.paired import verdict as cell_verdict
 
 ARM = "block_attnres"
 BASELINE = "baseline"
@@ -262,7 +262,7 @@ def analyse_map(
 ) -> dict[str, Any]:
     """Everything the map study reports, written under ``out``: map.json, map_summary.md, fig7_map.png/pdf. In
     map.json a crossing beyond the map's depths is the string "inf" (other non-finite numbers are null)."""
-    from .report import write_json
+    from ..io.report import write_json
 
     out.mkdir(parents=True, exist_ok=True)
     table = cell_table(df, opts, cells)

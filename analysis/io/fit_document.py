@@ -80,7 +80,7 @@ Interval = list  # [lo, hi]: a 95% interval, either end None when undefined
 
 @dataclass
 class BootstrapInfo(_Part):
-    """How the intervals were resampled (analysis.bootstrap.ResamplePlan and the interval's level)."""
+    """How the intervals were resampled (analysis.laws.bootstrap.ResamplePlan and the interval's level)."""
 
     mode: str | None = None  # "paired_cluster" or "parametric"
     B: int | None = None
@@ -137,11 +137,11 @@ class JointLaw(_Part):
     saturating_attempt: dict[str, Any] | None = None
     alpha_ci95: Interval | None = None
     E_ci95: Interval | None = None
-    # [lo, hi]: that end of the interval is set by a search bound (analysis.bootstrap.ends_at_bound): unbounded.
+    # [lo, hi]: that end of the interval is set by a search bound (analysis.laws.bootstrap.ends_at_bound): unbounded.
     # Absent from documents written before the flags existed (and E's for the E = 0 form).
     alpha_ci95_at_bound: list[bool] | None = field(default=None, metadata={"omit_if_none": True})
     E_ci95_at_bound: list[bool] | None = field(default=None, metadata={"omit_if_none": True})
-    # replicates whose fit ended on a bound (analysis.fit.joint_draws_at_bound)
+    # replicates whose fit ended on a bound (analysis.laws.fit.joint_draws_at_bound)
     draws_at_bound: int | None = field(default=None, metadata={"omit_if_none": True})
     huber_delta: float | None = None
 
@@ -189,7 +189,7 @@ class Multiplier(_Part):
     per_size: dict[str, SizeMultiplier] = field(default_factory=dict)
     per_size_geomean: float | None = None
     per_size_geomean_ci95: Interval | None = None
-    # why m lies outside the m_s' range, where it does (analysis.multipliers.headline_gap); absent otherwise
+    # why m lies outside the m_s' range, where it does (analysis.laws.multipliers.headline_gap); absent otherwise
     headline_gap: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
     paired: dict[str, Any] | None = None  # the same-seed paired multiplier: m, m_ci95, per_size, heterogeneity
     bootstrap_failed: int | None = None
@@ -225,14 +225,14 @@ class LossReference(_Part):
     size: str | None = field(default=None, metadata={"omit_if_none": True})
     val_loss_ci95: Interval | None = field(default=None, metadata={"omit_if_none": True})  # t interval over seeds
     seeds: list[int] | None = field(default=None, metadata={"omit_if_none": True})
-    # Same-seed difference from the baseline (analysis.seed_stats.paired_delta), for a reference arm that is not it.
+    # Same-seed difference from the baseline (analysis.laws.paired.paired_delta), for a reference arm that is not it.
     vs_baseline: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
 
 
 @dataclass
 class BlockSizePoint(_Part):
     """One block size S: the mean loss over seeds and, for a measured sweep, its t interval and its same-seed
-    differences from the references (analysis.block_size; each a dict of analysis.seed_stats.paired_delta)."""
+    differences from the references (analysis.studies.block_size; each a dict of analysis.laws.paired.paired_delta)."""
 
     block_size: int | None = None
     val_loss: float | None = None
@@ -318,8 +318,8 @@ class FitDocument(_Part):
     ablations: list[dict[str, Any]] | None = None
     arch_grid: ArchGrid | None = None
     # Sections `python -m analysis fit` writes only when a flag asks (docs/analysis.md), absent otherwise, so that
-    # a document without them stays byte-identical: --wallclock (analysis.wallclock.ladder_wallclock), --rollout
-    # (analysis.rollout), --e-sensitivity (analysis.asymptote), --nd (analysis.nd_fit).
+    # a document without them stays byte-identical: --wallclock (analysis.laws.wallclock.ladder_wallclock), --rollout
+    # (analysis.laws.rollout), --e-sensitivity (analysis.laws.asymptote), --nd (analysis.laws.nd_fit).
     wallclock: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
     rollout: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})
     e_sensitivity: dict[str, Any] | None = field(default=None, metadata={"omit_if_none": True})

@@ -1,8 +1,8 @@
 """The compute multiplier of one variant against the baseline on a scaling ladder, by every estimator
 (docs/analysis.md): the paper-form M(C), the joint fit's m, the per-size m_s and the same-seed paired multiplier,
-each with its bootstrap interval. analysis.scaling assembles them into fit.json's ``multipliers``.
+each with its bootstrap interval. analysis.studies.scaling assembles them into fit.json's ``multipliers``.
 
-The fits are analysis.fit's, the resampling analysis.bootstrap's; this module only combines them.
+The fits are analysis.laws.fit's, the resampling analysis.laws.bootstrap's; this module only combines them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..io.runs import size_order
 from . import bootstrap as bs
 from .fit import (
     PowerLaw,
@@ -26,7 +27,6 @@ from .fit import (
     multiplier_curve,
     wls_line,
 )
-from .runs import size_order
 
 _CHUNK = 400  # replicates per batched call: bounds memory of the (replicates x alphas x points) arrays
 

@@ -4,7 +4,7 @@ seed-noise bootstrap when every (size, seed) cell holds a single run.
 The resampling unit is a training run (never a checkpoint).  A *cell* is one (size, seed): the baseline and the
 variant trained with that seed share data order and initialisation, so both arms of a cell are drawn together.
 Replicates are returned as arrays ``L (B, n)`` and ``W (B, n)`` over the original points -- a resampled cell
-becomes an integer weight -- so the batched fits in :mod:`analysis.fit` refit all replicates in one call.
+becomes an integer weight -- so the batched fits in :mod:`analysis.laws.fit` refit all replicates in one call.
 """
 
 from __future__ import annotations

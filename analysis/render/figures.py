@@ -24,10 +24,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from .fit import PowerLaw
-from .fit_document import ArchGrid, FitDocument, Multiplier, VariantLaw
-from .runs import AnalysisWarning, resolve_run_dir, size_order
-from .scaling import OWN_LR  # an arm trained at its own tuned lr
+from ..io.fit_document import ArchGrid, BlockSizeSweep, FitDocument, Multiplier, VariantLaw
+from ..io.runs import OWN_LR, AnalysisWarning, resolve_run_dir, size_order  # OWN_LR: an arm at its own tuned lr
+from ..laws.fit import PowerLaw
 
 COLORS = {
     "baseline": "#4d4d4d",
@@ -38,6 +37,7 @@ COLORS = {
     "denseformer": "#9467bd",
 }
 LABELS = {"baseline": "Baseline", "block_attnres": "Block AttnRes", "full_attnres": "Full AttnRes"}
+BASELINE, FULL = "baseline", "full_attnres"  # the reference arms the block-size and ablation figures draw
 FLAG_COLOR = "#e600e6"  # runs the outlier rule flagged: a ring in fig4, a dashed curve in loss_curves
 MAX_ARROW = 4.0  # fig4: multiplier arrows longer than this are cut (and say so), so the axis stays near the data
 CI_TEXT_BOUND = 20.0  # interval ends beyond [1/20, 20] print as "<0.05" / ">20"
@@ -445,7 +445,7 @@ def loss_curves_figure(
             seed=row["seed"],
             run_id=row["run_id"],
             flagged=bool(str(row.get("flags", "") or "")),
-        )  # the outlier rule's flag (analysis.report)
+        )  # the outlier rule's flag (analysis.io.report)
         curves.append(m[["step", "tokens", "flops", "val_loss", "variant", "size", "seed", "run_id", "flagged"]])
     if missing:
         warnings.warn(
@@ -690,7 +690,7 @@ def depth_weights_figure(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Fig. 7 (architecture grid); Fig. 6 is drawn by analysis.block_size
+# Fig. 7 (architecture grid); Fig. 6 is drawn by analysis.studies.block_size
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -763,7 +763,7 @@ def arch_grid_figure(table: ArchGrid, stem: Path, labels: dict[str, str] | None 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Learning-rate tuning (analysis.lr)
+# Learning-rate tuning (analysis.studies.lr)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -779,7 +779,7 @@ def lr_figure(
     runs as faint dots), the fitted optimum as a star with its 95% interval as a bar; diverged runs as crosses on
     the panel's top edge; an optimum on a grid edge is labelled "edge". ``tuned`` (``lr[variant][size]``, the lrs
     written under ``rule``), where it differs from the optimum, as an open diamond on the size's curve.
-    ``runs``: analysis.lr.lr_runs output."""
+    ``runs``: analysis.studies.lr.lr_runs output."""
     if table.empty:
         warnings.warn("LR figure skipped: no tuned curves", AnalysisWarning, stacklevel=2)
         return []
@@ -863,3 +863,184 @@ def lr_figure(
     )
     fig.tight_layout()
     return save(fig, stem)
+
+
+def rollout_figure(ro: dict[str, Any], runs: pd.DataFrame, stem: Path, base: str, compute: str) -> list[Path]:
+    """One panel per variant: both arms' runs (fitted rungs filled, held-out hollow), the fit without the held-out
+    rungs drawn on to them, and each predicted loss with its prediction interval beside the measured mean."""
+    variants = list(ro["variants"])
+    if not variants:
+        return []
+    fig, axes = plt.subplots(1, len(variants), figsize=(5.2 * len(variants), 4.2), squeeze=False)
+    held = set(ro["held_out"])
+    for ax, v in zip(axes[0], variants):
+        e = ro["variants"][v]
+        j = e["joint"]
+        Cs = runs[runs["variant"].isin([base, v])][compute].to_numpy(float)
+        grid = np.geomspace(Cs.min() / 1.3, Cs.max() * 1.3, 100)
+        for arm, A, color in ((base, j["A_base"], "tab:gray"), (v, j["A_variant"], "tab:blue")):
+            rows = runs[runs["variant"] == arm]
+            fitted, later = rows[~rows["size"].isin(held)], rows[rows["size"].isin(held)]
+            ax.scatter(fitted[compute], fitted["val_loss"], s=12, color=color, alpha=0.6, label=f"{arm} (fitted)")
+            ax.scatter(
+                later[compute], later["val_loss"], s=18, facecolors="none", edgecolors=color, label=f"{arm} (held out)"
+            )
+            ax.plot(grid, j["E"] + A * grid ** (-j["alpha"]), color=color, lw=1)
+            for p in e["points"]:
+                if p["arm"] != arm or not p["prediction_interval95"]:
+                    continue
+                lo, hi = p["prediction_interval95"]
+                ax.errorbar(
+                    [p["C"]],
+                    [p["predicted"]],
+                    yerr=[[p["predicted"] - lo], [hi - p["predicted"]]],
+                    fmt="D",
+                    color=color,
+                    ms=5,
+                    capsize=4,
+                )
+                ax.plot([p["C"]], [p["measured"]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"compute C ({compute})")
+        ax.set_ylabel("final val loss (nats/token)")
+        ax.set_title(f"{v} vs {base}: fit on {len(ro['fitted_sizes'])} rungs, m = {e['m']:.3f}", fontsize=9)
+        ax.legend(fontsize=7, title="◆ predicted (95% PI)   ★ measured mean", title_fontsize=7)
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+def ablation_figure(table: list[dict[str, Any]], stem: Path, title: str | None = None) -> list[Path]:
+    """Table 4 as a dot plot: each arm's same-seed Δ vs the baseline with its 95% interval (ours) and the paper's Δ
+    (hollow diamonds), arms top to bottom in the table's order; zero = the baseline."""
+    arms = [r for r in table if r.get("delta_vs_baseline") is not None]
+    y = np.arange(len(arms))[::-1]
+    fig, ax = plt.subplots(figsize=(6.4, 0.32 * len(arms) + 1.4))
+    d = np.array([r["delta_vs_baseline"] for r in arms], float)
+    ci95 = [r.get("delta_ci95") for r in arms]
+    err = np.array([[v - c[0], c[1] - v] if c else [0.0, 0.0] for v, c in zip(d, ci95)]).T
+    ax.errorbar(d, y, xerr=err, fmt="o", color=COLORS["block_attnres"], ms=4.5, capsize=2.5, lw=1.2, label="ours")
+    paper = [(yy, r["paper_delta"]) for yy, r in zip(y, arms) if r.get("paper_delta") is not None]
+    if paper:
+        ax.scatter(
+            [p for _, p in paper],
+            [yy for yy, _ in paper],
+            marker="D",
+            facecolors="none",
+            edgecolors=COLORS["full_attnres"],
+            s=28,
+            label="paper (436M)",
+            zorder=3,
+        )
+    ax.axvline(0.0, color=COLORS[BASELINE], ls="--", lw=1.1)
+    _clip_outliers(ax, d, y, [p for _, p in paper])
+    ax.set_yticks(y)
+    ax.set_yticklabels([r.get("label", r["variant"]) for r in arms], fontsize=8)
+    ax.set_xlabel("Δ val loss vs baseline (negative: better); ours: same-seed pairs, 95% t interval")
+    ax.set_title(title or "Ablations and peers (Table 4)")
+    ax.legend(frameon=True, framealpha=0.9, fontsize=7.5, loc="best")
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+OFF_SCALE = 0.25  # |Δ| above this (an arm that failed to train) is drawn at the axis edge with its value
+
+
+def _clip_outliers(ax: plt.Axes, d: np.ndarray, y: np.ndarray, paper: list[float]) -> None:
+    """Keep the axis on the arms that trained: a difference beyond OFF_SCALE is marked at the edge, with its value
+    written beside it, instead of stretching the axis until the others' intervals cannot be read."""
+    core = [abs(v) for v in [*d, *paper] if abs(v) <= OFF_SCALE]
+    if len(core) == len(d) + len(paper):
+        return
+    lim = 1.25 * max(core, default=OFF_SCALE)
+    ax.set_xlim(-lim, lim)
+    for v, yy in zip(d, y):
+        if abs(v) > lim:
+            edge = math.copysign(lim, v)
+            ax.plot([edge], [yy], marker=">" if v > 0 else "<", color=COLORS["block_attnres"], ms=7, clip_on=False)
+            ax.annotate(
+                f"{v:+.2f}",
+                (edge, yy),
+                textcoords="offset points",
+                xytext=(-8 if v > 0 else 8, 6),
+                ha="right" if v > 0 else "left",
+                fontsize=7.5,
+            )
+
+
+def block_size_figure(
+    sweep: BlockSizeSweep, stem: Path, title: str | None = None, paper: BlockSizeSweep | None = None
+) -> list[Path]:
+    """Fig. 6: loss against block size S (log2 axis), with 95% intervals where the sweep has them and the baseline
+    and Full AttnRes as horizontal lines (their intervals as bands); for a measured sweep also its same-seed
+    differences from the baseline (the seeds' shared noise cancels there); ``paper`` (its Fig. 6) in a last panel."""
+    panels: list[tuple[BlockSizeSweep, str, bool]] = [(sweep, title or f"Ours: {sweep.size}", False)]
+    if any(p.vs_baseline for p in sweep.points):
+        panels.append((sweep, "Ours: same-seed difference from the baseline", True))
+    if paper is not None:
+        panels.append((paper, "Paper, Fig. 6 (436M, 32 sublayers)", False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.8), squeeze=False)
+    for ax, (sw, name, delta) in zip(axes[0], panels):
+        if delta:
+            _delta_panel(ax, sw, name)
+        else:
+            _block_size_panel(ax, sw, name)
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+def _delta_panel(ax: plt.Axes, sw: BlockSizeSweep, title: str) -> None:
+    pts = [p for p in sw.points if p.vs_baseline and p.vs_baseline.get("delta") is not None]
+    S = np.array([p.block_size for p in pts], float)
+    d = np.array([p.vs_baseline["delta"] for p in pts], float)  # type: ignore[index]
+    ci95 = [p.vs_baseline.get("delta_ci95") for p in pts]  # type: ignore[union-attr]
+    err = np.array([[v - c[0], c[1] - v] if c else [0.0, 0.0] for v, c in zip(d, ci95)]).T
+    ax.errorbar(
+        S, d, yerr=err, color=COLORS["block_attnres"], marker="o", ms=5, lw=1.5, capsize=3, label="Block AttnRes"
+    )
+    ax.axhline(0.0, color=COLORS[BASELINE], ls="--", lw=1.3, label=f"{LABELS[BASELINE]} (0)")
+    full = (sw.full.vs_baseline or {}) if sw.full is not None else {}
+    if full.get("delta") is not None:
+        ax.axhline(full["delta"], color=COLORS[FULL], ls=":", lw=1.3, label=f"{LABELS[FULL]} ({full['delta']:+.3f})")
+        if full.get("delta_ci95"):
+            ax.axhspan(*full["delta_ci95"], color=COLORS[FULL], alpha=0.12, lw=0)
+    _block_size_axes(ax, S, title, "Δ val loss vs baseline (same seeds)")
+
+
+def _block_size_panel(ax: plt.Axes, sw: BlockSizeSweep, title: str) -> None:
+    S = np.array([p.block_size for p in sw.points], float)
+    y = np.array([p.val_loss for p in sw.points], float)
+    ci95 = [p.val_loss_ci95 for p in sw.points]
+    if any(c is not None for c in ci95):
+        err = np.array([[v - c[0], c[1] - v] if c else [0.0, 0.0] for v, c in zip(y, ci95)]).T
+    else:
+        err = None
+    ax.errorbar(
+        S, y, yerr=err, color=COLORS["block_attnres"], marker="o", ms=5, lw=1.5, capsize=3, label="Block AttnRes"
+    )
+    span = [y.min(), y.max()]
+    for ref, name, style in ((sw.baseline, BASELINE, "--"), (sw.full, FULL, ":")):
+        if ref is None or ref.val_loss is None:
+            continue
+        ax.axhline(ref.val_loss, color=COLORS[name], ls=style, lw=1.3, label=f"{LABELS[name]} ({ref.val_loss:.3f})")
+        if ref.val_loss_ci95:
+            ax.axhspan(*ref.val_loss_ci95, color=COLORS[name], alpha=0.12, lw=0)
+            span += list(ref.val_loss_ci95)
+        span.append(ref.val_loss)
+    if err is not None:
+        span += list(y - err[0]) + list(y + err[1])
+    lo, hi = min(span), max(span)
+    pad = 0.08 * (hi - lo) if hi > lo else 0.01
+    ax.set_ylim(lo - pad, hi + pad)
+    _block_size_axes(ax, S, title, "Validation loss")
+
+
+def _block_size_axes(ax: plt.Axes, S: np.ndarray, title: str, ylabel: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(S)
+    ax.set_xticklabels([f"{int(s)}" + ("\n(Full)" if s == 1 else "") for s in S])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(S.min() / 1.4, S.max() * 1.4)
+    ax.set_xlabel("Block size S (sublayers per block)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(frameon=True, framealpha=0.9, fontsize=7.5, loc="best")

@@ -1,9 +1,9 @@
 """Rollout: does the ladder's law predict the next rung? Fit without the largest rung(s), predict each arm's loss and
 the multiplier there, and set the measurement beside the prediction (fit.json ``rollout``, ``fig_rollout.png``).
 
-The fit is the headline joint fit (analysis.fit.fit_joint: ``L_arm = E + A_arm C^-alpha``, E and alpha shared,
+The fit is the headline joint fit (analysis.laws.fit.fit_joint: ``L_arm = E + A_arm C^-alpha``, E and alpha shared,
 Huber on log-loss, the same form rule) on the rungs kept, one per variant against the baseline, as the ladder fit
-itself. Its bootstrap (analysis.bootstrap: the paired cluster bootstrap over seeds within a rung, or the parametric
+itself. Its bootstrap (analysis.laws.bootstrap: the paired cluster bootstrap over seeds within a rung, or the parametric
 one) gives replicates of each arm's predicted loss at the held-out rung's compute; the prediction interval adds the
 scatter the fit leaves, so that it is one for a measurement, not for the curve:
 
@@ -15,22 +15,21 @@ seeds: what is measured at the held-out rung) about the fit, with the fit's four
 freedom. The multiplier's prediction is the fit's m (one number over compute) with its bootstrap interval; beside it,
 the full ladder's m and the held-out rung's own m_s (fit.json ``multipliers``). docs/analysis.md, "Rollout".
 
-Plain functions on tidy DataFrames (analysis.runs); no torch.
+Plain functions on tidy DataFrames (analysis.io.runs); no torch.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ..io.runs import size_order
 from . import bootstrap as bs
 from .fit import fit_joint, fit_joint_batch
-from .runs import size_order
-from .scaling import FitOptions
+from .fit_options import FitOptions
 
 Z95 = 1.959963984540054
 _CHUNK = 250  # bootstrap replicates per batched call (bounds the saturating search's memory)
@@ -60,7 +59,7 @@ def rollout(
     held_out: int = 1,
     measured: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """fit.json ``rollout``: the ladder ``runs`` (completed, arms as fitted: analysis.scaling.ScalingFit.runs)
+    """fit.json ``rollout``: the ladder ``runs`` (completed, arms as fitted: analysis.studies.scaling.ScalingFit.runs)
     fitted without its ``held_out`` largest rungs (by compute), each variant against the baseline; each arm's
     predicted mean loss at every held-out rung with its fit interval and prediction interval, the measured mean
     beside it and whether it lies inside; the predicted same-seed difference variant - baseline beside the measured
@@ -231,49 +230,3 @@ def rollout_markdown(ro: dict[str, Any], base: str) -> list[str]:
 
 def _f(x: float | None, spec: str) -> str:
     return "n/a" if x is None or x != x else format(x, spec)
-
-
-def rollout_figure(ro: dict[str, Any], runs: pd.DataFrame, stem: Path, base: str, compute: str) -> list[Path]:
-    """One panel per variant: both arms' runs (fitted rungs filled, held-out hollow), the fit without the held-out
-    rungs drawn on to them, and each predicted loss with its prediction interval beside the measured mean."""
-    from .figures import plt, save
-
-    variants = list(ro["variants"])
-    if not variants:
-        return []
-    fig, axes = plt.subplots(1, len(variants), figsize=(5.2 * len(variants), 4.2), squeeze=False)
-    held = set(ro["held_out"])
-    for ax, v in zip(axes[0], variants):
-        e = ro["variants"][v]
-        j = e["joint"]
-        Cs = runs[runs["variant"].isin([base, v])][compute].to_numpy(float)
-        grid = np.geomspace(Cs.min() / 1.3, Cs.max() * 1.3, 100)
-        for arm, A, color in ((base, j["A_base"], "tab:gray"), (v, j["A_variant"], "tab:blue")):
-            rows = runs[runs["variant"] == arm]
-            fitted, later = rows[~rows["size"].isin(held)], rows[rows["size"].isin(held)]
-            ax.scatter(fitted[compute], fitted["val_loss"], s=12, color=color, alpha=0.6, label=f"{arm} (fitted)")
-            ax.scatter(
-                later[compute], later["val_loss"], s=18, facecolors="none", edgecolors=color, label=f"{arm} (held out)"
-            )
-            ax.plot(grid, j["E"] + A * grid ** (-j["alpha"]), color=color, lw=1)
-            for p in e["points"]:
-                if p["arm"] != arm or not p["prediction_interval95"]:
-                    continue
-                lo, hi = p["prediction_interval95"]
-                ax.errorbar(
-                    [p["C"]],
-                    [p["predicted"]],
-                    yerr=[[p["predicted"] - lo], [hi - p["predicted"]]],
-                    fmt="D",
-                    color=color,
-                    ms=5,
-                    capsize=4,
-                )
-                ax.plot([p["C"]], [p["measured"]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
-        ax.set_xscale("log")
-        ax.set_xlabel(f"compute C ({compute})")
-        ax.set_ylabel("final val loss (nats/token)")
-        ax.set_title(f"{v} vs {base}: fit on {len(ro['fitted_sizes'])} rungs, m = {e['m']:.3f}", fontsize=9)
-        ax.legend(fontsize=7, title="◆ predicted (95% PI)   ★ measured mean", title_fontsize=7)
-    fig.tight_layout()
-    return save(fig, stem)

@@ -19,17 +19,17 @@ r_step = (cpu_time_s / steps)_arm ÷ (cpu_time_s / steps)_ref, pooled the same w
 Time: the records' steady-state ``step_cpu_s`` (x steps) when every (arm, rung) stratum has runs with one (then
 those runs), else every run's whole ``cpu_time_s`` (compilation included, whose cost depends on the compile cache
 more than on the arm): never a mix; ``time_source`` says which. The runs timed may be other runs of the same
-configurations than those fitted (analysis.recipe's ``timing`` tables): time is a property of the configuration.
+configurations than those fitted (analysis.studies.recipe's ``timing`` tables): time is a property of the configuration.
 
 Interval: the time ratio t = s_ref / s_arm is resampled by a bootstrap over runs, within each (arm, rung)
-stratum, its percentile interval in log t widened by sqrt(mean n/(n-1)) like analysis.bootstrap's cluster
+stratum, its percentile interval in log t widened by sqrt(mean n/(n-1)) like analysis.laws.bootstrap's cluster
 intervals; it needs two timed runs in every stratum (else "n/a"). The multiplier's own interval comes from its fit
 (its bootstrap draws are not passed here), and the two are combined as independent on the log scale, each end
 apart: ln(m_wall) ± sqrt(d_m² + d_t²), d the distance in log from the point to that end of each interval. CPU time
 varies with machine load rather than with a run's seed, so the independence is close; the combination is
 approximate where either interval is far from symmetric in log. docs/analysis.md, "Wall-clock multiplier".
 
-Plain functions on tidy DataFrames (analysis.runs); no torch.
+Plain functions on tidy DataFrames (analysis.io.runs); no torch.
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def ladder_wallclock(
 ) -> dict[str, dict[str, Any]]:
     """fit.json ``wallclock``: for each variant of a fitted ladder, :func:`wallclock_multiplier` beside its compute
     multiplier. ``runs``: the ladder's runs as analysed (arm names as fitted, e.g. ``<variant>@own_lr``);
-    ``multipliers``: {variant: anything with ``m`` and ``m_ci95`` (a dict or analysis.fit_document.Multiplier)}.
+    ``multipliers``: {variant: anything with ``m`` and ``m_ci95`` (a dict or analysis.io.fit_document.Multiplier)}.
     Empty when the runs hold no CPU time (no ``cpu_time_s`` column, or none positive)."""
     if "cpu_time_s" not in runs.columns or not (pd.to_numeric(runs["cpu_time_s"], errors="coerce") > 0).any():
         return {}
@@ -269,7 +269,7 @@ def wallclock_line(name: str, entry: dict[str, Any]) -> str:
 
 
 def document_wallclock(doc: Any) -> dict[str, dict[str, Any]]:
-    """The wall-clock multipliers of a fit document (analysis.fit_document.FitDocument): its ``wallclock`` section
+    """The wall-clock multipliers of a fit document (analysis.io.fit_document.FitDocument): its ``wallclock`` section
     when it has one, else :func:`ladder_wallclock` of the runs its ``source`` names (the study's ladder, arms split
     by lr protocol as fitted), so that a report written without ``--wallclock`` still gets the line. Empty when the
     source cannot be read or holds no CPU times."""
@@ -278,8 +278,7 @@ def document_wallclock(doc: Any) -> dict[str, dict[str, Any]]:
     import warnings
     from pathlib import Path
 
-    from .runs import load_results, scaling_runs, select_completed
-    from .scaling import split_lr_protocols
+    from ..io.runs import load_results, scaling_runs, select_completed, split_lr_protocols
 
     source = Path(str(doc.source))
     if not source.exists() and (source.parent / "records").is_dir():

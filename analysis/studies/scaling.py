@@ -1,5 +1,5 @@
 """The scaling-ladder study (study kind ``scaling``): completed runs of one compute ladder -> fit.json's scaling
-parts (docs/analysis.md): each arm's law, each variant's multipliers (analysis.multipliers), the per-size losses and
+parts (docs/analysis.md): each arm's law, each variant's multipliers (laws.multipliers), the per-size losses and
 same-seed differences, the outlier rule's verdict, the lr-protocol comparison and the study's precision.
 
 Every option of the fit is one typed :class:`FitOptions`; :func:`analyse_scaling` returns the document's parts and,
@@ -8,7 +8,6 @@ beside them (never inside), the runs as analysed (:class:`ScalingFit`), which th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -19,44 +18,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import bootstrap as bs
-from . import health
-from .fit import HUBER_DELTA, PowerLaw, fit_power_law, wls_line
-from .multipliers import pair_fit, pooled_pair_sd
-from .report import SCHEMA_VERSION
-from .runs import AnalysisWarning, size_order
-
-MIN_SIZES = 3
-OUTLIER_MODES = ("keep", "exclude")
-OWN_LR = "@own_lr"  # arm-name suffix of runs trained at their own tuned lr (lr_protocol=per_arm)
-
-
-@dataclass(frozen=True)
-class FitOptions:
-    """How a scaling ladder is fitted (``python -m analysis fit``'s options; docs/analysis.md has the methods).
-
-    ``study`` picks the ladder among several scaling studies (default: the one there is). ``B``, ``seed``,
-    ``bootstrap_mode`` (auto, paired_cluster or parametric), ``seed_sigma`` and ``seed_rho`` shape the resampling
-    (analysis.bootstrap.plan_resampling); ``form`` (auto, saturating or power_law) and ``delta`` (the Huber
-    threshold) the joint fit; ``skip_incomplete`` drops a variant with too few sizes instead of failing;
-    ``outliers``: ``keep`` fits the runs the outlier rule flags (and refits without them), ``exclude`` leaves them
-    out."""
-
-    baseline: str = "baseline"
-    study: str | None = None
-    compute: str = "pflops_days"
-    B: int = bs.DEFAULT_B
-    seed: int = 0
-    bootstrap_mode: str = "auto"
-    seed_sigma: float | None = None
-    seed_rho: float = 0.0
-    form: str = "auto"
-    delta: float = HUBER_DELTA
-    skip_incomplete: bool = False
-    outliers: str = "keep"
-
-    def replace(self, **changes: Any) -> FitOptions:
-        return dataclasses.replace(self, **changes)
+from .. import health
+from ..io.report import SCHEMA_VERSION
+from ..io.runs import OWN_LR, AnalysisWarning, size_order, split_lr_protocols
+from ..laws import bootstrap as bs
+from ..laws.fit import PowerLaw, fit_power_law, wls_line
+from ..laws.fit_options import MIN_SIZES, OUTLIER_MODES, FitOptions
+from ..laws.multipliers import pair_fit, pooled_pair_sd
 
 
 @dataclass
@@ -148,20 +116,6 @@ def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str
     }
 
 
-def split_lr_protocols(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Runs of a non-baseline variant trained with ``lr_protocol=per_arm`` become the arm ``<variant>@own_lr``;
-    everything else keeps its variant name (the baseline's lr is the same under both protocols)."""
-    if "lr_protocol" not in df.columns:
-        return df
-    named = df["variant"].astype(str).str.endswith(OWN_LR)  # already split (a refit of an analysed frame)
-    own = (df["lr_protocol"].astype(str) == "per_arm") & (df["variant"] != baseline) & ~named
-    if not own.any():
-        return df
-    df = df.copy()
-    df.loc[own, "variant"] = df.loc[own, "variant"].astype(str) + OWN_LR
-    return df
-
-
 def flag_runs(
     df: pd.DataFrame, base_dir: str | None = None
 ) -> tuple[pd.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
@@ -206,7 +160,7 @@ def flag_runs(
 def _curve_flags(df: pd.DataFrame, base_dir: str | None) -> list[list[str]]:
     """Each run's training-curve flags: from its metrics.csv when its directory is found, else its record's
     ``health``."""
-    from .runs import resolve_run_dir
+    from ..io.runs import resolve_run_dir
 
     flags: list[list[str]] = []
     for _, row in df.iterrows():

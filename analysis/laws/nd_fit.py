@@ -4,9 +4,9 @@
 
 per arm, N = ``params_non_embedding`` (Kaplan's N), D = ``tokens``. As in Hoffmann et al. 2022 and its replication
 (Besiroglu et al. 2024, arXiv 2404.10102): the log-sum-exp parametrisation log L = LSE(a - alpha ln N, b - beta ln D,
-e), Huber loss (delta = 1e-3, analysis.fit.HUBER_DELTA) on log-loss residuals, L-BFGS-B (scipy) from the best points
+e), Huber loss (delta = 1e-3, laws.fit.HUBER_DELTA) on log-loss residuals, L-BFGS-B (scipy) from the best points
 of a grid of starts, and a bootstrap for the intervals: the seeds of each (size, tokens) cell resampled (the paired
-cluster bootstrap of analysis.bootstrap), else seed noise (its parametric one). E is bounded by the lowest observed
+cluster bootstrap of analysis.laws.bootstrap), else seed noise (its parametric one). E is bounded by the lowest observed
 loss (OLMo-core's practice): an asymptote above a measured loss is not a law of these runs. N and D are divided by
 their geometric means while fitting (conditioning); A and B are reported in the original units.
 
@@ -37,7 +37,7 @@ MIN_RATIO_SPREAD = 0.5  # ln(D/N) must span at least this (a factor 1.65) for th
 @dataclass(frozen=True)
 class NDOptions:
     """How the (N, D) fit runs: ``B`` bootstrap replicates from random ``seed`` (``bootstrap_mode`` and
-    ``seed_sigma`` as analysis.bootstrap.plan_resampling), the Huber threshold ``delta``, the columns of N and D, and
+    ``seed_sigma`` as laws.bootstrap.plan_resampling), the Huber threshold ``delta``, the columns of N and D, and
     ``n_starts`` grid points polished by L-BFGS-B for the point estimate (each replicate starts from the point
     estimate)."""
 

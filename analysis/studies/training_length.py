@@ -1,11 +1,11 @@
 """Does an arm's gain grow, shrink or stay with training length? The same-seed difference arm - reference per
-rung at each budget (tokens per parameter), with 95% Student-t intervals (analysis.seed_stats), and its figure.
+rung at each budget (tokens per parameter), with 95% Student-t intervals (analysis.laws.paired), and its figure.
 For any table with several budgets per rung: a multi-budget study's records (``budget``, docs/runs.md "Several
 budgets from one run") or independent runs of one rung at several token counts (tokens / params_non_embedding).
 ``python -m analysis length``.
 
 Beside it, the compute fit over the study's points: every (rung, budget) is one point of the joint law
-``L_arm = E + A_arm C^-alpha`` (:func:`budget_points`; analysis.pipeline.run_fit), which gives the compute
+``L_arm = E + A_arm C^-alpha`` (:func:`budget_points`; analysis.studies.pipeline.run_fit), which gives the compute
 multiplier over the study's compute range, its wall-clock version, the rollout (the largest compute point, i.e. the
 largest rung at the largest budget, held out and predicted), the multiplier's sensitivity to E and the fit over
 (N, D) per arm, under ``<out>/fit/``. The points mix rungs and budgets, so the law is the loss of this family of runs
@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .seed_stats import by_seed, interval_text, paired_delta, verdict
+from ..laws.paired import by_seed, paired_delta, verdict
+from ..render.tables import interval_text
 
 
 def tokens_per_param(df: pd.DataFrame) -> pd.Series:
@@ -40,8 +41,8 @@ def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str 
     """One row per (rung, budget) where both arms ran: ``size``, ``n_layers`` (when recorded),
     ``tokens_per_param``, ``ref_loss`` (the reference's mean on the pairs' seeds), ``delta`` (arm - reference,
     negative: the arm wins), ``delta_ci95`` (t interval, None under two pairs), ``n_pairs``, ``pair_seeds``,
-    ``verdict`` (analysis.seed_stats.verdict). Completed runs only; several runs of one arm, rung, budget and seed
-    are a ValueError (analysis.seed_stats.by_seed)."""
+    ``verdict`` (analysis.laws.paired.verdict). Completed runs only; several runs of one arm, rung, budget and seed
+    are a ValueError (analysis.laws.paired.by_seed)."""
     done = df[df["status"] == "completed"] if "status" in df.columns else df
     done = done.assign(tokens_per_param=tokens_per_param(done))
     rows: list[dict[str, Any]] = []
@@ -90,7 +91,7 @@ def length_markdown(table: pd.DataFrame, arm: str, reference: str) -> list[str]:
 
 def length_figure(table: pd.DataFrame, stem: Path, arm: str, reference: str) -> list[Path]:
     """Δ against tokens per parameter (log), one line per rung, 95% t intervals as bars."""
-    from .figures import plt, save
+    from ..render.figures import plt, save
 
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
     sizes = list(pd.unique(table["size"]))
@@ -129,8 +130,8 @@ def fit_points(
     """The compute fit over :func:`budget_points` under ``out`` (run_fit with every optional section: wall-clock,
     rollout of the largest point, E sensitivity, (N, D)); its headline numbers for length.json, or None (with the
     reason in ``error``) when the points are too few for a ladder fit (3 per arm)."""
+    from ..laws.fit_options import FitOptions
     from .pipeline import Sections, run_fit
-    from .scaling import FitOptions
 
     points = budget_points(df)
     points = points[points["variant"].isin([arm, reference])]
@@ -176,7 +177,7 @@ def analyse_length(
 ) -> dict[str, Any]:
     """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``, and with
     ``fit`` the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`)."""
-    from .report import write_json
+    from ..io.report import write_json
 
     out.mkdir(parents=True, exist_ok=True)
     table = gain_by_length(df, arm, reference)

@@ -3,7 +3,7 @@
 
 A ladder over a small compute range rarely determines E; m = (A_b / A_v)^(1/alpha) moves with it (Marin #4447
 found exponents 0.058 and 0.091 for a free and a pinned asymptote). One table per variant says how far: every row
-is the same Huber log-loss fit (analysis.fit), only E's treatment differs, and the objective beside m says which E
+is the same Huber log-loss fit (analysis.laws.fit), only E's treatment differs, and the objective beside m says which E
 the data prefer. docs/analysis.md, "Sensitivity to the asymptote".
 
 Plain functions on tidy DataFrames; no torch.
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .fit import fit_joint, fit_joint_pinned
-from .scaling import FitOptions
+from .fit_options import FitOptions
 
 FRACTIONS = (0.5, 0.8, 0.9, 0.95)  # E pinned at these fractions of the pair's lowest observed loss
 

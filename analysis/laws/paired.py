@@ -9,7 +9,7 @@ of freedom is the honest one (its coverage is checked by simulation in tests/tes
 The same pairs across two conditions of a ladder's rungs (MoE vs dense MLPs, one training recipe vs another):
 :func:`rung_interaction`, the per-rung differences under each and their difference, the interaction.
 
-Plain functions on tidy DataFrames (analysis.runs.load_results); no torch.
+Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .runs import AnalysisWarning
+from ..io.runs import AnalysisWarning
 
 LEVEL = 0.95
 
@@ -108,13 +108,6 @@ def study_shape(rows: pd.DataFrame, what: str) -> tuple[str, str | None, set[int
     rows = rows[rows["size"] == size]
     protocol = str(rows["lr_protocol"].fillna("baseline").mode().iloc[0]) if "lr_protocol" in rows.columns else None
     return size, protocol, {int(s) for s in rows["seed"]}
-
-
-def interval_text(interval: list[float] | None) -> str:
-    """A difference's interval as "[-0.0123, +0.0456]"; "(no interval)" without one."""
-    if not interval:
-        return "(no interval)"
-    return f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
 
 
 def arm_rows(pool: pd.DataFrame, study: str, variant: str) -> pd.DataFrame:

@@ -11,16 +11,17 @@ from typing import Any
 
 import pandas as pd
 
-from . import figures
-from .ablations import ablation_markdown
-from .block_size import block_size_figure
-from .bootstrap import DEFAULT_B
-from .fit import PowerLaw, fit_power_law, multiplier_curve
-from .fit_document import FitDocument
-from .markdown import summary_markdown
-from .paper_data import load_paper
-from .report import write_json
-from .scaling import FitOptions, analyse_scaling
+from ..io.fit_document import FitDocument
+from ..io.paper_data import load_paper
+from ..io.report import write_json
+from ..laws.bootstrap import DEFAULT_B
+from ..laws.fit import PowerLaw, fit_power_law, multiplier_curve
+from ..laws.fit_options import FitOptions
+from ..render import figures
+from ..render.figures import block_size_figure
+from ..render.markdown import summary_markdown
+from ..render.tables import ablation_markdown
+from .scaling import analyse_scaling
 
 PFLOPS_DAY = 1e15 * 86400
 FIG4_VARIANTS = ["baseline", "block_attnres", "full_attnres"]  # the three series of the paper's Fig. 4

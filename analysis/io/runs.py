@@ -444,3 +444,20 @@ def resolve_run_dir(row: pd.Series, base_dir: str | Path | None) -> Path | None:
         if c.is_dir():
             return c
     return None
+
+
+OWN_LR = "@own_lr"  # arm-name suffix of runs trained at their own tuned lr (lr_protocol=per_arm)
+
+
+def split_lr_protocols(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Runs of a non-baseline variant trained with ``lr_protocol=per_arm`` become the arm ``<variant>@own_lr``;
+    everything else keeps its variant name (the baseline's lr is the same under both protocols)."""
+    if "lr_protocol" not in df.columns:
+        return df
+    named = df["variant"].astype(str).str.endswith(OWN_LR)  # already split (a refit of an analysed frame)
+    own = (df["lr_protocol"].astype(str) == "per_arm") & (df["variant"] != baseline) & ~named
+    if not own.any():
+        return df
+    df = df.copy()
+    df.loc[own, "variant"] = df.loc[own, "variant"].astype(str) + OWN_LR
+    return df

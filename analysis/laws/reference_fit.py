@@ -1,15 +1,15 @@
 """Reference scaling-law fits, written plainly with ``scipy.optimize.least_squares``.
 
-These are the definitions the fast fits in :mod:`analysis.fit` are tested against (tests/test_analysis_fit.py);
+These are the definitions the fast fits in :mod:`analysis.laws.fit` are tested against (tests/test_analysis_fit.py);
 the analysis itself runs the fast ones (docs/analysis.md, "The reference fit"). Same models, residuals, loss and
-bounds as analysis.fit, compute C in PFLOP/s-days normalised by C_ref = the geometric mean of all points' C:
+bounds as analysis.laws.fit, compute C in PFLOP/s-days normalised by C_ref = the geometric mean of all points' C:
 
 * paper form, per variant: ``log L = log A - alpha log C``, plain least squares (loss="linear");
 * shared-exponent power law: ``log L = a_arm - alpha log(C / C_ref)``, Huber(delta) (loss="huber", f_scale=delta);
 * saturating joint fit: ``L = E + exp(a_arm) (C / C_ref)^-alpha``, Huber(delta) on ``log L - log Lhat``, with
   0 <= E <= min(L) and alpha in ALPHA_BOUNDS; a multi-start local search (the objective is not convex in alpha).
 
-The Huber objective is ``sum_i w_i huber(r_i, delta)`` with ``huber`` as in analysis.fit, which is exactly
+The Huber objective is ``sum_i w_i huber(r_i, delta)`` with ``huber`` as in analysis.laws.fit, which is exactly
 least_squares' cost with loss="huber" and f_scale=delta. least_squares has no per-residual weights for a robust
 loss, so Huber fits take integer weights (the bootstrap's cell counts) and repeat each point that many times.
 """
@@ -28,7 +28,7 @@ _TOL = 1e-14  # ftol = xtol = gtol: well below any difference the tests resolve,
 
 
 def _points(C: Any, L: Any, is_variant: Any, weights: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """(lnc, L, isv) with every point repeated ``weights`` times, and C_ref (from all points, as analysis.fit)."""
+    """(lnc, L, isv) with every point repeated ``weights`` times, and C_ref (from all points, as analysis.laws.fit)."""
     C = np.asarray(C, dtype=float)
     L = np.asarray(L, dtype=float)
     isv = np.asarray(is_variant, dtype=bool)

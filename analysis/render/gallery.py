@@ -23,39 +23,18 @@ from typing import Any
 
 import pandas as pd
 
-from .fit_document import FitDocument
-from .paper_data import load_paper
-from .runs import load_results
+from ..io.fit_document import FitDocument
+from ..io.paper_data import load_paper
+from ..io.provenance import Provenance, provenance, seed_text
+from ..io.runs import load_results
 
 GALLERY_DATA = Path(__file__).with_name("data") / "paper_gallery.json"
-ACTIVE_GAP_S = 1800.0  # a pause longer than this between runs is not counted as the study's wall time
 
 
 def load_gallery_text() -> dict[str, Any]:
     """analysis/data/paper_gallery.json: per paper item, its title, section and transcribed claims."""
     items: dict[str, Any] = json.loads(GALLERY_DATA.read_text(encoding="utf-8"))["items"]
     return items
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where an entry's runs came from: the command that reproduces them, and what their records say."""
-
-    command: str
-    n_runs: int = 0
-    seeds: tuple[int, ...] = ()
-    commits: tuple[str, ...] = ()
-    cpu_hours: float = 0.0
-    wall_s: float = 0.0  # the runs' start-to-finish spans, pauses over ACTIVE_GAP_S left out
-
-    def markdown(self) -> str:
-        if self.n_runs == 0:
-            return f"`{self.command}`"
-        commits = ", ".join(self.commits[:4]) + (f" and {len(self.commits) - 4} more" if len(self.commits) > 4 else "")
-        return (
-            f"`{self.command}`: {self.n_runs} runs, seeds {_seed_text(self.seeds)}, "
-            f"{self.cpu_hours:.2f} CPU-hours, {self.wall_s / 60:.0f} min of wall time; commits {commits}"
-        )
 
 
 @dataclass(frozen=True)
@@ -72,41 +51,6 @@ class Entry:
     figures: list[Path] = field(default_factory=list)
     provenance: Provenance | None = None
     reachable: bool = True
-
-
-def _seed_text(seeds: tuple[int, ...]) -> str:
-    return ", ".join(map(str, seeds)) if len(seeds) <= 8 else f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})"
-
-
-def provenance(df: pd.DataFrame, command: str) -> Provenance:
-    """The command plus what the completed runs of ``df`` (a results table) record."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
-    if done.empty:
-        return Provenance(command)
-    seeds = tuple(sorted({int(s) for s in done["seed"].dropna()}))
-    commits = tuple(sorted({str(c)[:7] for c in done.get("git_commit", pd.Series(dtype=str)).dropna() if c}))
-    cpu = float(pd.to_numeric(done.get("cpu_time_s"), errors="coerce").fillna(0).sum()) / 3600
-    return Provenance(command, len(done), seeds, commits, cpu, active_wall_s(done))
-
-
-def active_wall_s(df: pd.DataFrame) -> float:
-    """Wall time the runs of ``df`` took together: the union of their [started_at, finished_at] spans, with pauses
-    between runs longer than ACTIVE_GAP_S (a study resumed in a later session) left out."""
-    if "started_at" not in df.columns or "finished_at" not in df.columns:
-        return 0.0
-    spans = sorted(
-        (a.timestamp(), b.timestamp())
-        for a, b in zip(pd.to_datetime(df["started_at"], utc=True), pd.to_datetime(df["finished_at"], utc=True))
-        if not (pd.isna(a) or pd.isna(b))
-    )
-    total, start, end = 0.0, None, None
-    for a, b in spans:
-        if start is None or end is None or a > end + ACTIVE_GAP_S:
-            total += 0.0 if start is None or end is None else end - start
-            start, end = a, b
-        else:
-            end = max(end, b)
-    return total + (0.0 if start is None or end is None else end - start)
 
 
 def _ci(lo: float | None, hi: float | None, fmt: str = "{:.3f}") -> str:
@@ -303,7 +247,7 @@ def _study_runs(runs: pd.DataFrame | None, kind: str) -> pd.DataFrame | None:
 
 def block_size_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
     """Fig. 6: Block AttnRes' loss per block size S (``report``: ``python -m analysis block-size``'s directory)."""
-    from .block_size import block_size_markdown
+    from .tables import block_size_markdown
 
     text = load_gallery_text()["fig6"]
     doc = json.loads((report / "block_size.json").read_text(encoding="utf-8"))
@@ -328,7 +272,7 @@ def block_size_entry(report: Path, runs: pd.DataFrame | None, command: str) -> E
 
 def ablations_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
     """Table 4: ablations and peers (``report``: ``python -m analysis ablations``' directory)."""
-    from .ablations import ablation_markdown
+    from .tables import ablation_markdown
 
     text = load_gallery_text()["table4"]
     doc = json.loads((report / "ablations.json").read_text(encoding="utf-8"))
@@ -413,7 +357,7 @@ def _status(e: Entry) -> str:
     if not e.figures and not e.ours:
         return "not yet run"
     p = e.provenance
-    return f"{p.n_runs} runs, seeds {_seed_text(p.seeds)}" if p is not None and p.n_runs else "from the paper's numbers"
+    return f"{p.n_runs} runs, seeds {seed_text(p.seeds)}" if p is not None and p.n_runs else "from the paper's numbers"
 
 
 def write_gallery(entries: list[Entry], page: Path, intro: list[str] | None = None) -> Path:

@@ -5,12 +5,12 @@ two training recipes (optimizer + lr schedule: AdamW + cosine, Muon + WSD) × se
   recipe against the baseline under the reference recipe;
 * (b) each arm's multiplier against the baseline under each recipe separately (joint fit and paired);
 * (c) the recipe × arm interaction per rung: the arm's same-seed Δ (arm − baseline) under the new recipe minus its
-  Δ under the reference recipe (analysis.seed_stats.rung_interaction, as the MoE study's);
-* (d) beside every compute multiplier, its wall-clock multiplier (analysis.wallclock);
+  Δ under the reference recipe (analysis.laws.paired.rung_interaction, as the MoE study's);
+* (d) beside every compute multiplier, its wall-clock multiplier (analysis.laws.wallclock);
 * and whether the held-out seeds' multipliers fall inside the design seeds' intervals (every fit is run on the
   design seeds, the held-out seeds and all of them, where present).
 
-(a) and (b) are analysis.scaling's fits, unchanged: (a) relabels the baseline's runs ``variant`` =
+(a) and (b) are analysis.studies.scaling's fits, unchanged: (a) relabels the baseline's runs ``variant`` =
 ``baseline@<recipe>`` so that the joint fit and the paired multiplier read the new recipe as the "variant" and the
 reference recipe as the "baseline"; (b) fits one recipe's runs at a time. A recipe is ``optimizer + "+" +
 lr_schedule`` (the records' fields). Methods: docs/analysis.md, "Recipe study".
@@ -36,18 +36,19 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .fit import PowerLaw
-from .report import SCHEMA_VERSION, write_json
-from .runs import AnalysisWarning, load_results, select_completed, size_order, warn_duplicate_cells
-from .scaling import MIN_SIZES, FitOptions, analyse_scaling
-from .seed_stats import rung_interaction, verdict
-from .table_format import fmt
-from .wallclock import WallclockOptions, combine, time_ratio
+from ..io.report import SCHEMA_VERSION, write_json
+from ..io.runs import AnalysisWarning, load_results, select_completed, size_order, warn_duplicate_cells
+from ..laws.fit import PowerLaw
+from ..laws.fit_options import MIN_SIZES, FitOptions
+from ..laws.paired import rung_interaction, verdict
+from ..laws.wallclock import WallclockOptions, combine, time_ratio
+from ..render.tables import fmt
+from .scaling import analyse_scaling
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
 DESIGN_SEEDS = (0, 1, 2)
 HELD_OUT_SEEDS = (20, 21, 22)
-DUPLICATE_CELLS = r"\d+ cell\(s\) hold more than one run"  # analysis.runs.warn_duplicate_cells's message
+DUPLICATE_CELLS = r"\d+ cell\(s\) hold more than one run"  # analysis.io.runs.warn_duplicate_cells's message
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def recipe_of(df: pd.DataFrame) -> pd.Series:
 
 
 def recipe_runs(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """The runs the report reads and the runs it left out (analysis.runs.select_completed: failed, diverged,
+    """The runs the report reads and the runs it left out (analysis.io.runs.select_completed: failed, diverged,
     interrupted and malformed runs are never fitted), with a ``recipe`` column: completed runs of the two recipes,
     the baseline's under any lr protocol and the other arms' under ``opts.lr_protocol``. A ValueError of one line
     when a recipe or the baseline under a recipe is missing; runs of a third recipe are left out with a warning."""
@@ -189,10 +190,10 @@ def compare(
     base_dir: str | None = None,
     timed: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every arm of ``runs`` (column ``variant``) against ``reference`` by analysis.scaling's fit (its options from
+    """Every arm of ``runs`` (column ``variant``) against ``reference`` by studies.scaling's fit (its options from
     ``opts.fit``; an arm with fewer than MIN_SIZES rungs is skipped), each with its wall-clock multiplier from the
     same runs. Per arm: ``joint`` and ``paired`` (:func:`_estimate`), ``law_reference`` / ``law_arm`` (the joint
-    fit's laws), ``exponent_diff`` with its interval, ``paired_heterogeneity_p``, ``timing`` (analysis.wallclock.
+    fit's laws), ``exponent_diff`` with its interval, ``paired_heterogeneity_p``, ``timing`` (analysis.laws.wallclock.
     time_ratio, over ``timed``: the runs fitted and any timing runs of the same configurations; default ``runs``),
     ``n_runs`` and ``sizes``; or ``error`` with the fit's reason when it cannot be fitted."""
     timed = runs if timed is None else timed
@@ -251,7 +252,7 @@ def baseline_table(runs: pd.DataFrame, opts: RecipeOptions) -> pd.DataFrame:
 def interaction_rows(runs: pd.DataFrame, arms: list[str], opts: RecipeOptions) -> list[dict[str, Any]]:
     """Per arm (present under both recipes) and rung: the same-seed Δ = arm − baseline under each recipe, with t
     intervals and verdicts, and the interaction Δ_recipe − Δ_reference_recipe on the seeds all four runs share
-    (analysis.seed_stats.rung_interaction), with its verdict: ``gains more under <recipe>`` (the interval below 0),
+    (analysis.laws.paired.rung_interaction), with its verdict: ``gains more under <recipe>`` (the interval below 0),
     ``gains less``, ``undecided`` or ``missing``."""
     by = {r: runs[runs["recipe"] == r] for r in (opts.recipe, opts.reference_recipe)}
     rows = []
@@ -321,7 +322,7 @@ class RecipeReport:
 def analyse_recipe(
     df: pd.DataFrame, opts: RecipeOptions = RecipeOptions(), timing: pd.DataFrame | None = None
 ) -> RecipeReport:
-    """The recipe study's report from its records ``df`` (analysis.runs.load_results; every run, failed ones
+    """The recipe study's report from its records ``df`` (analysis.io.runs.load_results; every run, failed ones
     included: :func:`recipe_runs` chooses). ``parts`` keys: the recipes, arms, rungs, seed sets and regime;
     ``baseline_recipe[<seed set>]`` (a) and ``arms_vs_baseline[<recipe>][<seed set>][<arm>]`` (b), each as
     :func:`compare` gives them (with (d) inside); ``interaction`` (c), :func:`interaction_rows`; ``held_out_check``:
@@ -848,7 +849,7 @@ def _save(fig, path: str | Path) -> Path:
 
 
 def read_studies(paths: list[str] | list[Path]) -> pd.DataFrame:
-    """The records of one or more study directories / results tables as one table (analysis.runs.load_results
+    """The records of one or more study directories / results tables as one table (analysis.io.runs.load_results
     each; run directories are looked up under the first one's)."""
     frames = [load_results(p) for p in paths]
     if len(frames) == 1:

@@ -39,7 +39,7 @@ import pandas as pd
 
 from results.io import atomic_write_text
 
-from .runs import AnalysisWarning
+from ..io.runs import AnalysisWarning
 
 WINDOW = 2  # grid steps on each side of the grid minimum used by the quadratic fit
 CI_LEVEL = 0.95
@@ -534,7 +534,7 @@ def run_lr(
     import json
     from datetime import datetime, timezone
 
-    from . import figures
+    from ..render import figures
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,15 +9,18 @@ from typing import Any
 
 import pandas as pd
 
-from . import figures
-from .ablations import ablation_markdown, ablation_table
-from .arch_grid import arch_grid_markdown, arch_grid_table
-from .block_size import block_size_figure, block_size_sweep
-from .fit_document import FitDocument
-from .markdown import summary_markdown
-from .report import SCHEMA_VERSION, write_json
-from .runs import AnalysisWarning, as_plain_scaling, load_results, load_wandb, scaling_runs, select_completed
-from .scaling import FitOptions, analyse_scaling
+from ..io.fit_document import FitDocument
+from ..io.report import SCHEMA_VERSION, write_json
+from ..io.runs import AnalysisWarning, as_plain_scaling, load_results, load_wandb, scaling_runs, select_completed
+from ..laws.fit_options import FitOptions
+from ..render import figures
+from ..render.figures import block_size_figure
+from ..render.markdown import summary_markdown
+from ..render.tables import ablation_markdown, arch_grid_markdown
+from .ablations import ablation_table
+from .arch_grid import arch_grid_table
+from .block_size import block_size_sweep
+from .scaling import analyse_scaling
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def run_fit(
     if make_figures:
         written += _draw_figures(doc, ladder, out, compute, base_dir)
         if doc.rollout and not ladder.empty:
-            from .rollout import rollout_figure
+            from ..render.figures import rollout_figure
 
             written += rollout_figure(doc.rollout, ladder, out / "fig_rollout", baseline, compute)
     doc.files = [*sorted(str(p.relative_to(out)) for p in written), "fit.json", "summary.md"]
@@ -98,19 +101,19 @@ def _optional_sections(ladder: pd.DataFrame, parts: dict[str, Any], opt: FitOpti
     """The sections :class:`Sections` asks for, from the ladder's runs as analysed and its fitted multipliers."""
     out: dict[str, Any] = {}
     if extra.wallclock:
-        from .wallclock import ladder_wallclock
+        from ..laws.wallclock import ladder_wallclock
 
         out["wallclock"] = ladder_wallclock(ladder, opt.baseline, parts["multipliers"])
     if extra.rollout:
-        from .rollout import rollout
+        from ..laws.rollout import rollout
 
         out["rollout"] = rollout(ladder, opt, extra.rollout, parts["multipliers"])
     if extra.e_sensitivity is not None:
-        from .asymptote import e_sensitivity
+        from ..laws.asymptote import e_sensitivity
 
         out["e_sensitivity"] = e_sensitivity(ladder, opt, extra.e_sensitivity)
     if extra.nd:
-        from .nd_fit import NDOptions, nd_fit
+        from ..laws.nd_fit import NDOptions, nd_fit
 
         out["nd_fit"] = nd_fit(ladder, NDOptions(B=opt.B, seed=opt.seed))
     return out
