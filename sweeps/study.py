@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import signal
 import subprocess
@@ -437,7 +436,6 @@ def analysis_arguments(args: Sequence[str]) -> list[str]:
     return out
 
 
-ANALYSIS_MODULES = {"length": "training_length"}  # a command whose module has another name
 
 
 def run_analysis(argv: list[str]) -> tuple[int, Any]:
@@ -645,9 +643,10 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
     if scaling:
         if study.analysis == "fit":
             lines = headline(document)
-        else:  # the command's module says its headline (e.g. analysis.studies.recipe.headline_lines)
-            module = ANALYSIS_MODULES.get(study.analysis, study.analysis)
-            lines = list(importlib.import_module(f"analysis.{module}").headline_lines(document))
+        else:  # the study registered as the command says its headline (analysis.studies.registry)
+            from analysis.studies.registry import headline_lines
+
+            lines = headline_lines(study.analysis, document)
         for line in lines:
             print(line)
         for line in committed_lines(REPO / study.committed) if study.committed else []:

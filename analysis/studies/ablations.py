@@ -15,16 +15,19 @@ Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ..io.paper_data import load_paper
-from ..io.runs import runs_of_kind
+from ..io.runs import check_one_dataset, load_results, runs_of_kind
 from ..laws.paired import arm_rows, by_seed, loss_summary, paired_delta, same_shape, study_shape, verdict
 from ..render.figures import ablation_figure
 from ..render.tables import ablation_markdown
+from .registry import add_results_out, register
 
 BASELINE = "baseline"
 # Peer residual schemes the paper's Table 4 does not report; their rows follow the paper's peers (DenseFormer, mHC).
@@ -142,4 +145,27 @@ def analyse_ablations(df: pd.DataFrame, out: Path, baseline: str = BASELINE) -> 
     files = ablation_figure(table, out / "fig_table4_ablations", f"Ablations and peers, ours at {shape}")
     doc["files"] = [p.name for p in files] + ["ablations.json", "table4_ablations.md"]
     write_json(doc, out / "ablations.json")
+    return doc
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_results_out(p, "the study's results.csv (or a study directory)", "output directory (JSON, Markdown, figure)")
+    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+
+
+@register(
+    "ablations",
+    help="ablations and peers (Table 4): same-seed differences with 95%% t intervals, beside the paper's",
+    arguments=_arguments,
+)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """``python -m analysis ablations``: the study's JSON, Markdown table and figure, then its verdict."""
+    df = load_results(args.results)
+    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    doc = analyse_ablations(df, Path(args.out), args.baseline)
+    print(doc["verdict"])
+    print(f"wrote {', '.join(doc['files'])} to {args.out}")
     return doc

@@ -15,6 +15,8 @@ Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +24,11 @@ import pandas as pd
 
 from ..io.fit_document import BlockSizeSweep
 from ..io.paper_data import paper_sweep
-from ..io.runs import keep_most_common, runs_of_kind
+from ..io.runs import check_one_dataset, keep_most_common, load_results, runs_of_kind
 from ..laws.paired import arm_rows, by_seed, loss_summary, paired_delta, same_shape, study_shape, verdict
 from ..render.figures import block_size_figure
 from ..render.tables import block_size_markdown, interval_text
+from .registry import add_results_out, register
 
 FULL = "full_attnres"
 BASELINE = "baseline"
@@ -144,4 +147,28 @@ def analyse_block_size(df: pd.DataFrame, out: Path, baseline: str = BASELINE, fu
     files = block_size_figure(BlockSizeSweep.from_dict(sw), out / "fig6_block_size", title, paper=paper_sweep())
     doc["files"] = [p.name for p in files] + ["block_size.json", "block_size_summary.md"]
     write_json(doc, out / "block_size.json")
+    return doc
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_results_out(p, "the study's results.csv (or a study directory)", "output directory (JSON, Markdown, figure)")
+    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+
+
+@register(
+    "block_size",
+    help="block size (Fig. 6): same-seed differences with 95%% t intervals, beside the paper's",
+    arguments=_arguments,
+    aliases=("block-size",),
+)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """``python -m analysis block_size``: the study's JSON, Markdown table and figure, then its verdict."""
+    df = load_results(args.results)
+    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    doc = analyse_block_size(df, Path(args.out), args.baseline)
+    print(doc["verdict"])
+    print(f"wrote {', '.join(doc['files'])} to {args.out}")
     return doc

@@ -19,8 +19,10 @@ Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
 
 from __future__ import annotations
 
+import argparse
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from scipy import stats
 from ..io.runs import AnalysisWarning
 from ..laws.paired import t_interval
 from ..laws.paired import verdict as cell_verdict
+from .registry import register
 
 ARM = "block_attnres"
 BASELINE = "baseline"
@@ -281,3 +284,43 @@ def analyse_map(
     files = map_figure(table, out / "fig7_map", opts)
     doc["files"] = [str(p.name) for p in files] + ["map.json", "map_summary.md"]
     return doc
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", required=True, help="the map study's results.csv (or a study directory)")
+    p.add_argument("--out", required=True, help="output directory (map.json, map_summary.md, fig7_map.png)")
+    p.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
+    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    p.add_argument(
+        "--bootstrap", type=int, default=2000, metavar="B", help="resamples for the boundary (default: 2000)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="resampling seed (default: 0)")
+
+
+@register(
+    "map",
+    help="the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map",
+    arguments=_arguments,
+)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """``map``: map.json, map_summary.md and the heat map, then each cell's verdict."""
+    from pathlib import Path
+
+    from ..io.runs import check_one_dataset, load_results
+
+    df = load_results(args.results)
+    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    opts = MapOptions(arm=args.arm, baseline=args.baseline, B=args.bootstrap, seed=args.seed)
+    mdoc = analyse_map(df, Path(args.out), opts)
+    for c in mdoc["cells"]:
+        lo, hi = c["ci_lo"], c["ci_hi"]
+        ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None else "(one pair)"
+        print(
+            f"L_b {c['n_layers']} x d {c['d_model']}: delta {c['delta']:+.4f} {ci}, "
+            f"{c['n_pairs']} pairs, {c['verdict']}"
+        )
+    print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
+    return mdoc

@@ -27,9 +27,11 @@ closed-form vertex in the tests.
 
 from __future__ import annotations
 
+import argparse
 import math
 import warnings
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ import pandas as pd
 from results.io import atomic_write_text
 
 from ..io.runs import AnalysisWarning
+from .registry import number, register
 
 WINDOW = 2  # grid steps on each side of the grid minimum used by the quadratic fit
 CI_LEVEL = 0.95
@@ -575,4 +578,61 @@ def run_lr(
     (out / "lr_summary.md").write_text(lr_markdown(table, info, trend, df.attrs.get("source"), doc["tuned_lr"], rule))
     doc["files"] = [str(p) for p in written] + [str(out / "lr.json"), str(out / "lr_summary.md")]
     doc["table"] = table
+    return doc
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", required=True, help="the LR study's results.csv (or a study directory)")
+    p.add_argument("--out", required=True, help="output directory (lr.json, lr_summary.md, fig_lr.png)")
+    p.add_argument(
+        "--dataset", help="only the runs of this data set (data_fingerprint, a prefix of it, or the dataset path)"
+    )
+    p.add_argument(
+        "--write-config", metavar="PATH", help="also write the tuned lrs as a config, e.g. conf/tuned_lr/cpu.yaml"
+    )
+    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    p.add_argument("--seed-sigma", type=float, help="seed-noise sd of one run's val loss, for single-seed curves")
+    p.add_argument(
+        "--rule",
+        default="per_size",
+        choices=["per_size", "trend"],
+        help="lr written per size: each size's own optimum (default), or the arm's power law in N over sizes",
+    )
+    p.add_argument("--no-figures", action="store_true", help="write lr.json and lr_summary.md only")
+
+
+@register(
+    "lr",
+    help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read",
+    arguments=_arguments,
+)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""
+    from ..io.runs import check_one_dataset, load_results, select_dataset
+
+    command = "python -m analysis " + " ".join(argv)
+    df = load_results(args.results)
+    if args.dataset:
+        df = select_dataset(df, args.dataset)
+    check_one_dataset(df[df["status"].isin(["completed", "diverged"])] if "status" in df.columns else df)
+    doc = run_lr(
+        df,
+        args.out,
+        B=args.bootstrap,
+        seed=args.seed,
+        seed_sigma=args.seed_sigma,
+        write_config=args.write_config,
+        command=command,
+        make_figures=not args.no_figures,
+        rule=args.rule,
+    )
+    for r in doc["table"].itertuples():
+        lo, hi = r.ci95
+        edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""
+        print(f"{r.variant} {r.size}: lr = {number(r.lr, '.3g')} [{number(lo, '.3g')}, {number(hi, '.3g')}]{edge}")
+    print(f"wrote {', '.join(doc['files'])}")
     return doc

@@ -4,12 +4,13 @@ and their difference (the interaction, per seed: delta_moe - delta_dense), each 
 
     python -m analysis moe docs/results/cpu_deep_moe docs/results/cpu_deep --out reports/cpu_deep_moe
 
-writes ``moe_vs_dense.csv``, ``moe_vs_dense.md`` and ``fig_moe_vs_dense.png`` under ``--out``.
+(:func:`report`) writes ``moe_vs_dense.csv``, ``moe_vs_dense.md`` and ``fig_moe_vs_dense.png`` under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pandas as pd
 from ..io.runs import load_results, select_completed
 from ..laws.paired import rung_interaction
 from ..render.tables import interval_text
+from .registry import register
 
 
 @dataclass(frozen=True)
@@ -87,27 +89,28 @@ def plot_interaction(table: pd.DataFrame, path: str | Path, opts: InteractionOpt
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="An arm's gain with MoE MLPs beside the same rungs dense.")
-    parser.add_argument("moe", type=Path, help="the MoE study's records (a study directory or results.csv)")
-    parser.add_argument("dense", type=Path, help="the dense study's records")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--arm", default=InteractionOptions.arm)
-    parser.add_argument("--reference", default=InteractionOptions.reference)
-    args = parser.parse_args(argv)
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("moe", type=Path, help="the MoE study's records (a study directory or results.csv)")
+    p.add_argument("dense", type=Path, help="the dense study's records")
+    p.add_argument("--out", type=Path, required=True, help="output directory (moe_vs_dense.csv, .md and figure)")
+    p.add_argument("--arm", default=InteractionOptions.arm, help="the arm (default: block_attnres)")
+    p.add_argument("--reference", default=InteractionOptions.reference, help="its reference (default: baseline)")
+
+
+@register("moe", help="an arm's gain with MoE MLPs beside the same rungs dense, per rung", arguments=_arguments)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> pd.DataFrame:
+    """``python -m analysis moe``: moe_vs_dense.csv, moe_vs_dense.md and fig_moe_vs_dense.png under ``--out``;
+    returns the table. No rung in both studies: ValueError."""
     opts = InteractionOptions(arm=args.arm, reference=args.reference)
     moe, _ = select_completed(load_results(args.moe))
     dense, _ = select_completed(load_results(args.dense))
     table = interaction_table(moe, dense, opts)
     if table.empty:
-        raise SystemExit("[attnres] no rung is in both studies")
+        raise ValueError("no rung is in both studies")
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "moe_vs_dense.csv", index=False)
     md = interaction_markdown(table, opts)
     (args.out / "moe_vs_dense.md").write_text(md)
     print(md)
     print(f"-> {plot_interaction(table, args.out / 'fig_moe_vs_dense.png', opts)}")
-
-
-if __name__ == "__main__":
-    main()
+    return table

@@ -6,6 +6,8 @@ compute reconstructed as stated in paper.json) and adds the paper-only figures (
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from ..render import figures
 from ..render.figures import block_size_figure
 from ..render.markdown import summary_markdown
 from ..render.tables import ablation_markdown
+from .registry import register
 from .scaling import analyse_scaling
 
 PFLOPS_DAY = 1e15 * 86400
@@ -198,3 +201,25 @@ def headline_numbers(doc: FitDocument) -> str:
         pub = f" (published laws: {e['published_laws']:.3f})" if "published_laws" in e else ""
         lines.append(f"M({v}) at {cmp['M_at_C']} PFLOP/s-days = {e['refit']:.3f}{pub}")
     return "\n".join(lines)
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    p.add_argument(
+        "--seed-sigma", type=float, help="seed-noise sd for the parametric bootstrap (default: fit residual sd)"
+    )
+
+
+@register("paper", help="refit the paper's published numbers and draw its figures", arguments=_arguments)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
+    """``paper``: the paper's own numbers refitted, with the headline."""
+
+    doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
+    print(headline_numbers(doc))
+    print(f"wrote {', '.join(doc.files)} to {args.out}")
+    return doc

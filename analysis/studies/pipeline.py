@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from ..render.tables import ablation_markdown, arch_grid_markdown
 from .ablations import ablation_table
 from .arch_grid import arch_grid_table
 from .block_size import block_size_sweep
+from .registry import fractions, number, register, seed_list
 from .scaling import analyse_scaling
 
 
@@ -155,3 +158,179 @@ def load_any(results: str | None, wandb_project: str | None, wandb_group: str | 
     if (results is None) == (wandb_project is None):
         raise ValueError("give exactly one of --results PATH or --wandb ENTITY/PROJECT")
     return load_results(results) if results is not None else load_wandb(wandb_project, wandb_group)
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--results",
+        help="results.csv, a results.json, or a study/run directory (results.csv or results.json files below it)",
+    )
+    src.add_argument(
+        "--wandb", metavar="ENTITY/PROJECT", help="read the same records from W&B (needs wandb and network)"
+    )
+    p.add_argument("--wandb-group", help="W&B group (study) to read, with --wandb")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    p.add_argument(
+        "--dataset",
+        help="fit only the runs of this data set (data_fingerprint, a prefix of it, or the dataset "
+        "path); needed when a table holds several",
+    )
+    p.add_argument("--study", help="which study to fit as the scaling ladder (default: the one of study_kind scaling)")
+    p.add_argument(
+        "--compute",
+        default="pflops_days",
+        choices=["pflops_days", "pflops_days_6nd"],
+        help="compute column (default: pflops_days)",
+    )
+    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    p.add_argument(
+        "--bootstrap-mode",
+        default="auto",
+        choices=["auto", "cluster", "parametric"],
+        help="auto: paired cluster bootstrap over seeds when every size has >= 2 seeds, else parametric",
+    )
+    p.add_argument(
+        "--seed-sigma", type=float, help="seed-noise sd of one run's final val loss, for the parametric bootstrap"
+    )
+    p.add_argument(
+        "--seed-rho", type=float, default=0.0, help="share of seed noise common to both arms of a cell (default: 0)"
+    )
+    p.add_argument(
+        "--form",
+        default="auto",
+        choices=["auto", "saturating", "power_law"],
+        help="joint-fit form: auto = E + A C^-alpha, falling back to E = 0 when E hits a bound",
+    )
+    p.add_argument(
+        "--outliers",
+        default="keep",
+        choices=["keep", "exclude"],
+        help="runs the outlier rule flags: keep them in the fit (default; the fit without them is reported too) "
+        "or exclude them",
+    )
+    p.add_argument(
+        "--skip-incomplete",
+        action="store_true",
+        help="skip (with a warning) variants with fewer than 3 sizes instead of failing",
+    )
+    p.add_argument(
+        "--seeds",
+        type=seed_list,
+        help="fit only the runs of these seeds, comma-separated (e.g. a study's held-out seeds 20,21,22)",
+    )
+    p.add_argument("--no-figures", action="store_true", help="write fit.json and summary.md only")
+    _add_fit_sections(p)
+
+
+def _add_fit_sections(f: argparse.ArgumentParser) -> None:
+    """``fit``'s optional sections (docs/analysis.md): wall clock, rollout, E sensitivity, the N-D fit."""
+    f.add_argument(
+        "--wallclock",
+        action="store_true",
+        help="add the wall-clock multiplier beside each compute multiplier (from the records' CPU times)",
+    )
+    f.add_argument(
+        "--rollout",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="K",
+        help="fit without the K largest rungs (default 1), predict their losses and the multiplier there beside "
+        "the measurement (fit.json rollout, fig_rollout.png)",
+    )
+    f.add_argument(
+        "--e-sensitivity",
+        type=fractions,
+        nargs="?",
+        const=(0.5, 0.8, 0.9, 0.95),
+        default=None,
+        metavar="F,F,...",
+        help="the multiplier with E fitted, E = 0 and E pinned at these fractions of the lowest loss "
+        "(default 0.5,0.8,0.9,0.95)",
+    )
+    f.add_argument(
+        "--nd",
+        action="store_true",
+        help="also fit L = E + A/N^alpha + B/D^beta per arm (Chinchilla's approach 3; needs several tokens per "
+        "parameter)",
+    )
+
+
+@register("fit", help="fit a results table and write fit.json, summary.md and figures", arguments=_arguments)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
+    """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
+    from ..io.runs import select_dataset, select_seeds
+    from ..laws.fit_options import FitOptions
+
+    df = load_any(args.results, args.wandb, args.wandb_group)
+    if args.dataset:
+        df = select_dataset(df, args.dataset)
+    if args.seeds:
+        df = select_seeds(df, args.seeds)
+    options = FitOptions(
+        baseline=args.baseline,
+        study=args.study,
+        compute=args.compute,
+        B=args.bootstrap,
+        seed=args.seed,
+        bootstrap_mode=args.bootstrap_mode,
+        seed_sigma=args.seed_sigma,
+        seed_rho=args.seed_rho,
+        form=args.form,
+        skip_incomplete=args.skip_incomplete,
+        outliers=args.outliers,
+    )
+    sections = Sections(wallclock=args.wallclock, rollout=args.rollout, e_sensitivity=args.e_sensitivity, nd=args.nd)
+    doc = run_fit(df, args.out, options, make_figures=not args.no_figures, sections=sections)
+    for v, m in doc.multipliers.items():
+        lo, hi = m.m_ci95 or (None, None)
+        print(
+            f"{v}: m = {number(m.m)} [{number(lo)}, {number(hi)}], P(m<=1) = {number(m.p_m_le_1)}, "
+            f"paper M = {number(m.paper_M)}, per-size geo-mean = {number(m.per_size_geomean)}"
+        )
+        c = m.paper_M_curve
+        if m.headline == "curve" and c is not None:
+            print(
+                f"  exponents differ significantly: M(C) runs from {number(c.M[0])} at C = {c.C[0]:.3g} "
+                f"to {number(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
+            )
+    for line in _section_lines(doc):
+        print(line)
+    print(f"wrote {', '.join(doc.files)} to {args.out}")
+    return doc
+
+
+def _section_lines(doc: FitDocument) -> list[str]:
+    """The optional sections' headline lines (wall-clock multipliers, the rollout's predictions, the E range)."""
+    lines: list[str] = []
+    if doc.wallclock:
+        from ..laws.wallclock import wallclock_line
+
+        lines += [wallclock_line(v, e).strip() for v, e in doc.wallclock.items()]
+    for v, e in ((doc.rollout or {}).get("variants") or {}).items():
+        for p in e["points"]:
+            lo, hi = p["prediction_interval95"] or (None, None)
+            lines.append(
+                f"rollout {v}: {p['arm']} at {p['size']}: predicted {number(p['predicted'])} "
+                f"[{number(lo)}, {number(hi)}], "
+                f"measured {number(p['measured'])} ({'inside' if p['inside'] else 'OUTSIDE'})"
+            )
+        lo, hi = e.get("m_ci95") or (None, None)
+        m = f"{number(e['m'])} [{number(lo)}, {number(hi)}]"
+        lines.append(f"rollout {v}: m fitted without the held-out rung(s) = {m}")
+    for v, e in ((doc.e_sensitivity or {}).get("variants") or {}).items():
+        lo, hi = e["m_range"]
+        lines.append(f"E sensitivity {v}: m from {number(lo)} to {number(hi)} (summary.md has the table)")
+    for arm, e in ((doc.nd_fit or {}).get("arms") or {}).items():
+        if e.get("error"):
+            lines.append(f"nd fit {arm}: {e['error']}")
+        else:
+            lines.append(f"nd fit {arm}: {e['law']}")
+    return lines

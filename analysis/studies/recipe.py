@@ -22,9 +22,11 @@ writes ``recipe.json``, ``recipe_summary.md``, ``fig_recipe_interaction.png`` an
 
 from __future__ import annotations
 
+import argparse
 import math
 import textwrap
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from ..laws.fit_options import MIN_SIZES, FitOptions
 from ..laws.paired import rung_interaction, verdict
 from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.tables import fmt
+from .registry import register, seed_list
 from .scaling import analyse_scaling
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
@@ -914,4 +917,62 @@ def run_recipe(
     doc["files"] = files
     write_json(doc, out / "recipe.json")
     (out / "recipe_summary.md").write_text(recipe_markdown(doc))
+    return doc
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--results", required=True, nargs="+", help="the study's results.csv or directory (several are read as one)"
+    )
+    p.add_argument("--out", required=True, help="output directory (recipe.json, recipe_summary.md, figures)")
+    p.add_argument("--seeds", type=seed_list, help="read only the runs of these seeds, comma-separated")
+    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    p.add_argument("--reference-recipe", default="adamw+cosine", help="optimizer+lr_schedule (default: adamw+cosine)")
+    p.add_argument("--recipe", default="muon+wsd", help="the recipe compared with it (default: muon+wsd)")
+    p.add_argument("--lr-protocol", default="baseline", help="the arms' lr protocol read (default: baseline)")
+    p.add_argument("--design-seeds", type=seed_list, default=[0, 1, 2], help="design seeds (default: 0,1,2)")
+    p.add_argument("--held-out-seeds", type=seed_list, default=[20, 21, 22], help="held-out seeds (default: 20,21,22)")
+    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    p.add_argument("--no-figures", action="store_true", help="write recipe.json and recipe_summary.md only")
+    p.add_argument(
+        "--timing",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="study directories or results.csv files of extra runs of the same configurations, read for the step-time "
+        "ratios only (e.g. re-runs of committed runs whose records predate step_cpu_s), never fitted",
+    )
+
+
+@register(
+    "recipe",
+    help="a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction",
+    arguments=_arguments,
+    headline=headline_lines,
+)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """``recipe``: recipe.json, recipe_summary.md and figures, then the headline multipliers."""
+    from ..io.runs import select_seeds
+    from ..laws.fit_options import FitOptions
+
+    df = read_studies(args.results)
+    if args.seeds:
+        df = select_seeds(df, args.seeds)
+    opts = RecipeOptions(
+        reference_recipe=args.reference_recipe,
+        recipe=args.recipe,
+        baseline=args.baseline,
+        lr_protocol=args.lr_protocol,
+        design_seeds=tuple(args.design_seeds),
+        held_out_seeds=tuple(args.held_out_seeds),
+        fit=FitOptions(B=args.bootstrap, seed=args.seed),
+    )
+    timing = read_studies(args.timing) if args.timing else None
+    doc = run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)
+    print("\n".join(headline_lines(doc)))
+    print(f"wrote {', '.join(doc['files'])} to {args.out}")
     return doc

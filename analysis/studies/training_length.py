@@ -16,6 +16,8 @@ Plain functions on tidy DataFrames; no torch.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import pandas as pd
 
 from ..laws.paired import by_seed, paired_delta, verdict
 from ..render.tables import interval_text
+from .registry import register
 
 
 def tokens_per_param(df: pd.DataFrame) -> pd.Series:
@@ -255,3 +258,50 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
             f"{r['delta']:+.4f} {_ci(r['delta_ci95'], '+.4f')}, {r['n_pairs']} pairs, {r['verdict']}"
         )
     return lines + fit_lines(doc.get("fit"), doc["arm"])
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", required=True, help="a study with several budgets per rung (results.csv or directory)")
+    p.add_argument("--out", required=True, help="output directory (length.json, length_summary.md, fig_length.png)")
+    p.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
+    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    p.add_argument(
+        "--no-fit",
+        action="store_true",
+        help="the per-budget differences only: no compute fit over the (rung, budget) points (fit/)",
+    )
+    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="the fit's bootstrap replicates (2000)")
+    p.add_argument("--seed", type=int, default=0, help="the fit's bootstrap random seed (default: 0)")
+    p.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
+
+
+@register(
+    "length",
+    help="arm - baseline per rung at each training length (tokens per parameter): 95%% t intervals",
+    arguments=_arguments,
+    headline=headline_lines,
+)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """``length``: the arm's same-seed difference per rung and budget, then one line per row."""
+    from pathlib import Path
+
+    from ..io.runs import check_one_dataset, load_results
+
+    df = load_results(args.results)
+    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    doc = analyse_length(
+        df,
+        Path(args.out),
+        args.arm,
+        args.baseline,
+        make_figures=not args.no_figures,
+        fit=not args.no_fit,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+    )
+    print("\n".join(headline_lines(doc)))
+    print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    return doc
