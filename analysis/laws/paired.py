@@ -6,8 +6,10 @@ starting weights, so an arm's effect is measured on same-seed differences (``arm
 wins). With three to six seeds a normal or bootstrap interval is overconfident; the t interval with n - 1 degrees
 of freedom is the honest one (its coverage is checked by simulation in tests/test_depth_width_map.py).
 
-The same pairs across two conditions of a ladder's rungs (MoE vs dense MLPs, one training recipe vs another):
-:func:`rung_interaction`, the per-rung differences under each and their difference, the interaction.
+:func:`paired_comparison` is the one comparison every study reports (reference, arms, cell keys, and a condition
+for an interaction: the same pairs across MoE vs dense MLPs, or one training recipe vs another); the rest of this
+module are its parts (:func:`paired_delta`, :func:`t_interval`, :func:`verdict`) and the selection of a
+fixed-shape study's runs.
 
 Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -118,49 +121,116 @@ def arm_rows(pool: pd.DataFrame, study: str, variant: str) -> pd.DataFrame:
     return own if not own.empty else rows
 
 
+def paired_comparison(
+    runs: pd.DataFrame,
+    reference: str,
+    arms: Sequence[str],
+    cells: Sequence[str] = (),
+    condition: str | None = None,
+    *,
+    arm_column: str = "variant",
+    level: float = LEVEL,
+) -> pd.DataFrame:
+    """The paired comparison every study reports: each arm's same-seed difference from ``reference`` in final val
+    loss (``arm - reference``, negative: the arm wins), per cell, with its t interval and verdict.
+
+    ``runs``: completed runs with columns ``arm_column`` (which arm a run is), ``seed``, ``val_loss`` and the
+    ``cells`` columns; a cell is one value of those (the map's ``("n_layers", "d_model")``, a length study's
+    ``("size", "tokens_per_param")``; none: the table is one cell). One row per cell (ascending) and arm (in the
+    order of ``arms``) where both the arm and the reference ran: the cell's keys, ``arm``, ``seeds`` (the pairs',
+    ascending), ``n_pairs``, ``ref_loss`` and ``arm_loss`` (means over those seeds), ``delta``, ``delta_sd``,
+    ``delta_ci95`` (None under two pairs) and ``verdict`` (:func:`verdict`; no common seed: ``missing``).
+
+    ``condition``: a column with exactly two values (first and second in order of appearance, e.g. MoE then dense
+    MLPs, or one training recipe then another); each row then holds, on the seeds all four runs share, per value
+    ``c`` the ``ref_loss_<c>``, ``delta_<c>``, ``delta_<c>_ci95`` and ``verdict_<c>``, and the interaction
+    (per seed: delta_first - delta_second, averaged) as ``interaction``, ``interaction_ci95`` and ``n_pairs``.
+    Several runs of one arm, cell, condition and seed are a ValueError (:func:`by_seed`)."""
+    levels: list[Any] = [None]
+    if condition is not None:
+        levels = list(pd.unique(runs[condition]))
+        if len(levels) != 2:
+            raise ValueError(f"a paired comparison by {condition!r} needs two values of it, got {levels}")
+    groups = runs.groupby(list(cells), sort=True) if cells else [((), runs)]
+    rows = []
+    for key, cell in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        where = " ".join(f"{c}={k}" for c, k in zip(cells, key))
+        parts = {c: cell if condition is None else cell[cell[condition] == c] for c in levels}
+        for arm in arms:
+            series = {
+                (c, name): by_seed(part[part[arm_column] == name], " ".join(f"{c or ''} {name} {where}".split()))
+                for c, part in parts.items()
+                for name in (arm, reference)
+            }
+            if any(s.empty for s in series.values()):
+                continue
+            row = dict(zip(cells, key)) | {"arm": arm}
+            if condition is None:
+                row |= _pair(series[(None, arm)], series[(None, reference)], level)
+            else:
+                row |= _interaction(series, levels, arm, reference, level)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _pair(arm: pd.Series, reference: pd.Series, level: float) -> dict[str, Any]:
+    d = paired_delta(arm, reference, level)
+    seeds = d["pair_seeds"]
+    return {
+        "seeds": seeds,
+        "n_pairs": d["n_pairs"],
+        "ref_loss": float(reference.loc[seeds].mean()) if seeds else math.nan,
+        "arm_loss": float(arm.loc[seeds].mean()) if seeds else math.nan,
+        "delta": d["delta"],
+        "delta_sd": d["delta_sd"],
+        "delta_ci95": d["delta_ci95"],
+        "verdict": verdict(d["delta_ci95"], d["n_pairs"]),
+    }
+
+
+def _interaction(
+    series: dict[tuple[Any, str], pd.Series], levels: list[Any], arm: str, reference: str, level: float
+) -> dict[str, Any]:
+    seeds = sorted(set.intersection(*(set(s.index) for s in series.values())))
+    row: dict[str, Any] = {"seeds": seeds}
+    per_seed = {}
+    for c in levels:
+        arm_loss, ref_loss = series[(c, arm)].loc[seeds], series[(c, reference)].loc[seeds]
+        d = paired_delta(arm_loss, ref_loss, level)
+        row[f"ref_loss_{c}"] = float(ref_loss.mean())
+        row[f"delta_{c}"] = d["delta"]
+        row[f"delta_{c}_ci95"] = d["delta_ci95"]
+        row[f"verdict_{c}"] = verdict(d["delta_ci95"], d["n_pairs"])
+        per_seed[c] = arm_loss - ref_loss
+    inter = paired_delta(per_seed[levels[0]], per_seed[levels[1]], level)
+    return row | {"interaction": inter["delta"], "interaction_ci95": inter["delta_ci95"], "n_pairs": inter["n_pairs"]}
+
+
 def rung_interaction(
     conditions: dict[str, pd.DataFrame], arm: str, reference: str, level: float = LEVEL
 ) -> pd.DataFrame:
-    """The arm's same-seed effect per rung under two conditions and its change between them.
+    """The arm's same-seed effect per rung under two conditions and its change between them: the
+    :func:`paired_comparison` by condition over the rungs both hold (``n_layers`` = L_b).
 
     ``conditions``: exactly two {name: completed runs (columns variant, n_layers, d_model, seed, val_loss)}, in
-    order (first, second); only ``arm`` and ``reference`` rows are read. One row per rung (``n_layers`` = L_b) both
-    hold: ``n_layers``, ``d_model``, ``seeds`` (those all four runs share), then per condition ``ref_loss_<name>``
-    (the reference's mean loss), ``delta_<name>`` (arm - reference on those seeds), ``delta_<name>_ci95`` (t
-    interval, None under two pairs) and ``verdict_<name>`` (:func:`verdict`), then ``interaction`` (per seed:
-    delta_first - delta_second, averaged), ``interaction_ci95`` and ``n_pairs``. A rung whose ``d_model`` differs
-    between the conditions is a ValueError: then the condition is not the only change; several runs of one arm and
-    seed are one too (:func:`by_seed`)."""
+    order (first, second). One row per rung: ``n_layers``, ``d_model``, ``seeds``, per condition ``ref_loss_<name>``,
+    ``delta_<name>``, ``delta_<name>_ci95``, ``verdict_<name>``, then ``interaction``, ``interaction_ci95`` and
+    ``n_pairs``. A rung whose ``d_model`` differs between the conditions is a ValueError: then the condition is not
+    the only change."""
     if len(conditions) != 2:
         raise ValueError(f"rung_interaction compares two conditions, got {len(conditions)}: {list(conditions)}")
     (first, a), (second, b) = conditions.items()
-    rows = []
-    for n_layers in sorted(set(a["n_layers"]) & set(b["n_layers"])):
+    rungs = sorted(set(a["n_layers"]) & set(b["n_layers"]))
+    for n_layers in rungs:
         dm = a[a["n_layers"] == n_layers]["d_model"].unique()
         dd = b[b["n_layers"] == n_layers]["d_model"].unique()
         if len(dm) != 1 or list(dm) != list(dd):
             raise ValueError(f"rung n_layers={n_layers}: d_model {list(dm)} with {first}, {list(dd)} with {second}")
-        series = {
-            (kind, v): by_seed(
-                df[(df["variant"] == v) & (df["n_layers"] == n_layers)], f"{kind} {v} n_layers={n_layers}"
-            )
-            for kind, df in conditions.items()
-            for v in (arm, reference)
-        }
-        seeds = sorted(set.intersection(*(set(s.index) for s in series.values())))
-        row: dict[str, Any] = {"n_layers": int(n_layers), "d_model": int(dm[0]), "seeds": seeds}
-        per_seed = {}
-        for kind in (first, second):
-            arm_loss, ref_loss = series[(kind, arm)].loc[seeds], series[(kind, reference)].loc[seeds]
-            d = paired_delta(arm_loss, ref_loss, level)
-            row[f"ref_loss_{kind}"] = float(ref_loss.mean())
-            row[f"delta_{kind}"] = d["delta"]
-            row[f"delta_{kind}_ci95"] = d["delta_ci95"]
-            row[f"verdict_{kind}"] = verdict(d["delta_ci95"], d["n_pairs"])
-            per_seed[kind] = arm_loss - ref_loss
-        inter = paired_delta(per_seed[first], per_seed[second], level)
-        row["interaction"] = inter["delta"]
-        row["interaction_ci95"] = inter["delta_ci95"]
-        row["n_pairs"] = inter["n_pairs"]
-        rows.append(row)
-    return pd.DataFrame(rows)
+    runs = pd.concat([df.assign(condition=name) for name, df in conditions.items()], ignore_index=True)
+    runs = runs[runs["n_layers"].isin(rungs) & runs["variant"].isin([arm, reference])]
+    if runs.empty:
+        return pd.DataFrame()
+    table = paired_comparison(runs, reference, [arm], ("n_layers", "d_model"), "condition", level=level)
+    table = table.astype({"n_layers": int, "d_model": int}).drop(columns="arm")
+    return table

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..io.paper_data import load_paper
 from ..io.runs import check_one_dataset, load_results, runs_of_kind
-from ..laws.paired import arm_rows, by_seed, loss_summary, paired_delta, same_shape, study_shape, verdict
+from ..laws.paired import arm_rows, by_seed, loss_summary, paired_comparison, same_shape, study_shape
 from ..render.figures import ablation_figure
 from ..render.tables import ablation_markdown
 from .registry import add_results_out, register
@@ -63,15 +63,15 @@ def ablation_table(df_all: pd.DataFrame, baseline: str = BASELINE) -> list[dict[
     study = str(rows["study"].iloc[0])
     paper = {r["variant"]: r for r in paper_rows()}
     wanted = set(rows["variant"]) | {baseline} | (set(paper) & set(pool["variant"]))
-    base_rows = arm_rows(pool, study, baseline)
-    base = by_seed(base_rows, f"{baseline} at {size}") if not base_rows.empty else None
+    variants = row_order([v for v in pd.unique(pool["variant"]) if v in wanted])
+    runs = {v: arm_rows(pool, study, v) for v in variants}
+    vs = paired_comparison(pd.concat(runs.values()), baseline, [v for v in variants if v != baseline])
+    vs = vs.set_index("arm") if not vs.empty else vs
     table = []
-    for v in row_order([v for v in pd.unique(pool["variant"]) if v in wanted]):
-        g = arm_rows(pool, study, v)
-        losses = by_seed(g, f"{v} at {size}")
+    for v, g in runs.items():
         entry: dict[str, Any] = {"variant": v, "label": paper.get(v, {}).get("label", v), "size": size}
-        entry |= loss_summary(losses)
-        entry |= _vs_baseline(losses, base) if v != baseline else {"delta_vs_baseline": None}
+        entry |= loss_summary(by_seed(g, f"{v} at {size}"))
+        entry |= _vs_baseline(vs.loc[v]) if v in vs.index else {"delta_vs_baseline": None}
         entry |= _paper_cells(paper, v, baseline)
         others = sorted(set(g["study"]) - {study})
         if others:
@@ -80,15 +80,13 @@ def ablation_table(df_all: pd.DataFrame, baseline: str = BASELINE) -> list[dict[
     return table
 
 
-def _vs_baseline(losses: pd.Series, base: pd.Series | None) -> dict[str, Any]:
-    if base is None:
-        return {"delta_vs_baseline": None}
-    d = paired_delta(losses, base)
+def _vs_baseline(r: pd.Series) -> dict[str, Any]:
+    """A row of the paired comparison in the ablation table's fields."""
     return {
-        "delta_vs_baseline": d["delta"],
-        "delta_ci95": d["delta_ci95"],
-        "n_pairs": d["n_pairs"],
-        "verdict": verdict(d["delta_ci95"], d["n_pairs"]),
+        "delta_vs_baseline": None if pd.isna(r["delta"]) else float(r["delta"]),
+        "delta_ci95": r["delta_ci95"],
+        "n_pairs": int(r["n_pairs"]),
+        "verdict": r["verdict"],
     }
 
 

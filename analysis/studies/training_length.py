@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..laws.paired import by_seed, paired_delta, verdict
+from ..laws.paired import paired_comparison
 from ..render.tables import interval_text
 from .registry import register
 
@@ -45,35 +45,34 @@ def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str 
     ``tokens_per_param``, ``ref_loss`` (the reference's mean on the pairs' seeds), ``delta`` (arm - reference,
     negative: the arm wins), ``delta_ci95`` (t interval, None under two pairs), ``n_pairs``, ``pair_seeds``,
     ``verdict`` (analysis.laws.paired.verdict). Completed runs only; several runs of one arm, rung, budget and seed
-    are a ValueError (analysis.laws.paired.by_seed)."""
+    are a ValueError (analysis.laws.paired.paired_comparison)."""
     done = df[df["status"] == "completed"] if "status" in df.columns else df
     done = done.assign(tokens_per_param=tokens_per_param(done))
-    rows: list[dict[str, Any]] = []
-    for (size, tpp), g in done.groupby(["size", "tokens_per_param"], sort=False):
-        a, r = g[g["variant"] == arm], g[g["variant"] == reference]
-        if a.empty or r.empty:
-            continue
-        sa, sr = by_seed(a, f"{arm} {size} at {tpp:g} tokens/param"), by_seed(r, f"{reference} {size} at {tpp:g}")
-        d = paired_delta(sa, sr)
-        if not d["n_pairs"]:
-            continue
-        rows.append(
-            {
-                "size": str(size),
-                "n_layers": int(g["n_layers"].iloc[0]) if "n_layers" in g.columns else None,
-                "params_non_embedding": float(g["params_non_embedding"].median()),
-                "tokens_per_param": float(tpp),
-                "ref_loss": float(sr.loc[d["pair_seeds"]].mean()),
-                "delta": d["delta"],
-                "delta_ci95": d["delta_ci95"],
-                "n_pairs": d["n_pairs"],
-                "pair_seeds": d["pair_seeds"],
-                "verdict": verdict(d["delta_ci95"], d["n_pairs"]),
-            }
-        )
+    table = paired_comparison(done, reference, [arm], ("size", "tokens_per_param"))
+    if table.empty or not (table["n_pairs"] > 0).any():
+        return pd.DataFrame()
+    table = table[table["n_pairs"] > 0]
+    shape = done.groupby(["size", "tokens_per_param"])
+    rows = [
+        {
+            "size": str(r.size),
+            "n_layers": int(shape.get_group((r.size, r.tokens_per_param))["n_layers"].iloc[0])
+            if "n_layers" in done.columns
+            else None,
+            "params_non_embedding": float(
+                shape.get_group((r.size, r.tokens_per_param))["params_non_embedding"].median()
+            ),
+            "tokens_per_param": float(r.tokens_per_param),
+            "ref_loss": r.ref_loss,
+            "delta": r.delta,
+            "delta_ci95": r.delta_ci95,
+            "n_pairs": r.n_pairs,
+            "pair_seeds": r.seeds,
+            "verdict": r.verdict,
+        }
+        for r in table.itertuples()
+    ]
     out = pd.DataFrame(rows)
-    if out.empty:
-        return out
     return out.sort_values(["params_non_embedding", "tokens_per_param"], kind="stable").reset_index(drop=True)
 
 
