@@ -22,6 +22,7 @@ import pandas as pd
 from . import bootstrap as bs
 from . import health
 from .fit import HUBER_DELTA, PowerLaw, fit_power_law, wls_line
+from .heterogeneity import LSQ_DELTA, loss_summary, losses_disagree
 from .multipliers import pair_fit, pooled_pair_sd
 from .report import SCHEMA_VERSION
 from .runs import AnalysisWarning, size_order
@@ -419,8 +420,13 @@ def _fit_arms(
         out["variants"][v] = _variant_fit(df[df["variant"] == v], v, plan, compute)
     for v in variants:
         if v != base:
-            fit = pair_fit(df, base, v, plan, compute, form, delta, pair_sd=pooled_pair_sd(out["paired_deltas"]))
+            sd = pooled_pair_sd(out["paired_deltas"])
+            fit = pair_fit(df, base, v, plan, compute, form, delta, pair_sd=sd)
             fit.pop("_m_boot")
+            if delta < LSQ_DELTA:  # the same law and replicates by least squares, beside the Huber fit
+                lsq = loss_summary(pair_fit(df, base, v, plan, compute, form, LSQ_DELTA, pair_sd=sd), LSQ_DELTA)
+                fit["least_squares"] = lsq
+                fit["loss_disagreement"] = losses_disagree(fit["m"], fit["m_ci95"], lsq["m"], lsq["m_ci95"])
             out["multipliers"][v] = fit
     for v in variants:
         if v != base and v + OWN_LR in variants:
