@@ -341,6 +341,11 @@ def _fit(args: argparse.Namespace, argv: Sequence[str] | None) -> Any:
                 f"  exponents differ significantly: M(C) runs from {_f(c.M[0])} at C = {c.C[0]:.3g} "
                 f"to {_f(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
             )
+    from .heterogeneity import rung_headline
+
+    for v, m in doc.multipliers.items():
+        for line in rung_headline(m.to_dict(), v):
+            print(f"  {line}")
     for line in _section_lines(doc):
         print(line)
     print(f"wrote {', '.join(doc.files)} to {args.out}")

@@ -102,6 +102,13 @@ def _ci(c: list[float] | None) -> str:
     return f"[{c[0]:.3f}, {c[1]:.3f}]" if ok else "[n/a]"
 
 
+def rung_part(mult: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`rung_headline` and :func:`rung_markdown` read from a fit.json multiplier, for a report that keeps
+    only part of it: m, its interval, the Huber threshold, the rung test, the least-squares fit and their verdict."""
+    keys = ("m", "m_ci95", "rung_test", "least_squares", "loss_disagreement")
+    return {k: mult.get(k) for k in keys} | {"joint": {"huber_delta": (mult.get("joint") or {}).get("huber_delta")}}
+
+
 def rung_headline(mult: dict[str, Any], arm: str) -> list[str]:
     """The lines a report prints about one arm's multiplier: the pooled m with its loss, and where the rung test
     rejects, that one multiplier does not describe the rungs, with m(C) at the measured C; then the least-squares m
@@ -144,10 +151,8 @@ def rung_markdown(multipliers: dict[str, dict[str, Any]]) -> list[str]:
         lsq = mm.get("least_squares") or {}
         lines += [f"### {arm}: one multiplier per rung, and the test of one over all", ""]
         lines += [f"- {line}" for line in rung_headline(mm, arm)]
-        lines += [
-            "",
-            f"| size | C | m_s, {fit_loss_text(mm['joint']['huber_delta'])} [95%] | m_s, {lsq.get('loss', 'least squares')} [95%] |",
-        ]
+        huber_text, lsq_text = fit_loss_text(mm["joint"]["huber_delta"]), lsq.get("loss", "least squares")
+        lines += ["", f"| size | C | m_s, {huber_text} [95%] | m_s, {lsq_text} [95%] |"]
         lines.append("|---|---|---|---|")
         for r in test["m_of_C"]:
             other = (lsq.get("per_size") or {}).get(r["size"])

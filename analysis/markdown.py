@@ -13,6 +13,7 @@ from .ablations import ablation_markdown
 from .arch_grid import arch_grid_markdown
 from .block_size import block_size_markdown
 from .fit import ALPHA_BOUNDS
+from .heterogeneity import rung_markdown
 from .multipliers import PAIRED_SD_FLOOR
 from .table_format import AT_BOUND
 from .table_format import ci as _ci
@@ -214,6 +215,7 @@ def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[st
         else:
             how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
         lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
+        lines += rung_markdown(doc["multipliers"])
     return lines
 
 

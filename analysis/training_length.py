@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .heterogeneity import rung_headline, rung_markdown, rung_part
 from .seed_stats import by_seed, interval_text, paired_delta, verdict
 
 
@@ -161,6 +162,7 @@ def fit_points(
         "rollout_m": ro.get("m"),
         "rollout_m_ci95": ro.get("m_ci95"),
         "e_sensitivity_m_range": es.get("m_range"),
+        "rungs": rung_part(m.to_dict()),
     }
 
 
@@ -208,6 +210,8 @@ def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
     if "error" in fit:
         return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
     lines = [f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}"]
+    if fit.get("rungs"):
+        lines = rung_headline(fit["rungs"], arm)
     if fit.get("m_wall") is not None:
         lines.append(
             f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
@@ -241,7 +245,8 @@ def fit_markdown(fit: dict[str, Any] | None, arm: str, reference: str) -> list[s
         ),
         "",
     ]
-    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), ""]
+    rungs = rung_markdown({f"{arm} per (rung, budget)": fit["rungs"]}) if fit.get("rungs") else []
+    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), "", *rungs]
 
 
 def headline_lines(doc: dict[str, Any]) -> list[str]:
