@@ -27,6 +27,7 @@ Plain functions on tidy DataFrames; no torch.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -285,3 +286,132 @@ def analyse_frontier(
             continue
         doc["rollout"][name] = {"cells": rollout_cells(d, held.to_numpy(), arms, B, seed, delta)}
     return doc
+
+
+def _ci(lo: float | None, hi: float | None, spec: str = ".3f") -> str:
+    return f"[{lo:{spec}}, {hi:{spec}}]" if lo is not None and hi is not None else "[n/a]"
+
+
+def frontier_lines(fr: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
+    """The headline: M(C) at the bottom, middle and top of the measured C with its band, and each rollout."""
+    if not fr:
+        return []
+    if "error" in fr:
+        return [f"compute-optimal frontier: n/a ({fr['error']})"]
+    M, C = fr["M"], fr["C"]
+    pts = []
+    for i in (0, len(C) // 2, len(C) - 1):
+        m = M["M"][i]
+        pts.append(f"M({C[i]:.3g}) = " + (f"{m:.3f}x {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}" if m else "n/a"))
+    half = M["half_width_over_M_at_top"]
+    lines = [
+        (
+            f"frontier: {reference}'s compute to reach {arm}'s frontier loss, over {arm}'s: {', '.join(pts)} "
+            f"(C in PFLOP/s-days; 95% half-width at the top {'n/a' if half is None else f'{100 * half:.0f}%'})"
+        )
+    ]
+    for name, ro in fr["rollout"].items():
+        if "error" in ro:
+            lines.append(f"frontier rollout without the {name.replace('_', ' ')}: n/a ({ro['error']})")
+            continue
+        inside = sum(c["inside"] for c in ro["cells"])
+        lines.append(
+            f"frontier rollout without the {name.replace('_', ' ')}: {inside} of {len(ro['cells'])} held-out cells "
+            "inside their predicted intervals"
+        )
+    return lines
+
+
+def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
+    """length_summary.md's section: the laws, M(C) on the measured span, L*(C) per arm, and the rollouts."""
+    if not fr:
+        return []
+    head = [f"## The compute-optimal frontier: {arm} against {reference}", ""]
+    if "error" in fr:
+        return [*head, f"n/a: {fr['error']}.", ""]
+    lines = [
+        *head,
+        (
+            f"{fr['model']}; {fr['loss']}; {fr['n_runs']} runs, rungs {', '.join(fr['rungs'])}, budgets "
+            f"{', '.join(f'{b:g}' for b in fr['budgets'])} tokens per parameter; bands: {fr['bootstrap']} bootstrap "
+            f"over seeds, B = {fr['B']}. M(C) = the {reference}'s compute to reach the {arm}'s frontier loss at C, "
+            "over C."
+        ),
+        "",
+        *(f"* {a}: {law}" for a, law in fr["laws"].items()),
+        "",
+        f"| C (PFLOP/s-days) | L* {reference} [95%] | L* {arm} [95%] | N_opt {reference} | N_opt {arm} | M(C) [95%] |",
+        "|---|---|---|---|---|---|",
+    ]
+    ref, mine, M = fr["arms"][reference], fr["arms"][arm], fr["M"]
+    for i in range(0, len(fr["C"]), 4):
+        m = M["M"][i]
+        lines.append(
+            f"| {fr['C'][i]:.3g} | {ref['L_star'][i]:.4f} {_ci(ref['ci95_lo'][i], ref['ci95_hi'][i], '.4f')} "
+            f"| {mine['L_star'][i]:.4f} {_ci(mine['ci95_lo'][i], mine['ci95_hi'][i], '.4f')} "
+            f"| {ref['N_opt'][i]:.3g} | {mine['N_opt'][i]:.3g} "
+            f"| {'n/a' if m is None else f'{m:.3f}x'} {_ci(M['ci95_lo'][i], M['ci95_hi'][i])} |"
+        )
+    outside = [a for a in (reference, arm) if fr["arms"][a]["N_opt_outside_rungs"]]
+    if outside:
+        lines += ["", (f"N_opt lies outside the measured rungs somewhere on the span for {', '.join(outside)}: "
+                  "there the frontier extrapolates the law in N.")]  # fmt: skip
+    lines += ["", *(f"* {line}" for line in frontier_lines(fr, arm, reference)), ""]
+    for name, ro in fr["rollout"].items():
+        if "error" in ro:
+            continue
+        lines += [
+            f"Rollout without the {name.replace('_', ' ')}:",
+            "",
+            "| arm | cell | predicted [95% prediction interval] | measured | inside |",
+            "|---|---|---|---|---|",
+        ]
+        for c in ro["cells"]:
+            lo, hi = c["prediction_interval95"]
+            lines.append(
+                f"| {c['arm']} | {c['cell']} | {c['predicted']:.4f} [{lo:.4f}, {hi:.4f}] | {c['measured']:.4f} "
+                f"| {'yes' if c['inside'] else '**no**'} |"
+            )
+        lines.append("")
+    return lines
+
+
+def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, arm: str, reference: str) -> list[Path]:
+    """Left: the same-seed Δ per (rung, budget) as a heat map (``table``: analysis.training_length.gain_by_length);
+    right: M(C) with its 95% band over the measured span of C (where the frontier was fitted)."""
+    from .figures import plt, save
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    rungs = list(dict.fromkeys(table["size"]))
+    budgets = sorted(set(table["tokens_per_param"]))
+    grid = np.full((len(rungs), len(budgets)), np.nan)
+    for r in table.itertuples():
+        grid[rungs.index(r.size), budgets.index(r.tokens_per_param)] = r.delta
+    lim = float(np.nanmax(np.abs(grid))) or 1.0
+    im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
+    for (i, j), v in np.ndenumerate(grid):
+        if np.isfinite(v):
+            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(budgets)), [f"{b:g}" for b in budgets])
+    ax.set_yticks(range(len(rungs)), rungs)
+    ax.set_xlabel("tokens per parameter")
+    ax.set_title(f"{arm} - {reference} (nats; blue: the arm wins)", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    if fr and "error" not in fr:
+        C = np.array(fr["C"])
+        M = np.array([np.nan if m is None else m for m in fr["M"]["M"]])
+        lo = np.array([np.nan if m is None else m for m in fr["M"]["ci95_lo"]])
+        hi = np.array([np.nan if m is None else m for m in fr["M"]["ci95_hi"]])
+        bx.fill_between(C, lo, hi, alpha=0.3, label="95% band (seed bootstrap)")
+        bx.plot(C, M, marker=".", label="M(C)")
+        bx.axhline(1.0, color="black", lw=0.8)
+        bx.set_xscale("log")
+        bx.set_xlabel("compute C (PFLOP/s-days), the measured span")
+        bx.set_ylabel(f"M(C): {reference}'s compute / {arm}'s at equal frontier loss")
+        bx.legend(fontsize=8)
+        bx.set_title("compute-optimal frontier multiplier (approach 3 per arm)", fontsize=9)
+    else:
+        bx.text(0.5, 0.5, f"no frontier: {(fr or {}).get('error', 'not fitted')}", ha="center", wrap=True, fontsize=8)
+        bx.set_axis_off()
+    fig.tight_layout()
+    return save(fig, stem)
