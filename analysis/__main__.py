@@ -189,6 +189,9 @@ def _add_length(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     t.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="the fit's bootstrap replicates (2000)")
     t.add_argument("--seed", type=int, default=0, help="the fit's bootstrap random seed (default: 0)")
+    t.add_argument(
+        "--frontier-bootstrap", type=int, default=400, metavar="B", help="the frontier's bootstrap replicates (400)"
+    )
     t.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
 
@@ -490,6 +493,7 @@ def _length(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, A
         fit=not args.no_fit,
         bootstrap=args.bootstrap,
         seed=args.seed,
+        frontier_bootstrap=args.frontier_bootstrap,
     )
     print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")

@@ -16,6 +16,7 @@ Plain functions on tidy DataFrames; no torch.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ def budget_points(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(rung=df["size"], size=labels)
 
 
+FRONTIER_B = 400  # the frontier's bootstrap replicates (each refits both arms' five-parameter laws)
 FIT_DIR = "fit"  # the compute fit over the study's points, under the report's directory
 E_FRACTIONS = (0.5, 0.8, 0.9, 0.95)  # as python -m analysis fit --e-sensitivity
 
@@ -175,12 +177,21 @@ def analyse_length(
     fit: bool = True,
     bootstrap: int = 2000,
     seed: int = 0,
+    frontier_bootstrap: int = FRONTIER_B,
 ) -> dict[str, Any]:
-    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``, and with
-    ``fit`` the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`)."""
+    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``; with ``fit``
+    the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`) and the compute-optimal frontier
+    (analysis.frontier; ``frontier_bootstrap`` replicates, fig_frontier.png). Records with several lrs per arm, rung
+    and budget get the lr check (analysis.length_lr, length.json ``lr_check``); everything else then reads the shared
+    lr's runs."""
+    from .frontier import analyse_frontier, frontier_figure, frontier_markdown
+    from .length_lr import has_lr_grid, lr_check, lr_check_markdown
     from .report import write_json
 
     out.mkdir(parents=True, exist_ok=True)
+    check = lr_check(df, arm, reference) if has_lr_grid(df) else None
+    if check is not None:  # the study proper is the shared lr's runs
+        df = df[[math.isclose(float(x), check["shared_lr"], rel_tol=1e-6) for x in df["lr"]]]
     table = gain_by_length(df, arm, reference)
     if table.empty:
         raise ValueError(f"no rung and budget where both {arm!r} and {reference!r} completed a run of one seed")
@@ -188,13 +199,21 @@ def analyse_length(
     if make_figures:
         files += [str(p.relative_to(out)) for p in length_figure(table, out / "fig_length", arm, reference)]
     doc: dict[str, Any] = {"arm": arm, "reference": reference, "rows": table.to_dict("records")}
+    if check is not None:
+        doc["lr_check"] = check
     if fit:
         doc["fit"] = fit_points(df, out / FIT_DIR, arm, reference, make_figures, bootstrap, seed)
         if doc["fit"] and "error" not in doc["fit"]:
             files.append(f"{FIT_DIR}/")
+        doc["frontier"] = analyse_frontier(df, arm, reference, B=frontier_bootstrap, seed=seed)
+        if make_figures:
+            fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference)
+            files += [str(p.relative_to(out)) for p in fig]
     doc["files"] = sorted(files)
     write_json(doc, out / "length.json")
-    md = length_markdown(table, arm, reference) + fit_markdown(doc.get("fit"), arm, reference)
+    md = length_markdown(table, arm, reference)
+    md += lr_check_markdown(check, arm, reference) if check is not None else []
+    md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
     (out / "length_summary.md").write_text("\n".join(md))
     return doc
 
@@ -211,7 +230,7 @@ def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
         return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
     lines = [f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}"]
     if fit.get("rungs"):
-        lines = rung_headline(fit["rungs"], arm)
+        lines = rung_headline(fit["rungs"], f"{arm} over the (rung, budget) points")
     if fit.get("m_wall") is not None:
         lines.append(
             f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
@@ -258,4 +277,13 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
             f"{r['size']} at {r['tokens_per_param']:g} tokens/param: {doc['arm']} - {doc['reference']} "
             f"{r['delta']:+.4f} {_ci(r['delta_ci95'], '+.4f')}, {r['n_pairs']} pairs, {r['verdict']}"
         )
-    return lines + fit_lines(doc.get("fit"), doc["arm"])
+    from .frontier import frontier_lines
+    from .length_lr import lr_check_lines
+
+    if doc.get("lr_check"):
+        lines += lr_check_lines(doc["lr_check"], doc["arm"], doc["reference"])
+    return (
+        lines
+        + fit_lines(doc.get("fit"), doc["arm"])
+        + frontier_lines(doc.get("frontier"), doc["arm"], doc["reference"])
+    )
