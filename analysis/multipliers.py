@@ -271,6 +271,7 @@ def _multiplier_entry(
             {s: np.log(boot["per_size"][s]) for s in pair.order},
             {s: per_size[s]["C"] for s in pair.order},
             plan,
+            sum(plan.seeds_per_size.get(s, 1) - 1 for s in pair.order) if plan.mode == "paired_cluster" else None,
         ),
         "bootstrap_failed": int((~finite_m).sum()),
         "_m_boot": jb["m"],
