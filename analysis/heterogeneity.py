@@ -114,8 +114,9 @@ def losses_disagree(m_a: float, ci_a: list[float] | None, m_b: float, ci_b: list
 
 
 def _ci(c: list[float] | None) -> str:
-    ok = c and all(x is not None and math.isfinite(x) for x in c)
-    return f"[{c[0]:.3f}, {c[1]:.3f}]" if ok else "[n/a]"
+    if c and all(x is not None and math.isfinite(x) for x in c):
+        return f"[{c[0]:.3f}, {c[1]:.3f}]"
+    return "[n/a]"
 
 
 def rung_part(mult: dict[str, Any]) -> dict[str, Any]:
