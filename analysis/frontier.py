@@ -389,9 +389,11 @@ def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, 
         grid[rungs.index(r.size), budgets.index(r.tokens_per_param)] = r.delta
     lim = float(np.nanmax(np.abs(grid))) or 1.0
     im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
+    ax.grid(False)
     for (i, j), v in np.ndenumerate(grid):
         if np.isfinite(v):
-            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8)
+            ink = "white" if abs(v) > 0.6 * lim else "black"
+            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8, color=ink)
     ax.set_xticks(range(len(budgets)), [f"{b:g}" for b in budgets])
     ax.set_yticks(range(len(rungs)), rungs)
     ax.set_xlabel("tokens per parameter")
@@ -407,7 +409,7 @@ def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, 
         bx.axhline(1.0, color="black", lw=0.8)
         bx.set_xscale("log")
         bx.set_xlabel("compute C (PFLOP/s-days), the measured span")
-        bx.set_ylabel(f"M(C): {reference}'s compute / {arm}'s at equal frontier loss")
+        bx.set_ylabel(f"M(C) = C_{reference} / C_{arm} at equal frontier loss", fontsize=8)
         bx.legend(fontsize=8)
         bx.set_title("compute-optimal frontier multiplier (approach 3 per arm)", fontsize=9)
     else:
