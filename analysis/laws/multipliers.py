@@ -27,6 +27,7 @@ from .fit import (
     multiplier_curve,
     wls_line,
 )
+from .heterogeneity import rung_test
 
 _CHUNK = 400  # replicates per batched call: bounds memory of the (replicates x alphas x points) arrays
 
@@ -265,6 +266,13 @@ def _multiplier_entry(
         "per_size_geomean": point["geo"],
         "per_size_geomean_ci95": bs.interval(point["geo"], boot["geo"], plan, log=True),
         "paired": paired,
+        "rung_test": rung_test(
+            {s: math.log(v) for s, v in point["per_size"].items()},
+            {s: np.log(boot["per_size"][s]) for s in pair.order},
+            {s: per_size[s]["C"] for s in pair.order},
+            plan,
+            sum(plan.seeds_per_size.get(s, 1) - 1 for s in pair.order) if plan.mode == "paired_cluster" else None,
+        ),
         "bootstrap_failed": int((~finite_m).sum()),
         "_m_boot": jb["m"],
     } | ({"headline_gap": gap} if (gap := headline_gap(pair, point)) else {})

@@ -105,6 +105,31 @@ def _solve(lnN, lnD, lnL, w, delta, starts: np.ndarray) -> tuple[np.ndarray, flo
     return best_x, best_f * delta * delta
 
 
+def fit_theta(
+    lnN: np.ndarray, lnD: np.ndarray, lnL: np.ndarray, w: np.ndarray, delta: float, n_starts: int = 8
+) -> tuple[np.ndarray, float]:
+    """The point estimate theta = (a, alpha, b, beta, e) of log L = LSE(a - alpha lnN, b - beta lnD, e) on
+    normalised ln N, ln D (weights ``w``, Huber ``delta`` on log-loss), polished by L-BFGS-B from the ``n_starts``
+    best points of the start grid, and its objective (unscaled). E is bounded by the lowest weighted loss."""
+    grid = _grid(float(np.exp(lnL[w > 0]).min()))
+    order = np.argsort(_grid_objective(lnN, lnD, lnL, w, delta, grid))
+    return _solve(lnN, lnD, lnL, w, delta, grid[order[:n_starts]])
+
+
+def refit_theta(
+    lnN: np.ndarray, lnD: np.ndarray, lnL: np.ndarray, w: np.ndarray, delta: float, start: np.ndarray
+) -> np.ndarray:
+    """theta refitted from ``start`` alone (a bootstrap replicate: weights ``w``, losses ``lnL``)."""
+    return _solve(lnN, lnD, lnL, w, delta, start[None, :])[0]
+
+
+def log_loss(theta: np.ndarray, lnN: np.ndarray, lnD: np.ndarray) -> np.ndarray:
+    """ln L of theta at normalised ln N, ln D (broadcast)."""
+    a, alpha, b, beta, e = theta
+    lnN, lnD = np.broadcast_arrays(lnN, lnD)
+    return logsumexp(np.stack([a - alpha * lnN, b - beta * lnD, np.full(lnN.shape, e)]), axis=0)
+
+
 def nd_fit(runs: pd.DataFrame, options: NDOptions | None = None) -> dict[str, Any]:
     """fit.json ``nd_fit``: per arm (``variant``) of completed ``runs`` (columns variant, size, seed, val_loss and
     the N and D columns), the law ``L = E + A/N^alpha + B/D^beta`` with bootstrap intervals, or ``error`` saying
@@ -142,9 +167,7 @@ def _fit_arm(d: pd.DataFrame, arm: str, o: NDOptions) -> dict[str, Any]:
     N0, D0 = float(np.exp(np.log(N).mean())), float(np.exp(np.log(D).mean()))
     lnN, lnD, lnL = np.log(N / N0), np.log(D / D0), np.log(L)
     w = np.ones(len(d))
-    grid = _grid(float(L.min()))
-    order = np.argsort(_grid_objective(lnN, lnD, lnL, w, o.delta, grid))
-    theta, obj = _solve(lnN, lnD, lnL, w, o.delta, grid[order[: o.n_starts]])
+    theta, obj = fit_theta(lnN, lnD, lnL, w, o.delta, o.n_starts)
     # the bootstrap: seeds resampled within each (size, tokens) cell, or seed noise where a cell holds one run
     cells = d.assign(size=d["size"].astype(str) + "@" + d[o.d_column].astype(str))
     resid = lnL - logsumexp(np.stack([theta[0] - theta[1] * lnN, theta[2] - theta[3] * lnD, theta[4] + 0 * lnN]), 0)

@@ -1044,3 +1044,44 @@ def _block_size_axes(ax: plt.Axes, S: np.ndarray, title: str, ylabel: str) -> No
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(frameon=True, framealpha=0.9, fontsize=7.5, loc="best")
+
+
+def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, arm: str, reference: str) -> list[Path]:
+    """Left: the same-seed Δ per (rung, budget) as a heat map (``table``: studies.training_length.gain_by_length);
+    right: M(C) with its 95% band over the measured span of C (where the frontier was fitted)."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    rungs = list(dict.fromkeys(table["size"]))
+    budgets = sorted(set(table["tokens_per_param"]))
+    grid = np.full((len(rungs), len(budgets)), np.nan)
+    for r in table.itertuples():
+        grid[rungs.index(r.size), budgets.index(r.tokens_per_param)] = r.delta
+    lim = float(np.nanmax(np.abs(grid))) or 1.0
+    im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
+    ax.grid(False)
+    for (i, j), v in np.ndenumerate(grid):
+        if np.isfinite(v):
+            ink = "white" if abs(v) > 0.6 * lim else "black"
+            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8, color=ink)
+    ax.set_xticks(range(len(budgets)), [f"{b:g}" for b in budgets])
+    ax.set_yticks(range(len(rungs)), rungs)
+    ax.set_xlabel("tokens per parameter")
+    ax.set_title(f"{arm} - {reference} (nats; blue: the arm wins)", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    if fr and "error" not in fr:
+        C = np.array(fr["C"])
+        M = np.array([np.nan if m is None else m for m in fr["M"]["M"]])
+        lo = np.array([np.nan if m is None else m for m in fr["M"]["ci95_lo"]])
+        hi = np.array([np.nan if m is None else m for m in fr["M"]["ci95_hi"]])
+        bx.fill_between(C, lo, hi, alpha=0.3, label="95% band (seed bootstrap)")
+        bx.plot(C, M, marker=".", label="M(C)")
+        bx.axhline(1.0, color="black", lw=0.8)
+        bx.set_xscale("log")
+        bx.set_xlabel("compute C (PFLOP/s-days), the measured span")
+        bx.set_ylabel(f"M(C) = C_{reference} / C_{arm} at equal frontier loss", fontsize=8)
+        bx.legend(fontsize=8)
+        bx.set_title("compute-optimal frontier multiplier (approach 3 per arm)", fontsize=9)
+    else:
+        bx.text(0.5, 0.5, f"no frontier: {(fr or {}).get('error', 'not fitted')}", ha="center", wrap=True, fontsize=8)
+        bx.set_axis_off()
+    fig.tight_layout()
+    return save(fig, stem)

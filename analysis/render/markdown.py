@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..laws.fit import ALPHA_BOUNDS
+from ..laws.heterogeneity import rung_markdown
 from ..laws.multipliers import PAIRED_SD_FLOOR
 from .tables import AT_BOUND, ablation_markdown, arch_grid_markdown, block_size_markdown
 from .tables import ci as _ci
@@ -211,6 +212,7 @@ def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[st
         else:
             how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
         lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
+        lines += rung_markdown(doc["multipliers"])
     return lines
 
 

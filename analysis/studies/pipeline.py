@@ -13,8 +13,18 @@ import pandas as pd
 
 from ..io.fit_document import FitDocument
 from ..io.report import SCHEMA_VERSION, write_json
-from ..io.runs import AnalysisWarning, as_plain_scaling, load_results, load_wandb, scaling_runs, select_completed
+from ..io.runs import (
+    AnalysisWarning,
+    as_plain_scaling,
+    load_results,
+    load_wandb,
+    scaling_runs,
+    select_completed,
+    select_dataset,
+    select_seeds,
+)
 from ..laws.fit_options import FitOptions
+from ..laws.heterogeneity import rung_headline
 from ..render import figures
 from ..render.figures import block_size_figure
 from ..render.markdown import summary_markdown
@@ -266,8 +276,6 @@ def _add_fit_sections(f: argparse.ArgumentParser) -> None:
 @register("fit", help="fit a results table and write fit.json, summary.md and figures", arguments=_arguments)
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
-    from ..io.runs import select_dataset, select_seeds
-    from ..laws.fit_options import FitOptions
 
     df = load_any(args.results, args.wandb, args.wandb_group)
     if args.dataset:
@@ -301,6 +309,9 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
                 f"  exponents differ significantly: M(C) runs from {number(c.M[0])} at C = {c.C[0]:.3g} "
                 f"to {number(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
             )
+    for v, m in doc.multipliers.items():
+        for line in rung_headline(m.to_dict(), v):
+            print(f"  {line}")
     for line in _section_lines(doc):
         print(line)
     print(f"wrote {', '.join(doc.files)} to {args.out}")

@@ -42,6 +42,7 @@ from ..io.report import SCHEMA_VERSION, write_json
 from ..io.runs import AnalysisWarning, load_results, select_completed, size_order, warn_duplicate_cells
 from ..laws.fit import PowerLaw
 from ..laws.fit_options import MIN_SIZES, FitOptions
+from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
 from ..laws.paired import rung_interaction, verdict
 from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.tables import fmt
@@ -231,6 +232,7 @@ def compare(
             "exponent_diff": exps["diff"],
             "exponent_diff_ci95": _finite_interval(exps["diff_ci95"]),
             "paired_heterogeneity_p": (paired.get("heterogeneity") or {}).get("p"),
+            "rungs": rung_part(mult),
             "timing": timing,
             "n_runs": {
                 "reference": int((pair["variant"] == reference).sum()),
@@ -587,6 +589,7 @@ def recipe_markdown(doc: dict[str, Any]) -> str:
                 f"{_signed(r['interaction'], r['interaction_ci95'])} {r['interaction_verdict']} |"
             )
         out.append("")
+    out += rung_section(doc)
     out += _step_time_section(doc)
     cost_ = doc["cost"]
     out += [
@@ -879,6 +882,10 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
             f"(c) {row['arm']} L_b {row['n_layers']}: interaction "
             f"{_signed(row['interaction'], row['interaction_ci95'])} {row['interaction_verdict']}"
         )
+    for r, by_set in doc["arms_vs_baseline"].items():
+        for arm, e in by_set.get(name, {}).items():
+            if e.get("rungs"):
+                lines += [f"(b) under {r}, {name}: {line}" for line in rung_headline(e["rungs"], arm)]
     checks = [h for h in doc["held_out_check"] if h["inside"] is not None]
     if checks:
         inside = sum(h["inside"] for h in checks)
@@ -918,6 +925,21 @@ def run_recipe(
     write_json(doc, out / "recipe.json")
     (out / "recipe_summary.md").write_text(recipe_markdown(doc))
     return doc
+
+
+def rung_section(doc: dict[str, Any]) -> list[str]:
+    """Per recipe and arm on the headline seed set, the multiplier per rung under both fit losses and the test
+    of one multiplier over the rungs (analysis.laws.heterogeneity)."""
+    name = doc["headline_seed_set"]
+    parts = {
+        f"{arm} under {r} ({name} seeds)": e["rungs"]
+        for r, by_set in doc["arms_vs_baseline"].items()
+        for arm, e in by_set.get(name, {}).items()
+        if e.get("rungs")
+    }
+    if not parts:
+        return []
+    return ["", "## Multiplier per rung, and the test of one over all", "", *rung_markdown(parts)]
 
 
 # ---- python -m analysis <command> -----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from ..io.runs import OWN_LR, AnalysisWarning, size_order, split_lr_protocols
 from ..laws import bootstrap as bs
 from ..laws.fit import PowerLaw, fit_power_law, wls_line
 from ..laws.fit_options import MIN_SIZES, OUTLIER_MODES, FitOptions
+from ..laws.heterogeneity import LSQ_DELTA, loss_summary, losses_disagree
 from ..laws.multipliers import pair_fit, pooled_pair_sd
 
 
@@ -373,8 +374,13 @@ def _fit_arms(
         out["variants"][v] = _variant_fit(df[df["variant"] == v], v, plan, compute)
     for v in variants:
         if v != base:
-            fit = pair_fit(df, base, v, plan, compute, form, delta, pair_sd=pooled_pair_sd(out["paired_deltas"]))
+            sd = pooled_pair_sd(out["paired_deltas"])
+            fit = pair_fit(df, base, v, plan, compute, form, delta, pair_sd=sd)
             fit.pop("_m_boot")
+            if delta < LSQ_DELTA:  # the same law and replicates by least squares, beside the Huber fit
+                lsq = loss_summary(pair_fit(df, base, v, plan, compute, form, LSQ_DELTA, pair_sd=sd), LSQ_DELTA)
+                fit["least_squares"] = lsq
+                fit["loss_disagreement"] = losses_disagree(fit["m"], fit["m_ci95"], lsq["m"], lsq["m_ci95"])
             out["multipliers"][v] = fit
     for v in variants:
         if v != base and v + OWN_LR in variants:

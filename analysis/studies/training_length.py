@@ -17,6 +17,7 @@ Plain functions on tidy DataFrames; no torch.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,20 +25,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..io.runs import tokens_per_param
+from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
 from ..laws.paired import paired_comparison
 from ..render.tables import interval_text
 from .registry import register
-
-
-def tokens_per_param(df: pd.DataFrame) -> pd.Series:
-    """Each run's budget in tokens per parameter: its ``budget`` where set, else tokens / params_non_embedding
-    (rounded to 3 significant digits, so that the runs of one budget share a value)."""
-    ratio = pd.to_numeric(df["tokens"], errors="coerce") / pd.to_numeric(df["params_non_embedding"], errors="coerce")
-    ratio = ratio.map(lambda x: float(f"{x:.3g}") if np.isfinite(x) else np.nan)
-    if "budget" in df.columns:
-        budget = pd.to_numeric(df["budget"], errors="coerce")
-        return budget.where(budget > 0, ratio)
-    return ratio
 
 
 def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline") -> pd.DataFrame:
@@ -122,6 +114,7 @@ def budget_points(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(rung=df["size"], size=labels)
 
 
+FRONTIER_B = 400  # the frontier's bootstrap replicates (each refits both arms' five-parameter laws)
 FIT_DIR = "fit"  # the compute fit over the study's points, under the report's directory
 E_FRACTIONS = (0.5, 0.8, 0.9, 0.95)  # as python -m analysis fit --e-sensitivity
 
@@ -164,6 +157,7 @@ def fit_points(
         "rollout_m": ro.get("m"),
         "rollout_m_ci95": ro.get("m_ci95"),
         "e_sensitivity_m_range": es.get("m_range"),
+        "rungs": rung_part(m.to_dict()),
     }
 
 
@@ -176,12 +170,22 @@ def analyse_length(
     fit: bool = True,
     bootstrap: int = 2000,
     seed: int = 0,
+    frontier_bootstrap: int = FRONTIER_B,
 ) -> dict[str, Any]:
-    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``, and with
-    ``fit`` the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`)."""
+    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``; with ``fit``
+    the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`) and the compute-optimal frontier
+    (analysis.laws.frontier; ``frontier_bootstrap`` replicates, fig_frontier.png). Records with several lrs per arm,
+    rung and budget get the lr check (analysis.studies.length_lr, length.json ``lr_check``); everything else then
+    reads the shared lr's runs."""
     from ..io.report import write_json
+    from ..laws.frontier import analyse_frontier, frontier_markdown
+    from ..render.figures import frontier_figure
+    from .length_lr import has_lr_grid, lr_check, lr_check_markdown
 
     out.mkdir(parents=True, exist_ok=True)
+    check = lr_check(df, arm, reference) if has_lr_grid(df) else None
+    if check is not None:  # the study proper is the shared lr's runs
+        df = df[[math.isclose(float(x), check["shared_lr"], rel_tol=1e-6) for x in df["lr"]]]
     table = gain_by_length(df, arm, reference)
     if table.empty:
         raise ValueError(f"no rung and budget where both {arm!r} and {reference!r} completed a run of one seed")
@@ -189,13 +193,21 @@ def analyse_length(
     if make_figures:
         files += [str(p.relative_to(out)) for p in length_figure(table, out / "fig_length", arm, reference)]
     doc: dict[str, Any] = {"arm": arm, "reference": reference, "rows": table.to_dict("records")}
+    if check is not None:
+        doc["lr_check"] = check
     if fit:
         doc["fit"] = fit_points(df, out / FIT_DIR, arm, reference, make_figures, bootstrap, seed)
         if doc["fit"] and "error" not in doc["fit"]:
             files.append(f"{FIT_DIR}/")
+        doc["frontier"] = analyse_frontier(df, arm, reference, B=frontier_bootstrap, seed=seed)
+        if make_figures:
+            fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference)
+            files += [str(p.relative_to(out)) for p in fig]
     doc["files"] = sorted(files)
     write_json(doc, out / "length.json")
-    md = length_markdown(table, arm, reference) + fit_markdown(doc.get("fit"), arm, reference)
+    md = length_markdown(table, arm, reference)
+    md += lr_check_markdown(check, arm, reference) if check is not None else []
+    md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
     (out / "length_summary.md").write_text("\n".join(md))
     return doc
 
@@ -211,6 +223,8 @@ def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
     if "error" in fit:
         return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
     lines = [f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}"]
+    if fit.get("rungs"):
+        lines = rung_headline(fit["rungs"], f"{arm} over the (rung, budget) points")
     if fit.get("m_wall") is not None:
         lines.append(
             f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
@@ -244,7 +258,8 @@ def fit_markdown(fit: dict[str, Any] | None, arm: str, reference: str) -> list[s
         ),
         "",
     ]
-    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), ""]
+    rungs = rung_markdown({f"{arm} per (rung, budget)": fit["rungs"]}) if fit.get("rungs") else []
+    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), "", *rungs]
 
 
 def headline_lines(doc: dict[str, Any]) -> list[str]:
@@ -256,7 +271,16 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
             f"{r['size']} at {r['tokens_per_param']:g} tokens/param: {doc['arm']} - {doc['reference']} "
             f"{r['delta']:+.4f} {_ci(r['delta_ci95'], '+.4f')}, {r['n_pairs']} pairs, {r['verdict']}"
         )
-    return lines + fit_lines(doc.get("fit"), doc["arm"])
+    from ..laws.frontier import frontier_lines
+    from .length_lr import lr_check_lines
+
+    if doc.get("lr_check"):
+        lines += lr_check_lines(doc["lr_check"], doc["arm"], doc["reference"])
+    return (
+        lines
+        + fit_lines(doc.get("fit"), doc["arm"])
+        + frontier_lines(doc.get("frontier"), doc["arm"], doc["reference"])
+    )
 
 
 # ---- python -m analysis <command> -----------------------------------------------------------------------------------
@@ -274,6 +298,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="the fit's bootstrap replicates (2000)")
     p.add_argument("--seed", type=int, default=0, help="the fit's bootstrap random seed (default: 0)")
+    p.add_argument(
+        "--frontier-bootstrap", type=int, default=400, metavar="B", help="the frontier's bootstrap replicates (400)"
+    )
     p.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
 
@@ -300,6 +327,7 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         fit=not args.no_fit,
         bootstrap=args.bootstrap,
         seed=args.seed,
+        frontier_bootstrap=args.frontier_bootstrap,
     )
     print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
