@@ -1,5 +1,5 @@
 """Command line: ``python -m analysis <command> ...`` (also ``attnres-analysis``), one command per study registered
-in analysis.studies.registry (``python -m analysis --help`` lists them), plus ``gallery``.
+in analysis.studies.study_registry (``python -m analysis --help`` lists them), plus ``gallery``.
 
 Importing this module imports nothing heavy; building the parser imports the studies (pandas, scipy, matplotlib).
 """
@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from .studies.registry import STUDIES, load, register
+from .studies.study_registry import STUDIES, load, register
 
 
 def _gallery_arguments(p: argparse.ArgumentParser) -> None:

@@ -643,8 +643,8 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
     if scaling:
         if study.analysis == "fit":
             lines = headline(document)
-        else:  # the study registered as the command says its headline (analysis.studies.registry)
-            from analysis.studies.registry import headline_lines
+        else:  # the study registered as the command says its headline (analysis.studies.study_registry)
+            from analysis.studies.study_registry import headline_lines
 
             lines = headline_lines(study.analysis, document)
         for line in lines:

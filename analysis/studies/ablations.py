@@ -27,7 +27,7 @@ from ..io.runs import check_one_dataset, load_results, runs_of_kind
 from ..laws.paired import arm_rows, by_seed, loss_summary, paired_comparison, same_shape, study_shape
 from ..render.figures import ablation_figure
 from ..render.tables import ablation_markdown
-from .registry import add_results_out, register
+from .study_registry import add_results_out, register
 
 BASELINE = "baseline"
 # Peer residual schemes the paper's Table 4 does not report; their rows follow the paper's peers (DenseFormer, mHC).

@@ -28,7 +28,7 @@ from ..io.runs import check_one_dataset, keep_most_common, load_results, runs_of
 from ..laws.paired import arm_rows, by_seed, loss_summary, paired_delta, same_shape, study_shape, verdict
 from ..render.figures import block_size_figure
 from ..render.tables import block_size_markdown, interval_text
-from .registry import add_results_out, register
+from .study_registry import add_results_out, register
 
 FULL = "full_attnres"
 BASELINE = "baseline"

@@ -34,7 +34,7 @@ from scipy import stats
 from ..io.runs import AnalysisWarning
 from ..laws.paired import t_interval
 from ..laws.paired import verdict as cell_verdict
-from .registry import register
+from .study_registry import register
 
 ARM = "block_attnres"
 BASELINE = "baseline"

@@ -42,7 +42,7 @@ import pandas as pd
 from results.io import atomic_write_text
 
 from ..io.runs import AnalysisWarning
-from .registry import number, register
+from .study_registry import number, register
 
 WINDOW = 2  # grid steps on each side of the grid minimum used by the quadratic fit
 CI_LEVEL = 0.95

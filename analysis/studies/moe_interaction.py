@@ -24,7 +24,7 @@ import pandas as pd
 from ..io.runs import load_results, select_completed
 from ..laws.paired import rung_interaction
 from ..render.tables import interval_text
-from .registry import register
+from .study_registry import register
 
 
 @dataclass(frozen=True)

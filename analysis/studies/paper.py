@@ -23,8 +23,8 @@ from ..render import figures
 from ..render.figures import block_size_figure
 from ..render.markdown import summary_markdown
 from ..render.tables import ablation_markdown
-from .registry import register
 from .scaling import analyse_scaling
+from .study_registry import register
 
 PFLOPS_DAY = 1e15 * 86400
 FIG4_VARIANTS = ["baseline", "block_attnres", "full_attnres"]  # the three series of the paper's Fig. 4

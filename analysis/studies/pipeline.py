@@ -32,8 +32,8 @@ from ..render.tables import ablation_markdown, arch_grid_markdown
 from .ablations import ablation_table
 from .arch_grid import arch_grid_table
 from .block_size import block_size_sweep
-from .registry import fractions, number, register, seed_list
 from .scaling import analyse_scaling
+from .study_registry import fractions, number, register, seed_list
 
 
 @dataclass(frozen=True)

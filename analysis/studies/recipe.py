@@ -46,8 +46,8 @@ from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
 from ..laws.paired import rung_interaction, verdict
 from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.tables import fmt
-from .registry import register, seed_list
 from .scaling import analyse_scaling
+from .study_registry import register, seed_list
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
 DESIGN_SEEDS = (0, 1, 2)

@@ -29,7 +29,7 @@ from ..io.runs import tokens_per_param
 from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
 from ..laws.paired import paired_comparison
 from ..render.tables import interval_text
-from .registry import register
+from .study_registry import register
 
 
 def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline") -> pd.DataFrame:
