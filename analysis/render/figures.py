@@ -7,11 +7,13 @@ inputs it needs are missing.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import warnings
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +45,32 @@ MAX_ARROW = 4.0  # fig4: multiplier arrows longer than this are cut (and say so)
 CI_TEXT_BOUND = 20.0  # interval ends beyond [1/20, 20] print as "<0.05" / ">20"
 _FALLBACK = ["#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
 
-plt.rcParams.update(
-    {
-        "figure.dpi": 110,
-        "savefig.dpi": 160,
-        "font.size": 9.5,
-        "axes.titlesize": 10,
-        "axes.labelsize": 9.5,
-        "legend.fontsize": 8.5,
-        "axes.spines.top": False,
-        "axes.spines.right": False,
-        "axes.grid": True,
-        "grid.alpha": 0.25,
-        "grid.linewidth": 0.6,
-    }
-)
+# The paper style of these figures: set while one of them is drawn (:func:`styled`), never at import, so that
+# importing this module leaves other figures (the map, MoE, recipe and router figures) in matplotlib's defaults.
+STYLE = {
+    "figure.dpi": 110,
+    "savefig.dpi": 160,
+    "font.size": 9.5,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9.5,
+    "legend.fontsize": 8.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.25,
+    "grid.linewidth": 0.6,
+}
+
+
+def styled(draw: Callable[..., Any]) -> Callable[..., Any]:
+    """Draw (and save) the decorated figure in the paper style (STYLE)."""
+
+    @functools.wraps(draw)
+    def in_style(*args: Any, **kwargs: Any) -> Any:
+        with plt.rc_context(STYLE):
+            return draw(*args, **kwargs)
+
+    return in_style
 
 
 def color_of(variant: str, order: list[str] | None = None) -> str:
@@ -76,14 +89,36 @@ def label_of(variant: str, labels: dict[str, str] | None = None) -> str:
     return (labels or {}).get(variant) or LABELS.get(variant, variant)
 
 
-def save(fig: plt.Figure, stem: Path) -> list[Path]:
+def save(
+    fig: plt.Figure, stem: str | Path, formats: tuple[str, ...] = (".png", ".pdf"), dpi: float | None = None, tight=True
+) -> list[Path]:
+    """The one figure saver: ``fig`` as ``stem`` with each suffix of ``formats`` (its directory made), cropped to its
+    contents (``tight``) at ``dpi`` (None: the rcParams' savefig.dpi), then closed; returns the written paths."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    paths = [stem.with_suffix(f) for f in formats]
+    options: dict[str, Any] = {"bbox_inches": "tight"} if tight else {}
+    if dpi is not None:
+        options["dpi"] = dpi
     for p in paths:
-        fig.savefig(p, bbox_inches="tight")
+        fig.savefig(p, **options)
     plt.close(fig)
     return paths
+
+
+def interval_errors(y: Any, ci95: list[list[float] | None]) -> np.ndarray:
+    """Error-bar lengths (2, n) below and above each value ``y`` of its 95% interval; 0 where there is none."""
+    return np.array([[v - c[0], c[1] - v] if c else [0.0, 0.0] for v, c in zip(y, ci95)], dtype=float).reshape(-1, 2).T
+
+
+def delta_errorbar(ax: plt.Axes, x: Any, y: Any, ci95: list[list[float] | None], horizontal: bool = False, **style):
+    """The paired comparison's Δ drawn one way in every figure: each Δ (arm - reference) at ``x`` with its 95%
+    t interval as an error bar (none: a bare point), vertical, or along x when ``horizontal`` (then ``x`` is the
+    row position); ``style`` goes to matplotlib's errorbar."""
+    err = interval_errors(y, ci95)
+    if horizontal:
+        return ax.errorbar(y, x, xerr=err, **style)
+    return ax.errorbar(x, y, yerr=err, **style)
 
 
 def _compute_formatter(x: float, _pos: Any = None) -> str:
@@ -111,6 +146,7 @@ def _log_compute_axis(ax: plt.Axes, lo: float, hi: float) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@styled
 def scaling_figure(
     df: pd.DataFrame,
     doc: FitDocument,
@@ -418,6 +454,7 @@ def _read_run_file(row: pd.Series, base_dir: str | None, name: str) -> Path | No
     return d / name
 
 
+@styled
 def loss_curves_figure(
     df: pd.DataFrame,
     stem: Path,
@@ -545,6 +582,7 @@ def _largest_size_with(diags: list[dict[str, Any]], df: pd.DataFrame, key: str, 
     return None
 
 
+@styled
 def dynamics_figure(
     df: pd.DataFrame,
     stem: Path,
@@ -618,6 +656,7 @@ def depth_weight_panel(W: np.ndarray, kinds: list[str], srcs: list[str], kind: s
     return M[:, keep], [source_label(srcs[k]) for k in np.flatnonzero(keep)]
 
 
+@styled
 def depth_weights_figure(
     df: pd.DataFrame,
     stem: Path,
@@ -694,6 +733,7 @@ def depth_weights_figure(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@styled
 def _grid_heatmaps(
     xs: list[Any], ys: list[Any], panels: list[tuple[str, np.ndarray]], stem: Path, suptitle: str | None = None
 ) -> list[Path]:
@@ -767,6 +807,7 @@ def arch_grid_figure(table: ArchGrid, stem: Path, labels: dict[str, str] | None 
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@styled
 def lr_figure(
     runs: pd.DataFrame,
     table: pd.DataFrame,
@@ -865,6 +906,7 @@ def lr_figure(
     return save(fig, stem)
 
 
+@styled
 def rollout_figure(ro: dict[str, Any], runs: pd.DataFrame, stem: Path, base: str, compute: str) -> list[Path]:
     """One panel per variant: both arms' runs (fitted rungs filled, held-out hollow), the fit without the held-out
     rungs drawn on to them, and each predicted loss with its prediction interval beside the measured mean."""
@@ -909,6 +951,7 @@ def rollout_figure(ro: dict[str, Any], runs: pd.DataFrame, stem: Path, base: str
     return save(fig, stem)
 
 
+@styled
 def ablation_figure(table: list[dict[str, Any]], stem: Path, title: str | None = None) -> list[Path]:
     """Table 4 as a dot plot: each arm's same-seed Δ vs the baseline with its 95% interval (ours) and the paper's Δ
     (hollow diamonds), arms top to bottom in the table's order; zero = the baseline."""
@@ -917,8 +960,8 @@ def ablation_figure(table: list[dict[str, Any]], stem: Path, title: str | None =
     fig, ax = plt.subplots(figsize=(6.4, 0.32 * len(arms) + 1.4))
     d = np.array([r["delta_vs_baseline"] for r in arms], float)
     ci95 = [r.get("delta_ci95") for r in arms]
-    err = np.array([[v - c[0], c[1] - v] if c else [0.0, 0.0] for v, c in zip(d, ci95)]).T
-    ax.errorbar(d, y, xerr=err, fmt="o", color=COLORS["block_attnres"], ms=4.5, capsize=2.5, lw=1.2, label="ours")
+    style = {"fmt": "o", "color": COLORS["block_attnres"], "ms": 4.5, "capsize": 2.5, "lw": 1.2, "label": "ours"}
+    delta_errorbar(ax, y, d, ci95, horizontal=True, **style)
     paper = [(yy, r["paper_delta"]) for yy, r in zip(y, arms) if r.get("paper_delta") is not None]
     if paper:
         ax.scatter(
@@ -967,6 +1010,7 @@ def _clip_outliers(ax: plt.Axes, d: np.ndarray, y: np.ndarray, paper: list[float
             )
 
 
+@styled
 def block_size_figure(
     sweep: BlockSizeSweep, stem: Path, title: str | None = None, paper: BlockSizeSweep | None = None
 ) -> list[Path]:
@@ -993,10 +1037,8 @@ def _delta_panel(ax: plt.Axes, sw: BlockSizeSweep, title: str) -> None:
     S = np.array([p.block_size for p in pts], float)
     d = np.array([p.vs_baseline["delta"] for p in pts], float)  # type: ignore[index]
     ci95 = [p.vs_baseline.get("delta_ci95") for p in pts]  # type: ignore[union-attr]
-    err = np.array([[v - c[0], c[1] - v] if c else [0.0, 0.0] for v, c in zip(d, ci95)]).T
-    ax.errorbar(
-        S, d, yerr=err, color=COLORS["block_attnres"], marker="o", ms=5, lw=1.5, capsize=3, label="Block AttnRes"
-    )
+    style = {"color": COLORS["block_attnres"], "marker": "o", "ms": 5, "lw": 1.5, "capsize": 3}
+    delta_errorbar(ax, S, d, ci95, **style, label="Block AttnRes")
     ax.axhline(0.0, color=COLORS[BASELINE], ls="--", lw=1.3, label=f"{LABELS[BASELINE]} (0)")
     full = (sw.full.vs_baseline or {}) if sw.full is not None else {}
     if full.get("delta") is not None:
@@ -1010,10 +1052,7 @@ def _block_size_panel(ax: plt.Axes, sw: BlockSizeSweep, title: str) -> None:
     S = np.array([p.block_size for p in sw.points], float)
     y = np.array([p.val_loss for p in sw.points], float)
     ci95 = [p.val_loss_ci95 for p in sw.points]
-    if any(c is not None for c in ci95):
-        err = np.array([[v - c[0], c[1] - v] if c else [0.0, 0.0] for v, c in zip(y, ci95)]).T
-    else:
-        err = None
+    err = interval_errors(y, ci95) if any(c is not None for c in ci95) else None
     ax.errorbar(
         S, y, yerr=err, color=COLORS["block_attnres"], marker="o", ms=5, lw=1.5, capsize=3, label="Block AttnRes"
     )
@@ -1046,6 +1085,7 @@ def _block_size_axes(ax: plt.Axes, S: np.ndarray, title: str, ylabel: str) -> No
     ax.legend(frameon=True, framealpha=0.9, fontsize=7.5, loc="best")
 
 
+@styled
 def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, arm: str, reference: str) -> list[Path]:
     """Left: the same-seed Δ per (rung, budget) as a heat map (``table``: studies.training_length.gain_by_length);
     right: M(C) with its 95% band over the measured span of C (where the frontier was fitted)."""
@@ -1083,5 +1123,26 @@ def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, 
     else:
         bx.text(0.5, 0.5, f"no frontier: {(fr or {}).get('error', 'not fitted')}", ha="center", wrap=True, fontsize=8)
         bx.set_axis_off()
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+@styled
+def length_figure(table: pd.DataFrame, stem: Path, arm: str, reference: str) -> list[Path]:
+    """Δ against tokens per parameter (log), one line per rung, 95% t intervals as bars (``table``:
+    studies.training_length.gain_by_length)."""
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    sizes = list(pd.unique(table["size"]))
+    for i, size in enumerate(sizes):
+        g = table[table["size"] == size]
+        x = g["tokens_per_param"].to_numpy(float) * (1 + 0.03 * (i - (len(sizes) - 1) / 2))  # dodge the bars
+        y = g["delta"].to_numpy(float)
+        delta_errorbar(ax, x, y, list(g["delta_ci95"]), marker="o", capsize=3, label=str(size))
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens per parameter")
+    ax.set_ylabel(f"{arm} - {reference} val loss (nats/token)")
+    ax.set_title("same-seed difference per rung (95% t intervals); below 0: the arm wins", fontsize=9)
+    ax.legend(title="rung", fontsize=8)
     fig.tight_layout()
     return save(fig, stem)

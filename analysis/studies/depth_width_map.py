@@ -34,6 +34,7 @@ from scipy import stats
 from ..io.runs import AnalysisWarning
 from ..laws.paired import t_interval
 from ..laws.paired import verdict as cell_verdict
+from ..render.figures import save
 from .study_registry import register
 
 ARM = "block_attnres"
@@ -251,13 +252,7 @@ def map_figure(cells: pd.DataFrame, stem: Path, opts: MapOptions = MapOptions())
     ax.set_title(f"{opts.arm} − {opts.baseline}: Δ val loss, 95% half-width\n(✓ wins, ✗ loses at 95%)", fontsize=10)
     fig.colorbar(im, ax=ax, label="Δ loss (nats/token)")
     fig.tight_layout()
-    written = []
-    for ext in (".png", ".pdf"):
-        path = stem.with_suffix(ext)
-        fig.savefig(path, dpi=150)
-        written.append(path)
-    plt.close(fig)
-    return written
+    return save(fig, stem, dpi=150, tight=False)
 
 
 def analyse_map(

@@ -23,6 +23,7 @@ import pandas as pd
 
 from ..io.runs import load_results, select_completed
 from ..laws.paired import rung_interaction
+from ..render.figures import delta_errorbar, save
 from ..render.tables import interval_text
 from .study_registry import register
 
@@ -73,20 +74,16 @@ def plot_interaction(table: pd.DataFrame, path: str | Path, opts: InteractionOpt
     x = np.arange(len(table))
     for offset, kind, color in ((-0.08, "dense", "0.35"), (0.08, "moe", "tab:red")):
         y = table[f"delta_{kind}"].to_numpy(float)
-        ci = [c if c is not None else [v, v] for c, v in zip(table[f"delta_{kind}_ci95"], y)]
-        err = np.abs(np.array(ci, dtype=float).T - y) if len(y) else np.zeros((2, 0))
-        ax.errorbar(x + offset, y, yerr=err, fmt="o", color=color, capsize=3, label=f"{kind} MLP")
+        delta_errorbar(
+            ax, x + offset, y, list(table[f"delta_{kind}_ci95"]), fmt="o", color=color, capsize=3, label=f"{kind} MLP"
+        )
     ax.axhline(0, color="0.5", lw=0.8)
     ax.set_xticks(x, [f"L_b {n}\nd {d}" for n, d in zip(table["n_layers"], table["d_model"])])
     ax.set_ylabel(f"val loss: {opts.arm} − {opts.reference}")
     ax.set_title("same-seed difference per rung, 95% t interval", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=140)
-    plt.close(fig)
-    return path
+    return save(fig, path, (".png",), dpi=140, tight=False)[0]
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:

@@ -45,6 +45,7 @@ from ..laws.fit_options import MIN_SIZES, FitOptions
 from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
 from ..laws.paired import rung_interaction, verdict
 from ..laws.wallclock import WallclockOptions, combine, time_ratio
+from ..render.figures import delta_errorbar, save
 from ..render.tables import fmt
 from .scaling import analyse_scaling
 from .study_registry import register, seed_list
@@ -754,9 +755,7 @@ def _points(
         lab = None if labelled else label
         labelled = True
         if c:
-            ax.errorbar(
-                [xi], [yi], yerr=[[yi - c[0]], [c[1] - yi]], fmt=marker, color=color, capsize=3, ms=5, label=lab
-            )
+            delta_errorbar(ax, [xi], [yi], [c], fmt=marker, color=color, capsize=3, ms=5, label=lab)
         else:
             ax.plot([xi], [yi], marker, mfc="none", color=color, ms=6, label=lab)
 
@@ -847,11 +846,7 @@ def plot_baseline(runs: pd.DataFrame, doc: dict[str, Any], path: str | Path) -> 
 
 def _save(fig, path: str | Path) -> Path:
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=140)
-    plt.close(fig)
-    return path
+    return save(fig, path, (".png",), dpi=140, tight=False)[0]
 
 
 def read_studies(paths: list[str] | list[Path]) -> pd.DataFrame:

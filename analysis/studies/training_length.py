@@ -83,29 +83,6 @@ def length_markdown(table: pd.DataFrame, arm: str, reference: str) -> list[str]:
     return [*lines, ""]
 
 
-def length_figure(table: pd.DataFrame, stem: Path, arm: str, reference: str) -> list[Path]:
-    """Δ against tokens per parameter (log), one line per rung, 95% t intervals as bars."""
-    from ..render.figures import plt, save
-
-    fig, ax = plt.subplots(figsize=(6.0, 4.2))
-    sizes = list(pd.unique(table["size"]))
-    for i, size in enumerate(sizes):
-        g = table[table["size"] == size]
-        x = g["tokens_per_param"].to_numpy(float) * (1 + 0.03 * (i - (len(sizes) - 1) / 2))  # dodge the bars
-        y = g["delta"].to_numpy(float)
-        ci = [c if c else [v, v] for c, v in zip(g["delta_ci95"], y)]
-        err = np.array([[v - c[0] for c, v in zip(ci, y)], [c[1] - v for c, v in zip(ci, y)]])
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=str(size))
-    ax.axhline(0.0, color="black", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("training tokens per parameter")
-    ax.set_ylabel(f"{arm} - {reference} val loss (nats/token)")
-    ax.set_title("same-seed difference per rung (95% t intervals); below 0: the arm wins", fontsize=9)
-    ax.legend(title="rung", fontsize=8)
-    fig.tight_layout()
-    return save(fig, stem)
-
-
 def budget_points(df: pd.DataFrame) -> pd.DataFrame:
     """The table with each (rung, budget) as its own size, ``<size>@<tokens per param>`` (e.g. ``deep_L8@32``), so
     that a compute fit takes every budget of every rung as one point; the rung's own name is kept in ``rung``."""
@@ -179,7 +156,7 @@ def analyse_length(
     reads the shared lr's runs."""
     from ..io.report import write_json
     from ..laws.frontier import analyse_frontier, frontier_markdown
-    from ..render.figures import frontier_figure
+    from ..render.figures import frontier_figure, length_figure
     from .length_lr import has_lr_grid, lr_check, lr_check_markdown
 
     out.mkdir(parents=True, exist_ok=True)
