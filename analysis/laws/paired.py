@@ -174,6 +174,23 @@ def paired_comparison(
     return pd.DataFrame(rows)
 
 
+def comparison_entry(row: Any) -> dict[str, Any]:
+    """One row of :func:`paired_comparison` (a Series or a named tuple) as a document part: ``delta``, ``delta_sd``,
+    ``delta_ci95``, ``n_pairs``, ``pair_seeds``, ``verdict``; a missing number is None."""
+
+    def num(x: Any) -> float | None:
+        return None if x is None or pd.isna(x) else float(x)
+
+    return {
+        "delta": num(row["delta"]),
+        "delta_sd": num(row["delta_sd"]),
+        "delta_ci95": row["delta_ci95"],
+        "n_pairs": int(row["n_pairs"]),
+        "pair_seeds": list(row["seeds"]),
+        "verdict": row["verdict"],
+    }
+
+
 def _pair(arm: pd.Series, reference: pd.Series, level: float) -> dict[str, Any]:
     d = paired_delta(arm, reference, level)
     seeds = d["pair_seeds"]

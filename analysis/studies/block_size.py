@@ -25,7 +25,7 @@ import pandas as pd
 from ..io.fit_document import BlockSizeSweep
 from ..io.paper_data import paper_sweep
 from ..io.runs import check_one_dataset, keep_most_common, load_results, runs_of_kind
-from ..laws.paired import arm_rows, by_seed, loss_summary, paired_delta, same_shape, study_shape, verdict
+from ..laws.paired import arm_rows, by_seed, comparison_entry, loss_summary, paired_comparison, same_shape, study_shape
 from ..render.figures import block_size_figure
 from ..render.tables import block_size_markdown, interval_text
 from .study_registry import add_results_out, register
@@ -34,19 +34,17 @@ FULL = "full_attnres"
 BASELINE = "baseline"
 
 
-def _against(arm: pd.Series, reference: pd.Series | None) -> dict[str, Any] | None:
-    if reference is None or reference.empty:
-        return None
-    d = paired_delta(arm, reference)
-    return d | {"verdict": verdict(d["delta_ci95"], d["n_pairs"])}
-
-
-def _reference(pool: pd.DataFrame, study: str, variant: str) -> tuple[pd.Series | None, dict[str, Any] | None]:
+def _reference(pool: pd.DataFrame, study: str, variant: str) -> tuple[pd.DataFrame, dict[str, Any] | None]:
     rows = arm_rows(pool, study, variant)
     if rows.empty:
-        return None, None
-    losses = by_seed(rows, f"reference arm {variant}")
-    return losses, loss_summary(losses) | {"size": str(rows["size"].iloc[0])}
+        return rows, None
+    return rows, loss_summary(by_seed(rows, f"reference arm {variant}")) | {"size": str(rows["size"].iloc[0])}
+
+
+def _against(table: pd.DataFrame, arm: str) -> dict[str, Any] | None:
+    """The arm's row of a paired comparison (None: the reference did not run)."""
+    rows = table[table["arm"] == arm] if not table.empty else table
+    return comparison_entry(rows.iloc[0]) if not rows.empty else None
 
 
 def block_size_sweep(df_all: pd.DataFrame, baseline: str = BASELINE, full: str = FULL) -> dict[str, Any] | None:
@@ -63,18 +61,24 @@ def block_size_sweep(df_all: pd.DataFrame, baseline: str = BASELINE, full: str =
     size, protocol, seeds = study_shape(swept, "block-size study")
     pool = same_shape(df_all, size, protocol, seeds)
     study = str(swept["study"].iloc[0])
-    base_losses, base = _reference(pool, study, baseline)
-    full_losses, full_ref = _reference(pool, study, full)
-    if full_ref is not None:
-        full_ref["vs_baseline"] = _against(full_losses, base_losses)
+    base_rows, base = _reference(pool, study, baseline)
+    full_rows, full_ref = _reference(pool, study, full)
     variant = str(swept["variant"].iloc[0])
     blocks = pool[(pool["variant"] == variant) & pool["block_size"].notna()]
-    points = []
+    sweep = {}  # "S=<S>" -> the runs of block size S: the study's own where it has them
     for S, g in blocks.groupby("block_size", sort=True):
-        g = g[g["study"] == study] if (g["study"] == study).any() else g
-        losses = by_seed(g, f"{variant} at S = {int(S)}")
-        point = {"block_size": int(S)} | loss_summary(losses)
-        points.append(point | {"vs_baseline": _against(losses, base_losses), "vs_full": _against(losses, full_losses)})
+        sweep[f"S={int(S)}"] = g[g["study"] == study] if (g["study"] == study).any() else g
+    runs = pd.concat(
+        [base_rows.assign(arm=baseline), full_rows.assign(arm=full)] + [g.assign(arm=a) for a, g in sweep.items()]
+    )
+    vs_base = paired_comparison(runs, baseline, [full, *sweep], arm_column="arm")
+    vs_full = paired_comparison(runs, full, list(sweep), arm_column="arm")
+    if full_ref is not None:
+        full_ref["vs_baseline"] = _against(vs_base, full)
+    points = []
+    for a, g in sweep.items():
+        point = {"block_size": int(a[2:])} | loss_summary(by_seed(g, f"{variant} at S = {a[2:]}"))
+        points.append(point | {"vs_baseline": _against(vs_base, a), "vs_full": _against(vs_full, a)})
     first = swept.iloc[0]
     return {
         "size": size,

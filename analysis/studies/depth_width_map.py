@@ -32,8 +32,7 @@ import pandas as pd
 from scipy import stats
 
 from ..io.runs import AnalysisWarning
-from ..laws.paired import t_interval
-from ..laws.paired import verdict as cell_verdict
+from ..laws.paired import paired_comparison
 from ..render.figures import save
 from .study_registry import register
 
@@ -99,28 +98,32 @@ def cell_table(
     t-interval), ``half_width``, ``verdict`` (``wins`` when the interval lies below 0, ``loses`` above, else
     ``undecided``; ``missing`` without pairs), the baseline's mean loss, ``params`` and ``tokens_per_param``.
     ``cells`` adds the cells of the design that hold no pair yet (as missing)."""
-    p = pairs(df, opts)
-    grid = sorted(set(map(tuple, p[["n_layers", "d_model"]].to_numpy().tolist())) | set(cells or []))
+    p = pairs(df, opts)  # the map's duplicate check, and each cell's size and tokens
+    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    keys = ["n_layers", "d_model"]
+    table = paired_comparison(done, opts.baseline, [opts.arm], keys, level=opts.level)
+    by_cell = {(int(r.n_layers), int(r.d_model)): r for r in table.itertuples()} if not table.empty else {}
+    grid = sorted(set(map(tuple, p[keys].to_numpy().tolist())) | set(cells or []))
     rows: list[dict[str, Any]] = []
     for n_layers, d_model in grid:
         c = p[(p["n_layers"] == n_layers) & (p["d_model"] == d_model)]
-        d = c["delta"].to_numpy(float)
-        lo, hi = t_interval(d, opts.level)
-        verdict = cell_verdict([lo, hi], len(d))
+        r = by_cell.get((n_layers, d_model))
+        n = r.n_pairs if r is not None else 0
+        lo, hi = r.delta_ci95 if n > 1 and r.delta_ci95 else (math.nan, math.nan)
         params = int(c["params"].iloc[0]) if len(c) else None
         rows.append(
             {
                 "n_layers": n_layers,
                 "d_model": d_model,
-                "n_pairs": len(d),
-                "seeds": [int(s) for s in c["seed"]],
-                "delta": float(d.mean()) if len(d) else math.nan,
-                "sd": float(d.std(ddof=1)) if len(d) > 1 else math.nan,
+                "n_pairs": n,
+                "seeds": list(r.seeds) if n else [],
+                "delta": float(r.delta) if n else math.nan,
+                "sd": float(r.delta_sd) if n > 1 else math.nan,
                 "ci_lo": lo,
                 "ci_hi": hi,
                 "half_width": (hi - lo) / 2 if np.isfinite(lo) else math.nan,
-                "verdict": verdict,
-                "baseline_loss": float(c["baseline_loss"].mean()) if len(c) else math.nan,
+                "verdict": r.verdict if n else "missing",
+                "baseline_loss": float(r.ref_loss) if n else math.nan,
                 "params": params,
                 "tokens_per_param": float(c["tokens"].iloc[0]) / params if params else math.nan,
             }

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.runs import tokens_per_param
-from ..laws.paired import by_seed, paired_delta
+from ..laws.paired import comparison_entry, paired_comparison
 from .lr import quadratic_vertex
 
 MOVE_FACTOR = math.sqrt(2.0)
@@ -87,6 +87,10 @@ def lr_check(
     shared = float(shared_lr) if shared_lr is not None else shared_lr_of(lrs)
     if not any(_same_lr(shared, x) for x in lrs):
         raise ValueError(f"shared lr {shared:g} is not on the grid ({', '.join(f'{x:g}' for x in lrs)})")
+    at_shared = done[[_same_lr(float(x), shared) for x in done["lr"]]]
+    vs = paired_comparison(at_shared, reference, [arm], ("size", "tpp"))
+    at = {(r["size"], r["tpp"]): comparison_entry(r) for _, r in vs.iterrows()}
+    missing = {"delta": None, "delta_ci95": None, "n_pairs": 0}  # an arm without runs at the shared lr
     rows = []
     for (size, tpp), g in done.groupby(["size", "tpp"], sort=False):
         best = {}
@@ -97,10 +101,7 @@ def lr_check(
             best[v] = best_lr(mine.groupby("lr")["val_loss"].mean())
         if len(best) < 2:
             continue
-        at = g[[_same_lr(float(x), shared) for x in g["lr"]]]
-        sa = by_seed(at[at["variant"] == arm], f"{arm} {size} at {tpp:g} tokens/param, lr {shared:g}")
-        sr = by_seed(at[at["variant"] == reference], f"{reference} {size} at {tpp:g} tokens/param, lr {shared:g}")
-        d = paired_delta(sa, sr)
+        d = at.get((size, tpp), missing)
         rows.append(
             {
                 "size": str(size),
