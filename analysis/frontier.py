@@ -38,6 +38,7 @@ from . import bootstrap as bs
 from .fit import HUBER_DELTA
 from .nd_fit import fit_theta, log_loss, refit_theta
 from .rollout import Z95
+from .token_budget import tokens_per_param
 
 N_GRID = 1201  # points of the ln N grid the frontier is minimised on
 N_SPAN = 4.0  # the grid spans the measured ln N range widened by this on each side (a factor e^4 = 55)
@@ -49,8 +50,6 @@ MIN_CELLS = 6  # (rung, budget) cells per arm: the five-parameter law needs at l
 def frontier_runs(df: pd.DataFrame, arm: str, reference: str) -> pd.DataFrame:
     """The completed runs of the two arms with ``N`` (params_non_embedding), ``D`` (tokens), ``C`` (pflops_days),
     ``rung`` (the size), ``cell`` (``<rung>@<tokens per param>``, the bootstrap's stratum) and ``size`` = ``cell``."""
-    from .training_length import tokens_per_param
-
     done = df[df["status"] == "completed"] if "status" in df.columns else df
     done = done[done["variant"].isin([arm, reference])]
     tpp = tokens_per_param(done)

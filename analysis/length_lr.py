@@ -28,14 +28,13 @@ import pandas as pd
 
 from .lr import quadratic_vertex
 from .seed_stats import by_seed, paired_delta
+from .token_budget import tokens_per_param
 
 MOVE_FACTOR = math.sqrt(2.0)
 
 
 def has_lr_grid(df: pd.DataFrame) -> bool:
     """Whether some arm, rung, budget and seed of the completed runs ran at several lrs."""
-    from .training_length import tokens_per_param
-
     done = df[df["status"] == "completed"] if "status" in df.columns else df
     if "lr" not in done.columns or done.empty:
         return False
@@ -80,8 +79,6 @@ def lr_check(
     """length.json ``lr_check``: ``shared_lr``, ``rows`` (one per rung and budget: each arm's :func:`best_lr`,
     ``delta_shared`` with its interval and pairs, ``delta_best``) and ``moves`` (per arm and rung: the best lr per
     budget, their span and whether the optimum moves)."""
-    from .training_length import tokens_per_param
-
     done = df[df["status"] == "completed"] if "status" in df.columns else df
     done = done[done["variant"].isin([arm, reference])].assign(tpp=tokens_per_param(done))
     lrs = sorted({float(x) for x in done["lr"]})

@@ -25,17 +25,7 @@ import pandas as pd
 
 from .heterogeneity import rung_headline, rung_markdown, rung_part
 from .seed_stats import by_seed, interval_text, paired_delta, verdict
-
-
-def tokens_per_param(df: pd.DataFrame) -> pd.Series:
-    """Each run's budget in tokens per parameter: its ``budget`` where set, else tokens / params_non_embedding
-    (rounded to 3 significant digits, so that the runs of one budget share a value)."""
-    ratio = pd.to_numeric(df["tokens"], errors="coerce") / pd.to_numeric(df["params_non_embedding"], errors="coerce")
-    ratio = ratio.map(lambda x: float(f"{x:.3g}") if np.isfinite(x) else np.nan)
-    if "budget" in df.columns:
-        budget = pd.to_numeric(df["budget"], errors="coerce")
-        return budget.where(budget > 0, ratio)
-    return ratio
+from .token_budget import tokens_per_param
 
 
 def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline") -> pd.DataFrame:
