@@ -461,14 +461,3 @@ def split_lr_protocols(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     df = df.copy()
     df.loc[own, "variant"] = df.loc[own, "variant"].astype(str) + OWN_LR
     return df
-
-
-def tokens_per_param(df: pd.DataFrame) -> pd.Series:
-    """Each run's budget in tokens per parameter: its ``budget`` where set, else tokens / params_non_embedding
-    (rounded to 3 significant digits, so that the runs of one budget share a value)."""
-    ratio = pd.to_numeric(df["tokens"], errors="coerce") / pd.to_numeric(df["params_non_embedding"], errors="coerce")
-    ratio = ratio.map(lambda x: float(f"{x:.3g}") if np.isfinite(x) else np.nan)
-    if "budget" in df.columns:
-        budget = pd.to_numeric(df["budget"], errors="coerce")
-        return budget.where(budget > 0, ratio)
-    return ratio

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from ..io.runs import tokens_per_param
+from ..io.token_budget import tokens_per_param
 from . import bootstrap as bs
 from .fit import HUBER_DELTA
 from .nd_fit import fit_theta, log_loss, refit_theta

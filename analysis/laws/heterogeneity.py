@@ -142,7 +142,7 @@ def rung_headline(mult: dict[str, Any], arm: str) -> list[str]:
         lines.append(
             f"{arm}: one multiplier does not describe these rungs (p = {test['p']:.2g}, Q = {test['Q']:.1f}, "
             f"{test.get('reference', 'chi2')}): m(C) at the measured C: {pts}{trend}. The pooled m = {mult['m']:.3f}× "
-            f"{_ci(mult['m_ci95'])} ({loss}) averages a trend."
+            f"{_ci(mult['m_ci95'])} ({loss}) averages rungs that disagree."
         )
     else:
         p = "n/a" if test.get("p") is None else f"{test['p']:.2g}"

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..io.runs import tokens_per_param
+from ..io.token_budget import tokens_per_param
 from ..laws.paired import comparison_entry, paired_comparison
 from .lr import quadratic_vertex
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..io.runs import tokens_per_param
+from ..io.token_budget import tokens_per_param
 from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
 from ..laws.paired import paired_comparison
 from ..render.tables import interval_text
