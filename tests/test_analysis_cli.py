@@ -130,12 +130,12 @@ def test_cli_errors_exit_2_with_a_message(tmp_path: Path, capsys: pytest.Capture
     assert main(["fit", "--results", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "o")]) == 2
 
 
-def test_help_works_without_heavy_imports() -> None:
+def test_help_lists_every_registered_study_and_the_cli_module_imports_nothing_heavy() -> None:
     res = subprocess.run(
         [sys.executable, "-m", "analysis", "--help"], cwd=REPO, capture_output=True, text=True, check=True
     )
-    assert "fit" in res.stdout
-    assert "paper" in res.stdout
+    for name in (*SWEEP_COMMANDS, "gallery", "block-size"):
+        assert name in res.stdout
     res = subprocess.run(
         [sys.executable, "-m", "analysis", "fit", "--help"], cwd=REPO, capture_output=True, text=True, check=True
     )
@@ -143,6 +143,34 @@ def test_help_works_without_heavy_imports() -> None:
         assert opt in res.stdout
     code = "import sys, analysis.__main__; assert not {'pandas', 'scipy', 'matplotlib'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# the ``analysis:`` command names a study's config gives (sweeps/study.py): one registered study each
+SWEEP_COMMANDS = ("fit", "lr", "map", "block_size", "ablations", "length", "recipe", "moe", "paper")
+
+
+def test_the_registry_holds_each_study_once_with_its_headline() -> None:
+    from analysis.studies import recipe, study_registry, training_length
+
+    studies = study_registry.load()
+    assert set(SWEEP_COMMANDS) <= set(studies)
+    assert study_registry.get("block-size") is studies["block_size"]  # the alias reaches the same study
+    assert studies["length"].headline is training_length.headline_lines
+    assert studies["recipe"].headline is recipe.headline_lines
+    assert study_registry.headline_lines("map", {"cells": []}) == []  # a study without a headline
+    with pytest.raises(ValueError, match="'nope' is not registered; registered: ablations, block_size"):
+        study_registry.get("nope")
+
+
+def test_a_name_taken_twice_is_an_error_naming_both() -> None:
+    from analysis.studies import study_registry
+
+    def args(p):
+        return None
+
+    with pytest.raises(ValueError, match="'block-size' of 'other' is already registered by 'block_size'"):
+        study_registry.register("other", help="", arguments=args, aliases=("block-size",))(lambda a, v: None)
+    assert "other" not in study_registry.STUDIES
 
 
 def test_compute_column_choice(tmp_path: Path) -> None:
