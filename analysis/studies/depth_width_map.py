@@ -34,7 +34,7 @@ from scipy import stats
 from ..io.runs import AnalysisWarning
 from ..laws.paired import paired_comparison
 from ..render.figures import save
-from .study_registry import register
+from .study_registry import add_bootstrap, add_results_out, register
 
 ARM = "block_attnres"
 BASELINE = "baseline"
@@ -288,14 +288,14 @@ def analyse_map(
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", required=True, help="the map study's results.csv (or a study directory)")
-    p.add_argument("--out", required=True, help="output directory (map.json, map_summary.md, fig7_map.png)")
+    add_results_out(
+        p,
+        "the map study's results.csv (or a study directory)",
+        "output directory (map.json, map_summary.md, fig7_map.png)",
+    )
     p.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
     p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
-    p.add_argument(
-        "--bootstrap", type=int, default=2000, metavar="B", help="resamples for the boundary (default: 2000)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="resampling seed (default: 0)")
+    add_bootstrap(p, "resamples for the boundary")
 
 
 @register(

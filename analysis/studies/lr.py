@@ -42,7 +42,7 @@ import pandas as pd
 from results.io import atomic_write_text
 
 from ..io.runs import AnalysisWarning
-from .study_registry import number, register
+from .study_registry import add_bootstrap, add_results_out, number, register
 
 WINDOW = 2  # grid steps on each side of the grid minimum used by the quadratic fit
 CI_LEVEL = 0.95
@@ -585,16 +585,16 @@ def run_lr(
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", required=True, help="the LR study's results.csv (or a study directory)")
-    p.add_argument("--out", required=True, help="output directory (lr.json, lr_summary.md, fig_lr.png)")
+    add_results_out(
+        p, "the LR study's results.csv (or a study directory)", "output directory (lr.json, lr_summary.md, fig_lr.png)"
+    )
     p.add_argument(
         "--dataset", help="only the runs of this data set (data_fingerprint, a prefix of it, or the dataset path)"
     )
     p.add_argument(
         "--write-config", metavar="PATH", help="also write the tuned lrs as a config, e.g. conf/tuned_lr/cpu.yaml"
     )
-    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    add_bootstrap(p)
     p.add_argument("--seed-sigma", type=float, help="seed-noise sd of one run's val loss, for single-seed curves")
     p.add_argument(
         "--rule",

@@ -24,7 +24,7 @@ from ..render.figures import block_size_figure
 from ..render.markdown import summary_markdown
 from ..render.tables import ablation_markdown
 from .scaling import analyse_scaling
-from .study_registry import register
+from .study_registry import add_bootstrap, register
 
 PFLOPS_DAY = 1e15 * 86400
 FIG4_VARIANTS = ["baseline", "block_attnres", "full_attnres"]  # the three series of the paper's Fig. 4
@@ -208,8 +208,7 @@ def headline_numbers(doc: FitDocument) -> str:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    add_bootstrap(p)
     p.add_argument(
         "--seed-sigma", type=float, help="seed-noise sd for the parametric bootstrap (default: fit residual sd)"
     )

@@ -33,7 +33,7 @@ from .ablations import ablation_table
 from .arch_grid import arch_grid_table
 from .block_size import block_size_sweep
 from .scaling import analyse_scaling
-from .study_registry import fractions, number, register, seed_list
+from .study_registry import add_bootstrap, fractions, number, register, seed_list
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         choices=["pflops_days", "pflops_days_6nd"],
         help="compute column (default: pflops_days)",
     )
-    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    add_bootstrap(p)
     p.add_argument(
         "--bootstrap-mode",
         default="auto",

@@ -48,7 +48,7 @@ from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.figures import delta_errorbar, save
 from ..render.tables import fmt
 from .scaling import analyse_scaling
-from .study_registry import register, seed_list
+from .study_registry import add_bootstrap, register, seed_list
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
 DESIGN_SEEDS = (0, 1, 2)
@@ -952,8 +952,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr-protocol", default="baseline", help="the arms' lr protocol read (default: baseline)")
     p.add_argument("--design-seeds", type=seed_list, default=[0, 1, 2], help="design seeds (default: 0,1,2)")
     p.add_argument("--held-out-seeds", type=seed_list, default=[20, 21, 22], help="held-out seeds (default: 20,21,22)")
-    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="bootstrap replicates (default: 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+    add_bootstrap(p)
     p.add_argument("--no-figures", action="store_true", help="write recipe.json and recipe_summary.md only")
     p.add_argument(
         "--timing",

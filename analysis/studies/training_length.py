@@ -29,7 +29,7 @@ from ..io.token_budget import tokens_per_param
 from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
 from ..laws.paired import paired_comparison
 from ..render.tables import interval_text
-from .study_registry import register
+from .study_registry import add_bootstrap, add_results_out, register
 
 
 def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline") -> pd.DataFrame:
@@ -264,8 +264,11 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", required=True, help="a study with several budgets per rung (results.csv or directory)")
-    p.add_argument("--out", required=True, help="output directory (length.json, length_summary.md, fig_length.png)")
+    add_results_out(
+        p,
+        "a study with several budgets per rung (results.csv or directory)",
+        "output directory (length.json, length_summary.md, fig_length.png)",
+    )
     p.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
     p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
     p.add_argument(
@@ -273,8 +276,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the per-budget differences only: no compute fit over the (rung, budget) points (fit/)",
     )
-    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="the fit's bootstrap replicates (2000)")
-    p.add_argument("--seed", type=int, default=0, help="the fit's bootstrap random seed (default: 0)")
+    add_bootstrap(p, "the fit's bootstrap replicates")
     p.add_argument(
         "--frontier-bootstrap", type=int, default=400, metavar="B", help="the frontier's bootstrap replicates (400)"
     )
