@@ -155,6 +155,7 @@ def test_the_registry_holds_each_study_once_with_its_headline() -> None:
     studies = study_registry.load()
     assert set(SWEEP_COMMANDS) <= set(studies)
     assert study_registry.get("block-size") is studies["block_size"]  # the alias reaches the same study
+    assert study_registry.get("arch_grid") is studies["fit"]  # the grid is reported by the fit
     assert studies["length"].headline is training_length.headline_lines
     assert studies["recipe"].headline is recipe.headline_lines
     assert study_registry.headline_lines("map", {"cells": []}) == []  # a study without a headline

@@ -272,7 +272,12 @@ def _add_fit_sections(f: argparse.ArgumentParser) -> None:
     )
 
 
-@register("fit", help="fit a results table and write fit.json, summary.md and figures", arguments=_arguments)
+@register(
+    "fit",
+    help="fit a results table and write fit.json, summary.md and figures",
+    arguments=_arguments,
+    aliases=("arch_grid",),  # the architecture grid is reported by the fit (fit.json arch_grid, its table and figure)
+)
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
 
