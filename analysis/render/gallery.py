@@ -28,7 +28,7 @@ from ..io.paper_data import load_paper
 from ..io.provenance import Provenance, provenance, seed_text
 from ..io.runs import load_results
 
-GALLERY_DATA = Path(__file__).with_name("data") / "paper_gallery.json"
+GALLERY_DATA = Path(__file__).resolve().parents[1] / "data" / "paper_gallery.json"  # analysis/data
 
 
 def load_gallery_text() -> dict[str, Any]:
@@ -169,7 +169,7 @@ def _num(x: Any) -> str:
     return "-" if x is None else f"{float(x):.3f}"
 
 
-COMMITTED_SCALING = Path(__file__).resolve().parent.parent / "docs" / "results" / "cpu_deep" / "pooled"
+COMMITTED_SCALING = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_deep" / "pooled"
 
 
 def reading_entry(key: str, figure: Path, runs: pd.DataFrame | None, command: str) -> Entry:
