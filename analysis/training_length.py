@@ -220,7 +220,7 @@ def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
         return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
     lines = [f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}"]
     if fit.get("rungs"):
-        lines = rung_headline(fit["rungs"], f"{arm} over the (rung, budget) points")
+        lines += rung_headline(fit["rungs"], f"{arm} over the (rung, budget) points")
     if fit.get("m_wall") is not None:
         lines.append(
             f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
