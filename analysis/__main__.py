@@ -190,7 +190,11 @@ def _add_length(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     t.add_argument("--bootstrap", type=int, default=2000, metavar="B", help="the fit's bootstrap replicates (2000)")
     t.add_argument("--seed", type=int, default=0, help="the fit's bootstrap random seed (default: 0)")
     t.add_argument(
-        "--frontier-bootstrap", type=int, default=400, metavar="B", help="the frontier's bootstrap replicates (400)"
+        "--frontier-bootstrap",
+        type=int,
+        default=None,
+        metavar="B",
+        help="the frontier's bootstrap replicates (default: the smaller of 400 and --bootstrap)",
     )
     t.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 

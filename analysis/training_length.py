@@ -167,11 +167,12 @@ def analyse_length(
     fit: bool = True,
     bootstrap: int = 2000,
     seed: int = 0,
-    frontier_bootstrap: int = FRONTIER_B,
+    frontier_bootstrap: int | None = None,
 ) -> dict[str, Any]:
     """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``; with ``fit``
     the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`) and the compute-optimal frontier
-    (analysis.frontier; ``frontier_bootstrap`` replicates, fig_frontier.png). Records with several lrs per arm, rung
+    (analysis.frontier; ``frontier_bootstrap`` replicates, default the smaller of FRONTIER_B and ``bootstrap``;
+    fig_frontier.png). Records with several lrs per arm, rung
     and budget get the lr check (analysis.length_lr, length.json ``lr_check``); everything else then reads the shared
     lr's runs."""
     from .frontier import analyse_frontier, frontier_figure, frontier_markdown
@@ -195,7 +196,8 @@ def analyse_length(
         doc["fit"] = fit_points(df, out / FIT_DIR, arm, reference, make_figures, bootstrap, seed)
         if doc["fit"] and "error" not in doc["fit"]:
             files.append(f"{FIT_DIR}/")
-        doc["frontier"] = analyse_frontier(df, arm, reference, B=frontier_bootstrap, seed=seed)
+        B = frontier_bootstrap if frontier_bootstrap is not None else min(FRONTIER_B, bootstrap)
+        doc["frontier"] = analyse_frontier(df, arm, reference, B=B, seed=seed)
         if make_figures:
             fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference)
             files += [str(p.relative_to(out)) for p in fig]
