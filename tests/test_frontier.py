@@ -52,6 +52,10 @@ def test_arms_that_differ_only_in_a_have_a_constant_known_multiplier(tmp_path):
     # with every exponent and the compute per token shared, L*_arm(C) = L*_base(C M) with M = (A_b / A_v)^(1 / alpha)
     truth = (40.0 / 30.0) ** (1 / ALPHA)
     df = synthetic_budget_ladder(LAWS, seeds=(0, 1, 2), sigma=0.002, rng=11)
+    block = df["variant"] == "block_attnres"
+    df["params_non_embedding"] = (
+        df["params_non_embedding"].astype(float).where(~block, df["params_non_embedding"] * 1.001)
+    )
     fr = analyse_frontier(df, B=30)
     M, lo, hi = (np.array(fr["M"][k], float) for k in ("M", "ci95_lo", "ci95_hi"))
     assert np.all(np.abs(M / truth - 1) < 0.05)

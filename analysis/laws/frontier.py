@@ -274,7 +274,7 @@ def analyse_frontier(
     }
     doc |= frontier_curves(d, arm, reference, point, boot, plan)
     doc["rollout"] = {}
-    largest_rung = d["N"] == d["N"].max()
+    largest_rung = d["rung"] == d.loc[d["N"].idxmax(), "rung"]  # by name: the arms' N differ at one rung
     largest_budget = d["tokens_per_param"] == d["tokens_per_param"].max()
     for name, held in (("largest_rung", largest_rung), ("largest_budget", largest_budget)):
         kept = d[~held.to_numpy()]

@@ -147,13 +147,13 @@ def analyse_length(
     fit: bool = True,
     bootstrap: int = 2000,
     seed: int = 0,
-    frontier_bootstrap: int = FRONTIER_B,
+    frontier_bootstrap: int | None = None,
 ) -> dict[str, Any]:
     """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``; with ``fit``
     the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`) and the compute-optimal frontier
-    (analysis.laws.frontier; ``frontier_bootstrap`` replicates, fig_frontier.png). Records with several lrs per arm,
-    rung and budget get the lr check (analysis.studies.length_lr, length.json ``lr_check``); everything else then
-    reads the shared lr's runs."""
+    (analysis.laws.frontier; ``frontier_bootstrap`` replicates, default the smaller of FRONTIER_B and ``bootstrap``;
+    fig_frontier.png). Records with several lrs per arm, rung and budget get the lr check (analysis.studies.length_lr,
+    length.json ``lr_check``); everything else then reads the shared lr's runs."""
     from ..io.report import write_json
     from ..laws.frontier import analyse_frontier, frontier_markdown
     from ..render.figures import frontier_figure, length_figure
@@ -176,7 +176,8 @@ def analyse_length(
         doc["fit"] = fit_points(df, out / FIT_DIR, arm, reference, make_figures, bootstrap, seed)
         if doc["fit"] and "error" not in doc["fit"]:
             files.append(f"{FIT_DIR}/")
-        doc["frontier"] = analyse_frontier(df, arm, reference, B=frontier_bootstrap, seed=seed)
+        B = frontier_bootstrap if frontier_bootstrap is not None else min(FRONTIER_B, bootstrap)
+        doc["frontier"] = analyse_frontier(df, arm, reference, B=B, seed=seed)
         if make_figures:
             fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference)
             files += [str(p.relative_to(out)) for p in fig]
@@ -201,7 +202,7 @@ def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
         return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
     lines = [f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}"]
     if fit.get("rungs"):
-        lines = rung_headline(fit["rungs"], f"{arm} over the (rung, budget) points")
+        lines += rung_headline(fit["rungs"], f"{arm} over the (rung, budget) points")
     if fit.get("m_wall") is not None:
         lines.append(
             f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
@@ -278,7 +279,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     add_bootstrap(p, "the fit's bootstrap replicates")
     p.add_argument(
-        "--frontier-bootstrap", type=int, default=400, metavar="B", help="the frontier's bootstrap replicates (400)"
+        "--frontier-bootstrap",
+        type=int,
+        default=None,
+        metavar="B",
+        help="the frontier's bootstrap replicates (default: the smaller of 400 and --bootstrap)",
     )
     p.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
