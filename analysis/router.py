@@ -19,6 +19,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from .render.figures import save
+
 ROUTER_FILE = "router.csv"
 FIGURE_FILE = "fig_router.png"
 COLUMNS = ("step", "layer", "expert", "tokens", "expected", "bias")
@@ -105,10 +107,7 @@ def plot_router(router: pd.DataFrame, path: str | Path, title: str = "") -> Path
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save(fig, path, (".png",), dpi=130, tight=False)[0]
 
 
 def write_run_figure(run_dir: str | Path) -> Path | None:

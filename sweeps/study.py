@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import signal
 import subprocess
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.fit_document import FitDocument, Multiplier
+from analysis.io.fit_document import FitDocument, Multiplier
 from results.record import STUDY_KINDS
 from sweeps.study_spec import FIGURES, Study, StudyFileError, studies
 
@@ -184,7 +183,7 @@ def regime_sentence(results: Path, why: str | None = None) -> str:
     parameter), and ``why`` the study measures there. Runs whose depths and widths all lie in the paper's ranges
     speak for the paper's shapes (and, at 100-400 tokens per parameter, its regime); any other for their own
     shape, not the paper's."""
-    from analysis.runs import load_results
+    from analysis.io.runs import load_results
 
     df = load_results(results)
     df = df[df["status"] == "completed"] if "status" in df.columns else df
@@ -256,7 +255,6 @@ def analysis_arguments(args: Sequence[str]) -> list[str]:
     return out
 
 
-ANALYSIS_MODULES = {"length": "training_length"}  # a command whose module has another name
 
 
 def run_analysis(argv: list[str]) -> tuple[int, Any]:
@@ -287,7 +285,7 @@ def headline(fit: FitDocument) -> list[str]:
             + (f", paper-form M at largest C = {m.paper_M:.3f}x" if m.paper_M is not None else "")
         )
     if fit.multipliers:  # the wall-clock multiplier beside the compute one, where the records hold CPU times
-        from analysis.wallclock import document_wallclock, wallclock_line
+        from analysis.laws.wallclock import document_wallclock, wallclock_line
 
         lines += [wallclock_line(name, e) for name, e in document_wallclock(fit).items()]
     for name, p in fit.protocols.items():
@@ -504,9 +502,10 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
     if scaling:
         if study.analysis == "fit":
             lines = headline(document)
-        else:  # the command's module says its headline (e.g. analysis.recipe.headline_lines)
-            module = ANALYSIS_MODULES.get(study.analysis, study.analysis)
-            lines = list(importlib.import_module(f"analysis.{module}").headline_lines(document))
+        else:  # the study registered as the command says its headline (analysis.studies.study_registry)
+            from analysis.studies.study_registry import headline_lines
+
+            lines = headline_lines(study.analysis, document)
         for line in lines:
             print(line)
         for line in committed_lines(REPO / study.committed) if study.committed else []:
@@ -561,7 +560,7 @@ def run_figures(jobs: int, runs_root: Path, reports_root: Path, fresh: bool) -> 
     """The gallery from one command: every study behind it (completed runs are skipped; with ``fresh`` nothing
     committed is restored first, so every run trains), the map's and the paper's analyses, then
     ``<reports_root>/README.md``. Returns the first non-zero exit status, else 0."""
-    from analysis.gallery import GallerySources, gallery_entries, write_gallery
+    from analysis.render.gallery import GallerySources, gallery_entries, write_gallery
 
     t0, rc = time.time(), 0
     for name, seeds, committed in FIGURE_STUDIES:

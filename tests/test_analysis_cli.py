@@ -13,7 +13,7 @@ import pytest
 from synthetic_records import synthetic_ladder, write_study
 
 from analysis.__main__ import main
-from analysis.runs import AnalysisWarning
+from analysis.io.runs import AnalysisWarning
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = ["fig4_scaling", "loss_curves", "fig5_dynamics", "fig8_depth_weights", "fig6_block_size"]
@@ -130,12 +130,12 @@ def test_cli_errors_exit_2_with_a_message(tmp_path: Path, capsys: pytest.Capture
     assert main(["fit", "--results", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "o")]) == 2
 
 
-def test_help_works_without_heavy_imports() -> None:
+def test_help_lists_every_registered_study_and_the_cli_module_imports_nothing_heavy() -> None:
     res = subprocess.run(
         [sys.executable, "-m", "analysis", "--help"], cwd=REPO, capture_output=True, text=True, check=True
     )
-    assert "fit" in res.stdout
-    assert "paper" in res.stdout
+    for name in (*SWEEP_COMMANDS, "gallery", "block-size"):
+        assert name in res.stdout
     res = subprocess.run(
         [sys.executable, "-m", "analysis", "fit", "--help"], cwd=REPO, capture_output=True, text=True, check=True
     )
@@ -143,6 +143,35 @@ def test_help_works_without_heavy_imports() -> None:
         assert opt in res.stdout
     code = "import sys, analysis.__main__; assert not {'pandas', 'scipy', 'matplotlib'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# the ``analysis:`` command names a study's config gives (sweeps/study.py): one registered study each
+SWEEP_COMMANDS = ("fit", "lr", "map", "block_size", "ablations", "length", "recipe", "moe", "paper")
+
+
+def test_the_registry_holds_each_study_once_with_its_headline() -> None:
+    from analysis.studies import recipe, study_registry, training_length
+
+    studies = study_registry.load()
+    assert set(SWEEP_COMMANDS) <= set(studies)
+    assert study_registry.get("block-size") is studies["block_size"]  # the alias reaches the same study
+    assert study_registry.get("arch_grid") is studies["fit"]  # the grid is reported by the fit
+    assert studies["length"].headline is training_length.headline_lines
+    assert studies["recipe"].headline is recipe.headline_lines
+    assert study_registry.headline_lines("map", {"cells": []}) == []  # a study without a headline
+    with pytest.raises(ValueError, match="'nope' is not registered; registered: ablations, block_size"):
+        study_registry.get("nope")
+
+
+def test_a_name_taken_twice_is_an_error_naming_both() -> None:
+    from analysis.studies import study_registry
+
+    def args(p):
+        return None
+
+    with pytest.raises(ValueError, match="'block-size' of 'other' is already registered by 'block_size'"):
+        study_registry.register("other", help="", arguments=args, aliases=("block-size",))(lambda a, v: None)
+    assert "other" not in study_registry.STUDIES
 
 
 def test_compute_column_choice(tmp_path: Path) -> None:
@@ -210,7 +239,7 @@ def test_loss_curve_panels_of_a_size_zoom_alike(tmp_path: Path, monkeypatch: pyt
     the FLOPs panel only."""
     import matplotlib.pyplot as plt
 
-    from analysis import figures
+    from analysis.render import figures
 
     rows = []
     for variant, flops_per_token, first_loss in (("baseline", 1.0, 5.0), ("block_attnres", 1.3, 4.0)):
@@ -245,7 +274,7 @@ def test_loss_curve_panels_of_a_size_zoom_alike(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize("name", ["fit.json", "heldout/fit.json", "pooled/fit.json"])
 def test_committed_fit_documents_load_typed_and_round_trip(name: str) -> None:
     """The committed study's fit.json files load into the typed document and are written back unchanged."""
-    from analysis.fit_document import FitDocument, JointLaw, Multiplier, SizeMultiplier
+    from analysis.io.fit_document import FitDocument, JointLaw, Multiplier, SizeMultiplier
 
     path = REPO / "docs" / "results" / "cpu_ladder" / name
     raw = json.loads(path.read_text())
@@ -269,7 +298,7 @@ def test_committed_fit_documents_load_typed_and_round_trip(name: str) -> None:
 def test_fit_document_keeps_unknown_keys_and_tolerates_missing_ones() -> None:
     """A document from a newer writer (an extra key anywhere) round-trips; an older or partial one loads with
     defaults."""
-    from analysis.fit_document import FitDocument
+    from analysis.io.fit_document import FitDocument
 
     raw = {"multipliers": {"v": {"m": 1.2, "m_ci95": [1.0, 1.5], "new_estimator": {"m": 1.1}}}, "new_top": [1]}
     doc = FitDocument.from_dict(raw)
@@ -288,7 +317,7 @@ def test_fit_document_keeps_unknown_keys_and_tolerates_missing_ones() -> None:
 
 
 def test_the_fit_document_is_what_run_fit_writes(report: tuple[Path, int, list[str]]) -> None:
-    from analysis.fit_document import FitDocument
+    from analysis.io.fit_document import FitDocument
 
     out = report[0]
     raw = json.loads((out / "fit.json").read_text())

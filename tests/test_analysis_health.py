@@ -12,9 +12,10 @@ import pytest
 from synthetic_records import synthetic_ladder
 
 from analysis import health
-from analysis.pipeline import run_fit
-from analysis.runs import AnalysisWarning
-from analysis.scaling import OWN_LR, FitOptions, analyse_scaling, flag_runs
+from analysis.io.runs import OWN_LR, AnalysisWarning
+from analysis.laws.fit_options import FitOptions
+from analysis.studies.pipeline import run_fit
+from analysis.studies.scaling import analyse_scaling, flag_runs
 
 TOTAL = 1000
 

@@ -1,4 +1,4 @@
-"""analysis.lr: known optima are recovered from synthetic LR curves, edges are warned about, and the CLI writes the
+"""studies.lr: known optima are recovered from synthetic LR curves, edges are warned about, and the CLI writes the
 config the size files read."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import yaml
 from synthetic_records import synthetic_lr_study
 
 from analysis.__main__ import main
-from analysis.lr import lr_optima, quadratic_vertex, reference_optimum
-from analysis.runs import AnalysisWarning
+from analysis.io.runs import AnalysisWarning
+from analysis.studies.lr import lr_optima, quadratic_vertex, reference_optimum
 
 SQRT2_GRID = tuple(1e-3 * 2 ** (k / 2) for k in range(9))  # 1e-3 .. 1.6e-2
 OPTIMA = {

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from synthetic_records import synthetic_ladder
 
-from analysis.multipliers import pooled_pair_sd
-from analysis.scaling import FitOptions, analyse_scaling
+from analysis.laws.fit_options import FitOptions
+from analysis.laws.multipliers import pooled_pair_sd
+from analysis.studies.scaling import analyse_scaling
 
 
 def _fit(df):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis.__main__ import main
-from analysis.paper import load_paper, paper_comparison, paper_results, refit_laws
+from analysis.studies.paper import load_paper, paper_comparison, paper_results, refit_laws
 
 PUBLISHED = {"baseline": (1.891, 0.057), "block_attnres": (1.870, 0.058), "full_attnres": (1.865, 0.057)}
 

@@ -1,4 +1,4 @@
-"""Reading result records (analysis.runs, results.ledger) and the input errors of the analysis."""
+"""Reading result records (analysis.io.runs, results.ledger) and the input errors of the analysis."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 from synthetic_records import synthetic_ladder, write_study
 
-from analysis.runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed, study_kinds
-from analysis.scaling import FitOptions, analyse_scaling, check_ladder
+from analysis.io.runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed, study_kinds
+from analysis.laws.fit_options import FitOptions
+from analysis.studies.scaling import analyse_scaling, check_ladder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,7 +132,8 @@ def test_load_wandb_maps_summary_and_state() -> None:
 
 def test_analysis_never_imports_the_training_stack() -> None:
     code = (
-        "import sys; import analysis.pipeline, analysis.paper, analysis.figures, analysis.__main__; "
+        "import sys; import analysis.studies.pipeline, analysis.studies.paper, analysis.render.figures; "
+        "import analysis.__main__; "
         "bad = [m for m in ('torch', 'lightning', 'hydra', 'wandb') if m in sys.modules]; "
         "assert not bad, bad"
     )
@@ -235,7 +237,7 @@ def _kinds_table() -> pd.DataFrame:
 def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
     """Renamed studies give the same analysis as the original names: the study_kind decides, not the name; renamed
     studies all labelled ``scaling`` would be fitted as three scaling ladders."""
-    from analysis.pipeline import run_fit
+    from analysis.studies.pipeline import run_fit
 
     named = _kinds_table()
     renamed = named.copy()
@@ -262,7 +264,7 @@ def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
 
 
 def test_an_lr_study_is_not_a_scaling_ladder() -> None:
-    from analysis.runs import runs_of_kind, study_kinds
+    from analysis.io.runs import runs_of_kind, study_kinds
 
     ladder = synthetic_ladder(seeds=(0,))
     grid = synthetic_ladder(seeds=(10,), study="cpu_lr").assign(study_kind="lr")
@@ -275,7 +277,7 @@ def test_an_lr_study_is_not_a_scaling_ladder() -> None:
 def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
     from synthetic_records import ablation_records
 
-    from analysis.ablations import ablation_table
+    from analysis.studies.ablations import ablation_table
 
     big = ablation_records(seeds=(0, 1))
     small = ablation_records(seeds=(5,)).assign(study="ablations_old", study_kind="ablations")
@@ -288,7 +290,7 @@ def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
 
 
 def test_keep_most_common_keeps_the_majority_and_warns_at_its_callers_caller() -> None:
-    from analysis.runs import keep_most_common
+    from analysis.io.runs import keep_most_common
 
     rows = pd.DataFrame({"variant": ["b", "a", "a", "b", "c"], "x": range(5)})
     with pytest.warns(AnalysisWarning, match=r"^sweeps several \(a, b, c\); using 'a'$") as caught:
@@ -425,7 +427,7 @@ def test_select_completed_order_does_not_depend_on_the_table_order():
     """Bootstrap draws follow row order; the order runs finished in must not change the intervals."""
     import pandas as pd
 
-    from analysis.runs import select_completed
+    from analysis.io.runs import select_completed
 
     rows = [
         {
@@ -451,7 +453,7 @@ def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
     """Not the variant's name: a sweep of another Block variant is found; two swept Block variants are one too many."""
     from synthetic_records import block_size_sweep_records
 
-    from analysis.block_size import block_size_sweep
+    from analysis.studies.block_size import block_size_sweep
 
     df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")
     renamed = df.assign(variant=df["variant"].replace({"block_attnres": "block_multihead"}))
@@ -475,7 +477,7 @@ def test_a_seed_subset_is_fitted_apart_and_a_missing_seed_is_named(tmp_path: Pat
     import json
 
     from analysis.__main__ import main
-    from analysis.runs import select_seeds
+    from analysis.io.runs import select_seeds
 
     df = synthetic_ladder({"block_attnres": 1.25}, seeds=(0, 1, 2, 20, 21, 22))
     held_out = select_seeds(df, [20, 21, 22])

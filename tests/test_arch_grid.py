@@ -352,10 +352,11 @@ def _grid_records(study: str = "arch_grid") -> pd.DataFrame:
 
 
 def test_arch_grid_table_pivots_records(tmp_path):
-    from analysis.arch_grid import arch_grid_markdown, arch_grid_table
-    from analysis.pipeline import run_fit
-    from analysis.runs import AnalysisWarning
-    from analysis.scaling import FitOptions
+    from analysis.io.runs import AnalysisWarning
+    from analysis.laws.fit_options import FitOptions
+    from analysis.render.tables import arch_grid_markdown
+    from analysis.studies.arch_grid import arch_grid_table
+    from analysis.studies.pipeline import run_fit
 
     df = _grid_records()
     table = arch_grid_table(df)

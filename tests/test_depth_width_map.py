@@ -1,4 +1,4 @@
-"""The depth-by-width map's analysis (analysis.depth_width_map): same-seed pairs per cell, an interval that covers
+"""The depth-by-width map's analysis (studies.depth_width_map): same-seed pairs per cell, an interval that covers
 at the pair counts the study uses (shown by simulation), verdicts, the boundary along depth, and a figure that
 renders on degenerate inputs. No torch."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import depth_width_map as dwm
+from analysis.studies import depth_width_map as dwm
 
 
 def _records(deltas: dict[tuple[int, int], list[float]], base_loss: float = 2.0) -> pd.DataFrame:

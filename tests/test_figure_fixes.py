@@ -15,14 +15,15 @@ import pytest
 from matplotlib.transforms import Bbox
 from synthetic_records import synthetic_ladder, write_study
 
-from analysis import bootstrap as bs
-from analysis import figures
-from analysis.fit import ALPHA_BOUNDS, joint_draws_at_bound
-from analysis.fit_document import FitDocument
-from analysis.markdown import summary_markdown
-from analysis.scaling import FitOptions, analyse_scaling
-from analysis.table_format import AT_BOUND
-from analysis.table_format import ci as ci_cell
+from analysis.io.fit_document import FitDocument
+from analysis.laws import bootstrap as bs
+from analysis.laws.fit import ALPHA_BOUNDS, joint_draws_at_bound
+from analysis.laws.fit_options import FitOptions
+from analysis.render import figures
+from analysis.render.markdown import summary_markdown
+from analysis.render.tables import AT_BOUND
+from analysis.render.tables import ci as ci_cell
+from analysis.studies.scaling import analyse_scaling
 
 
 def _fit(df: pd.DataFrame, B: int = 60, **kw) -> dict:

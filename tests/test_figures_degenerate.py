@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from synthetic_records import synthetic_ladder
 
-from analysis import figures
-from analysis.fit_document import FitDocument
-from analysis.scaling import FitOptions, analyse_scaling
+from analysis.io.fit_document import FitDocument
+from analysis.laws.fit_options import FitOptions
+from analysis.render import figures
+from analysis.studies.scaling import analyse_scaling
 
 
 def test_interval_text_bounds_its_ends():

@@ -12,13 +12,13 @@ import pytest
 from synthetic_records import synthetic_ladder
 
 from analysis.__main__ import main
-from analysis.asymptote import e_sensitivity
-from analysis.fit import fit_joint, fit_joint_pinned
-from analysis.fit_document import FitDocument
-from analysis.pipeline import Sections, run_fit
-from analysis.rollout import rollout
-from analysis.runs import AnalysisWarning, load_results
-from analysis.scaling import FitOptions
+from analysis.io.fit_document import FitDocument
+from analysis.io.runs import AnalysisWarning, load_results
+from analysis.laws.asymptote import e_sensitivity
+from analysis.laws.fit import fit_joint, fit_joint_pinned
+from analysis.laws.fit_options import FitOptions
+from analysis.laws.rollout import rollout
+from analysis.studies.pipeline import Sections, run_fit
 from sweeps.study import headline
 
 # Written by hand: L = 2 + 1.5 (m C / 1e-5 PFLOP/s-days)^-0.25 with block's m = 1.3 (1% more FLOPs per token),

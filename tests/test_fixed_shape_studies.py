@@ -1,4 +1,4 @@
-"""Fig. 6 (analysis.block_size) and Table 4 (analysis.ablations) on hand-made result tables: same-seed pairs, the
+"""Fig. 6 (studies.block_size) and Table 4 (studies.ablations) on hand-made result tables: same-seed pairs, the
 references drawn from other studies at the same shape, lr protocol and seeds only, the paper's order and numbers,
 the t intervals, the verdicts, the figures' data and the CLI."""
 
@@ -12,8 +12,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import ablations, block_size, seed_stats
 from analysis.__main__ import main as analysis_main
+from analysis.laws import paired as seed_stats
+from analysis.render import figures
+from analysis.studies import ablations, block_size
 
 SEEDS = (0, 1, 2)
 SEED_OFFSET = {0: 0.0, 1: 0.03, 2: -0.02}  # noise every arm of a seed shares: pairs cancel it
@@ -151,15 +153,15 @@ def test_ablation_report_figure_and_cli(tmp_path, capsys):
 
 def test_ablation_figure_draws_every_arm_and_the_papers_deltas(tmp_path, monkeypatch):
     drawn = {}
-    real = ablations.plt.Axes.errorbar
+    real = figures.plt.Axes.errorbar
 
     def spy(self, x, y, *a, **k):
         drawn["x"], drawn["y"] = np.asarray(x), np.asarray(y)
         return real(self, x, y, *a, **k)
 
-    monkeypatch.setattr(ablations.plt.Axes, "errorbar", spy)
+    monkeypatch.setattr(figures.plt.Axes, "errorbar", spy)
     table = ablations.ablation_table(_ablation_table_frame())
-    ablations.ablation_figure(table, tmp_path / "fig")
+    figures.ablation_figure(table, tmp_path / "fig")
     expected = [r["delta_vs_baseline"] for r in table if r["delta_vs_baseline"] is not None]
     assert drawn["x"] == pytest.approx(expected)
     assert len(drawn["y"]) == 6
@@ -173,7 +175,7 @@ def test_an_arm_that_failed_to_train_is_marked_at_the_edge_not_stretching_the_ax
     df["run_id"] = [f"r{i}" for i in range(len(df))]
     table = ablations.ablation_table(df)
     limits = {}
-    real = ablations.plt.Figure.savefig
+    real = figures.plt.Figure.savefig
 
     def spy(self, *a, **k):
         ax = self.axes[0]
@@ -181,7 +183,7 @@ def test_an_arm_that_failed_to_train_is_marked_at_the_edge_not_stretching_the_ax
         limits["texts"] = [t.get_text() for t in ax.texts]
         return real(self, *a, **k)
 
-    monkeypatch.setattr(ablations.plt.Figure, "savefig", spy)
-    ablations.ablation_figure(table, tmp_path / "fig")
+    monkeypatch.setattr(figures.plt.Figure, "savefig", spy)
+    figures.ablation_figure(table, tmp_path / "fig")
     assert limits["x"][1] < 0.2
     assert limits["texts"] == ["+0.71"]  # laurel's +0.01, shifted by 0.7

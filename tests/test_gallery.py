@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import gallery
-from analysis.fit_document import FitDocument
+from analysis.io import provenance
+from analysis.io.fit_document import FitDocument
+from analysis.render import gallery
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
@@ -26,8 +27,8 @@ def test_active_wall_time_is_the_union_of_run_spans_without_long_pauses():
             "finished_at": [t + 100 * s, t + 120 * s, t + 160 * s, t + 10_030 * s],
         }
     )
-    assert gallery.active_wall_s(df) == pytest.approx(160 + 30)
-    assert gallery.active_wall_s(df.iloc[:0]) == 0.0
+    assert provenance.active_wall_s(df) == pytest.approx(160 + 30)
+    assert provenance.active_wall_s(df.iloc[:0]) == 0.0
 
 
 def test_the_scaling_entry_states_the_committed_multiplier_and_where_the_papers_lies():

@@ -62,6 +62,70 @@ STAGE_FORBIDDEN = {
 }
 
 
+# analysis/ by role, one way: io (records, documents, report writing) <- laws (fits, statistics) <- render (tables,
+# figures, summaries) <- studies (one module per study, and their registry) <- the CLI (analysis.__main__). A layer
+# imports only from the layers before it (and itself; studies also from other studies). The two modules that
+# experiments/ imports stay at the top of the package: analysis.health (the outlier rule, a law) and analysis.router
+# (a run's router figure); their layer is given here.
+ANALYSIS_LAYERS = ("io", "laws", "render", "studies", "__main__")
+ANALYSIS_TOP_LEVEL = {"analysis.health": "laws", "analysis.router": "render"}
+
+
+def analysis_layer(module: str) -> str | None:
+    """The layer of an analysis module (None: the package itself, which imports nothing)."""
+    if module in ANALYSIS_TOP_LEVEL:
+        return ANALYSIS_TOP_LEVEL[module]
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "analysis" else None
+
+
+def upward_imports(imports: list[Import], root: Path) -> list[str]:
+    """Imports from an analysis module into a later layer (ANALYSIS_LAYERS), or into a module no layer holds."""
+    bad = []
+    for imp in imports:
+        if imp.importer.split(".")[0] != "analysis" or imp.target.split(".")[0] != "analysis":
+            continue
+        src, dst = analysis_layer(imp.importer), analysis_layer(imp.target)
+        if src is None or dst is None or src not in ANALYSIS_LAYERS or dst not in ANALYSIS_LAYERS:
+            bad.append(f"{imp.importer} imports {imp.target} (no layer: {src}, {dst})   {imp.where(root)}")
+        elif ANALYSIS_LAYERS.index(dst) > ANALYSIS_LAYERS.index(src):
+            bad.append(f"{imp.importer} ({src}) imports {imp.target} ({dst})   {imp.where(root)}")
+    return bad
+
+
+def test_analysis_layers_import_one_way():
+    imports = scan_imports(ROOT, ("analysis",))
+    layers = {analysis_layer(imp.importer) for imp in imports}
+    assert set(ANALYSIS_LAYERS) <= layers, f"analysis/ layers without an import: {set(ANALYSIS_LAYERS) - layers}"
+    bad = upward_imports(imports, ROOT)
+    assert not bad, "analysis/ imports go io <- laws <- render <- studies <- CLI only:\n" + "\n".join(bad)
+
+
+def test_checker_analysis_layers(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "analysis/__init__.py": "",
+            "analysis/__main__.py": "from analysis.studies import s\n",
+            "analysis/health.py": "",
+            "analysis/io/__init__.py": "",
+            "analysis/io/r.py": "def f():\n    from ..render import t\n",
+            "analysis/laws/__init__.py": "",
+            "analysis/laws/l.py": "from ..io import r\nfrom .. import health\n",
+            "analysis/render/__init__.py": "",
+            "analysis/render/t.py": "from ..laws import l\nfrom ..studies import s\n",
+            "analysis/studies/__init__.py": "",
+            "analysis/studies/s.py": "from ..render import t\nfrom .. import __main__\n",
+        },
+    )
+    bad = sorted(b.split("   ")[0] for b in upward_imports(scan_imports(root, ("analysis",)), root))
+    assert bad == [
+        "analysis.io.r (io) imports analysis.render.t (render)",
+        "analysis.render.t (render) imports analysis.studies.s (studies)",
+        "analysis.studies.s (studies) imports analysis.__main__ (__main__)",
+    ]
+
+
 # Records cross between training and analysis only through ``results``: what experiments/ takes from analysis/ is
 # limited to these modules (the training-curve health rule, which the recorder flags with and the analysis reads).
 EXPERIMENTS_MAY_IMPORT_FROM_ANALYSIS = {"analysis.health", "analysis.router"}  # a run's own curve flags and figure

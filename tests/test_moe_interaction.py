@@ -1,11 +1,11 @@
-"""analysis.moe_interaction: the per-rung same-seed differences with and without MoE, and their interaction."""
+"""analysis.studies.moe_interaction: the per-rung same-seed differences with and without MoE, and their interaction."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis.moe_interaction import interaction_markdown, interaction_table, plot_interaction
+from analysis.studies.moe_interaction import interaction_markdown, interaction_table, plot_interaction
 
 
 def _runs(effect: dict[int, float], offset: float = 0.0, d_model=None) -> pd.DataFrame:

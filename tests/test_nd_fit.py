@@ -1,5 +1,5 @@
-"""Fits over parameters and tokens (analysis.nd_fit, Chinchilla's approach 3) and the gain per rung by training
-length (analysis.training_length), on multi-budget studies drawn from planted laws (tests/synthetic_records.py)."""
+"""Fits over parameters and tokens (analysis.laws.nd_fit, Chinchilla's approach 3) and the gain per rung by training
+length (studies.training_length), on multi-budget studies drawn from planted laws (tests/synthetic_records.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from synthetic_records import synthetic_budget_ladder, synthetic_ladder
 
 from analysis.__main__ import main
-from analysis.nd_fit import NDOptions, nd_fit
-from analysis.training_length import analyse_length, budget_points, gain_by_length, headline_lines
+from analysis.laws.nd_fit import NDOptions, nd_fit
+from analysis.studies.training_length import analyse_length, budget_points, gain_by_length, headline_lines
 
 LAWS = {"baseline": (1.8, 40.0, 0.3, 60.0, 0.28), "block_attnres": (1.8, 30.0, 0.3, 60.0, 0.28)}
 

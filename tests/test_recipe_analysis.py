@@ -1,4 +1,4 @@
-"""analysis.recipe and analysis.wallclock: the recipe study's report on synthetic records drawn from known laws
+"""studies.recipe and laws.wallclock: the recipe study's report on synthetic records drawn from known laws
 (tests/synthetic_records.py, synthetic_recipe_study): a planted speed-up of the baseline, planted arm multipliers
 under each recipe and the interaction they imply per rung are recovered within their intervals; the wall-clock
 multiplier on a hand-computed example; one-line errors; failed runs never fitted; a degenerate study still
@@ -16,9 +16,9 @@ import pytest
 from synthetic_records import synthetic_ladder, synthetic_recipe_study, write_study
 
 from analysis.__main__ import main
-from analysis.recipe import RecipeOptions, analyse_recipe, run_recipe
-from analysis.scaling import FitOptions
-from analysis.wallclock import combine, wallclock_multiplier
+from analysis.laws.fit_options import FitOptions
+from analysis.laws.wallclock import combine, wallclock_multiplier
+from analysis.studies.recipe import RecipeOptions, analyse_recipe, run_recipe
 
 SPEEDUP = 2.0  # the Muon + WSD baseline reaches the AdamW + cosine baseline's loss with half the compute
 BLOCK = {"adamw+cosine": 1.15, "muon+wsd": 1.30}
@@ -218,7 +218,7 @@ def test_the_command_reads_a_study_directory(tmp_path, capsys):
 
 
 def test_steady_state_step_time_is_used_only_when_every_stratum_has_it_and_timing_runs_supply_it():
-    from analysis.wallclock import time_ratio
+    from analysis.laws.wallclock import time_ratio
 
     rows = [  # (variant, size, cpu_time_s incl. compilation, step_cpu_s, flops, steps)
         ("baseline", "r1", 50.0, 0.10, 1e11, 100),

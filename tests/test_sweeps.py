@@ -304,7 +304,7 @@ def test_study_options_may_come_between_the_study_and_its_overrides(tmp_path, mo
 def test_study_headline_flags_single_seed_intervals(tmp_path):
     import json
 
-    from analysis.fit_document import FitDocument
+    from analysis.io.fit_document import FitDocument
     from sweeps.study import headline
 
     fit = {
@@ -399,7 +399,7 @@ def test_the_study_fits_in_process_and_prints_the_headline_of_the_document_it_bu
     from synthetic_records import write_study
 
     from analysis.__main__ import main as analysis_main
-    from analysis.fit_document import FitDocument
+    from analysis.io.fit_document import FitDocument
     from sweeps import study
 
     runs, reports, name = tmp_path / "r", tmp_path / "p", study._sweep_key("quick", "study")

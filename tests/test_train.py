@@ -349,7 +349,7 @@ def test_cli_bad_config_is_fast_one_line_and_leaves_no_debris(tmp_path, data_cac
 def test_records_name_the_data_and_a_study_of_other_data_is_flagged(train_cfg, tmp_path, capsys):
     """Issue 15 #4: every record says which data it was trained on (dataset, data_fingerprint); launching a run
     of other data into a study warns, and the analysis refuses to pool the two."""
-    from analysis.runs import load_results, select_completed
+    from analysis.io.runs import load_results, select_completed
     from experiments.data import TokenShards, prepare_text_files
     from results.config_hash import data_fingerprint
 

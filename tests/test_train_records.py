@@ -247,7 +247,7 @@ def test_a_table_from_before_records_is_reported_on_one_line_and_left_for_the_mi
 def test_a_record_file_of_an_older_layout_is_reported_on_one_line_and_the_others_load(tmp_path):
     """A record file without the newer fields is skipped with one line naming it, the missing fields and the
     migration command; the study's other records are read, tabled and analysed."""
-    from analysis.runs import AnalysisWarning, load_results
+    from analysis.io.runs import AnalysisWarning, load_results
 
     study = tmp_path / "study"
     ledger.add_record(study, _done(run_id="a", config_hash="ha", study="ablations", study_kind="ablations"))

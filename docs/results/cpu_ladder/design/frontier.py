@@ -17,8 +17,9 @@ import warnings
 
 import pandas as pd
 
-from analysis.runs import load_results, scaling_runs
-from analysis.scaling import FitOptions, analyse_scaling
+from analysis.io.runs import load_results, scaling_runs
+from analysis.laws.fit_options import FitOptions
+from analysis.studies.scaling import analyse_scaling
 
 MINUTES_3_SEEDS = 29.2  # measured: `python -m sweeps.study` in a fresh clone, data preparation and analysis included
 

@@ -1,0 +1,463 @@
+"""Load and validate result records (docs/results_schema.md): a results table, a study/run directory, or W&B.
+
+Everything downstream works on one tidy DataFrame with one row per run.  Nothing here imports torch; W&B is
+imported lazily inside :func:`load_wandb` only.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from results import ledger, record
+
+# The columns a scaling fit cannot do without; the schema has many more (tolerated, some used by figures).
+FIT_COLUMNS = ("run_id", "variant", "size", "seed", "status", "pflops_days", "val_loss")
+# What makes two runs the same cell of a study (beyond data and seed noise): a second run of one cell is not a seed.
+CELL_COLUMNS = ("study", "variant", "size", "seed", "lr_protocol", "block_size", "d_over_lb", "heads_over_lb")
+
+
+class AnalysisWarning(UserWarning):
+    """Something was skipped or assumed; the message says what."""
+
+
+def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    df = df.copy()
+    for col in record.STR_COLUMNS:
+        if col in df.columns:
+            df[col] = df[col].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
+    for col in record.NUMERIC_COLUMNS:
+        if col in df.columns and col != "seed":
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    if "seed" in df.columns:  # integers where they are integers (a garbled seed stays, and is reported as malformed)
+        num = pd.to_numeric(df["seed"], errors="coerce")
+        if num.notna().all() and (num == num.round()).all():
+            df["seed"] = num.astype("int64")
+    df.attrs["source"] = source
+    return df
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    """Read result records from a study directory, its results.csv, a results.json, or a tree of run directories.
+
+    A study directory (or its ``results.csv``) is read through the ledger (results.ledger): the record files in
+    ``records/`` are the truth. Unreadable, malformed or outdated records (an older layout: results.record.outdated)
+    are skipped with an AnalysisWarning naming the file (and line), never hiding the other runs; an outdated one's
+    names the migration command. A directory without a ledger is read through every ``results.json`` below it,
+    checked the same way. A table on its own is read as it is (:func:`require_columns` says what a fit lacks).
+    ``df.attrs['base_dir']`` remembers where relative ``run_dir`` values are resolved from.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"results path {path} does not exist")
+    if path.is_dir() and not ((path / ledger.RESULTS_TABLE).is_file() or (path / ledger.RECORDS_DIR).is_dir()):
+        files = sorted(path.rglob("results.json"))
+        if not files:
+            raise FileNotFoundError(f"{path} holds neither results.csv nor any results.json (docs/results_schema.md)")
+        rows = []
+        for f in files:
+            try:
+                rec = json.loads(f.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                warnings.warn(f"{f}: unreadable record ({e}); skipped", AnalysisWarning, stacklevel=2)
+                continue
+            if not isinstance(rec, dict):
+                raise ValueError(f"{f} is not a JSON object (one run's result record)")
+            old = record.outdated(rec)
+            if old is not None:
+                warnings.warn(f"{f}: {old}; {record.migration_hint(path)}; skipped", AnalysisWarning, stacklevel=2)
+                continue
+            rec.setdefault("run_dir", str(f.parent))
+            rows.append(rec)
+        return _frame(rows, str(path), str(path))
+    if path.suffix == ".json":
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        rows = rec if isinstance(rec, list) else [rec]
+        if len(rows) == 1 and "run_dir" not in rows[0]:
+            rows[0] = {**rows[0], "run_dir": str(path.parent)}
+        return _frame(rows, str(path), str(path.parent))
+    if path.is_dir() or (path.name == ledger.RESULTS_TABLE and (path.parent / ledger.RECORDS_DIR).is_dir()):
+        study_dir = path if path.is_dir() else path.parent
+        rows, problems = ledger.read_study(study_dir)
+        source = str(study_dir / ledger.RESULTS_TABLE) if path.is_dir() else str(path)
+    else:  # a table on its own (e.g. copied off the cluster): every readable row
+        _, numbered, problems = ledger.read_table(path)
+        rows, source, study_dir = [r for _, r in numbered], str(path), path.parent
+    for p in problems:
+        warnings.warn(p, AnalysisWarning, stacklevel=2)
+    return _frame(rows, source, str(study_dir))
+
+
+def _frame(rows: list[dict[str, Any]], source: str, base_dir: str) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    df = _normalise(df, source)
+    df.attrs["base_dir"] = base_dir
+    return df
+
+
+def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd.DataFrame:
+    """Read the same result-record fields from a W&B project (``entity/project``) through ``wandb.Api()``.
+
+    Each run's record is taken from its summary (the training code writes the results record there), with the
+    config as a fallback for static fields; missing ``status`` is derived from the W&B run state.
+    """
+    if api is None:
+        try:
+            import wandb  # lazy: W&B is optional for analysis
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("reading from W&B needs the wandb package (pip install wandb)") from e
+        api = wandb.Api()
+    filters = {"group": group} if group else None
+    rows = []
+    for run in api.runs(project, filters=filters):
+        summary = getattr(run.summary, "_json_dict", None)
+        summary = dict(summary if summary is not None else run.summary)
+        config = dict(getattr(run, "config", {}) or {})
+        nested = summary.get("results") if isinstance(summary.get("results"), dict) else {}
+        prefixed = {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("results/")}
+        rec: dict[str, Any] = {}
+        for key in record.COLUMNS:
+            for src in (nested, prefixed, summary, config):
+                if key in src and src[key] is not None:
+                    rec[key] = src[key]
+                    break
+            else:
+                # Identity fields also live in the logged Hydra config (nested, or flattened with "/" or ".").
+                for path in _CONFIG_PATHS.get(key, ()):
+                    value = _config_get(config, path)
+                    if value is not None:
+                        rec[key] = value
+                        break
+        rec.setdefault("run_id", getattr(run, "name", None) or getattr(run, "id", ""))
+        rec.setdefault("study", getattr(run, "group", None) or "")
+        if "status" not in rec:
+            state = getattr(run, "state", "")
+            rec["status"] = {"finished": "completed", "crashed": "failed", "failed": "failed"}.get(state, state)
+        rows.append(rec)
+    if not rows:
+        raise ValueError(f"W&B project {project!r} (group={group!r}) has no runs")
+    df = _normalise(pd.DataFrame(rows), f"wandb:{project}" + (f"/{group}" if group else ""))
+    df.attrs["base_dir"] = "."
+    return df
+
+
+_CONFIG_PATHS = {
+    "variant": ("model.variant",),
+    "residual": ("model.residual",),
+    "size": ("size.name",),
+    "study": ("study",),
+    "study_kind": ("study_kind",),
+    "seed": ("seed",),
+    "config_hash": ("derived.config_hash",),
+    "flops_per_token": ("derived.flops_per_token",),
+    "flops_budget": ("train.flops_budget",),
+    "d_over_lb": ("size.d_over_lb",),
+    "heads_over_lb": ("size.heads_over_lb",),
+}
+
+
+def _config_get(config: dict[str, Any], path: str) -> Any:
+    for flat in (path, path.replace(".", "/")):
+        if flat in config:
+            return config[flat]
+    node: Any = config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+PFLOPS_DAY = 1e15 * 86400  # FLOPs in one PFLOP/s-day
+PLAIN_STUDY = "table"  # the study name of a plain table that names none
+
+
+def as_plain_scaling(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """A plain results table (no ``study_kind`` column: one written by hand or by another harness, with columns
+    run_id, variant, size, seed, params, tokens, flops or pflops_days, val_loss, status) read as one scaling study:
+    every row gets ``study_kind`` scaling (and ``study`` :data:`PLAIN_STUDY` when it has none); ``pflops_days`` comes
+    from ``flops`` when missing, else from 6 x params x tokens, and ``pflops_days_6nd`` from 6 x params x tokens
+    (``params_non_embedding`` when present, else ``params``). Returns (the table, the one line that says so), or
+    (``df`` unchanged, None) for a table with ``study_kind`` (the harness's records, analysed by kind)."""
+    if "study_kind" in df.columns or df.empty:
+        return df, None
+    out = df.copy()
+    out.attrs = dict(df.attrs)
+    out["study_kind"] = "scaling"
+    if "study" not in out.columns:
+        out["study"] = PLAIN_STUDY
+    n_col = "params_non_embedding" if "params_non_embedding" in out.columns else "params"
+    nd6 = None
+    if n_col in out.columns and "tokens" in out.columns:
+        nd6 = 6.0 * pd.to_numeric(out[n_col], errors="coerce") * pd.to_numeric(out["tokens"], errors="coerce")
+    how = "pflops_days given"
+    if "pflops_days" not in out.columns:
+        if "flops" in out.columns:
+            out["pflops_days"] = pd.to_numeric(out["flops"], errors="coerce") / PFLOPS_DAY
+            how = "compute = flops"
+        elif nd6 is not None:
+            out["pflops_days"] = nd6 / PFLOPS_DAY
+            how = f"compute = 6 x {n_col} x tokens"
+    if "pflops_days_6nd" not in out.columns and nd6 is not None:
+        out["pflops_days_6nd"] = nd6 / PFLOPS_DAY
+    studies = sorted(set(out["study"].astype(str)))
+    note = (
+        f"{df.attrs.get('source', 'the results table')} has no study_kind column: read as one scaling study "
+        f"({len(out)} rows, study {', '.join(studies)}, {how})"
+    )
+    return out, note
+
+
+def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str = "a scaling fit") -> None:
+    """Raise a ValueError that lists every missing column at once."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        src = df.attrs.get("source", "the results table")
+        raise ValueError(
+            f"{src} lacks column(s) needed for {what}: {', '.join(missing)} "
+            f"(present: {', '.join(map(str, df.columns)) or 'none'}; contract: docs/results_schema.md)"
+        )
+
+
+def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Keep only runs that can be fitted; warn once, naming every excluded run and why.
+
+    In this order: malformed records (results.record.malformed: e.g. an unknown status, a garbled number, a
+    ``completed`` record without a val_loss) are dropped, so that they never stand for their run; then all but the
+    last record of a run_id (a re-run's earlier records); then runs whose last record is not ``completed`` or
+    lacks a positive val_loss or compute. Completed runs of more than one data set (``data_fingerprint``) are an
+    error (:func:`check_one_dataset`), and two runs of one cell (CELL_COLUMNS) get a warning: they would be
+    averaged as if they were seeds.
+    """
+    require_columns(df, [c if c != "pflops_days" else compute for c in FIT_COLUMNS])
+    df = df.copy()
+    excluded: list[dict[str, Any]] = []
+
+    def exclude(rows: pd.DataFrame, reason_of) -> None:
+        for _, row in rows.iterrows():
+            excluded.append(
+                {
+                    "run_id": row["run_id"],
+                    "variant": row["variant"],
+                    "size": row["size"],
+                    "seed": _int(row["seed"]),
+                    "status": row["status"],
+                    "reason": reason_of(row),
+                }
+            )
+
+    reasons = df.apply(lambda r: record.malformed(r.to_dict()), axis=1) if len(df) else pd.Series([], dtype=object)
+    bad = reasons.notna()
+    exclude(df[bad], lambda row: f"malformed record ({reasons[row.name]})")
+    df = df[~bad]
+    dup = df.duplicated("run_id", keep="last")
+    exclude(df[dup], lambda row: "duplicate run_id (an earlier record of the same run)")
+    df = df[~dup]
+    bad_status = df["status"].astype(str) != "completed"
+    bad_value = ~bad_status & ~((df["val_loss"] > 0) & (df[compute] > 0))
+
+    def status_reason(row: pd.Series) -> str:
+        error = str(row.get("error", "") or "")
+        return f"status={row['status']!r}" + (f": {error}" if error else "")
+
+    exclude(df[bad_status], status_reason)
+    exclude(df[bad_value], lambda row: f"val_loss or {compute} missing or <= 0")
+    df = df[~bad_status & ~bad_value]
+    if excluded:
+        names = "; ".join(
+            f"{e['run_id']} ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in excluded
+        )
+        warnings.warn(f"excluded {len(excluded)} run(s) from the analysis: {names}", AnalysisWarning, stacklevel=2)
+    check_one_dataset(df)
+    warn_duplicate_cells(df)
+    df["seed"] = df["seed"].map(_int)
+    # One canonical row order: bootstrap draws depend on it, and a table's order is only the order runs finished
+    # (the same runs appended in another order must give the same intervals).
+    df = df.sort_values(["variant", "size", "seed", "run_id"], kind="stable")
+    return df.reset_index(drop=True), excluded
+
+
+def _datasets(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    if "data_fingerprint" not in df.columns:
+        return {}
+    known = df[df["data_fingerprint"].astype(str) != ""]
+    return {fp: g for fp, g in known.groupby("data_fingerprint")}
+
+
+def check_one_dataset(df: pd.DataFrame) -> None:
+    """Raise a ValueError when the runs come from more than one data set (by ``data_fingerprint``): a fit never
+    pools them. Runs with an empty fingerprint (data prepared without shard checksums) are not compared."""
+    groups = _datasets(df)
+    if len(groups) <= 1:
+        return
+    parts = []
+    for fp, g in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        names = sorted({str(n) for n in g.get("dataset", pd.Series(dtype=str)) if str(n)})
+        parts.append(f"{fp} ({len(g)} run(s){', ' + ', '.join(names) if names else ''})")
+    raise ValueError(
+        f"the results hold runs of {len(groups)} different data sets: {'; '.join(parts)}. A fit never "
+        "pools data sets: choose one with --dataset <fingerprint or dataset>, or keep each data set in "
+        "its own study (study=<name>)"
+    )
+
+
+def select_dataset(df: pd.DataFrame, which: str) -> pd.DataFrame:
+    """The runs of one data set, named by its fingerprint (or a unique prefix) or its ``dataset`` path/name."""
+    fp = df.get("data_fingerprint", pd.Series("", index=df.index)).astype(str)
+    name = df.get("dataset", pd.Series("", index=df.index)).astype(str)
+    out = df[(fp == which) | (name == which) | ((fp != "") & fp.str.startswith(which))]
+    if out.empty:
+        known = sorted({f"{f} ({n})" for f, n in zip(fp, name) if f})
+        raise ValueError(
+            f"--dataset {which!r} matches no run; data sets present: {', '.join(known) or 'none recorded'}"
+        )
+    out = out.copy()
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def select_seeds(df: pd.DataFrame, seeds: Sequence[int]) -> pd.DataFrame:
+    """The runs whose ``seed`` is one of ``seeds`` (e.g. a study's held-out seeds, fitted apart from its design
+    seeds); a seed that no run has is an error naming the seeds present."""
+    wanted = {int(s) for s in seeds}
+    present = sorted({int(s) for s in pd.to_numeric(df.get("seed"), errors="coerce").dropna()})
+    missing = sorted(wanted - set(present))
+    if missing:
+        raise ValueError(
+            f"--seeds {','.join(map(str, missing))}: no run has that seed; seeds present: "
+            f"{','.join(map(str, present)) or 'none'}"
+        )
+    out = df[pd.to_numeric(df["seed"], errors="coerce").isin(wanted)].copy()
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def warn_duplicate_cells(df: pd.DataFrame) -> None:
+    """Warn when two runs (different run_ids) share one cell (CELL_COLUMNS): the fit would average them as seeds."""
+    cols = [c for c in CELL_COLUMNS if c in df.columns]
+    if df.empty or not {"variant", "size", "seed"} <= set(cols):
+        return
+    key = pd.Series(["/".join(map(str, vals)) for vals in zip(*(df[c] for c in cols))], index=df.index)
+    counts = df.groupby(key)["run_id"].nunique()
+    dups = counts[counts > 1]
+    if dups.empty:
+        return
+    lines = []
+    for k in dups.index:
+        ids = sorted(df.loc[key == k, "run_id"].astype(str))
+        row = df[key == k].iloc[0]
+        lines.append(f"{row['variant']}/{row['size']}/seed {_int(row['seed'])}: {', '.join(ids)}")
+    warnings.warn(
+        f"{len(dups)} cell(s) hold more than one run, which the fit would average as if they were seeds "
+        f"(different configs or data with the same arm, size and seed): {'; '.join(lines)}",
+        AnalysisWarning,
+        stacklevel=3,
+    )
+
+
+def _int(v: Any) -> Any:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def study_kinds(df: pd.DataFrame) -> pd.Series:
+    """Each row's study kind, its ``study_kind`` (every loaded record has one; a table without the column is a
+    ValueError naming it, :func:`require_columns`)."""
+    require_columns(df, ["study_kind"], "choosing each study's analysis")
+    kinds = [record.study_kind({"run_id": r, "study_kind": k}) for r, k in zip(df["run_id"], df["study_kind"])]
+    return pd.Series(kinds, index=df.index, dtype=object)
+
+
+def runs_of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The rows of one study of ``kind`` (docs/results_schema.md, "Study kinds"). Several studies of that kind in
+    one table: the one with the most runs is used (ties: the first name), with a warning naming them all."""
+    rows = df[study_kinds(df) == kind]
+    if rows.empty or "study" not in rows.columns:
+        return rows
+    return keep_most_common(rows, "study", f"the results hold several {kind} studies", stacklevel=3)
+
+
+def keep_most_common(rows: pd.DataFrame, column: str, what: str, stacklevel: int = 2) -> pd.DataFrame:
+    """The rows holding ``column``'s most frequent value (ties: the first in sorted order). When the column holds
+    several values, warns "<what> (<all values>); using <kept>" (``stacklevel`` as the caller would pass to
+    warnings.warn itself)."""
+    counts = rows[column].value_counts()
+    if len(counts) <= 1:
+        return rows
+    keep = sorted(counts.index, key=lambda v: (-counts[v], v))[0]
+    warnings.warn(
+        f"{what} ({', '.join(sorted(counts.index))}); using {keep!r}", AnalysisWarning, stacklevel=stacklevel + 1
+    )
+    return rows[rows[column] == keep]
+
+
+def scaling_runs(df: pd.DataFrame, study: str | None = None) -> pd.DataFrame:
+    """The rows of one compute ladder: ``study`` when given, else the one study of kind ``scaling``.
+
+    Several ladder studies in one table are ambiguous (which one is "the" scaling law?), so that is an error.
+    """
+    if "study" not in df.columns:
+        if study is not None:
+            raise ValueError(f"--study {study!r} given but the results table has no 'study' column")
+        return df
+    if study is not None:
+        out = df[df["study"] == study]
+        if out.empty:
+            raise ValueError(
+                f"no completed runs with study == {study!r}; studies present: {', '.join(sorted(set(df['study'])))}"
+            )
+        return out
+    out = df[study_kinds(df) == "scaling"]
+    studies = sorted(set(out["study"]))
+    if len(studies) > 1:
+        raise ValueError(f"the results hold several scaling studies ({', '.join(studies)}); choose one with --study")
+    return out
+
+
+def size_order(df: pd.DataFrame, compute: str = "pflops_days") -> list[str]:
+    """Size names ordered by their median compute (names alone do not sort: cpu_xs < cpu_s is not alphabetical)."""
+    if df.empty:
+        return []
+    return list(df.groupby("size")[compute].median().sort_values().index)
+
+
+def resolve_run_dir(row: pd.Series, base_dir: str | Path | None) -> Path | None:
+    """Locate a run's directory from its ``run_dir`` (absolute, or relative to the results table or the cwd)."""
+    raw = str(row.get("run_dir", "") or "")
+    candidates = []
+    if raw:
+        p = Path(raw)
+        candidates.append(p)
+        if not p.is_absolute() and base_dir is not None:
+            candidates.append(Path(base_dir) / p)
+    if base_dir is not None and str(row.get("run_id", "")):
+        candidates.append(Path(base_dir) / str(row["run_id"]))  # run directories are named by run_id
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+OWN_LR = "@own_lr"  # arm-name suffix of runs trained at their own tuned lr (lr_protocol=per_arm)
+
+
+def split_lr_protocols(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Runs of a non-baseline variant trained with ``lr_protocol=per_arm`` become the arm ``<variant>@own_lr``;
+    everything else keeps its variant name (the baseline's lr is the same under both protocols)."""
+    if "lr_protocol" not in df.columns:
+        return df
+    named = df["variant"].astype(str).str.endswith(OWN_LR)  # already split (a refit of an analysed frame)
+    own = (df["lr_protocol"].astype(str) == "per_arm") & (df["variant"] != baseline) & ~named
+    if not own.any():
+        return df
+    df = df.copy()
+    df.loc[own, "variant"] = df.loc[own, "variant"].astype(str) + OWN_LR
+    return df

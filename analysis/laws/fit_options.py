@@ -1,0 +1,42 @@
+"""How a scaling ladder is fitted: :class:`FitOptions`, the one typed set of options every fit of the analysis
+takes (``python -m analysis fit``, the rollout, the E sensitivity, the recipe and training-length studies)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from . import bootstrap as bs
+from .fit import HUBER_DELTA
+
+MIN_SIZES = 3
+OUTLIER_MODES = ("keep", "exclude")
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """How a scaling ladder is fitted (``python -m analysis fit``'s options; docs/analysis.md has the methods).
+
+    ``study`` picks the ladder among several scaling studies (default: the one there is). ``B``, ``seed``,
+    ``bootstrap_mode`` (auto, paired_cluster or parametric), ``seed_sigma`` and ``seed_rho`` shape the resampling
+    (analysis.laws.bootstrap.plan_resampling); ``form`` (auto, saturating or power_law) and ``delta`` (the Huber
+    threshold) the joint fit; ``skip_incomplete`` drops a variant with too few sizes instead of failing;
+    ``outliers``: ``keep`` fits the runs the outlier rule flags (and refits without them), ``exclude`` leaves them
+    out."""
+
+    baseline: str = "baseline"
+    study: str | None = None
+    compute: str = "pflops_days"
+    B: int = bs.DEFAULT_B
+    seed: int = 0
+    bootstrap_mode: str = "auto"
+    seed_sigma: float | None = None
+    seed_rho: float = 0.0
+    form: str = "auto"
+    delta: float = HUBER_DELTA
+    skip_incomplete: bool = False
+    outliers: str = "keep"
+
+    def replace(self, **changes: Any) -> FitOptions:
+        return dataclasses.replace(self, **changes)

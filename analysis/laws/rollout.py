@@ -1,0 +1,232 @@
+"""Rollout: does the ladder's law predict the next rung? Fit without the largest rung(s), predict each arm's loss and
+the multiplier there, and set the measurement beside the prediction (fit.json ``rollout``, ``fig_rollout.png``).
+
+The fit is the headline joint fit (analysis.laws.fit.fit_joint: ``L_arm = E + A_arm C^-alpha``, E and alpha shared,
+Huber on log-loss, the same form rule) on the rungs kept, one per variant against the baseline, as the ladder fit
+itself. Its bootstrap (analysis.laws.bootstrap: the paired cluster bootstrap over seeds within a rung, or the parametric
+one) gives replicates of each arm's predicted loss at the held-out rung's compute; the prediction interval adds the
+scatter the fit leaves, so that it is one for a measurement, not for the curve:
+
+    ln L_pred ± sqrt(d_fit² + (1.96 s)²)   (each end apart, in log)
+
+d_fit is the distance from the point to that end of the fit's 95% percentile interval (scaled by the bootstrap's
+small-sample factor), s the rms log residual of the fitted rungs' cell means (one arm at one rung, averaged over its
+seeds: what is measured at the held-out rung) about the fit, with the fit's four parameters taken from the degrees of
+freedom. The multiplier's prediction is the fit's m (one number over compute) with its bootstrap interval; beside it,
+the full ladder's m and the held-out rung's own m_s (fit.json ``multipliers``). docs/analysis.md, "Rollout".
+
+Plain functions on tidy DataFrames (analysis.io.runs); no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..io.runs import size_order
+from . import bootstrap as bs
+from .fit import fit_joint, fit_joint_batch
+from .fit_options import FitOptions
+
+Z95 = 1.959963984540054
+_CHUNK = 250  # bootstrap replicates per batched call (bounds the saturating search's memory)
+
+
+def _batch(lnc: np.ndarray, Ls: np.ndarray, isv: np.ndarray, Ws: np.ndarray, form: str, delta: float) -> dict:
+    parts = [
+        fit_joint_batch(lnc, Ls[i : i + _CHUNK], isv, Ws[i : i + _CHUNK], form, delta)
+        for i in range(0, len(Ls), _CHUNK)
+    ]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _log_interval(point: float, boot: np.ndarray, plan: bs.ResamplePlan, extra_sd: float) -> list[float] | None:
+    """The percentile interval of ``boot`` about ``point`` in log, widened by ``extra_sd`` (log units) at each end."""
+    ok = boot[np.isfinite(boot) & (boot > 0)]
+    if not ok.size or not point > 0:
+        return None
+    lo, hi = bs.interval(point, ok, plan, log=True)
+    d_lo, d_hi = math.log(point / lo), math.log(hi / point)
+    return [point * math.exp(-math.hypot(d_lo, Z95 * extra_sd)), point * math.exp(math.hypot(d_hi, Z95 * extra_sd))]
+
+
+def rollout(
+    runs: pd.DataFrame,
+    options: FitOptions | None = None,
+    held_out: int = 1,
+    measured: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """fit.json ``rollout``: the ladder ``runs`` (completed, arms as fitted: analysis.studies.scaling.ScalingFit.runs)
+    fitted without its ``held_out`` largest rungs (by compute), each variant against the baseline; each arm's
+    predicted mean loss at every held-out rung with its fit interval and prediction interval, the measured mean
+    beside it and whether it lies inside; the predicted same-seed difference variant - baseline beside the measured
+    one; the fit's m with its interval. ``measured``: the full ladder's fit.json ``multipliers`` (dicts), whose m and
+    held-out m_s are set beside the prediction. A ValueError when fewer than three rungs would remain."""
+    opt = options if options is not None else FitOptions()
+    base, compute = opt.baseline, opt.compute
+    sizes = size_order(runs, compute)
+    if held_out < 1 or len(sizes) - held_out < 3:
+        raise ValueError(
+            f"a rollout holds out 1 or more of the {len(sizes)} rungs and fits at least 3: held_out={held_out}"
+        )
+    held, kept = sizes[-held_out:], sizes[:-held_out]
+    train = runs[runs["size"].isin(kept)]
+    test = runs[runs["size"].isin(held)]
+    out: dict[str, Any] = {
+        "held_out": held,
+        "fitted_sizes": kept,
+        "form_requested": opt.form,
+        "prediction_interval": "bootstrap of the fit, widened by the fitted cell means' rms log residual "
+        "(docs/analysis.md, Rollout)",
+        "variants": {},
+    }
+    for v in [str(x) for x in pd.unique(runs["variant"]) if x != base]:
+        d = pd.concat([train[train["variant"] == base], train[train["variant"] == v]], ignore_index=True)
+        if d.empty or d[d["variant"] == v]["size"].nunique() < 2:
+            continue
+        out["variants"][v] = _rollout_pair(d, test, base, v, opt, (measured or {}).get(v))
+    return out
+
+
+def _rollout_pair(
+    d: pd.DataFrame, test: pd.DataFrame, base: str, v: str, opt: FitOptions, full: dict[str, Any] | None
+) -> dict[str, Any]:
+    compute, delta = opt.compute, opt.delta
+    C, L = d[compute].to_numpy(float), d["val_loss"].to_numpy(float)
+    isv = (d["variant"] == v).to_numpy()
+    jf = fit_joint(C, L, isv, form=opt.form, delta=delta)
+    # the scatter the fit leaves at the level of a cell mean (one arm, one rung, its seeds averaged)
+    cells = d.assign(_pred=np.where(isv, jf.variant_law().loss(C), jf.base_law().loss(C)))
+    means = cells.groupby(["variant", "size"])[["val_loss", "_pred"]].mean()
+    r = np.log(means["val_loss"].to_numpy(float)) - np.log(means["_pred"].to_numpy(float))
+    dof = max(len(r) - 4, 1)
+    s_res = float(math.sqrt(float((r**2).sum()) / dof))
+    plan = bs.plan_resampling(
+        d,
+        B=opt.B,
+        seed=opt.seed,
+        mode=opt.bootstrap_mode,
+        sigma=opt.seed_sigma,
+        rho=opt.seed_rho,
+        residual_sigma=float(np.std(L - np.where(isv, jf.variant_law().loss(C), jf.base_law().loss(C)), ddof=1)),
+    )
+    Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "rollout:" + v))
+    Ls = np.maximum(Ls, 1e-9)
+    jb = _batch(np.log(C / jf.C_ref), Ls, isv, Ws, jf.form, delta)
+    points, deltas = [], []
+    for size in size_order(test, compute):
+        at = test[test["size"] == size]
+        pred_arm = {}
+        for arm, law, amp in ((base, jf.base_law(), jb["A_b"]), (v, jf.variant_law(), jb["A_v"])):
+            rows = at[at["variant"] == arm]
+            if rows.empty:
+                continue
+            C_at = float(np.exp(np.log(rows[compute].to_numpy(float)).mean()))
+            pred = float(law.loss(C_at))
+            boot = jb["E"] + amp * (C_at / jf.C_ref) ** (-jb["alpha"])
+            pred_arm[arm] = boot
+            fit_ci = _log_interval(pred, boot, plan, 0.0)
+            pi = _log_interval(pred, boot, plan, s_res)
+            meas = float(rows["val_loss"].mean())
+            points.append(
+                {
+                    "size": size,
+                    "arm": arm,
+                    "C": C_at,
+                    "predicted": pred,
+                    "fit_ci95": fit_ci,
+                    "prediction_interval95": pi,
+                    "measured": meas,
+                    "measured_sd": float(rows["val_loss"].std(ddof=1)) if len(rows) > 1 else None,
+                    "n_runs": len(rows),
+                    "error": meas - pred,
+                    "inside": bool(pi is not None and pi[0] <= meas <= pi[1]),
+                }
+            )
+        if len(pred_arm) == 2:
+            b_rows, v_rows = at[at["variant"] == base], at[at["variant"] == v]
+            pairs = pd.merge(b_rows[["seed", "val_loss"]], v_rows[["seed", "val_loss"]], on="seed")
+            pred_d = float(points[-1]["predicted"] - points[-2]["predicted"])
+            boot_d = pred_arm[v] - pred_arm[base]
+            ok = boot_d[np.isfinite(boot_d)]
+            ci = bs.interval(pred_d, ok, plan) if ok.size else None
+            deltas.append(
+                {
+                    "size": size,
+                    "predicted": pred_d,
+                    "predicted_ci95": ci,
+                    "measured": float((pairs["val_loss_y"] - pairs["val_loss_x"]).mean()) if len(pairs) else None,
+                    "n_pairs": len(pairs),
+                }
+            )
+    m_ok = jb["m"][np.isfinite(jb["m"]) & (jb["m"] > 0)]
+    entry: dict[str, Any] = {
+        "joint": {k: getattr(jf, k) for k in ("form", "E", "A_base", "A_variant", "alpha", "m", "C_ref", "fallback")},
+        "m": jf.m,
+        "m_ci95": bs.interval(jf.m, m_ok, plan, log=True) if m_ok.size else None,
+        "residual_sd_log": s_res,
+        "bootstrap": plan.mode,
+        "points": points,
+        "delta": deltas,
+    }
+    if full:
+        entry["measured_m"] = full.get("m")
+        entry["measured_m_ci95"] = full.get("m_ci95")
+        entry["measured_m_s"] = {
+            s: (full.get("per_size") or {}).get(s, {}).get("m") for s in {p["size"] for p in points}
+        }
+    return entry
+
+
+_NOTE = (
+    "Each variant's joint fit with the baseline, without the held-out rung(s); the prediction interval is the fit's "
+    "bootstrap widened by the fitted cell means' rms log residual (docs/analysis.md, Rollout)."
+)
+
+
+def rollout_markdown(ro: dict[str, Any], base: str) -> list[str]:
+    """summary.md's rollout section."""
+    lines = [
+        f"## Rollout: fitted on {', '.join(ro['fitted_sizes'])}, predicting {', '.join(ro['held_out'])}",
+        "",
+        _NOTE,
+        "",
+        "| pair | rung | arm | predicted | 95% prediction interval | measured (runs) | inside |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v, e in ro["variants"].items():
+        for p in e["points"]:
+            pi = p["prediction_interval95"]
+            pi_text = f"{pi[0]:.4f}-{pi[1]:.4f}" if pi else "n/a"
+            lines.append(
+                f"| {v} | {p['size']} | {p['arm']} | {p['predicted']:.4f} | {pi_text} | {p['measured']:.4f} "
+                f"({p['n_runs']}) | {'yes' if p['inside'] else '**no**'} |"
+            )
+    lines += [
+        "",
+        "| variant | rung | predicted Δ vs " + base + " [95%] | measured Δ (pairs) | m fitted [95%] | "
+        "m full ladder [95%] | m_s at the rung |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v, e in ro["variants"].items():
+        for dl in e["delta"]:
+            ci = dl["predicted_ci95"]
+            mci, fci = e.get("m_ci95"), e.get("measured_m_ci95")
+            ms = (e.get("measured_m_s") or {}).get(dl["size"])
+            lines.append(
+                f"| {v} | {dl['size']} | {dl['predicted']:+.4f}"
+                + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+                + f" | {_f(dl['measured'], '+.4f')} ({dl['n_pairs']}) | {e['m']:.3f}"
+                + (f" [{mci[0]:.3f}, {mci[1]:.3f}]" if mci else "")
+                + f" | {_f(e.get('measured_m'), '.3f')}"
+                + (f" [{fci[0]:.3f}, {fci[1]:.3f}]" if fci else "")
+                + f" | {_f(ms, '.3f')} |"
+            )
+    return [*lines, ""]
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "n/a" if x is None or x != x else format(x, spec)

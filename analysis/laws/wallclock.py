@@ -1,0 +1,293 @@
+"""The wall-clock multiplier beside a compute multiplier: what an arm's gain is worth in time, not FLOPs.
+
+A compute multiplier m says: the reference reaches loss L at compute m·C where the arm reaches it at C. A run's
+time is its compute times its seconds per FLOP, s = cpu_time_s / flops, so the reference needs m·C·s_ref seconds
+and the arm C·s_arm, and
+
+    m_wall = m · s_ref / s_arm.
+
+m_wall > 1: the arm reaches the loss sooner on the clock as well; m > 1 with m_wall < 1: it saves FLOPs and loses
+time (its step costs more than its FLOPs say). ``flops`` is the model's training FLOPs (attnres/flops.py), so work
+it does not count (an optimizer's Newton–Schulz iterations, a depth kernel's overhead) shows up only here.
+
+Pooling: s of one arm is the geometric mean, over the rungs both arms ran, of the geometric mean of its runs' s
+at the rung, so every rung weighs the same whatever its number of runs. The step-time ratio that users know,
+r_step = (cpu_time_s / steps)_arm ÷ (cpu_time_s / steps)_ref, pooled the same way, relates to it exactly as
+
+    m_wall = m ÷ r_step × (FLOPs per step)_arm ÷ (FLOPs per step)_ref.
+
+Time: the records' steady-state ``step_cpu_s`` (x steps) when every (arm, rung) stratum has runs with one (then
+those runs), else every run's whole ``cpu_time_s`` (compilation included, whose cost depends on the compile cache
+more than on the arm): never a mix; ``time_source`` says which. The runs timed may be other runs of the same
+configurations than those fitted (analysis.studies.recipe's ``timing`` tables): time is a property of the configuration.
+
+Interval: the time ratio t = s_ref / s_arm is resampled by a bootstrap over runs, within each (arm, rung)
+stratum, its percentile interval in log t widened by sqrt(mean n/(n-1)) like analysis.laws.bootstrap's cluster
+intervals; it needs two timed runs in every stratum (else "n/a"). The multiplier's own interval comes from its fit
+(its bootstrap draws are not passed here), and the two are combined as independent on the log scale, each end
+apart: ln(m_wall) ± sqrt(d_m² + d_t²), d the distance in log from the point to that end of each interval. CPU time
+varies with machine load rather than with a run's seed, so the independence is close; the combination is
+approximate where either interval is far from symmetric in log. docs/analysis.md, "Wall-clock multiplier".
+
+Plain functions on tidy DataFrames (analysis.io.runs); no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+TIME_COLUMNS = ("cpu_time_s", "flops", "steps")
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class WallclockOptions:
+    """How the time ratio is measured: the time column (``cpu_time_s``), the column naming the arm (``variant``)
+    and the rung (``size``), and the bootstrap (``B`` replicates from random ``seed``)."""
+
+    time: str = "auto"  # "auto": steady-state step_cpu_s x steps when every run of both arms has it, else cpu_time_s
+    arm_column: str = "variant"
+    rung: str = "size"
+    B: int = 2000
+    seed: int = 0
+
+
+STEADY = "steady_cpu_s"  # the derived column: step_cpu_s x steps
+TIME_SOURCES = {
+    STEADY: "step_cpu_s x steps (steady-state CPU time per step; compilation, the first steps and evaluations "
+    "excluded)",
+    "cpu_time_s": "cpu_time_s (the whole run's CPU time: compilation, evaluations and checkpoints included)",
+}
+
+
+def _time_column(df: pd.DataFrame, reference: str, arm: str, o: WallclockOptions) -> tuple[pd.DataFrame, str, str]:
+    """(rows to read, the time column, what it measures). ``auto``: when every (arm, rung) stratum of the two arms
+    holds a completed run with a steady-state ``step_cpu_s``, those runs only, timed by it (compilation, whose cost
+    depends on the compile cache rather than on the arm, does not enter the ratio); else every run by its whole
+    ``cpu_time_s``. Never a mix of the two."""
+    if o.time != "auto":
+        return df, o.time, TIME_SOURCES.get(o.time, o.time)
+    if {"step_cpu_s", "steps", o.arm_column, o.rung} <= set(df.columns):
+        d = df[df[o.arm_column].isin([reference, arm])]
+        if "status" in d.columns:
+            d = d[d["status"] == "completed"]
+        step = pd.to_numeric(d["step_cpu_s"], errors="coerce")
+        strata = set(zip(d[o.arm_column], d[o.rung].astype(str)))
+        timed = d[step > 0]
+        if strata and strata == set(zip(timed[o.arm_column], timed[o.rung].astype(str))):
+            timed = timed.assign(**{STEADY: pd.to_numeric(timed["step_cpu_s"]) * pd.to_numeric(timed["steps"])})
+            return timed, STEADY, TIME_SOURCES[STEADY]
+    return df, "cpu_time_s", TIME_SOURCES["cpu_time_s"]
+
+
+def _geo(x: np.ndarray) -> float:
+    return float(np.exp(np.mean(np.log(x))))
+
+
+def time_ratio(
+    df: pd.DataFrame, reference: str, arm: str, options: WallclockOptions = WallclockOptions()
+) -> dict[str, Any]:
+    """The seconds-per-FLOP and step-time ratios of ``arm`` against ``reference`` from the runs of ``df``.
+
+    Reads completed rows (``status``, when present) of the two arms with a positive time, ``flops`` and ``steps``.
+    Returns ``s_ref_over_s_arm`` (t) with ``s_ref_over_s_arm_ci95``, ``step_time_ratio`` (arm ÷ reference) with
+    its interval, ``flops_per_step_ratio`` (arm ÷ reference), ``per_rung`` (each rung's geometric means and ratios),
+    ``rungs``, ``n_runs``, ``error``: None, or why there is no ratio (a missing column, no rung with timed runs
+    of both arms), and ``note``: None, or why the intervals are None (a stratum with fewer than two timed runs)."""
+    o = options
+    df, time_column, source = _time_column(df, reference, arm, o)
+    o = WallclockOptions(time_column, o.arm_column, o.rung, o.B, o.seed)
+    out: dict[str, Any] = {
+        "time_source": source,
+        "reference": reference,
+        "arm": arm,
+        "s_ref_over_s_arm": None,
+        "s_ref_over_s_arm_ci95": None,
+        "step_time_ratio": None,
+        "step_time_ratio_ci95": None,
+        "flops_per_step_ratio": None,
+        "per_rung": [],
+        "rungs": [],
+        "n_runs": {"reference": 0, "arm": 0},
+        "error": None,
+        "note": None,
+    }
+    missing = [c for c in (o.time, "flops", "steps", o.arm_column, o.rung) if c not in df.columns]
+    if missing:
+        out["error"] = f"no column(s) {', '.join(missing)} in the records"
+        return out
+    d = df[df[o.arm_column].isin([reference, arm])]
+    if "status" in d.columns:
+        d = d[d["status"] == "completed"]
+    t, f, n = (pd.to_numeric(d[c], errors="coerce") for c in (o.time, "flops", "steps"))
+    d = d[(t > 0) & (f > 0) & (n > 0)]
+    logs = np.log(d[o.time].to_numpy(float) / d["flops"].to_numpy(float))  # ln s per run
+    log_step = np.log(d[o.time].to_numpy(float) / d["steps"].to_numpy(float))
+    is_arm, rung = (d[o.arm_column] == arm).to_numpy(), d[o.rung].astype(str).to_numpy()
+    both = [r for r in pd.unique(rung) if (is_arm & (rung == r)).any() and (~is_arm & (rung == r)).any()]
+    flops = d["flops"].to_numpy(float)
+    rungs = sorted(both, key=lambda r: (float(np.median(flops[rung == r])), r))  # by compute, as size_order
+    if not rungs:
+        out["error"] = f"no rung with timed runs ({o.time} > 0) of both {reference!r} and {arm!r}"
+        return out
+    strata = [(r, a) for r in rungs for a in (False, True)]
+    index = {k: np.flatnonzero((rung == k[0]) & (is_arm == k[1])) for k in strata}
+    per_rung = []
+    for r in rungs:
+        ref, arm_i = index[(r, False)], index[(r, True)]
+        s_ref, s_arm = math.exp(logs[ref].mean()), math.exp(logs[arm_i].mean())
+        st_ref, st_arm = math.exp(log_step[ref].mean()), math.exp(log_step[arm_i].mean())
+        per_rung.append(
+            {
+                "rung": r,
+                "n_ref": len(ref),
+                "n_arm": len(arm_i),
+                "s_ref": s_ref,
+                "s_arm": s_arm,
+                "s_ref_over_s_arm": s_ref / s_arm,
+                "step_time_ref": st_ref,
+                "step_time_arm": st_arm,
+                "step_time_ratio": st_arm / st_ref,
+                "flops_per_step_ratio": (st_arm / s_arm) / (st_ref / s_ref),
+            }
+        )
+    ln_t = float(np.mean([math.log(p["s_ref_over_s_arm"]) for p in per_rung]))
+    ln_step = float(np.mean([math.log(p["step_time_ratio"]) for p in per_rung]))
+    ln_fps = float(np.mean([math.log(p["flops_per_step_ratio"]) for p in per_rung]))
+    out.update(
+        s_ref_over_s_arm=math.exp(ln_t),
+        step_time_ratio=math.exp(ln_step),
+        flops_per_step_ratio=math.exp(ln_fps),
+        per_rung=per_rung,
+        rungs=rungs,
+        n_runs={"reference": int((~is_arm).sum()), "arm": int(is_arm.sum())},
+    )
+    if min(len(i) for i in index.values()) >= 2:
+        boot_t, boot_step = _bootstrap(logs, log_step, rungs, index, o)
+        scale = math.sqrt(float(np.mean([len(i) / (len(i) - 1) for i in index.values()])))
+        out["s_ref_over_s_arm_ci95"] = _log_interval(ln_t, boot_t, scale)
+        out["step_time_ratio_ci95"] = _log_interval(ln_step, boot_step, scale)
+    else:
+        thin = [f"{k[0]} {arm if k[1] else reference}" for k, i in index.items() if len(i) < 2]
+        out["note"] = f"one timed run only at {', '.join(thin)}: no spread to resample, no interval"
+    return out
+
+
+def _bootstrap(
+    logs: np.ndarray,
+    log_step: np.ndarray,
+    rungs: list[str],
+    index: dict[tuple[str, bool], np.ndarray],
+    o: WallclockOptions,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replicates of ln t and ln r_step: each (arm, rung) stratum's runs drawn with replacement."""
+    rng = np.random.default_rng([o.seed, zlib.crc32(b"wallclock")])
+    mean = {}
+    for k, idx in index.items():
+        picks = idx[rng.integers(0, len(idx), size=(o.B, len(idx)))]
+        mean[k] = (logs[picks].mean(1), log_step[picks].mean(1))
+    ln_t = np.mean([mean[(r, False)][0] - mean[(r, True)][0] for r in rungs], axis=0)
+    ln_step = np.mean([mean[(r, True)][1] - mean[(r, False)][1] for r in rungs], axis=0)
+    return ln_t, ln_step
+
+
+def _log_interval(point: float, boot: np.ndarray, scale: float, level: float = LEVEL) -> list[float]:
+    q = 100 * (1 - level) / 2
+    lo, hi = np.percentile(point + scale * (boot - point), [q, 100 - q])
+    return [math.exp(lo), math.exp(hi)]
+
+
+def combine(m: float | None, m_ci95: list[float] | None, timing: dict[str, Any]) -> dict[str, Any]:
+    """``m_wall`` = m · t with its interval from ``m_ci95`` and the time ratio's (``timing``: :func:`time_ratio`),
+    combined as independent in log, each end apart. None where m or t is missing; the interval None where either
+    interval is (or is not finite)."""
+    t, t_ci = timing.get("s_ref_over_s_arm"), timing.get("s_ref_over_s_arm_ci95")
+    if m is None or t is None or not (m > 0 and math.isfinite(m)):
+        return {"m_wall": None, "m_wall_ci95": None}
+    m_wall = m * t
+    ok = [m_ci95, t_ci] if m_ci95 is not None and t_ci is not None else []
+    if not ok or not all(x is not None and math.isfinite(x) and x > 0 for c in ok for x in c):
+        return {"m_wall": m_wall, "m_wall_ci95": None}
+    lo = math.hypot(math.log(m / m_ci95[0]), math.log(t / t_ci[0]))
+    hi = math.hypot(math.log(m_ci95[1] / m), math.log(t_ci[1] / t))
+    return {"m_wall": m_wall, "m_wall_ci95": [m_wall * math.exp(-lo), m_wall * math.exp(hi)]}
+
+
+def wallclock_multiplier(
+    df: pd.DataFrame,
+    reference: str,
+    arm: str,
+    m: float | None,
+    m_ci95: list[float] | None,
+    options: WallclockOptions = WallclockOptions(),
+) -> dict[str, Any]:
+    """The wall-clock multiplier of ``arm`` against ``reference`` for the compute multiplier ``m`` [``m_ci95``]
+    (any estimator's), from the two arms' runs in ``df``: :func:`time_ratio`'s fields plus ``m``, ``m_ci95``,
+    ``m_wall`` and ``m_wall_ci95`` (:func:`combine`; the module docstring defines them)."""
+    timing = time_ratio(df, reference, arm, options)
+    return {**timing, "m": m, "m_ci95": m_ci95, **combine(m, m_ci95, timing)}
+
+
+def ladder_wallclock(
+    runs: pd.DataFrame, baseline: str, multipliers: dict[str, Any], options: WallclockOptions = WallclockOptions()
+) -> dict[str, dict[str, Any]]:
+    """fit.json ``wallclock``: for each variant of a fitted ladder, :func:`wallclock_multiplier` beside its compute
+    multiplier. ``runs``: the ladder's runs as analysed (arm names as fitted, e.g. ``<variant>@own_lr``);
+    ``multipliers``: {variant: anything with ``m`` and ``m_ci95`` (a dict or analysis.io.fit_document.Multiplier)}.
+    Empty when the runs hold no CPU time (no ``cpu_time_s`` column, or none positive)."""
+    if "cpu_time_s" not in runs.columns or not (pd.to_numeric(runs["cpu_time_s"], errors="coerce") > 0).any():
+        return {}
+    out = {}
+    for name, mult in multipliers.items():
+        get = mult.get if isinstance(mult, dict) else lambda k, _m=mult: getattr(_m, k, None)
+        out[name] = wallclock_multiplier(runs, baseline, name, get("m"), get("m_ci95"), options)
+    return out
+
+
+def wallclock_line(name: str, entry: dict[str, Any]) -> str:
+    """One line: the compute multiplier, the time ratio and the wall-clock multiplier of one arm (an entry of
+    :func:`ladder_wallclock`); what the headlines of ``python -m analysis fit`` and ``python -m sweeps.study`` print."""
+
+    def ci(c: list[float] | None) -> str:
+        return f" (95% CI {c[0]:.3f}-{c[1]:.3f})" if c else ""
+
+    if entry.get("m_wall") is None:
+        why = entry.get("error") or "no compute multiplier"
+        return f"  {name}: wall-clock multiplier n/a ({why})"
+    source = "step_cpu_s" if str(entry.get("time_source", "")).startswith("step_cpu_s") else "cpu_time_s"
+    return (
+        f"  {name}: wall-clock multiplier m_wall = {entry['m_wall']:.3f}x{ci(entry.get('m_wall_ci95'))} "
+        f"= compute m {entry['m']:.3f}x x time ratio s_ref/s_arm {entry['s_ref_over_s_arm']:.3f}"
+        f"{ci(entry.get('s_ref_over_s_arm_ci95'))}; step-time ratio {entry['step_time_ratio']:.3f} (from {source})"
+    )
+
+
+def document_wallclock(doc: Any) -> dict[str, dict[str, Any]]:
+    """The wall-clock multipliers of a fit document (analysis.io.fit_document.FitDocument): its ``wallclock`` section
+    when it has one, else :func:`ladder_wallclock` of the runs its ``source`` names (the study's ladder, arms split
+    by lr protocol as fitted), so that a report written without ``--wallclock`` still gets the line. Empty when the
+    source cannot be read or holds no CPU times."""
+    if doc.wallclock is not None:
+        return dict(doc.wallclock)
+    import warnings
+    from pathlib import Path
+
+    from ..io.runs import load_results, scaling_runs, select_completed, split_lr_protocols
+
+    source = Path(str(doc.source))
+    if not source.exists() and (source.parent / "records").is_dir():
+        source = source.parent  # a study's table is derived from its records (results.ledger)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs, _ = select_completed(load_results(source), doc.compute or "pflops_days")
+            ladder = split_lr_protocols(scaling_runs(runs, doc.study), doc.baseline or "baseline")
+    except (OSError, TypeError, ValueError):
+        return {}
+    return ladder_wallclock(ladder, doc.baseline or "baseline", doc.multipliers)

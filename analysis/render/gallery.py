@@ -1,0 +1,473 @@
+"""The gallery: every paper figure and table beside the harness's own version of it, on one Markdown page
+(docs/results/README.md, written by ``python -m sweeps.study figures`` or ``python -m analysis gallery``).
+
+Each entry holds the paper's numbers (transcribed: analysis/data/paper.json and paper_gallery.json, with the
+section they come from), ours as a figure and a table with 95% intervals and seed counts, where it came from (the
+command, the commits, CPU and wall time of its runs) and one sentence on where the two agree and where they do not.
+The sentence is computed from the numbers; for the two figures whose data lives in run directories that are not
+kept (Fig. 5, Fig. 8) it is a reading of the committed figure, labelled as one. An entry whose study has no result
+says why instead.
+
+Plain functions on the reports the analysis writes (fit.json, map.json) and on result records; no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..io.fit_document import FitDocument
+from ..io.paper_data import load_paper
+from ..io.provenance import Provenance, provenance, seed_text
+from ..io.runs import load_results
+
+GALLERY_DATA = Path(__file__).resolve().parents[1] / "data" / "paper_gallery.json"  # analysis/data
+
+
+def load_gallery_text() -> dict[str, Any]:
+    """analysis/data/paper_gallery.json: per paper item, its title, section and transcribed claims."""
+    items: dict[str, Any] = json.loads(GALLERY_DATA.read_text(encoding="utf-8"))["items"]
+    return items
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One gallery entry: a paper item and ours."""
+
+    key: str
+    item: str
+    title: str
+    section: str
+    paper: list[str]
+    verdict: str
+    ours: list[str] = field(default_factory=list)  # Markdown lines (a table)
+    figures: list[Path] = field(default_factory=list)
+    provenance: Provenance | None = None
+    reachable: bool = True
+
+
+def _ci(lo: float | None, hi: float | None, fmt: str = "{:.3f}") -> str:
+    if lo is None or hi is None or any(math.isnan(x) for x in (lo, hi)):
+        return "no interval"
+    return f"[{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def _where(value: float, lo: float | None, hi: float | None) -> str:
+    if lo is None or hi is None:
+        return "cannot be placed against our interval"
+    return "inside our interval" if lo <= value <= hi else ("above our interval" if value > hi else "below it")
+
+
+def _direction(lo: float | None, hi: float | None, no_effect: float) -> str:
+    """What an interval of a multiplier (above ``no_effect``: the arm helps) says, as a verb phrase."""
+    if lo is None or hi is None:
+        return "is not decided"
+    if lo > no_effect:
+        return "helps"
+    return "hurts" if hi < no_effect else f"is not decided (the interval holds {no_effect:g})"
+
+
+# ---- the entries --------------------------------------------------------------------------------------------
+
+
+def scaling_entry(report: Path, runs: pd.DataFrame | None, command: str, regime: str) -> Entry:
+    """Fig. 4: the compute multiplier of each AttnRes arm on a CPU ladder (``report``: a fit's directory)."""
+    text = load_gallery_text()["fig4"]
+    doc = FitDocument.from_json(report / "fit.json")
+    paper_m = float(load_paper()["headline"]["M"])
+    rows = ["| arm | m, joint fit [95% CI] | m, same-seed pairs [95% CI] | seeds per size |", "|---|---|---|---|"]
+    seeds = "/".join(map(str, sorted(set((doc.bootstrap.seeds_per_size or {}).values())))) if doc.bootstrap else "?"
+    for name, m in doc.multipliers.items():
+        if m.m is None:
+            continue
+        lo, hi = m.m_ci95 or (None, None)
+        paired = m.paired or {}
+        plo, phi = paired.get("m_ci95") or (None, None)
+        pm = paired.get("m")
+        rows.append(
+            f"| {name} | {m.m:.3f} {_ci(lo, hi)} | {'-' if pm is None else f'{pm:.3f}'} {_ci(plo, phi)} | {seeds} |"
+        )
+    block = doc.multipliers.get("block_attnres")
+    if block is None or block.m is None:
+        verdict = "No Block AttnRes multiplier in this fit."
+    else:
+        lo, hi = block.m_ci95 or (None, None)
+        paired = block.paired or {}
+        plo, phi = paired.get("m_ci95") or (None, None)
+        pairs = (
+            f"; on same-seed pairs m = {paired['m']:.3f} {_ci(plo, phi)}, so it {_direction(plo, phi, 1.0)}"
+            if paired.get("m") is not None
+            else ""
+        )
+        verdict = (
+            f"Paper: Block AttnRes is worth {paper_m:.2f}x the baseline's compute; ours, {regime}: joint fit "
+            f"m = {block.m:.3f} {_ci(lo, hi)}, so Block AttnRes {_direction(lo, hi, 1.0)}{pairs}; the paper's "
+            f"{paper_m:.2f} is {_where(paper_m, lo, hi)}."
+        )
+    figures = [report / "fig4_scaling.png", report / "loss_curves.png"]
+    return Entry(
+        "fig4",
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        verdict,
+        rows,
+        [f for f in figures if f.is_file()],
+        provenance(runs, command) if runs is not None else Provenance(command),
+    )
+
+
+def table2_entry(report: Path, command: str) -> Entry:
+    """Table 2: the paper's own losses refitted (``report``: ``python -m analysis paper``'s directory)."""
+    text = load_gallery_text()["table2"]
+    paper = json.loads((report / "fit.json").read_text(encoding="utf-8"))["paper"]
+    laws = paper["laws"]
+    rows = [
+        "| variant | A (refit / published) | alpha (refit / published) | M at 5.6 PF-days (refit / published laws) |",
+        "|---|---|---|---|",
+    ]
+    for name, law in laws.items():
+        m = paper["M"].get(name, {})
+        pub_a, pub_al = law.get("A_published"), law.get("alpha_published")
+        rows.append(
+            f"| {name} | {law['A']:.4f} / {'-' if pub_a is None else pub_a} | {law['alpha']:.4f} / "
+            f"{'-' if pub_al is None else pub_al} | {_num(m.get('refit'))} / {_num(m.get('published_laws'))} |"
+        )
+    doc = FitDocument.from_json(report / "fit.json")
+    block = doc.multipliers.get("block_attnres")
+    lo, hi = block.paper_M_ci95 if block is not None and block.paper_M_ci95 else (None, None)
+    refit, published = paper["M"]["block_attnres"]["refit"], paper["M"]["block_attnres"]["published_laws"]
+    spread = f"; five points per arm leave it uncertain by {(hi - lo) / 2 / refit:.0%} either way" if lo and hi else ""
+    verdict = (
+        f"Refitting the paper's own Table 2 losses against a reconstructed FLOP count (the paper states none) gives "
+        f"Block AttnRes M = {refit:.3f} {_ci(lo, hi)} at 5.6 PF-days against the published laws' {published:.3f} "
+        f"({refit / published - 1:+.1%}), and the published {load_paper()['headline']['M']:.2f} is "
+        f"{_where(float(load_paper()['headline']['M']), lo, hi)}{spread}."
+    )
+    return Entry(
+        "table2",
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        verdict,
+        rows,
+        [f for f in [report / "fig4_scaling.png"] if f.is_file()],
+        Provenance(command),
+    )
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.3f}"
+
+
+COMMITTED_SCALING = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_deep" / "pooled"
+
+
+def reading_entry(key: str, figure: Path, runs: pd.DataFrame | None, command: str) -> Entry:
+    """Fig. 5 or Fig. 8: a reading of the committed figure (its data lives in run directories, which are not kept),
+    beside ``figure`` when this run drew one, else beside the committed figure itself."""
+    text = load_gallery_text()[key]
+    committed = COMMITTED_SCALING / figure.name
+    shown = figure if figure.is_file() else committed
+    verdict = text["ours_reading"]
+    if shown.resolve() != committed.resolve() and committed.is_file():
+        verdict += " (This figure was drawn by this run; the reading is of the committed one.)"
+    elif not figure.is_file():
+        verdict += " (This run kept no run directories to draw it from: the committed figure is shown.)"
+    return Entry(
+        key,
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        verdict,
+        [],
+        [shown] if shown.is_file() else [],
+        provenance(runs, command) if runs is not None else Provenance(command),
+    )
+
+
+def map_entry(report: Path, runs: pd.DataFrame | None, command: str, arch_grid: Path | None = None) -> Entry:
+    """Fig. 7: the depth-by-width map (``report``: ``python -m analysis map``'s directory), plus the fixed-compute
+    architecture grid's demonstration when ``arch_grid`` holds one."""
+    text = load_gallery_text()["fig7"]
+    mdoc = json.loads((report / "map.json").read_text(encoding="utf-8"))
+    rows = ["| L_b | d_model | pairs | Block - baseline [95% CI] | verdict |", "|---|---|---|---|---|"]
+    for c in mdoc["cells"]:
+        rows.append(
+            f"| {c['n_layers']} | {c['d_model']} | {c['n_pairs']} | {c['delta']:+.4f} "
+            f"{_ci(c['ci_lo'], c['ci_hi'], '{:+.4f}')} | {c['verdict']} |"
+        )
+    verdicts = [c["verdict"] for c in mdoc["cells"]]
+    wins = [f"L_b {c['n_layers']} x d {c['d_model']}" for c in mdoc["cells"] if c["verdict"] == "wins"]
+    loses = [f"L_b {c['n_layers']} x d {c['d_model']}" for c in mdoc["cells"] if c["verdict"] == "loses"]
+    aspect = {v: [c["n_layers"] / c["d_model"] for c in mdoc["cells"] if c["verdict"] == v] for v in ("wins", "loses")}
+    where = (
+        ": where it wins is deeper and narrower (higher L_b / d_model) than where it loses, as the paper's optimum "
+        "moves"
+        if aspect["wins"] and aspect["loses"] and min(aspect["wins"]) > max(aspect["loses"])
+        else ""
+    )
+    verdict = (
+        f"Paper: AttnRes wins in all 25 cells of its grid; ours: of {len(verdicts)} cells measured, Block AttnRes "
+        f"wins in {len(wins)} ({', '.join(wins) or 'none'}), loses in {len(loses)} ({', '.join(loses) or 'none'}) "
+        f"and is undecided in {verdicts.count('undecided')}{where}."
+    )
+    figures = [report / "fig7_map.png"]
+    if arch_grid is not None:
+        figures.append(arch_grid / "fig7_arch_grid.png")
+    return Entry(
+        "fig7",
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        verdict,
+        rows,
+        [f for f in figures if f.is_file()],
+        provenance(runs, command) if runs is not None else Provenance(command),
+    )
+
+
+def _study_runs(runs: pd.DataFrame | None, kind: str) -> pd.DataFrame | None:
+    """The runs the study of ``kind`` trained itself (its references from other studies are counted there)."""
+    if runs is None or "study_kind" not in runs.columns:
+        return runs
+    return runs[runs["study_kind"] == kind]
+
+
+def block_size_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
+    """Fig. 6: Block AttnRes' loss per block size S (``report``: ``python -m analysis block-size``'s directory)."""
+    from .tables import block_size_markdown
+
+    text = load_gallery_text()["fig6"]
+    doc = json.loads((report / "block_size.json").read_text(encoding="utf-8"))
+    regime = (
+        f"Shape: L_b {doc['n_sublayers'] // 2}, d_model {doc['d_model']} ({doc['n_sublayers']} sublayers, as the "
+        f"paper's), {doc['tokens_per_param']:.0f} tokens per parameter, every arm at the baseline's lr."
+    )
+    table = block_size_markdown(doc)[2:]  # the study's table without its heading
+    own = _study_runs(runs, "block_size")
+    return Entry(
+        "fig6",
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        doc["verdict"],
+        [regime, "", *table],
+        [f for f in [report / "fig6_block_size.png"] if f.is_file()],
+        provenance(own, command) if own is not None else Provenance(command),
+    )
+
+
+def ablations_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
+    """Table 4: ablations and peers (``report``: ``python -m analysis ablations``' directory)."""
+    from .tables import ablation_markdown
+
+    text = load_gallery_text()["table4"]
+    doc = json.loads((report / "ablations.json").read_text(encoding="utf-8"))
+    own = _study_runs(runs, "ablations")
+    notes = sorted({r["note"] for r in doc["rows"] if r.get("note")})
+    ours = [f"Shape {doc['size']}; Δ on same-seed pairs, arm minus baseline.", "", *ablation_markdown(doc["rows"])]
+    if notes:
+        ours += ["", *[f"Rows marked from another study: {n}." for n in notes]]
+    return Entry(
+        "table4",
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        doc["verdict"],
+        ours,
+        [f for f in [report / "fig_table4_ablations.png"] if f.is_file()],
+        provenance(own, command) if own is not None else Provenance(command),
+    )
+
+
+def table3_entry(command: str) -> Entry:
+    """Table 3: not reachable at CPU scale; how a GPU user produces it."""
+    text = load_gallery_text()["table3"]
+    return Entry(
+        "table3",
+        text["item"],
+        text["title"],
+        text["section"],
+        text["paper"],
+        text["why_not_cpu"],
+        [],
+        [],
+        Provenance(command),
+        reachable=False,
+    )
+
+
+def missing_entry(key: str, why: str, command: str) -> Entry:
+    """An entry whose study has no report yet."""
+    text = load_gallery_text()[key]
+    return Entry(key, text["item"], text["title"], text["section"], text["paper"], why, [], [], Provenance(command))
+
+
+# ---- the page -------------------------------------------------------------------------------------------------
+
+
+ORDER = ("table2", "fig4", "fig5", "table3", "table4", "fig6", "fig7", "fig8")
+
+
+def gallery_markdown(entries: list[Entry], page: Path, intro: list[str] | None = None) -> str:
+    """The gallery page, entries in the paper's order; figure links relative to ``page``."""
+    by_key = {e.key: e for e in entries}
+    ordered = [by_key[k] for k in ORDER if k in by_key] + [e for e in entries if e.key not in ORDER]
+    lines = ["# The paper's figures and tables, beside ours", "", *(intro or [])]
+    lines += ["", "| paper item | ours |", "|---|---|"]
+    for e in ordered:
+        lines.append(f"| [{e.item}: {e.title}](#{_anchor(e)}) | {_status(e)} |")
+    for e in ordered:
+        lines += ["", f"## {e.item}: {e.title}", "", f"**Paper** ({e.section}):", ""]
+        lines += [f"- {p}" for p in e.paper]
+        lines += ["", "**Ours:**" if e.reachable else "**Not reachable at CPU scale.**", ""]
+        lines += [f"![{e.item}]({os.path.relpath(f.resolve(), page.parent.resolve())})" for f in e.figures]
+        if e.figures:
+            lines.append("")
+        if e.ours:
+            lines += [*e.ours, ""]
+        lines.append(f"**Where they agree:** {e.verdict}")
+        if e.provenance is not None:
+            lines += ["", f"**How it was made:** {e.provenance.markdown()}"]
+    return "\n".join(lines) + "\n"
+
+
+def _anchor(e: Entry) -> str:
+    text = f"{e.item}: {e.title}".lower()
+    return "".join(ch for ch in text.replace(" ", "-") if ch.isalnum() or ch in "-_")
+
+
+def _status(e: Entry) -> str:
+    if not e.reachable:
+        return "GPU only (why: below)"
+    if not e.figures and not e.ours:
+        return "not yet run"
+    p = e.provenance
+    return f"{p.n_runs} runs, seeds {seed_text(p.seeds)}" if p is not None and p.n_runs else "from the paper's numbers"
+
+
+def write_gallery(entries: list[Entry], page: Path, intro: list[str] | None = None) -> Path:
+    """Write the gallery page (atomically) and return its path."""
+    from results.io import atomic_write_text
+
+    page.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(page, gallery_markdown(entries, page, intro))
+    return page
+
+
+EntryBuilder = Callable[[], Entry]
+
+
+def build_entries(builders: dict[str, EntryBuilder], commands: dict[str, str]) -> list[Entry]:
+    """Each builder's entry; one whose report is missing or unreadable becomes a 'not yet run' entry naming the
+    problem and the command that makes it, so one broken study never hides the others."""
+    entries = []
+    for key, build in builders.items():
+        try:
+            entries.append(build())
+        except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError) as e:
+            entries.append(missing_entry(key, f"no result yet ({type(e).__name__}: {e}).", commands.get(key, "")))
+    return entries
+
+
+def load_runs(path: Path | None) -> pd.DataFrame | None:
+    """A results table for provenance, or None when ``path`` is None or missing."""
+    if path is None or not path.exists():
+        return None
+    return load_results(path)
+
+
+@dataclass(frozen=True)
+class GallerySources:
+    """Where each entry's report and runs are: a report directory (fit.json / map.json and figures) and a results
+    table or study directory (for provenance) per study."""
+
+    scaling: Path  # Fig. 4, 5, 8: a scaling fit of the deep ladder
+    scaling_runs: Path | None
+    block_size: Path  # Fig. 6
+    block_size_runs: Path | None
+    ablations: Path  # Table 4
+    ablations_runs: Path | None
+    depth_map: Path  # Fig. 7: the depth-by-width map
+    depth_map_runs: Path | None
+    arch_grid: Path | None  # Fig. 7: the fixed-compute grid's demonstration
+    paper_refit: Path  # Table 2: python -m analysis paper
+
+    @classmethod
+    def committed(cls, results: Path) -> GallerySources:
+        """The committed results under ``results`` (docs/results)."""
+        return cls(
+            scaling=results / "cpu_deep" / "pooled",
+            scaling_runs=results / "cpu_deep",
+            block_size=results / "deep_block_size",
+            block_size_runs=results / "deep_block_size",
+            ablations=results / "deep_ablations",
+            ablations_runs=results / "deep_ablations",
+            depth_map=results / "cpu_map",
+            depth_map_runs=results / "cpu_map",
+            arch_grid=results / "cpu_arch_grid",
+            paper_refit=results / "paper_refit",
+        )
+
+    @classmethod
+    def from_studies(cls, reports: Path, runs: Path, arch_grid: Path | None) -> GallerySources:
+        """A fresh run of the studies: each study's report under ``reports`` and its runs under ``runs``, both
+        named by the study (sweeps.study's ``figures``)."""
+        return cls(
+            scaling=reports / "cpu_deep",
+            scaling_runs=runs / "cpu_deep",
+            block_size=reports / "deep_block_size",
+            block_size_runs=runs / "deep_block_size",
+            ablations=reports / "deep_ablations",
+            ablations_runs=runs / "deep_ablations",
+            depth_map=reports / "cpu_map",
+            depth_map_runs=runs / "cpu_map",
+            arch_grid=arch_grid,
+            paper_refit=reports / "paper_refit",
+        )
+
+
+# The commands that reproduce each entry (what the gallery prints; sweeps.study's `figures` runs them all).
+COMMANDS = {
+    "table2": "python -m analysis paper --out docs/results/paper_refit",
+    "fig4": "python -m sweeps.study deep_full --seeds 0,1,2,20,21,22 && python -m sweeps.study deep_per_arm "
+    "--seeds 0,1,2,20,21,22",
+    "fig6": "python -m sweeps.study deep_block_size --seeds 0,1,2,20,21,22",
+    "table4": "python -m sweeps.study deep_ablations",
+    "fig7": "python -m sweeps.study map",
+    "fig5": "the deep ladder's runs (Fig. 4's command)",
+    "fig8": "the deep ladder's runs (Fig. 4's command)",
+    "table3": "python -m experiments.lm_eval_adapter --checkpoint runs/<study>/<paper-size run> --device cuda "
+    "--tasks mmlu,mmlu_pro,gpqa_diamond_n_shot,bbh,arc_challenge,hellaswag,triviaqa,gsm8k,... (docs/gpu.md)",
+}
+DEEP_REGIME = "L_b 8-16 at d_model = 2 L_b, 8 tokens per parameter"
+
+
+def gallery_entries(src: GallerySources) -> list[Entry]:
+    """Every entry, from ``src``; a study without a report becomes a 'not yet run' entry."""
+    scaling_runs = load_runs(src.scaling_runs)
+    builders: dict[str, EntryBuilder] = {
+        "table2": lambda: table2_entry(src.paper_refit, COMMANDS["table2"]),
+        "fig4": lambda: scaling_entry(src.scaling, scaling_runs, COMMANDS["fig4"], DEEP_REGIME),
+        "fig5": lambda: reading_entry("fig5", src.scaling / "fig5_dynamics.png", scaling_runs, COMMANDS["fig4"]),
+        "table3": lambda: table3_entry(COMMANDS["table3"]),
+        "table4": lambda: ablations_entry(src.ablations, load_runs(src.ablations_runs), COMMANDS["table4"]),
+        "fig6": lambda: block_size_entry(src.block_size, load_runs(src.block_size_runs), COMMANDS["fig6"]),
+        "fig7": lambda: map_entry(src.depth_map, load_runs(src.depth_map_runs), COMMANDS["fig7"], src.arch_grid),
+        "fig8": lambda: reading_entry("fig8", src.scaling / "fig8_depth_weights.png", scaling_runs, COMMANDS["fig4"]),
+    }
+    return build_entries(builders, COMMANDS)

@@ -1,0 +1,196 @@
+"""The lr check of a multi-budget study (``python -m analysis length`` on records with several lrs per arm and
+rung): per budget, each arm's best lr, whether it moves with the budget, and the arm's gain at each arm's best lr
+beside its gain at the shared lr.
+
+Per (arm, rung, budget): the mean val loss over seeds at each lr of the grid, a parabola in ln lr through the grid
+points within studies.lr.WINDOW steps of the grid minimum (studies.lr.quadratic_vertex); its vertex is the best
+lr and its value there the loss at the best lr. ``on_edge`` where the grid minimum is the lowest or the highest lr
+(the optimum may lie beyond the grid: the best lr and its loss are then the grid point's), ``no_curvature`` where the
+parabola opens downward. The optimum *moves* with the budget when the best grid point differs between budgets or
+the fitted optima span more than a factor MOVE_FACTOR (half a step of a factor-2 grid). The shared lr is the one both
+arms ran at in the study proper: the middle lr of the grid (its geometric median), unless given.
+
+Gains (arm - reference, negative: the arm wins): ``delta_shared``, the same-seed difference at the shared lr (95% t
+interval where there are two pairs or more); ``delta_best``, the arm's loss at its best lr minus the reference's at
+its own, each from its parabola (no interval: one tuning seed gives none; with several seeds the curves are their
+means).
+
+Plain functions on tidy DataFrames; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..io.token_budget import tokens_per_param
+from ..laws.paired import comparison_entry, paired_comparison
+from .lr import quadratic_vertex
+
+MOVE_FACTOR = math.sqrt(2.0)
+
+
+def has_lr_grid(df: pd.DataFrame) -> bool:
+    """Whether some arm, rung, budget and seed of the completed runs ran at several lrs."""
+
+    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    if "lr" not in done.columns or done.empty:
+        return False
+    keys = done.assign(tpp=tokens_per_param(done))
+    return bool((keys.groupby(["variant", "size", "tpp", "seed"])["lr"].nunique() > 1).any())
+
+
+def shared_lr_of(lrs: list[float]) -> float:
+    """The grid's middle lr (its geometric median; the lower middle of an even grid)."""
+    grid = sorted(lrs)
+    return float(grid[(len(grid) - 1) // 2])
+
+
+def _same_lr(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6)
+
+
+def best_lr(curve: pd.Series) -> dict[str, Any]:
+    """The best lr of one curve (mean loss indexed by lr): ``best_lr``, ``loss_at_best``, ``on_edge``,
+    ``no_curvature`` and the grid point with the lowest loss (``grid_best_lr``)."""
+    curve = curve.sort_index()
+    x, y = np.log(curve.index.to_numpy(float)), curve.to_numpy(float)
+    k = int(np.argmin(y))
+    x_opt, y_opt, c, _, _ = quadratic_vertex(x, y)
+    on_edge = k in (0, len(y) - 1)
+    curved = bool(np.isfinite(c) and c > 0)
+    if on_edge or not curved:
+        x_opt, y_opt = float(x[k]), float(y[k])
+    return {
+        "best_lr": math.exp(x_opt),
+        "loss_at_best": float(y_opt),
+        "grid_best_lr": float(curve.index[k]),
+        "on_edge": bool(on_edge),
+        "no_curvature": not curved,
+        "losses": {f"{lr:.6g}": float(v) for lr, v in curve.items()},
+    }
+
+
+def lr_check(
+    df: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline", shared_lr: float | None = None
+) -> dict[str, Any]:
+    """length.json ``lr_check``: ``shared_lr``, ``rows`` (one per rung and budget: each arm's :func:`best_lr`,
+    ``delta_shared`` with its interval and pairs, ``delta_best``) and ``moves`` (per arm and rung: the best lr per
+    budget, their span and whether the optimum moves)."""
+
+    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = done[done["variant"].isin([arm, reference])].assign(tpp=tokens_per_param(done))
+    lrs = sorted({float(x) for x in done["lr"]})
+    shared = float(shared_lr) if shared_lr is not None else shared_lr_of(lrs)
+    if not any(_same_lr(shared, x) for x in lrs):
+        raise ValueError(f"shared lr {shared:g} is not on the grid ({', '.join(f'{x:g}' for x in lrs)})")
+    at_shared = done[[_same_lr(float(x), shared) for x in done["lr"]]]
+    vs = paired_comparison(at_shared, reference, [arm], ("size", "tpp"))
+    at = {(r["size"], r["tpp"]): comparison_entry(r) for _, r in vs.iterrows()}
+    missing = {"delta": None, "delta_ci95": None, "n_pairs": 0}  # an arm without runs at the shared lr
+    rows = []
+    for (size, tpp), g in done.groupby(["size", "tpp"], sort=False):
+        best = {}
+        for v in (reference, arm):
+            mine = g[g["variant"] == v]
+            if mine["lr"].nunique() < 2:
+                break
+            best[v] = best_lr(mine.groupby("lr")["val_loss"].mean())
+        if len(best) < 2:
+            continue
+        d = at.get((size, tpp), missing)
+        rows.append(
+            {
+                "size": str(size),
+                "tokens_per_param": float(tpp),
+                "params_non_embedding": float(g["params_non_embedding"].median()),
+                "arms": best,
+                "delta_shared": d["delta"],
+                "delta_shared_ci95": d["delta_ci95"],
+                "n_pairs": d["n_pairs"],
+                "delta_best": best[arm]["loss_at_best"] - best[reference]["loss_at_best"],
+            }
+        )
+    rows.sort(key=lambda r: (r["params_non_embedding"], r["tokens_per_param"]))
+    return {"shared_lr": shared, "lrs": lrs, "move_factor": MOVE_FACTOR, "rows": rows, "moves": _moves(rows)}
+
+
+def _moves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for size in dict.fromkeys(r["size"] for r in rows):
+        mine = [r for r in rows if r["size"] == size]
+        for v in mine[0]["arms"]:
+            best = {f"{r['tokens_per_param']:g}": r["arms"][v]["best_lr"] for r in mine}
+            grid = {r["arms"][v]["grid_best_lr"] for r in mine}
+            span = max(best.values()) / min(best.values())
+            out.append(
+                {
+                    "arm": v,
+                    "size": size,
+                    "best_lr": best,
+                    "span": span,
+                    "moves": bool(len(grid) > 1 or span > MOVE_FACTOR),
+                    "any_on_edge": any(r["arms"][v]["on_edge"] for r in mine),
+                }
+            )
+    return out
+
+
+def _lr_cell(b: dict[str, Any]) -> str:
+    flag = " (grid edge)" if b["on_edge"] else (" (no curvature)" if b["no_curvature"] else "")
+    return f"{b['best_lr']:.3g}{flag}"
+
+
+def _signed(x: float | None, ci: list[float] | None = None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+
+
+def lr_check_lines(check: dict[str, Any], arm: str, reference: str) -> list[str]:
+    """The headline: per rung and budget, each arm's best lr and the two gains; then whether each optimum moves."""
+    lines = []
+    for r in check["rows"]:
+        a, b = r["arms"][arm], r["arms"][reference]
+        lines.append(
+            f"lr check {r['size']} at {r['tokens_per_param']:g} tokens/param: best lr {reference} {_lr_cell(b)}, "
+            f"{arm} {_lr_cell(a)}; {arm} - {reference} at the shared lr {check['shared_lr']:.4g}: "
+            f"{_signed(r['delta_shared'], r['delta_shared_ci95'])}, at each arm's best lr: {_signed(r['delta_best'])}"
+        )
+    for m in check["moves"]:
+        verb = "moves" if m["moves"] else "stays"
+        edge = "; an optimum on the grid's edge: extend the grid" if m["any_on_edge"] else ""
+        per = ", ".join(f"{k}: {v:.3g}" for k, v in m["best_lr"].items())
+        lines.append(
+            f"lr check {m['arm']} at {m['size']}: the best lr {verb} with the budget ({per}; "
+            f"span x{m['span']:.2f}){edge}"
+        )
+    return lines
+
+
+def lr_check_markdown(check: dict[str, Any], arm: str, reference: str) -> list[str]:
+    lines = [
+        f"## The lr check: each arm's best lr per budget, and {arm} - {reference} at the shared and the best lrs",
+        "",
+        (
+            f"Grid: {', '.join(f'{x:.4g}' for x in check['lrs'])}; shared lr {check['shared_lr']:.4g}. Best lr: the "
+            "vertex of a parabola in ln lr over the grid (the grid point where it is on the edge); the optimum"
+            " moves when the best grid point differs between budgets or the optima span more than "
+            f"x{check['move_factor']:.3g}."
+        ),
+        "",
+        f"| rung | tokens / param | best lr {reference} | best lr {arm} | Δ at the shared lr | Δ at the best lrs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in check["rows"]:
+        lines.append(
+            f"| {r['size']} | {r['tokens_per_param']:g} | {_lr_cell(r['arms'][reference])} "
+            f"| {_lr_cell(r['arms'][arm])} | {_signed(r['delta_shared'], r['delta_shared_ci95'])} "
+            f"({r['n_pairs']} pairs) | {_signed(r['delta_best'])} |"
+        )
+    lines.append("")
+    lines += [f"* {line}" for line in lr_check_lines(check, arm, reference) if " the best lr " in line]
+    return [*lines, ""]

@@ -1,0 +1,119 @@
+"""The study registry: ``python -m analysis <name>`` -> the study that reports it. A study registers itself once,
+where it is defined (analysis/studies/<module>.py)::
+
+    @register("map", help="the depth-by-width map ...", arguments=_arguments, headline=headline_lines)
+    def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+        ...  # reads args.results, writes the report under args.out, prints its lines, returns the document
+
+so the registered names are the single list of analysis commands, and the names a study's config gives as its
+``analysis:`` command (sweeps/study.py). The CLI (analysis/__main__.py) builds one subcommand per registered
+study; :func:`load` imports every module of this package, which registers them. This module itself imports
+nothing heavy (no pandas, scipy or matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Arguments = Callable[[argparse.ArgumentParser], None]
+Report = Callable[[argparse.Namespace, Sequence[str]], Any]
+Headline = Callable[[Any], list[str]]
+
+
+@dataclass(frozen=True)
+class Study:
+    """One registered analysis command: its name (and aliases), its ``--help`` line, the function that adds its
+    arguments, the one that writes its report (returns the document it built) and the one that says its headline
+    from that document (None: the command prints its own lines and has no headline for sweeps.study)."""
+
+    name: str
+    help: str
+    arguments: Arguments
+    report: Report
+    headline: Headline | None = None
+    aliases: tuple[str, ...] = ()
+
+
+STUDIES: dict[str, Study] = {}  # name -> study, in registration order
+
+
+def register(
+    name: str, *, help: str, arguments: Arguments, headline: Headline | None = None, aliases: tuple[str, ...] = ()
+) -> Callable[[Report], Report]:
+    """Register the decorated report function as ``python -m analysis <name>``; a name or alias taken twice is a
+    ValueError naming both."""
+
+    def add(report: Report) -> Report:
+        taken = {n: s.name for s in STUDIES.values() for n in (s.name, *s.aliases)}
+        for n in (name, *aliases):
+            if n in taken and taken[n] != name:
+                raise ValueError(f"analysis command {n!r} of {name!r} is already registered by {taken[n]!r}")
+        STUDIES[name] = Study(name, help, arguments, report, headline, aliases)
+        return report
+
+    return add
+
+
+def load() -> dict[str, Study]:
+    """Every study of analysis.studies, registered by importing its module (pandas, scipy and matplotlib with it)."""
+    package = importlib.import_module(__package__ or "analysis.studies")
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+    return STUDIES
+
+
+def get(name: str) -> Study:
+    """The study registered as ``name`` (or with ``name`` as an alias); ValueError naming the registered ones."""
+    studies = load()
+    for study in studies.values():
+        if name == study.name or name in study.aliases:
+            return study
+    raise ValueError(f"analysis command {name!r} is not registered; registered: {', '.join(sorted(studies))}")
+
+
+def headline_lines(name: str, document: Any) -> list[str]:
+    """The headline lines of study ``name`` from the document its report returned ([] for a study without one)."""
+    study = get(name)
+    return list(study.headline(document)) if study.headline is not None else []
+
+
+# ---- argument types the studies share ----------------------------------------------------------------------------
+def seed_list(text: str) -> list[int]:
+    """``--seeds 20,21,22``: comma-separated integers."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 20,21,22") from None
+
+
+def fractions(text: str) -> tuple[float, ...]:
+    """``--e-sensitivity 0.5,0.9``: comma-separated fractions, each in (0, 1)."""
+    try:
+        out = tuple(float(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated fractions, e.g. 0.5,0.9") from None
+    if not out or not all(0 < f < 1 for f in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: every fraction must lie in (0, 1)")
+    return out
+
+
+def add_results_out(p: argparse.ArgumentParser, results: str, out: str) -> None:
+    """The two arguments every study's report takes: ``--results`` (what it reads) and ``--out`` (where it writes)."""
+    p.add_argument("--results", required=True, help=results)
+    p.add_argument("--out", required=True, help=out)
+
+
+def add_bootstrap(p: argparse.ArgumentParser, what: str = "bootstrap replicates") -> None:
+    """``--bootstrap B`` and ``--seed``: the resampling of a study's intervals."""
+    p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help=f"{what} (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+
+
+def number(x: float | None, spec: str = ".3f") -> str:
+    """A headline number: ``spec`` formatted, "n/a" for a missing or NaN one."""
+    return "n/a" if x is None or x != x else format(x, spec)

@@ -1,0 +1,318 @@
+"""Does an arm's gain grow, shrink or stay with training length? The same-seed difference arm - reference per
+rung at each budget (tokens per parameter), with 95% Student-t intervals (analysis.laws.paired), and its figure.
+For any table with several budgets per rung: a multi-budget study's records (``budget``, docs/runs.md "Several
+budgets from one run") or independent runs of one rung at several token counts (tokens / params_non_embedding).
+``python -m analysis length``.
+
+Beside it, the compute fit over the study's points: every (rung, budget) is one point of the joint law
+``L_arm = E + A_arm C^-alpha`` (:func:`budget_points`; analysis.studies.pipeline.run_fit), which gives the compute
+multiplier over the study's compute range, its wall-clock version, the rollout (the largest compute point, i.e. the
+largest rung at the largest budget, held out and predicted), the multiplier's sensitivity to E and the fit over
+(N, D) per arm, under ``<out>/fit/``. The points mix rungs and budgets, so the law is the loss of this family of runs
+against compute, not a compute-optimal frontier: the per-budget differences above are the direct answer.
+
+Plain functions on tidy DataFrames; no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..io.token_budget import tokens_per_param
+from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
+from ..laws.paired import paired_comparison
+from ..render.tables import interval_text
+from .study_registry import add_bootstrap, add_results_out, register
+
+
+def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline") -> pd.DataFrame:
+    """One row per (rung, budget) where both arms ran: ``size``, ``n_layers`` (when recorded),
+    ``tokens_per_param``, ``ref_loss`` (the reference's mean on the pairs' seeds), ``delta`` (arm - reference,
+    negative: the arm wins), ``delta_ci95`` (t interval, None under two pairs), ``n_pairs``, ``pair_seeds``,
+    ``verdict`` (analysis.laws.paired.verdict). Completed runs only; several runs of one arm, rung, budget and seed
+    are a ValueError (analysis.laws.paired.paired_comparison)."""
+    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = done.assign(tokens_per_param=tokens_per_param(done))
+    table = paired_comparison(done, reference, [arm], ("size", "tokens_per_param"))
+    if table.empty or not (table["n_pairs"] > 0).any():
+        return pd.DataFrame()
+    table = table[table["n_pairs"] > 0]
+    shape = done.groupby(["size", "tokens_per_param"])
+    rows = [
+        {
+            "size": str(r.size),
+            "n_layers": int(shape.get_group((r.size, r.tokens_per_param))["n_layers"].iloc[0])
+            if "n_layers" in done.columns
+            else None,
+            "params_non_embedding": float(
+                shape.get_group((r.size, r.tokens_per_param))["params_non_embedding"].median()
+            ),
+            "tokens_per_param": float(r.tokens_per_param),
+            "ref_loss": r.ref_loss,
+            "delta": r.delta,
+            "delta_ci95": r.delta_ci95,
+            "n_pairs": r.n_pairs,
+            "pair_seeds": r.seeds,
+            "verdict": r.verdict,
+        }
+        for r in table.itertuples()
+    ]
+    out = pd.DataFrame(rows)
+    return out.sort_values(["params_non_embedding", "tokens_per_param"], kind="stable").reset_index(drop=True)
+
+
+def length_markdown(table: pd.DataFrame, arm: str, reference: str) -> list[str]:
+    lines = [
+        f"## {arm} - {reference} per rung and training length (same-seed pairs, 95% t intervals)",
+        "",
+        "| rung | tokens / param | reference loss | Δ | 95% interval | pairs | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in table.itertuples():
+        lines.append(
+            f"| {r.size} | {r.tokens_per_param:g} | {r.ref_loss:.4f} | {r.delta:+.4f} | {interval_text(r.delta_ci95)} "
+            f"| {r.n_pairs} | {r.verdict} |"
+        )
+    return [*lines, ""]
+
+
+def budget_points(df: pd.DataFrame) -> pd.DataFrame:
+    """The table with each (rung, budget) as its own size, ``<size>@<tokens per param>`` (e.g. ``deep_L8@32``), so
+    that a compute fit takes every budget of every rung as one point; the rung's own name is kept in ``rung``."""
+    tpp = tokens_per_param(df)
+    labels = [f"{s}@{t:g}" if np.isfinite(t) else str(s) for s, t in zip(df["size"], tpp)]
+    return df.assign(rung=df["size"], size=labels)
+
+
+FRONTIER_B = 400  # the frontier's bootstrap replicates (each refits both arms' five-parameter laws)
+FIT_DIR = "fit"  # the compute fit over the study's points, under the report's directory
+E_FRACTIONS = (0.5, 0.8, 0.9, 0.95)  # as python -m analysis fit --e-sensitivity
+
+
+def fit_points(
+    df: pd.DataFrame, out: Path, arm: str, reference: str, make_figures: bool, bootstrap: int = 2000, seed: int = 0
+) -> dict[str, Any] | None:
+    """The compute fit over :func:`budget_points` under ``out`` (run_fit with every optional section: wall-clock,
+    rollout of the largest point, E sensitivity, (N, D)); its headline numbers for length.json, or None (with the
+    reason in ``error``) when the points are too few for a ladder fit (3 per arm)."""
+    from ..laws.fit_options import FitOptions
+    from .pipeline import Sections, run_fit
+
+    points = budget_points(df)
+    points = points[points["variant"].isin([arm, reference])]
+    done = points[points["status"] == "completed"] if "status" in points.columns else points
+    fewest = done.groupby("variant")["size"].nunique().reindex([arm, reference]).fillna(0).min()
+    options = FitOptions(baseline=reference, B=bootstrap, seed=seed, skip_incomplete=True)
+    # the rollout fits the points but the largest, which needs 3 left: a 3-point table is fitted without it
+    sections = Sections(wallclock=True, rollout=int(fewest >= 4), e_sensitivity=E_FRACTIONS, nd=True)
+    try:
+        doc = run_fit(points, out, options, make_figures=make_figures, sections=sections)
+    except ValueError as err:
+        return {"error": str(err)}
+    m = doc.multipliers.get(arm)
+    if m is None:
+        return {"error": f"{arm} has fewer than 3 completed (rung, budget) points"}
+    wall = (doc.wallclock or {}).get(arm, {})
+    ro = ((doc.rollout or {}).get("variants") or {}).get(arm, {})
+    es = ((doc.e_sensitivity or {}).get("variants") or {}).get(arm, {})
+    return {
+        "dir": out.name,
+        "m": m.m,
+        "m_ci95": m.m_ci95,
+        "p_m_le_1": m.p_m_le_1,
+        "m_wall": wall.get("m_wall"),
+        "m_wall_ci95": wall.get("m_wall_ci95"),
+        "step_time_ratio": wall.get("step_time_ratio"),
+        "rollout_points": ro.get("points", []),
+        "rollout_m": ro.get("m"),
+        "rollout_m_ci95": ro.get("m_ci95"),
+        "e_sensitivity_m_range": es.get("m_range"),
+        "rungs": rung_part(m.to_dict()),
+    }
+
+
+def analyse_length(
+    df: pd.DataFrame,
+    out: Path,
+    arm: str = "block_attnres",
+    reference: str = "baseline",
+    make_figures: bool = True,
+    fit: bool = True,
+    bootstrap: int = 2000,
+    seed: int = 0,
+    frontier_bootstrap: int | None = None,
+) -> dict[str, Any]:
+    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``; with ``fit``
+    the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`) and the compute-optimal frontier
+    (analysis.laws.frontier; ``frontier_bootstrap`` replicates, default the smaller of FRONTIER_B and ``bootstrap``;
+    fig_frontier.png). Records with several lrs per arm, rung and budget get the lr check (analysis.studies.length_lr,
+    length.json ``lr_check``); everything else then reads the shared lr's runs."""
+    from ..io.report import write_json
+    from ..laws.frontier import analyse_frontier, frontier_markdown
+    from ..render.figures import frontier_figure, length_figure
+    from .length_lr import has_lr_grid, lr_check, lr_check_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    check = lr_check(df, arm, reference) if has_lr_grid(df) else None
+    if check is not None:  # the study proper is the shared lr's runs
+        df = df[[math.isclose(float(x), check["shared_lr"], rel_tol=1e-6) for x in df["lr"]]]
+    table = gain_by_length(df, arm, reference)
+    if table.empty:
+        raise ValueError(f"no rung and budget where both {arm!r} and {reference!r} completed a run of one seed")
+    files = ["length.json", "length_summary.md"]
+    if make_figures:
+        files += [str(p.relative_to(out)) for p in length_figure(table, out / "fig_length", arm, reference)]
+    doc: dict[str, Any] = {"arm": arm, "reference": reference, "rows": table.to_dict("records")}
+    if check is not None:
+        doc["lr_check"] = check
+    if fit:
+        doc["fit"] = fit_points(df, out / FIT_DIR, arm, reference, make_figures, bootstrap, seed)
+        if doc["fit"] and "error" not in doc["fit"]:
+            files.append(f"{FIT_DIR}/")
+        B = frontier_bootstrap if frontier_bootstrap is not None else min(FRONTIER_B, bootstrap)
+        doc["frontier"] = analyse_frontier(df, arm, reference, B=B, seed=seed)
+        if make_figures:
+            fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference)
+            files += [str(p.relative_to(out)) for p in fig]
+    doc["files"] = sorted(files)
+    write_json(doc, out / "length.json")
+    md = length_markdown(table, arm, reference)
+    md += lr_check_markdown(check, arm, reference) if check is not None else []
+    md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
+    (out / "length_summary.md").write_text("\n".join(md))
+    return doc
+
+
+def _ci(c: list[float] | None, spec: str = ".3f") -> str:
+    return f"[{c[0]:{spec}}, {c[1]:{spec}}]" if c else "[n/a]"
+
+
+def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
+    """The compute fit's headline: m, m_wall, the rollout's prediction against the measurement, the E range."""
+    if not fit:
+        return []
+    if "error" in fit:
+        return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
+    lines = [f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}"]
+    if fit.get("rungs"):
+        lines += rung_headline(fit["rungs"], f"{arm} over the (rung, budget) points")
+    if fit.get("m_wall") is not None:
+        lines.append(
+            f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
+            f"(step-time ratio {fit['step_time_ratio']:.3f})"
+        )
+    for p in fit.get("rollout_points", []):
+        inside = "inside" if p["inside"] else "OUTSIDE"
+        interval = _ci(p["prediction_interval95"], ".4f")
+        lines.append(
+            f"rollout: {p['arm']} at {p['size']} predicted {p['predicted']:.4f} {interval} from the other points, "
+            f"measured {p['measured']:.4f} ({inside})"
+        )
+    if fit.get("rollout_m") is not None:
+        m_ci = _ci(fit["rollout_m_ci95"])
+        lines.append(f"rollout: m fitted without the largest point = {fit['rollout_m']:.3f}x {m_ci}")
+    if fit.get("e_sensitivity_m_range"):
+        lo, hi = fit["e_sensitivity_m_range"]
+        lines.append(f"{arm}: m from {lo:.3f}x to {hi:.3f}x as E is fitted, 0 or pinned (fit/summary.md)")
+    return lines
+
+
+def fit_markdown(fit: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
+    if not fit:
+        return []
+    head = [
+        f"## Compute fit over the (rung, budget) points: {arm} against {reference}",
+        "",
+        (
+            "Every (rung, budget) is one point of L = E + A C^-alpha (the family of these runs, not a compute-optimal "
+            "frontier). Full report: [fit/summary.md](fit/summary.md)."
+        ),
+        "",
+    ]
+    rungs = rung_markdown({f"{arm} per (rung, budget)": fit["rungs"]}) if fit.get("rungs") else []
+    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), "", *rungs]
+
+
+def headline_lines(doc: dict[str, Any]) -> list[str]:
+    """What ``python -m analysis length`` and ``python -m sweeps.study`` print: one line per (rung, budget), then
+    the compute fit's headline."""
+    lines = []
+    for r in doc["rows"]:
+        lines.append(
+            f"{r['size']} at {r['tokens_per_param']:g} tokens/param: {doc['arm']} - {doc['reference']} "
+            f"{r['delta']:+.4f} {_ci(r['delta_ci95'], '+.4f')}, {r['n_pairs']} pairs, {r['verdict']}"
+        )
+    from ..laws.frontier import frontier_lines
+    from .length_lr import lr_check_lines
+
+    if doc.get("lr_check"):
+        lines += lr_check_lines(doc["lr_check"], doc["arm"], doc["reference"])
+    return (
+        lines
+        + fit_lines(doc.get("fit"), doc["arm"])
+        + frontier_lines(doc.get("frontier"), doc["arm"], doc["reference"])
+    )
+
+
+# ---- python -m analysis <command> -----------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    add_results_out(
+        p,
+        "a study with several budgets per rung (results.csv or directory)",
+        "output directory (length.json, length_summary.md, fig_length.png)",
+    )
+    p.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
+    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    p.add_argument(
+        "--no-fit",
+        action="store_true",
+        help="the per-budget differences only: no compute fit over the (rung, budget) points (fit/)",
+    )
+    add_bootstrap(p, "the fit's bootstrap replicates")
+    p.add_argument(
+        "--frontier-bootstrap",
+        type=int,
+        default=None,
+        metavar="B",
+        help="the frontier's bootstrap replicates (default: the smaller of 400 and --bootstrap)",
+    )
+    p.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
+
+
+@register(
+    "length",
+    help="arm - baseline per rung at each training length (tokens per parameter): 95%% t intervals",
+    arguments=_arguments,
+    headline=headline_lines,
+)
+def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+    """``length``: the arm's same-seed difference per rung and budget, then one line per row."""
+    from pathlib import Path
+
+    from ..io.runs import check_one_dataset, load_results
+
+    df = load_results(args.results)
+    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    doc = analyse_length(
+        df,
+        Path(args.out),
+        args.arm,
+        args.baseline,
+        make_figures=not args.no_figures,
+        fit=not args.no_fit,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+        frontier_bootstrap=args.frontier_bootstrap,
+    )
+    print("\n".join(headline_lines(doc)))
+    print(f"wrote {', '.join(doc['files'])} to {args.out}")
+    return doc
