@@ -255,8 +255,6 @@ def analysis_arguments(args: Sequence[str]) -> list[str]:
     return out
 
 
-
-
 def run_analysis(argv: list[str]) -> tuple[int, Any]:
     """``python -m analysis <argv>`` in this process (analysis.__main__.run: the same files and printout): its exit
     status and the document it built (None after an error)."""
