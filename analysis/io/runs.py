@@ -307,6 +307,19 @@ def check_one_dataset(df: pd.DataFrame) -> None:
     )
 
 
+def load_one_dataset(
+    path: str | Path, statuses: tuple[str, ...] = ("completed",), dataset: str | None = None
+) -> pd.DataFrame:
+    """A study command's results table: ``load_results(path)``, narrowed to one data set when ``dataset`` names one
+    (select_dataset), then checked to hold one data set among its runs of ``statuses`` (every row when the table has
+    no status column; check_one_dataset). Returns the whole table, other statuses included."""
+    df = load_results(path)
+    if dataset:
+        df = select_dataset(df, dataset)
+    check_one_dataset(df[df["status"].isin(list(statuses))] if "status" in df.columns else df)
+    return df
+
+
 def select_dataset(df: pd.DataFrame, which: str) -> pd.DataFrame:
     """The runs of one data set, named by its fingerprint (or a unique prefix) or its ``dataset`` path/name."""
     fp = df.get("data_fingerprint", pd.Series("", index=df.index)).astype(str)

@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from ..io.paper_data import load_paper
-from ..io.runs import check_one_dataset, load_results, runs_of_kind
+from ..io.runs import load_one_dataset, runs_of_kind
 from ..laws.paired import arm_rows, by_seed, loss_summary, paired_comparison, same_shape, study_shape
 from ..render.figures import ablation_figure
 from ..render.tables import ablation_markdown
@@ -161,8 +161,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``python -m analysis ablations``: the study's JSON, Markdown table and figure, then its verdict."""
-    df = load_results(args.results)
-    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    df = load_one_dataset(args.results)
     doc = analyse_ablations(df, Path(args.out), args.baseline)
     print(doc["verdict"])
     print(f"wrote {', '.join(doc['files'])} to {args.out}")

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..io.fit_document import BlockSizeSweep
 from ..io.paper_data import paper_sweep
-from ..io.runs import check_one_dataset, keep_most_common, load_results, runs_of_kind
+from ..io.runs import keep_most_common, load_one_dataset, runs_of_kind
 from ..laws.paired import arm_rows, by_seed, comparison_entry, loss_summary, paired_comparison, same_shape, study_shape
 from ..render.figures import block_size_figure
 from ..render.tables import block_size_markdown, interval_text
@@ -170,8 +170,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``python -m analysis block_size``: the study's JSON, Markdown table and figure, then its verdict."""
-    df = load_results(args.results)
-    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    df = load_one_dataset(args.results)
     doc = analyse_block_size(df, Path(args.out), args.baseline)
     print(doc["verdict"])
     print(f"wrote {', '.join(doc['files'])} to {args.out}")

@@ -307,10 +307,9 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``map``: map.json, map_summary.md and the heat map, then each cell's verdict."""
     from pathlib import Path
 
-    from ..io.runs import check_one_dataset, load_results
+    from ..io.runs import load_one_dataset
 
-    df = load_results(args.results)
-    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    df = load_one_dataset(args.results)
     opts = MapOptions(arm=args.arm, baseline=args.baseline, B=args.bootstrap, seed=args.seed)
     mdoc = analyse_map(df, Path(args.out), opts)
     for c in mdoc["cells"]:

@@ -612,13 +612,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""
-    from ..io.runs import check_one_dataset, load_results, select_dataset
+    from ..io.runs import load_one_dataset
 
     command = "python -m analysis " + " ".join(argv)
-    df = load_results(args.results)
-    if args.dataset:
-        df = select_dataset(df, args.dataset)
-    check_one_dataset(df[df["status"].isin(["completed", "diverged"])] if "status" in df.columns else df)
+    df = load_one_dataset(args.results, ("completed", "diverged"), args.dataset)
     doc = run_lr(
         df,
         args.out,

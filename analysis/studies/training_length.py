@@ -298,10 +298,9 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``length``: the arm's same-seed difference per rung and budget, then one line per row."""
     from pathlib import Path
 
-    from ..io.runs import check_one_dataset, load_results
+    from ..io.runs import load_one_dataset
 
-    df = load_results(args.results)
-    check_one_dataset(df[df["status"] == "completed"] if "status" in df.columns else df)
+    df = load_one_dataset(args.results)
     doc = analyse_length(
         df,
         Path(args.out),
