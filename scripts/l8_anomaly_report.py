@@ -22,7 +22,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+from analysis.laws.paired import t_interval
 
 
 def collect(runs_root: Path, out: Path) -> int:
@@ -88,11 +89,9 @@ def paired(df: pd.DataFrame, reference: str, seeds: list[int] | None = None) -> 
         if arm == reference:
             continue
         d = (loss[arm] - loss[reference]).dropna()
-        n = len(d)
-        mean = float(d.mean()) if n else math.nan
-        half = float(stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        rows.append({"arm": arm, "n": n, "seeds": ",".join(str(s) for s in d.index), "delta": mean,
-                     "lo": mean - half, "hi": mean + half})  # fmt: skip
+        lo, hi = t_interval(d.to_numpy())
+        rows.append({"arm": arm, "n": len(d), "seeds": ",".join(str(s) for s in d.index),
+                     "delta": float(d.mean()) if len(d) else math.nan, "lo": lo, "hi": hi})  # fmt: skip
     return pd.DataFrame(rows)
 
 
