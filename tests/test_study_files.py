@@ -1,8 +1,8 @@
 """A study's design as data (sweeps/studies/<name>.yaml, read by sweeps/study_spec.py): every study plans what it
 planned when it was Python (tests/data/study_plans.json, frozen at c3a49b9; since then deep_budgets_lr's design
-gained lr x 0.25 and reuses its committed launches, a deliberate change of that entry), a broken study file fails in one line
-naming the file, the key and what is allowed, a new study is one file, --help lists every study, and the regime
-sentence of every study says whether its runs are at the paper's shapes."""
+gained lr x 0.25 and reuses its committed launches, a deliberate change of that entry), a broken study file fails
+in one line naming the file, the key and what is allowed, a new study is one file, --help lists every study, and the
+regime sentence of every study says whether its runs are at the paper's shapes."""
 
 from __future__ import annotations
 
