@@ -59,7 +59,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +93,10 @@ ORPHAN_WAIT_S = 120.0  # how long a process of a launch whose launcher died may 
 STARTUP_WINDOW_S = 20.0  # a kill before the launch's first run start lands within this many seconds of it
 AFTER_START_S = 4.0  # a kill after the k-th run start lands within this many seconds of it (a tiny run's length)
 IDLE_GRACE_S = 5.0  # how long the processes left of a launch may hold no run before they count as idle
-LAUNCH_TIMEOUT_S = float(os.environ.get("ATTNRES_CHAOS_LAUNCH_TIMEOUT_S", 3600))  # past it: SIGKILL, reported
+# Past it a launch is hung: each of its processes is sent SIGABRT (faulthandler, PYTHONFAULTHANDLER=1 in _env, prints
+# every thread's stack into the sweep's log), then SIGKILL; the problem names the launch and carries those stacks.
+# A launch of the 24 tiny runs takes 1-3 minutes on a loaded 2-core machine.
+LAUNCH_TIMEOUT_S = float(os.environ.get("ATTNRES_CHAOS_LAUNCH_TIMEOUT_S", 900))
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ class Launch:
     """One launch of the sweep: its exit status (negative: killed by that signal), its seconds, whether its
     processes had to be killed by the driver after their launcher died while still in a run (an orphan that did not
     stop), how many idle ones it killed (joblib workers that never got a job: loky's own idle timeout would end
-    them after 300 s), whether it ran past LAUNCH_TIMEOUT_S (then the driver killed it)."""
+    them after 300 s), whether it ran past LAUNCH_TIMEOUT_S (then the driver killed it, and ``stacks`` holds the
+    end of its output: its processes' stacks)."""
 
     round: int
     number: int
@@ -123,6 +127,7 @@ class Launch:
     orphans_killed: bool = False
     timed_out: bool = False
     idle_killed: int = 0
+    stacks: str = ""
 
 
 @dataclass
@@ -172,6 +177,7 @@ def _env() -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
         "WANDB_MODE": "disabled",
+        "PYTHONFAULTHANDLER": "1",  # SIGABRT prints every thread's stack (a hung launch: run_launch)
     }
 
 
@@ -227,6 +233,7 @@ class _Output:
         self.started: set[str] = set()
         self.start_times: list[float] = []  # time.monotonic() of each run start line
         self.lines = 0
+        self.tail: deque[str] = deque(maxlen=400)  # the last lines, for a hung launch's stacks
         self._thread = threading.Thread(target=self._drain, args=(proc, log_path), daemon=True)
         self._thread.start()
 
@@ -236,6 +243,7 @@ class _Output:
             for line in proc.stdout:
                 log.write(line)
                 self.lines += 1
+                self.tail.append(line)
                 match = re.match(r"\[attnres\] (\S+): (starting;|resuming from)", line)
                 if match:
                     self.started.add(match.group(1))
@@ -328,16 +336,24 @@ def run_launch(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, getattr(signal, signame))
             kills.append(Kill(round_no, number, round(time.monotonic() - t0, 3), target, signame, phase))
-    timed_out = False
+    timed_out, stacks = False, ""
     try:
         returncode = proc.wait(timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
+        timed_out, lines_before = True, output.lines
+        for pid in _group_members(proc.pid):  # faulthandler: every thread's stack, into the log
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         returncode = proc.wait()
+        output.join()
+        stacks = "".join(list(output.tail)[-min(len(output.tail), output.lines - lines_before) :])
     orphans, idle = _reap_group(proc.pid, study_dir)
     output.join()
-    return Launch(round_no, number, returncode, round(time.monotonic() - t0, 2), orphans, timed_out, idle), kills
+    seconds = round(time.monotonic() - t0, 2)
+    return Launch(round_no, number, returncode, seconds, orphans, timed_out, idle, stacks), kills
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -478,7 +494,10 @@ def chaos_round(
         result.launches.append(launch)
         result.kills += kills
         if launch.timed_out:
-            result.problems.append(f"launch {number} ran past {LAUNCH_TIMEOUT_S:.0f} s and was killed")
+            result.problems.append(
+                f"launch {number} ran past {LAUNCH_TIMEOUT_S:.0f} s and was killed; its processes' stacks:\n"
+                + launch.stacks[-6000:]
+            )
         if launch.orphans_killed:
             result.problems.append(f"launch {number}: processes left after the launcher died had to be killed")
         if launch.returncode == 0 and all_done(study, configs):

@@ -31,6 +31,9 @@ gone (kill -9), the process sends itself SIGTERM, so its run stops as above and 
 to a pipe whose reader is gone goes to /dev/null from then on instead of raising BrokenPipeError in whatever wrote
 (:func:`tolerate_closed_pipes`).
 
+**A worker killed while it sends its result** wedges Hydra's joblib launcher (loky waits for the rest of the
+message forever): experiments.run.worker_watch, started by :func:`install_launcher`, ends such a launch.
+
 Decisions (the consistent points, why a poll and not PR_SET_PDEATHSIG): docs/runs.md. Standard library only: the
 entry point installs these before anything heavy is imported.
 """
@@ -128,11 +131,14 @@ def handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
 
 
 def install_launcher() -> None:
-    """The handlers of a launching process (experiments.train.main), for good; also :func:`watch_parent` and
-    :func:`tolerate_closed_pipes`."""
+    """The handlers of a launching process (experiments.train.main), for good; also :func:`watch_parent`,
+    :func:`tolerate_closed_pipes` and the watch over its workers (experiments.run.worker_watch)."""
+    from .worker_watch import watch_workers
+
     tolerate_closed_pipes()
     _install(_launcher_handler)
     watch_parent()  # after the handler: a parent already gone is a SIGTERM at once
+    watch_workers()
 
 
 def install_worker() -> None:
