@@ -96,3 +96,30 @@ def test_losses_disagree_when_either_m_is_outside_the_other_interval():
     assert not losses_disagree(1.0, [0.9, 1.1], 1.05, [0.95, 1.2])
     assert losses_disagree(1.0, [0.99, 1.01], 1.05, [0.95, 1.2])  # Huber's m inside, least squares' outside
     assert not losses_disagree(1.0, None, 2.0, [float("nan"), float("nan")])  # no interval: no evidence
+
+
+def test_each_rung_multiplier_stands_beside_its_wall_clock_version():
+    """m_wall at a rung is m_s times that rung's seconds-per-FLOP ratio; a (rung, budget) point takes its rung's."""
+    from analysis.laws.heterogeneity import rung_markdown, rung_part
+
+    test = {
+        "one_multiplier": False,
+        "p": 1e-4,
+        "Q": 30.0,
+        "reference": "F(1, 8)",
+        "slope": None,
+        "m_of_C": [
+            {"size": "deep_L8@8", "C": 1e12, "m": 0.5, "m_ci95": [0.4, 0.6]},
+            {"size": "deep_L12@8", "C": 4e12, "m": 1.2, "m_ci95": [1.1, 1.3]},
+        ],
+    }
+    mult = {"m": 0.9, "m_ci95": [0.8, 1.0], "rung_test": test, "joint": {"huber_delta": 1e-3}}
+    timing = {"per_rung": [{"rung": "deep_L8", "s_ref_over_s_arm": 0.9}, {"rung": "deep_L12", "s_ref_over_s_arm": 0.8}]}
+    part = rung_part(mult, timing)
+    assert part["rung_time"] == {"deep_L8": 0.9, "deep_L12": 0.8}
+    line = rung_headline(part, "block_attnres")[0]
+    assert "0.500× [0.400, 0.600] (m_wall 0.450×)" in line
+    assert "1.200× [1.100, 1.300] (m_wall 0.960×)" in line
+    table = "\n".join(rung_markdown({"block_attnres": mult}, {"block_attnres": timing}))
+    assert "| deep_L12@8 | 4e+12 | 1.200× [1.100, 1.300] | n/a | 0.800 | 0.960× |" in table
+    assert "m_wall" not in rung_headline(mult, "block_attnres")[0]  # no timing: no wall-clock column

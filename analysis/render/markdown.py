@@ -212,7 +212,7 @@ def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[st
         else:
             how = f"parametric seed-noise bootstrap, σ = {b['sigma']:.3g} ({b['sigma_source']}), ρ = {b['rho']}"
         lines += ["", f"Intervals: 95% percentile, {how}; B = {b['B']}, seed {b['seed']}.", ""]
-        lines += rung_markdown(doc["multipliers"])
+        lines += rung_markdown(doc["multipliers"], doc.get("wallclock"))
     return lines
 
 

@@ -314,7 +314,7 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
                 f"to {number(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
             )
     for v, m in doc.multipliers.items():
-        for line in rung_headline(m.to_dict(), v):
+        for line in rung_headline(m.to_dict(), v, (doc.wallclock or {}).get(v)):
             print(f"  {line}")
     for line in _section_lines(doc):
         print(line)

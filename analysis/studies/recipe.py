@@ -233,7 +233,7 @@ def compare(
             "exponent_diff": exps["diff"],
             "exponent_diff_ci95": _finite_interval(exps["diff_ci95"]),
             "paired_heterogeneity_p": (paired.get("heterogeneity") or {}).get("p"),
-            "rungs": rung_part(mult),
+            "rungs": rung_part(mult, timing),
             "timing": timing,
             "n_runs": {
                 "reference": int((pair["variant"] == reference).sum()),

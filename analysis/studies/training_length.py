@@ -134,7 +134,7 @@ def fit_points(
         "rollout_m": ro.get("m"),
         "rollout_m_ci95": ro.get("m_ci95"),
         "e_sensitivity_m_range": es.get("m_range"),
-        "rungs": rung_part(m.to_dict()),
+        "rungs": rung_part(m.to_dict(), wall),
     }
 
 
