@@ -120,3 +120,25 @@ def test_a_reading_entry_without_a_fresh_figure_shows_the_committed_one_and_says
     assert "the committed figure is shown" in entry.verdict
     committed = gallery.reading_entry("fig8", gallery.COMMITTED_SCALING / "fig8_depth_weights.png", None, "cmd")
     assert committed.verdict == gallery.load_gallery_text()["fig8"]["ours_reading"]
+
+
+def test_the_scaling_entry_adds_the_frontier_multiplier_where_a_length_report_has_one(tmp_path):
+    """M(C) along the compute-optimal frontier (a training-length report's length.json) joins Fig. 4's verdict with
+    its band at the top of the measured C, and its figure joins the entry; no report, no sentence."""
+    import json
+
+    front = {
+        "rungs": ["deep_L8", "deep_L16"],
+        "budgets": [8.0, 128.0],
+        "C": [1e-9, 1e-8, 1e-7],
+        "M": {"M": [0.5, 1.0, 1.3], "ci95_lo": [0.4, 0.9, 1.2], "ci95_hi": [0.6, 1.1, 1.42]},
+    }
+    (tmp_path / "length.json").write_text(json.dumps({"frontier": front}))
+    text = gallery.frontier_sentence(tmp_path)
+    assert "L_b 8, 16 x 8, 128 tokens per parameter" in text
+    assert "from 0.50x at C = 1e-09 to 1.30x [1.20, 1.42] at C = 1e-07 PF-days" in text
+    assert gallery.frontier_sentence(tmp_path / "nowhere") == ""
+    entry = gallery.gallery_entries(gallery.GallerySources.committed(RESULTS))[1]
+    assert entry.key == "fig4"
+    assert "compute-optimal frontier" in entry.verdict
+    assert any(f.name == "fig_frontier.png" for f in entry.figures)

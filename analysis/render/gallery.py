@@ -77,8 +77,33 @@ def _direction(lo: float | None, hi: float | None, no_effect: float) -> str:
 # ---- the entries --------------------------------------------------------------------------------------------
 
 
-def scaling_entry(report: Path, runs: pd.DataFrame | None, command: str, regime: str) -> Entry:
-    """Fig. 4: the compute multiplier of each AttnRes arm on a CPU ladder (``report``: a fit's directory)."""
+def frontier_sentence(report: Path) -> str:
+    """Block AttnRes's multiplier along the compute-optimal frontier, M(C) at the ends of the measured C with its
+    band at the top, from a training-length report (``report``: ``python -m analysis length``'s directory, its
+    length.json ``frontier``); '' where there is none."""
+    path = report / "length.json"
+    if not path.is_file():
+        return ""
+    front = json.loads(path.read_text(encoding="utf-8")).get("frontier") or {}
+    curve, C = front.get("M") or {}, front.get("C") or []
+    M, lo, hi = curve.get("M") or [], curve.get("ci95_lo") or [], curve.get("ci95_hi") or []
+    if not (M and C and lo and hi) or len(M) != len(C):
+        return ""
+    rungs = ", ".join(str(r).removeprefix("deep_L") for r in front.get("rungs", []))
+    budgets = ", ".join(f"{b:g}" for b in front.get("budgets", []))
+    return (
+        f" Along the compute-optimal frontier (Chinchilla approach 3 per arm over L_b {rungs} x {budgets} tokens "
+        f"per parameter, Muon + WSD; `python -m sweeps.study deep_budgets`), M(C) goes from {M[0]:.2f}x at "
+        f"C = {C[0]:.3g} to {M[-1]:.2f}x {_ci(lo[-1], hi[-1], '{:.2f}')} at C = {C[-1]:.3g} PF-days (the top of "
+        "the measured C)."
+    )
+
+
+def scaling_entry(
+    report: Path, runs: pd.DataFrame | None, command: str, regime: str, frontier: Path | None = None
+) -> Entry:
+    """Fig. 4: the compute multiplier of each AttnRes arm on a CPU ladder (``report``: a fit's directory), and where
+    ``frontier`` holds a training-length report, M(C) along the compute-optimal frontier beside it."""
     text = load_gallery_text()["fig4"]
     doc = FitDocument.from_json(report / "fit.json")
     paper_m = float(load_paper()["headline"]["M"])
@@ -112,6 +137,9 @@ def scaling_entry(report: Path, runs: pd.DataFrame | None, command: str, regime:
             f"{paper_m:.2f} is {_where(paper_m, lo, hi)}."
         )
     figures = [report / "fig4_scaling.png", report / "loss_curves.png"]
+    if frontier is not None and (extra := frontier_sentence(frontier)):
+        verdict += extra
+        figures.append(frontier / "fig_frontier.png")
     return Entry(
         "fig4",
         text["item"],
@@ -406,6 +434,7 @@ class GallerySources:
     depth_map_runs: Path | None
     arch_grid: Path | None  # Fig. 7: the fixed-compute grid's demonstration
     paper_refit: Path  # Table 2: python -m analysis paper
+    frontier: Path | None = None  # Fig. 4's M(C) along the frontier: a training-length report (deep_budgets)
 
     @classmethod
     def committed(cls, results: Path) -> GallerySources:
@@ -421,6 +450,7 @@ class GallerySources:
             depth_map_runs=results / "cpu_map",
             arch_grid=results / "cpu_arch_grid",
             paper_refit=results / "paper_refit",
+            frontier=results / "cpu_deep_budgets" / "report",
         )
 
     @classmethod
@@ -438,6 +468,7 @@ class GallerySources:
             depth_map_runs=runs / "cpu_map",
             arch_grid=arch_grid,
             paper_refit=reports / "paper_refit",
+            frontier=reports / "cpu_deep_budgets",
         )
 
 
@@ -462,7 +493,7 @@ def gallery_entries(src: GallerySources) -> list[Entry]:
     scaling_runs = load_runs(src.scaling_runs)
     builders: dict[str, EntryBuilder] = {
         "table2": lambda: table2_entry(src.paper_refit, COMMANDS["table2"]),
-        "fig4": lambda: scaling_entry(src.scaling, scaling_runs, COMMANDS["fig4"], DEEP_REGIME),
+        "fig4": lambda: scaling_entry(src.scaling, scaling_runs, COMMANDS["fig4"], DEEP_REGIME, src.frontier),
         "fig5": lambda: reading_entry("fig5", src.scaling / "fig5_dynamics.png", scaling_runs, COMMANDS["fig4"]),
         "table3": lambda: table3_entry(COMMANDS["table3"]),
         "table4": lambda: ablations_entry(src.ablations, load_runs(src.ablations_runs), COMMANDS["table4"]),
