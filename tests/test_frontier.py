@@ -65,6 +65,24 @@ def test_arms_that_differ_only_in_a_have_a_constant_known_multiplier(tmp_path):
     assert len(fr["C"]) == 25
     assert fr["C"][0] == pytest.approx(df["pflops_days"].min())
     assert fr["C"][-1] == pytest.approx(df["pflops_days"].max())
+    # the frontier with N kept inside the measured rungs: its N_opt never leaves them, and where the free N_opt of
+    # both arms lies inside them (at both C and C M) the two frontiers' M agree
+    within = fr["within_rungs"]
+    n_lo, n_hi = df["params_non_embedding"].min(), df["params_non_embedding"].max()
+    for arm in ("baseline", "block_attnres"):
+        n_opt = np.array(within["arms"][arm]["N_opt"])
+        assert np.all((n_opt >= n_lo * 0.999) & (n_opt <= n_hi * 1.001))
+        assert not within["arms"][arm]["N_opt_outside_rungs"]
+    free_inside = [
+        i
+        for i in range(len(fr["C"]))
+        if all(n_lo * 1.05 < fr["arms"][a]["N_opt"][i] < n_hi / 1.05 for a in ("baseline", "block_attnres"))
+    ]
+    assert len(free_inside) >= 5  # planted so: the comparison is not vacuous
+    for i in free_inside:
+        base_n = np.interp(math.log(fr["C"][i] * M[i]), np.log(fr["C"]), np.log(fr["arms"]["baseline"]["N_opt"]))
+        if math.log(n_lo) < base_n < math.log(n_hi):
+            assert within["M"]["M"][i] == pytest.approx(M[i], rel=2e-3)
     for name in ("largest_rung", "largest_budget"):
         cells = fr["rollout"][name]["cells"]
         assert len(cells) == (6 if name == "largest_rung" else 8)  # 3 budgets or 4 rungs, two arms
@@ -87,4 +105,7 @@ def test_too_few_cells_give_a_reason_and_the_length_report_carries_the_frontier(
     assert "fig_frontier.png" in doc["files"]
     assert (tmp_path / "o" / "fig_frontier.png").exists()
     assert "## The compute-optimal frontier" in (tmp_path / "o" / "length_summary.md").read_text()
-    assert "frontier: baseline's compute to reach block_attnres's frontier loss" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "frontier: baseline's compute to reach block_attnres's frontier loss" in out
+    assert "frontier with N inside the measured rungs (no extrapolation): M(" in out
+    assert "With N kept inside the measured rungs" in (tmp_path / "o" / "length_summary.md").read_text()

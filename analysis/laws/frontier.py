@@ -12,7 +12,10 @@ frontier counts each arm's own cost. Then
 
 the reference's compute to reach the arm's frontier loss at C, over the arm's; > 1: the arm is worth M x compute
 there. Where the arm's frontier loss lies below every loss of the reference's frontier (its E), M is unbounded
-(reported as n/a). Over the measured span of C (the records' smallest to largest compute). The bands: the paired
+(reported as n/a). Over the measured span of C (the records' smallest to largest compute), twice: with N free over
+the rungs' range widened e^N_SPAN each way (the law extrapolated in N where N_opt leaves the rungs), and with N kept
+inside the measured rungs (``within_rungs``: what the measured model sizes reach; at the top of C on a ladder whose
+compute-optimal model is larger than its largest rung, that rung's). The bands: the paired
 cluster bootstrap over seeds (analysis.laws.bootstrap; both arms of a (rung, budget, seed) cell drawn together), each
 replicate refitted from the point estimate, 95% percentile intervals.
 
@@ -149,9 +152,10 @@ def multiplier_at(base: ArmLaw, arm: ArmLaw, C: np.ndarray, lnN_grid: np.ndarray
     return np.exp(lnC_equal) / C
 
 
-def _lnN_grid(d: pd.DataFrame) -> np.ndarray:
+def _lnN_grid(d: pd.DataFrame, span: float = N_SPAN) -> np.ndarray:
+    """The ln N grid: the measured rungs' range widened by ``span`` on each side (0: the measured range only)."""
     lo, hi = np.log(d["N"].min()), np.log(d["N"].max())
-    return np.linspace(lo - N_SPAN, hi + N_SPAN, N_GRID)
+    return np.linspace(lo - span, hi + span, N_GRID)
 
 
 def _band(point: np.ndarray, boot: np.ndarray, plan: bs.ResamplePlan, log: bool) -> tuple[list, list]:
@@ -168,14 +172,19 @@ def _num(x: float) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
 
 
-def frontier_curves(
-    d: pd.DataFrame, arm: str, reference: str, point: dict[str, ArmLaw], boot: dict[str, list[ArmLaw]], plan
+def _curves(
+    d: pd.DataFrame,
+    C: np.ndarray,
+    grid: np.ndarray,
+    arms: tuple[str, str],
+    point: dict[str, ArmLaw],
+    boot: dict[str, list[ArmLaw]],
+    plan: bs.ResamplePlan,
 ) -> dict[str, Any]:
-    """L*(C) per arm and M(C) with their bands on the measured span of C, and the half-width of M at the top."""
-    grid = _lnN_grid(d)
-    C = np.geomspace(d["C"].min(), d["C"].max(), C_POINTS)
-    out: dict[str, Any] = {"C": C.tolist(), "arms": {}}
-    for a in (reference, arm):
+    """L*(C) per arm (``arms``: reference, arm) and M(C) with their bands, minimised over ``grid`` (ln N)."""
+    reference, arm = arms
+    out: dict[str, Any] = {"arms": {}}
+    for a in arms:
         L, N_opt = point[a].frontier(C, grid)
         Lb = np.array([b.frontier(C, grid)[0] for b in boot[a]])
         lo, hi = _band(L, Lb, plan, log=False)
@@ -184,7 +193,8 @@ def frontier_curves(
             "ci95_lo": lo,
             "ci95_hi": hi,
             "N_opt": N_opt.tolist(),
-            "N_opt_outside_rungs": bool((N_opt < d["N"].min()).any() or (N_opt > d["N"].max()).any()),
+            "N_opt_outside_rungs": bool((N_opt < d["N"].min() * 0.999).any() or (N_opt > d["N"].max() * 1.001).any()),
+            "N_opt_at_largest_rung": bool(np.isclose(N_opt, np.exp(grid[-1]), rtol=1e-3).any()),
         }
     M = multiplier_at(point[reference], point[arm], C, grid)
     Mb = np.array([multiplier_at(br, ba, C, grid) for br, ba in zip(boot[reference], boot[arm])])
@@ -199,6 +209,19 @@ def frontier_curves(
         "half_width_over_M_at_top": half,
     }
     return out
+
+
+def frontier_curves(
+    d: pd.DataFrame, arm: str, reference: str, point: dict[str, ArmLaw], boot: dict[str, list[ArmLaw]], plan
+) -> dict[str, Any]:
+    """On the measured span of C: L*(C) per arm and M(C) with their bands and the half-width of M at the top, with
+    N free over the measured rungs' range widened by N_SPAN (``arms``, ``M``: the law extrapolated in N where N_opt
+    leaves the rungs) and with N kept inside the measured rungs (``within_rungs``: the best the measured model
+    sizes reach at C, no extrapolation in N)."""
+    C = np.geomspace(d["C"].min(), d["C"].max(), C_POINTS)
+    free = _curves(d, C, _lnN_grid(d), (reference, arm), point, boot, plan)
+    within = _curves(d, C, _lnN_grid(d, 0.0), (reference, arm), point, boot, plan)
+    return {"C": C.tolist(), **free, "within_rungs": within}
 
 
 def _law_text(law: ArmLaw) -> str:
@@ -296,18 +319,23 @@ def frontier_lines(fr: dict[str, Any] | None, arm: str, reference: str) -> list[
         return []
     if "error" in fr:
         return [f"compute-optimal frontier: n/a ({fr['error']})"]
-    M, C = fr["M"], fr["C"]
-    pts = []
-    for i in (0, len(C) // 2, len(C) - 1):
-        m = M["M"][i]
-        pts.append(f"M({C[i]:.3g}) = " + (f"{m:.3f}x {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}" if m else "n/a"))
-    half = M["half_width_over_M_at_top"]
-    lines = [
-        (
-            f"frontier: {reference}'s compute to reach {arm}'s frontier loss, over {arm}'s: {', '.join(pts)} "
-            f"(C in PFLOP/s-days; 95% half-width at the top {'n/a' if half is None else f'{100 * half:.0f}%'})"
-        )
-    ]
+    C = fr["C"]
+
+    def points(M: dict[str, Any]) -> str:
+        pts = []
+        for i in (0, len(C) // 2, len(C) - 1):
+            m = M["M"][i]
+            pts.append(f"M({C[i]:.3g}) = " + (f"{m:.3f}x {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}" if m else "n/a"))
+        half = M["half_width_over_M_at_top"]
+        return f"{', '.join(pts)} (95% half-width at the top {'n/a' if half is None else f'{100 * half:.0f}%'})"
+
+    free = (
+        f"frontier: {reference}'s compute to reach {arm}'s frontier loss, over {arm}'s (C in PFLOP/s-days), N free "
+        f"(extrapolated past the rungs where N_opt leaves them): {points(fr['M'])}"
+    )
+    lines = [free]
+    if fr.get("within_rungs"):
+        lines.append(f"frontier with N inside the measured rungs (no extrapolation): {points(fr['within_rungs']['M'])}")
     for name, ro in fr["rollout"].items():
         if "error" in ro:
             lines.append(f"frontier rollout without the {name.replace('_', ' ')}: n/a ({ro['error']})")
@@ -354,6 +382,24 @@ def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> li
     if outside:
         lines += ["", (f"N_opt lies outside the measured rungs somewhere on the span for {', '.join(outside)}: "
                   "there the frontier extrapolates the law in N.")]  # fmt: skip
+    within = fr.get("within_rungs")
+    if within:
+        lines += ["", "With N kept inside the measured rungs (the best the measured model sizes reach at C):", ""]
+        lines += [
+            "| C (PFLOP/s-days) | N_opt " + reference + " | N_opt " + arm + " | M(C) [95%] |",
+            "|---|---|---|---|",
+        ]
+        for i in range(0, len(fr["C"]), 4):
+            m = within["M"]["M"][i]
+            lines.append(
+                f"| {fr['C'][i]:.3g} | {within['arms'][reference]['N_opt'][i]:.3g} "
+                f"| {within['arms'][arm]['N_opt'][i]:.3g} "
+                f"| {'n/a' if m is None else f'{m:.3f}x'} {_ci(within['M']['ci95_lo'][i], within['M']['ci95_hi'][i])} |"
+            )
+        at_edge = [a for a in (reference, arm) if within["arms"][a]["N_opt_at_largest_rung"]]
+        if at_edge:
+            lines += ["", (f"N_opt reaches the largest rung on the span for {', '.join(at_edge)}: there the compute-"
+                      "optimal model is at least that large, and this frontier is the largest rung's.")]  # fmt: skip
     lines += ["", *(f"* {line}" for line in frontier_lines(fr, arm, reference)), ""]
     for name, ro in fr["rollout"].items():
         if "error" in ro:

@@ -1088,7 +1088,8 @@ def _block_size_axes(ax: plt.Axes, S: np.ndarray, title: str, ylabel: str) -> No
 @styled
 def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, arm: str, reference: str) -> list[Path]:
     """Left: the same-seed Δ per (rung, budget) as a heat map (``table``: studies.training_length.gain_by_length);
-    right: M(C) with its 95% band over the measured span of C (where the frontier was fitted)."""
+    right: M(C) with its 95% band over the measured span of C (where the frontier was fitted), with N kept inside the
+    measured rungs and with N free (the law extrapolated in N)."""
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 4.2))
     rungs = list(dict.fromkeys(table["size"]))
     budgets = sorted(set(table["tokens_per_param"]))
@@ -1109,11 +1110,13 @@ def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, 
     fig.colorbar(im, ax=ax, fraction=0.046)
     if fr and "error" not in fr:
         C = np.array(fr["C"])
-        M = np.array([np.nan if m is None else m for m in fr["M"]["M"]])
-        lo = np.array([np.nan if m is None else m for m in fr["M"]["ci95_lo"]])
-        hi = np.array([np.nan if m is None else m for m in fr["M"]["ci95_hi"]])
-        bx.fill_between(C, lo, hi, alpha=0.3, label="95% band (seed bootstrap)")
-        bx.plot(C, M, marker=".", label="M(C)")
+        curves = [("N inside the measured rungs", (fr.get("within_rungs") or {}).get("M")), ("N free", fr["M"])]
+        for (label, curve), ls in zip([c for c in curves if c[1]], ("-", "--")):
+            M = np.array([np.nan if m is None else m for m in curve["M"]])
+            lo = np.array([np.nan if m is None else m for m in curve["ci95_lo"]])
+            hi = np.array([np.nan if m is None else m for m in curve["ci95_hi"]])
+            line = bx.plot(C, M, marker=".", ls=ls, label=f"M(C), {label} (95% band)")[0]
+            bx.fill_between(C, lo, hi, alpha=0.2, color=line.get_color())
         bx.axhline(1.0, color="black", lw=0.8)
         bx.set_xscale("log")
         bx.set_xlabel("compute C (PFLOP/s-days), the measured span")

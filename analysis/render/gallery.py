@@ -85,7 +85,8 @@ def frontier_sentence(report: Path) -> str:
     if not path.is_file():
         return ""
     front = json.loads(path.read_text(encoding="utf-8")).get("frontier") or {}
-    curve, C = front.get("M") or {}, front.get("C") or []
+    within = front.get("within_rungs")  # N kept inside the measured rungs: no extrapolation in N
+    curve, C = (within or front).get("M") or {}, front.get("C") or []
     M, lo, hi = curve.get("M") or [], curve.get("ci95_lo") or [], curve.get("ci95_hi") or []
     if not (M and C and lo and hi) or len(M) != len(C):
         return ""
@@ -93,7 +94,8 @@ def frontier_sentence(report: Path) -> str:
     budgets = ", ".join(f"{b:g}" for b in front.get("budgets", []))
     return (
         f" Along the compute-optimal frontier (Chinchilla approach 3 per arm over L_b {rungs} x {budgets} tokens "
-        f"per parameter, Muon + WSD; `python -m sweeps.study deep_budgets`), M(C) goes from {M[0]:.2f}x at "
+        f"per parameter, Muon + WSD{', N inside the measured rungs' if within else ''}; `python -m sweeps.study "
+        f"deep_budgets`), M(C) goes from {M[0]:.2f}x at "
         f"C = {C[0]:.3g} to {M[-1]:.2f}x {_ci(lo[-1], hi[-1], '{:.2f}')} at C = {C[-1]:.3g} PF-days (the top of "
         "the measured C)."
     )
