@@ -131,12 +131,29 @@ def test_the_scaling_entry_adds_the_frontier_multiplier_where_a_length_report_ha
         "rungs": ["deep_L8", "deep_L16"],
         "budgets": [8.0, 128.0],
         "C": [1e-9, 1e-8, 1e-7],
-        "M": {"M": [0.5, 1.0, 1.3], "ci95_lo": [0.4, 0.9, 1.2], "ci95_hi": [0.6, 1.1, 1.42]},
+        "M": {
+            "M": [0.5, 1.0, 1.3],
+            "ci95_lo": [0.4, 0.9, 1.2],
+            "ci95_hi": [0.6, 1.1, 1.42],
+            "half_width_over_M_at_top": 0.0846,
+        },
+        "within_rungs": {
+            "M": {
+                "M": [0.5, 1.1, 2.0],
+                "ci95_lo": [0.4, 1.0, 1.5],
+                "ci95_hi": [0.6, 1.2, 2.5],
+                "half_width_over_M_at_top": 0.25,
+            }
+        },
+        "rollout": {"largest_rung": {"cells": [{"inside": False}, {"inside": True}]}},
     }
     (tmp_path / "length.json").write_text(json.dumps({"frontier": front}))
     text = gallery.frontier_sentence(tmp_path)
     assert "L_b 8, 16 x 8, 128 tokens per parameter" in text
-    assert "from 0.50x at C = 1e-09 to 1.30x [1.20, 1.42] at C = 1e-07 PF-days" in text
+    assert "M = 1.10x [1.00, 1.20] in the middle of the measured C (1e-08 PF-days)" in text
+    assert "2.00x [1.50, 2.50] with N kept inside the measured rungs, half-width 25%" in text
+    assert "1.30x [1.20, 1.42] with N free, half-width 8%" in text
+    assert "predicts 1 of its 2 cells" in text
     assert gallery.frontier_sentence(tmp_path / "nowhere") == ""
     entry = gallery.gallery_entries(gallery.GallerySources.committed(RESULTS))[1]
     assert entry.key == "fig4"

@@ -78,27 +78,43 @@ def _direction(lo: float | None, hi: float | None, no_effect: float) -> str:
 
 
 def frontier_sentence(report: Path) -> str:
-    """Block AttnRes's multiplier along the compute-optimal frontier, M(C) at the ends of the measured C with its
-    band at the top, from a training-length report (``report``: ``python -m analysis length``'s directory, its
-    length.json ``frontier``); '' where there is none."""
+    """Block AttnRes's multiplier along the compute-optimal frontier from a training-length report (``report``:
+    ``python -m analysis length``'s directory, its length.json ``frontier``): M(C) in the middle of the measured C,
+    and at its top both with N kept inside the measured rungs and with N free, with their half-widths and the rollout
+    to the largest rung, so that a top the fit does not pin down reads as such; '' where there is none."""
     path = report / "length.json"
     if not path.is_file():
         return ""
     front = json.loads(path.read_text(encoding="utf-8")).get("frontier") or {}
-    within = front.get("within_rungs")  # N kept inside the measured rungs: no extrapolation in N
-    curve, C = (within or front).get("M") or {}, front.get("C") or []
-    M, lo, hi = curve.get("M") or [], curve.get("ci95_lo") or [], curve.get("ci95_hi") or []
-    if not (M and C and lo and hi) or len(M) != len(C):
+    C = front.get("C") or []
+    free, within = front.get("M") or {}, (front.get("within_rungs") or {}).get("M") or {}
+    if not C or len(free.get("M") or []) != len(C):
         return ""
+
+    def at(curve: dict[str, Any], i: int) -> str:
+        m, lo, hi = curve["M"][i], curve["ci95_lo"][i], curve["ci95_hi"][i]
+        return "n/a" if m is None else f"{m:.2f}x {_ci(lo, hi, '{:.2f}')}"
+
+    def half(curve: dict[str, Any]) -> str:
+        h = curve.get("half_width_over_M_at_top")
+        return "n/a" if h is None else f"{100 * h:.0f}%"
+
+    mid, top = len(C) // 2, len(C) - 1
     rungs = ", ".join(str(r).removeprefix("deep_L") for r in front.get("rungs", []))
     budgets = ", ".join(f"{b:g}" for b in front.get("budgets", []))
-    return (
+    text = (
         f" Along the compute-optimal frontier (Chinchilla approach 3 per arm over L_b {rungs} x {budgets} tokens "
-        f"per parameter, Muon + WSD{', N inside the measured rungs' if within else ''}; `python -m sweeps.study "
-        f"deep_budgets`), M(C) goes from {M[0]:.2f}x at "
-        f"C = {C[0]:.3g} to {M[-1]:.2f}x {_ci(lo[-1], hi[-1], '{:.2f}')} at C = {C[-1]:.3g} PF-days (the top of "
-        "the measured C)."
+        f"per parameter, Muon + WSD; `python -m sweeps.study deep_budgets`): M = {at(within or free, mid)} in the "
+        f"middle of the measured C ({C[mid]:.3g} PF-days); at its top ({C[top]:.3g})"
     )
+    if within:
+        text += f" {at(within, top)} with N kept inside the measured rungs, half-width {half(within)}, and"
+    text += f" {at(free, top)} with N free, half-width {half(free)}"
+    cells = ((front.get("rollout") or {}).get("largest_rung") or {}).get("cells")
+    if cells:
+        inside = sum(bool(c["inside"]) for c in cells)
+        text += f"; fitted without the largest rung, the law predicts {inside} of its {len(cells)} cells"
+    return text + "."
 
 
 def scaling_entry(
