@@ -321,10 +321,9 @@ def test_bad_config_fails_before_training_without_a_trace(train_cfg):
 
 
 def test_cli_bad_config_is_fast_one_line_and_leaves_no_debris(tmp_path, data_cache):
-    """Config errors: found before torch and Lightning load (the whole command well under the 6-10 s it took),
-    one line, exit status 2, no run directory, no record (issue 15 #7)."""
-    import time
-
+    """Config errors: found before Lightning loads (what made the command take 6-10 s; torch does load, for
+    attnres.registry's names), checked by the imports themselves (PYTHONPROFILEIMPORTTIME), not by a wall clock that
+    a loaded machine stretches; one line, exit status 2, no run directory, no record (issue 15 #7)."""
     base = [
         "experiment=smoke",
         f"paths.runs_root={tmp_path / 'runs'}",
@@ -332,13 +331,13 @@ def test_cli_bad_config_is_fast_one_line_and_leaves_no_debris(tmp_path, data_cac
         f"data.cache_dir={data_cache}",
         f"data.max_bytes={TEST_MAX_BYTES}",
     ]
-    t0 = time.perf_counter()
-    proc = run_cli([*base, "trainer.accelerator=quantum"])
-    fast = time.perf_counter() - t0
+    proc = run_cli([*base, "trainer.accelerator=quantum"], env_extra={"PYTHONPROFILEIMPORTTIME": "1"})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config error: trainer.accelerator='quantum'; allowed values" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
-    assert fast < 6, fast
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "hydra" in imported  # the profile is there
+    assert not imported & {"lightning", "pytorch_lightning", "lightning.pytorch"}
     proc = run_cli([*base, "model.residual=dense"])  # found by attnres.ModelConfig (torch, but no Lightning)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
