@@ -245,12 +245,14 @@ def committed_lines(path: Path) -> list[str]:
 
 
 def analysis_arguments(args: Sequence[str]) -> list[str]:
-    """A study's extra analysis arguments (``--option value`` pairs) with repository paths made absolute; a pair
-    whose path does not exist is left out (e.g. timing records not committed in this checkout)."""
+    """A study's extra analysis arguments (``--option value`` pairs): a value with a ``/`` is a repository path,
+    made absolute, and its pair is left out where the path does not exist (e.g. timing records not committed in this
+    checkout); any other value (a number) is passed as it is."""
     out: list[str] = []
     for option, value in zip(args[::2], args[1::2]):
-        path = REPO / value
-        if path.exists():
+        if "/" not in value:
+            out += [option, value]
+        elif (path := REPO / value).exists():
             out += [option, str(path)]
     return out
 

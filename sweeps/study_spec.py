@@ -17,7 +17,8 @@ reports. The keys of a study file (every one but ``sweep`` and ``what`` optional
 - ``reuse``: committed record directories restored into the study's runs first (unless --fresh): their runs are
   reused by identity (config_hash) instead of trained again;
 - ``analysis``: for scaling kinds, the ``python -m analysis <analysis>`` command that reports the study (default
-  ``fit``); ``analysis_args``: ``--option path`` pairs appended to it (paths relative to the repository);
+  ``fit``); ``analysis_args``: ``--option value`` pairs appended to it (a value with a ``/`` is a path relative to
+  the repository);
 - ``gallery``: the study is one of ``python -m sweeps.study figures``' studies: ``rank`` (its place in that order),
   ``seeds`` (``--seeds``; omitted: the sweep's) and ``records`` (committed record directories restored first);
 - ``reports``: the committed reports under docs/results made from the study's runs, each ``out`` (its directory,

@@ -148,19 +148,21 @@ def analyse_length(
     bootstrap: int = 2000,
     seed: int = 0,
     frontier_bootstrap: int | None = None,
+    shared_lr: float | None = None,
 ) -> dict[str, Any]:
     """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``; with ``fit``
     the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`) and the compute-optimal frontier
     (analysis.laws.frontier; ``frontier_bootstrap`` replicates, default the smaller of FRONTIER_B and ``bootstrap``;
     fig_frontier.png). Records with several lrs per arm, rung and budget get the lr check (analysis.studies.length_lr,
-    length.json ``lr_check``); everything else then reads the shared lr's runs."""
+    length.json ``lr_check``, at ``shared_lr``, default the grid's middle lr); everything else then reads the shared
+    lr's runs."""
     from ..io.report import write_json
     from ..laws.frontier import analyse_frontier, frontier_markdown
     from ..render.figures import frontier_figure, length_figure
     from .length_lr import has_lr_grid, lr_check, lr_check_markdown
 
     out.mkdir(parents=True, exist_ok=True)
-    check = lr_check(df, arm, reference) if has_lr_grid(df) else None
+    check = lr_check(df, arm, reference, shared_lr) if has_lr_grid(df) else None
     if check is not None:  # the study proper is the shared lr's runs
         df = df[[math.isclose(float(x), check["shared_lr"], rel_tol=1e-6) for x in df["lr"]]]
     table = gain_by_length(df, arm, reference)
@@ -285,6 +287,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         metavar="B",
         help="the frontier's bootstrap replicates (default: the smaller of 400 and --bootstrap)",
     )
+    p.add_argument(
+        "--shared-lr",
+        type=float,
+        default=None,
+        metavar="LR",
+        help="with an lr grid: the lr both arms ran at in the study proper (default: the grid's middle lr)",
+    )
     p.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
 
@@ -311,6 +320,7 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         bootstrap=args.bootstrap,
         seed=args.seed,
         frontier_bootstrap=args.frontier_bootstrap,
+        shared_lr=args.shared_lr,
     )
     print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
