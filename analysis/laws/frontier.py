@@ -313,6 +313,12 @@ def _ci(lo: float | None, hi: float | None, spec: str = ".3f") -> str:
     return f"[{lo:{spec}}, {hi:{spec}}]" if lo is not None and hi is not None else "[n/a]"
 
 
+def _m_cell(M: dict[str, Any], i: int) -> str:
+    """A table cell: M(C) at point ``i`` of a curve (``M``: an ``M`` entry of the frontier) with its interval."""
+    m = M["M"][i]
+    return f"{'n/a' if m is None else f'{m:.3f}x'} {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}"
+
+
 def frontier_lines(fr: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
     """The headline: M(C) at the bottom, middle and top of the measured C with its band, and each rollout."""
     if not fr:
@@ -371,12 +377,10 @@ def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> li
     ]
     ref, mine, M = fr["arms"][reference], fr["arms"][arm], fr["M"]
     for i in range(0, len(fr["C"]), 4):
-        m = M["M"][i]
         lines.append(
             f"| {fr['C'][i]:.3g} | {ref['L_star'][i]:.4f} {_ci(ref['ci95_lo'][i], ref['ci95_hi'][i], '.4f')} "
             f"| {mine['L_star'][i]:.4f} {_ci(mine['ci95_lo'][i], mine['ci95_hi'][i], '.4f')} "
-            f"| {ref['N_opt'][i]:.3g} | {mine['N_opt'][i]:.3g} "
-            f"| {'n/a' if m is None else f'{m:.3f}x'} {_ci(M['ci95_lo'][i], M['ci95_hi'][i])} |"
+            f"| {ref['N_opt'][i]:.3g} | {mine['N_opt'][i]:.3g} | {_m_cell(M, i)} |"
         )
     outside = [a for a in (reference, arm) if fr["arms"][a]["N_opt_outside_rungs"]]
     if outside:
@@ -385,17 +389,10 @@ def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> li
     within = fr.get("within_rungs")
     if within:
         lines += ["", "With N kept inside the measured rungs (the best the measured model sizes reach at C):", ""]
-        lines += [
-            "| C (PFLOP/s-days) | N_opt " + reference + " | N_opt " + arm + " | M(C) [95%] |",
-            "|---|---|---|---|",
-        ]
+        lines += [f"| C (PFLOP/s-days) | N_opt {reference} | N_opt {arm} | M(C) [95%] |", "|---|---|---|---|"]
         for i in range(0, len(fr["C"]), 4):
-            m = within["M"]["M"][i]
-            lines.append(
-                f"| {fr['C'][i]:.3g} | {within['arms'][reference]['N_opt'][i]:.3g} "
-                f"| {within['arms'][arm]['N_opt'][i]:.3g} "
-                f"| {'n/a' if m is None else f'{m:.3f}x'} {_ci(within['M']['ci95_lo'][i], within['M']['ci95_hi'][i])} |"
-            )
+            n_ref, n_arm = within["arms"][reference]["N_opt"][i], within["arms"][arm]["N_opt"][i]
+            lines.append(f"| {fr['C'][i]:.3g} | {n_ref:.3g} | {n_arm:.3g} | {_m_cell(within['M'], i)} |")
         at_edge = [a for a in (reference, arm) if within["arms"][a]["N_opt_at_largest_rung"]]
         if at_edge:
             lines += ["", (f"N_opt reaches the largest rung on the span for {', '.join(at_edge)}: there the compute-"

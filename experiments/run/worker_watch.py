@@ -38,24 +38,29 @@ POLL_S = 1.0
 _started = False
 
 
+def _peek(pid: int) -> os.waitid_result | bool | None:
+    """Child ``pid``'s exit status without reaping it (``waitid`` with WNOWAIT): its siginfo once it has ended, None
+    while it runs, True when it is reaped already (or not a child of this process), False when it cannot be told."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    except OSError:
+        return False
+    return info if info is not None and info.si_pid != 0 else None
+
+
 def killed_by(pid: int) -> int | None:
     """The number of the signal that killed child process ``pid`` if it died by one and is not reaped yet, else None
     (alive, exited by itself, reaped, or not a child of this process). Reaps nothing."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except OSError:  # ChildProcessError: reaped already, or not our child
-        return None
-    if info is None or info.si_pid == 0:
+    info = _peek(pid)
+    if not isinstance(info, os.waitid_result):
         return None
     return info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else None
 
 
 def _ended(pid: int) -> bool:
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except OSError:
-        return True
-    return info is not None and info.si_pid != 0
+    return _peek(pid) is not None
 
 
 def cpu_ticks(pid: int) -> int | None:
@@ -79,13 +84,7 @@ def _workers() -> list[int]:
 
 
 def _reaped(pid: int) -> bool:
-    try:
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    except OSError:
-        return False
-    return False
+    return _peek(pid) is True
 
 
 def find_wedge(dead_since: dict[int, tuple[float, int]], now: float) -> tuple[int, int] | None:
