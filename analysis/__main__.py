@@ -1,7 +1,8 @@
 """Command line: ``python -m analysis <command> ...`` (also ``attnres-analysis``), one command per study registered
 in analysis.studies.study_registry (``python -m analysis --help`` lists them), plus ``gallery``.
 
-Importing this module imports nothing heavy; building the parser imports the studies (pandas, scipy, matplotlib).
+Importing this module imports nothing heavy, nor does ``--help`` alone (the commands' list comes from the registry's
+plain table, ``COMMANDS``); a command's parser imports the studies (pandas, scipy, matplotlib).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from .studies.study_registry import STUDIES, load, register
+from .studies.study_registry import COMMANDS, STUDIES, command_of, load, register
 
 
 def _gallery_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,13 +41,20 @@ def _gallery(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     return page
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The CLI's parser for ``argv``: one subcommand per registered study, with its arguments, where ``argv`` names a
+    command (every study loaded); else (``--help``, no command, an unknown one) the same subcommands from the plain
+    table without their arguments, so that the top-level help and its errors import no study."""
     p = argparse.ArgumentParser(
         prog="python -m analysis",
         description="Scaling-law fits, compute multipliers with intervals, and figures from attnres result records "
         "(docs/results_schema.md). Output schema: docs/analysis.md.",
     )
     sub = p.add_subparsers(dest="command", required=True)
+    if command_of(argv) is None:
+        for name, (help, aliases) in sorted(COMMANDS.items()):
+            sub.add_parser(name, help=help, aliases=list(aliases))
+        return p
     for study in sorted(load().values(), key=lambda s: s.name):
         study.arguments(sub.add_parser(study.name, help=study.help, aliases=list(study.aliases)))
     return p
@@ -67,7 +75,7 @@ def run(argv: Sequence[str] | None = None) -> tuple[int, Any]:
     for ``fit`` and ``paper``, the page's path for ``gallery``, the report's dict or table for the others; None after
     an error). ``sweeps.study`` reports a study through it and takes the headline from that document."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
+    args = _parser(argv).parse_args(argv)
     study = next(s for s in STUDIES.values() if args.command in (s.name, *s.aliases))
     saved = warnings.formatwarning
     warnings.formatwarning = _format_warning

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -143,6 +144,34 @@ def test_help_lists_every_registered_study_and_the_cli_module_imports_nothing_he
         assert opt in res.stdout
     code = "import sys, analysis.__main__; assert not {'pandas', 'scipy', 'matplotlib'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+HEAVY = {"pandas", "scipy", "matplotlib"}
+
+
+@pytest.mark.parametrize("argv", [["--help"], [], ["no-such-command"]])
+def test_the_top_level_help_and_its_errors_import_no_study(argv: list[str]) -> None:
+    """``python -m analysis --help`` (and a missing or unknown command) lists the commands from the registry's plain
+    table: none of pandas, scipy or matplotlib is imported (Python's own import log, PYTHONPROFILEIMPORTTIME)."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    res = subprocess.run([sys.executable, "-m", "analysis", *argv], cwd=REPO, env=env, capture_output=True, text=True)
+    assert res.returncode == (0 if argv == ["--help"] else 2), res.stderr[-2000:]
+    log = [line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")]
+    assert "analysis.studies.study_registry" in log  # the log is the one asked for
+    assert not HEAVY & {name.split(".")[0] for name in log}
+    assert "recipe" in (res.stdout if argv == ["--help"] else res.stderr)
+
+
+def test_the_plain_command_table_is_what_the_registry_holds() -> None:
+    """COMMANDS (what --help lists without importing a study) equals the registered studies' names, help lines and
+    aliases; the assertion prints the table that matches the registry."""
+    from analysis.studies import study_registry
+
+    registered = {s.name: (s.help, s.aliases) for s in study_registry.load().values()}
+    table = "\n".join(f"    {name!r}: {entry!r}," for name, entry in sorted(registered.items()))
+    assert registered == study_registry.COMMANDS, (
+        f"analysis/studies/study_registry.py COMMANDS differs from the registry; the registry's:\n{table}"
+    )
 
 
 # the ``analysis:`` command names a study's config gives (sweeps/study.py): one registered study each

@@ -9,6 +9,10 @@ so the registered names are the single list of analysis commands, and the names 
 ``analysis:`` command (sweeps/study.py). The CLI (analysis/__main__.py) builds one subcommand per registered
 study; :func:`load` imports every module of this package, which registers them. This module itself imports
 nothing heavy (no pandas, scipy or matplotlib).
+
+:data:`COMMANDS` repeats each command's name, ``--help`` line and aliases as plain data, so that
+``python -m analysis --help`` lists them without importing a study (tests/test_analysis_cli.py fails when it and the
+registry disagree, and prints the table to paste).
 """
 
 from __future__ import annotations
@@ -40,6 +44,38 @@ class Study:
 
 
 STUDIES: dict[str, Study] = {}  # name -> study, in registration order
+
+# name -> (its --help line, its aliases): what the registry holds once every study is loaded, as plain data for the
+# top-level --help (no study imported); a study added or its help changed is added or changed here too.
+COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ablations": (
+        "ablations and peers (Table 4): same-seed differences with 95%% t intervals, beside the paper's",
+        (),
+    ),
+    "block_size": (
+        "block size (Fig. 6): same-seed differences with 95%% t intervals, beside the paper's",
+        ("block-size",),
+    ),
+    "fit": ("fit a results table and write fit.json, summary.md and figures", ("arch_grid",)),
+    "gallery": ("the paper's figures and tables beside ours, one Markdown page", ()),
+    "length": (
+        "arm - baseline per rung at each training length (tokens per parameter): 95%% t intervals",
+        (),
+    ),
+    "lr": ("tune the learning rate per (size, arm) from an LR study; write the config the sizes read", ()),
+    "map": ("the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map", ()),
+    "moe": ("an arm's gain with MoE MLPs beside the same rungs dense, per rung", ()),
+    "paper": ("refit the paper's published numbers and draw its figures", ()),
+    "recipe": ("a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction", ()),
+}
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option), if :data:`COMMANDS` knows it by its name or
+    an alias; None otherwise (no command, ``--help`` alone, an unknown word)."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    known = {n for name, (_, aliases) in COMMANDS.items() for n in (name, *aliases)}
+    return word if word in known else None
 
 
 def register(
