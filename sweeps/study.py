@@ -97,13 +97,17 @@ def sweep_config(sweep: str, overrides: Sequence[str] = ()) -> DictConfig:
     return compose([f"+sweep={sweep}", *single], return_hydra_config=True)
 
 
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # passed on to the sweep by run_streaming
+
+
 def run_streaming(cmd: list[str], log_path: Path) -> int:
     """Run a command, keep its full output in a log file and echo the lines a person wants to see.
 
-    SIGTERM and SIGUSR1 to this process are passed on to the command (which stops its runs cleanly) and its end is
-    awaited; Ctrl-C reaches both anyway. The command watches this process (``ATTNRES_PARENT_PID``,
-    experiments.run.interrupts.watch_parent): if this one is killed outright, the sweep stops its run in flight as
-    interrupted instead of going on with nobody reading its output."""
+    SIGTERM, SIGUSR1 and SIGUSR2 (SLURM's preemption and time-limit signal, docs/cluster.md) to this process are
+    passed on to the command (which stops its runs cleanly) and its end is awaited; Ctrl-C reaches both anyway. The
+    command watches this process (``ATTNRES_PARENT_PID``, experiments.run.interrupts.watch_parent): if this one is
+    killed outright, the sweep stops its run in flight as interrupted instead of going on with nobody reading its
+    output."""
     from experiments.run.interrupts import PARENT_ENV
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +127,7 @@ def run_streaming(cmd: list[str], log_path: Path) -> int:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signum)
 
-        previous = {num: signal.signal(num, forward) for num in (signal.SIGTERM, signal.SIGUSR1)}
+        previous = {num: signal.signal(num, forward) for num in FORWARDED_SIGNALS}
         try:
             for line in proc.stdout:
                 log.write(line)
@@ -434,7 +438,7 @@ def run_passes(plan: Plan) -> int:
         if rc > 128 or rc < 0:
             sweep_rc = rc
             break
-    if sweep_rc > 128 or sweep_rc < 0:  # interrupted (SIGINT / SIGTERM / SIGUSR1, or killed): runs in flight
+    if sweep_rc > 128 or sweep_rc < 0:  # interrupted (SIGINT / SIGTERM / SIGUSR1 / SIGUSR2, or killed): runs in flight
         # saved a checkpoint (a kill -9 of the sweep itself leaves the last periodic one)
         print(
             f"[attnres] interrupted: runs in flight saved a checkpoint and were recorded as interrupted; re-run the "

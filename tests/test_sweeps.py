@@ -419,3 +419,53 @@ def test_the_study_fits_in_process_and_prints_the_headline_of_the_document_it_bu
     command = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("wrote ")]
     assert command
     assert all(line in printed for line in command)
+
+
+# A sweep that says it is ready (a file), then waits; the first of SIGTERM, SIGUSR1, SIGUSR2 it receives ends it with
+# 128 + that signal, as an interrupted sweep does.
+SIGNALLED_SWEEP = """
+import pathlib, signal, sys, time
+def stop(num, frame):
+    print(f"[attnres] sweep stopped by {signal.Signals(num).name}", flush=True)
+    sys.exit(128 + num)
+for num in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(num, stop)
+pathlib.Path(sys.argv[1]).touch()
+time.sleep(20)  # no signal came: exit 0
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+def test_run_streaming_passes_each_stop_signal_on_to_the_sweep(tmp_path, capsys, signame):
+    """SIGTERM, SIGUSR1 and SIGUSR2 (SLURM's preemption signal) to ``python -m sweeps.study`` reach its sweep, whose
+    exit status (128 + the signal) comes back; the handlers of this process are restored afterwards."""
+    import signal
+    import threading
+    import time
+
+    from sweeps import study
+
+    num = getattr(signal, signame)
+    ready = tmp_path / "ready"
+
+    def signal_once_ready() -> None:
+        end = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < end:
+            time.sleep(0.02)
+        os.kill(os.getpid(), num)  # to this process, as SLURM or a user would signal the study command
+
+    def own(num: int, frame: object) -> None:  # this process's handler: only what the sweep is not sent reaches it
+        received.append(num)
+
+    received: list[int] = []
+    before = signal.signal(num, own)
+    try:
+        sender = threading.Thread(target=signal_once_ready)
+        sender.start()
+        rc = study.run_streaming([sys.executable, "-c", SIGNALLED_SWEEP, str(ready)], tmp_path / "sweep.log")
+        sender.join()
+        assert signal.getsignal(num) is own  # restored
+    finally:
+        signal.signal(num, before)
+    assert (rc, received) == (128 + num, [])
+    assert f"[attnres] sweep stopped by {signame}" in capsys.readouterr().out
