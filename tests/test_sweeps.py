@@ -469,3 +469,51 @@ def test_run_streaming_passes_each_stop_signal_on_to_the_sweep(tmp_path, capsys,
         signal.signal(num, before)
     assert (rc, received) == (128 + num, [])
     assert f"[attnres] sweep stopped by {signame}" in capsys.readouterr().out
+
+
+def test_a_launch_killed_before_its_summary_has_it_rebuilt_by_the_next_launch_of_its_study(tmp_path, capsys):
+    """A multirun whose launching process died (no sweep_summary.json; its pid gone) gets its summary at the start of
+    the next launch of the same study and runs root: the jobs' own files, a planned job without one counted failed
+    (its directory exists) or not started. A launch still alive, or of another study, is left alone."""
+    from omegaconf import OmegaConf
+
+    from sweeps.study import sweep_config
+    from sweeps.sweep_summary import DIED, JOB_FILE, SUMMARY_FILE, SweepSummary
+
+    multiruns = tmp_path / "outputs" / "multiruns"
+    cfg = sweep_config("quick", [f"paths.runs_root={tmp_path / 'runs'}", f"paths.hydra_root={tmp_path / 'outputs'}"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+
+    def launch(name: str, pid: int, study: str = "quick") -> Path:
+        sweep_dir = multiruns / "2026-01-01" / f"{name}_pid{pid}"
+        sweep_dir.mkdir(parents=True)
+        OmegaConf.save(OmegaConf.merge(cfg, {"study": study}), sweep_dir / "multirun.yaml")  # as Hydra saves it
+        return sweep_dir
+
+    dead, alive, other = launch("00-00-00_0", gone.pid), launch("00-00-01_0", os.getpid()), launch("0", gone.pid, "lr")
+    for num, status in ((0, "completed"), (1, "failed")):
+        (dead / str(num)).mkdir()
+        (dead / str(num) / JOB_FILE).write_text(json.dumps({"job_num": num, "status": status, "run_id": f"r{num}"}))
+    (dead / "2").mkdir()  # job 2 started and died: no job file; jobs 3-8 of the 9 planned never started
+
+    SweepSummary().on_multirun_start(cfg)
+    out = capsys.readouterr().out
+    assert f"[attnres] earlier sweep {dead} (its launch ended before its summary" in out
+    assert "9 runs: 1 completed, 0 skipped, 2 failed, 0 diverged, 0 interrupted, 6 not_started" in out
+    assert f"failed    job 2: {DIED}" in out
+    doc = json.loads((dead / SUMMARY_FILE).read_text())
+    assert doc["rebuilt"] is True
+    assert doc["counts"] == {
+        "completed": 1,
+        "skipped": 0,
+        "failed": 2,
+        "diverged": 0,
+        "interrupted": 0,
+        "not_started": 6,
+    }
+    assert [j["job_num"] for j in doc["jobs"]] == list(range(9))
+    assert not (alive / SUMMARY_FILE).exists()
+    assert not (other / SUMMARY_FILE).exists()
+    SweepSummary().on_multirun_start(cfg)  # rebuilt once: the next launch finds it written
+    assert "earlier sweep" not in capsys.readouterr().out
