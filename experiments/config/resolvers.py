@@ -16,12 +16,16 @@ before ``@hydra.main`` composes, also in a launcher's worker process).
   (experiments.sizes.solve_shared_d_ff; conf/size/cpu_deep_moe.yaml);
 * ``${attnres_lr:<size name>}`` -- the tuned peak learning rate of this run, from the generated table
   ``tuned_lr`` (conf/tuned_lr/*.yaml, written by ``python -m analysis lr``) under ``lr_protocol``:
-  ``baseline`` gives every arm the baseline's tuned lr (the paper's protocol), ``per_arm`` each arm its own.
+  ``baseline`` gives every arm the baseline's tuned lr (the paper's protocol), ``per_arm`` each arm its own. Where
+  the table tunes the arm and size per budget (``lr_per_budget[arm][size][tokens per parameter]``), the lr of the
+  run's own budget (:func:`run_budget`); else ``lr[arm][size]``.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -61,18 +65,76 @@ def _moe_shared_width(
     return solve_shared_d_ff(*dims, target=float(target), multiple=1)
 
 
-def tuned_lr(table: Any, size: str, variant: str, protocol: str) -> float:
-    """The peak lr of ``variant`` at ``size`` under ``protocol`` from a generated table (``lr[variant][size]``).
-
-    Errors name the key to change and what the table holds."""
+def _arm(variant: str, protocol: str) -> str:
+    """The arm whose tuned lr a run of ``variant`` takes under ``protocol``."""
     if protocol not in LR_PROTOCOLS:
         raise ValueError(f"lr_protocol={protocol!r}; allowed values: {', '.join(LR_PROTOCOLS)}")
-    source = ""
-    if isinstance(table, DictConfig):
-        prov = table.get("provenance") or {}
-        source = f" (tuned_lr from {prov.get('source') or prov.get('study') or 'conf/tuned_lr'})"
+    return BASELINE_VARIANT if protocol == "baseline" else variant
+
+
+def _source(table: Any) -> str:
+    if not isinstance(table, DictConfig):
+        return ""
+    prov = table.get("provenance") or {}
+    return f" (tuned_lr from {prov.get('source') or prov.get('study') or 'conf/tuned_lr'})"
+
+
+def budget_lrs(table: Any, size: str, variant: str, protocol: str) -> dict[float, float] | None:
+    """``lr_per_budget[arm][size]`` of a generated table as {tokens per parameter: peak lr} (the arm chosen by
+    ``protocol`` as in :func:`tuned_lr`); None when the table does not tune that arm and size per budget. A budget
+    key that is not a positive number is a ValueError naming it."""
+    arm = _arm(variant, protocol)
+    per_budget = (table.get("lr_per_budget") if table is not None else None) or {}
+    by_size = per_budget.get(arm) or {}
+    entry = by_size.get(size) if hasattr(by_size, "get") else None
+    if not entry:
+        return None
+    out = {}
+    for key, lr in entry.items():
+        if isinstance(key, bool) or not isinstance(key, (int, float)) or not key > 0:
+            raise ValueError(
+                f"lr_per_budget.{arm}.{size} has the budget key {key!r}{_source(table)}; budgets are tokens per "
+                "parameter, numbers > 0"
+            )
+        out[float(key)] = float(lr)
+    return out
+
+
+def _fmt_budgets(budgets: Iterable[float]) -> str:
+    return ", ".join(f"{b:g}" for b in sorted(budgets))
+
+
+def tuned_lr(table: Any, size: str, variant: str, protocol: str, budget: float | None = None) -> float:
+    """The peak lr of ``variant`` at ``size`` under ``protocol`` from a generated table: ``lr_per_budget[arm][size]
+    [budget]`` where the table tunes that arm and size per budget (``budget``: the run's tokens per parameter,
+    matched with relative tolerance 1e-9), else ``lr[arm][size]`` (``budget`` is then not read).
+
+    Errors name the key to change and what the table holds, on one line."""
+    arm = _arm(variant, protocol)
+    source = _source(table)
+    per_budget = budget_lrs(table, size, variant, protocol)
+    if per_budget is not None:
+        tuned = _fmt_budgets(per_budget)
+        if budget is None:
+            raise ValueError(
+                f"tuned_lr tunes arm {arm!r} at size {size!r} per budget{source} (lr_per_budget; tuned budgets: "
+                f"{tuned}), but this run's tokens per parameter are unknown: set size.tokens_per_param, or "
+                "train.tokens and size.target_params, or size.lr=..."
+            )
+        hits = [lr for b, lr in per_budget.items() if math.isclose(b, budget, rel_tol=1e-9)]
+        if not hits:
+            raise ValueError(
+                f"no tuned lr for budget {budget:g} tokens/parameter of arm {arm!r} at size {size!r}{source} "
+                f"(lr_per_budget); tuned budgets: {tuned}; tune it (python -m analysis lr --write-config) or set "
+                "size.lr=..."
+            )
+        value = hits[0]
+        if not value > 0:
+            raise ValueError(
+                f"tuned lr of {arm!r} at {size!r}, budget {budget:g}, is {value!r}{source}; it must be > 0"
+            )
+        return value
     lrs = (table.get("lr") if table is not None else None) or {}
-    arm = BASELINE_VARIANT if protocol == "baseline" else variant
     if arm not in lrs:
         hint = (
             "run the LR study for every arm (python -m sweeps.study lr --arms all) or use lr_protocol=baseline"
@@ -95,9 +157,37 @@ def tuned_lr(table: Any, size: str, variant: str, protocol: str) -> float:
     return value
 
 
+def run_budget(root: DictConfig, tuned: Iterable[float] = ()) -> float | None:
+    """A run's length in tokens per parameter: ``size.tokens_per_param`` when the size has it, else ``train.tokens
+    / size.target_params`` (snapped to a ``tuned`` budget B whose ``round(B * target_params)`` is exactly
+    ``train.tokens``: the length experiments.run.budgets gives B); None when neither can be read (a FLOP-budget
+    run)."""
+    size = root.size
+    per_param = size.get("tokens_per_param")
+    if per_param is not None:
+        return float(per_param)
+    tokens, target = OmegaConf.select(root, "train.tokens"), size.get("target_params")
+    if tokens is None or target is None or not float(target) > 0:
+        return None
+    for b in tuned:
+        if round(b * float(target)) == tokens:
+            return b
+    return float(tokens) / float(target)
+
+
 def _lr(size: str, *, _root_: DictConfig) -> float:
-    variant = _root_.model.get("variant")
-    return tuned_lr(_root_.get("tuned_lr"), str(size), str(variant), str(_root_.get("lr_protocol", "baseline")))
+    """``${attnres_lr:<size>}``. A multi-budget launch's own config (``train.budgets`` set; each budget runs as its
+    own config, experiments.run.budgets) takes the largest budget's lr, once every budget is found tuned."""
+    table, size = _root_.get("tuned_lr"), str(size)
+    variant, protocol = str(_root_.model.get("variant")), str(_root_.get("lr_protocol", "baseline"))
+    per_budget = budget_lrs(table, size, variant, protocol)
+    if per_budget is None:
+        return tuned_lr(table, size, variant, protocol)
+    launch = OmegaConf.select(_root_, "train.budgets")
+    if launch:
+        lrs = {float(b): tuned_lr(table, size, variant, protocol, float(b)) for b in launch}
+        return lrs[max(lrs)]
+    return tuned_lr(table, size, variant, protocol, run_budget(_root_, per_budget))
 
 
 def register() -> None:

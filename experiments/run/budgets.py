@@ -13,6 +13,14 @@ before that budget's decay and both share the warm-up. So (Hägele et al. 2024, 
   interruptible and resumable like any run, from its own checkpoints. Its branch point is deleted once it is
   finished (completed or diverged).
 
+**Per-budget learning rates.** Each budget's config resolves its own peak lr (``optimizer.lr``; a tuned-lr table
+with ``lr_per_budget`` gives each budget its own: experiments.config.resolvers). Only budgets that share their peak
+lr can share a trunk, so the budgets are grouped by it: the budgets of one lr are one trunk (the largest of them)
+with its decay branches, as above, and a budget whose lr no other budget shares is an independent WSD run (a trunk
+without branches). Every group uses the launch's one shared warm-up, so a launch whose budgets all share one lr
+(an old-style table, ``size.lr=...``) is one trunk and plans exactly as it did before groups existed. The groups
+train in turn, by increasing largest budget.
+
 Identity: every branch, the trunk included, is the run its config describes: the launch's config with the length
 of its budget (``size.tokens_per_param = B`` where the size has that key, else ``size.tokens = round(B *
 size.target_params)``), ``train.budgets`` null and the shared warm-up. So a branch has the ``config_hash`` of an
@@ -21,7 +29,10 @@ independent run already in the study is not trained again, and a branch whose br
 step 0 as that independent run (the same result; it says so). The shared warm-up is ``scheduler.warmup_steps`` when
 set, else ``warmup_fraction`` of the smallest budget's steps; a branch whose own ``warmup_fraction`` gives that same
 length keeps ``warmup_steps`` null (its identity is then the plain run's), every other gets ``warmup_steps`` = the
-shared length. Each record carries ``budget`` (B) and ``trunk_id`` (the trunk's run id; also on the trunk's own).
+shared length. Each record carries ``budget`` (B), ``lr`` and ``trunk_id`` (its group's trunk's run id; also on
+the trunk's own). Interrupts and relaunches hold per group: a relaunch skips the finished budgets of every group,
+resumes an unfinished trunk (keeping the branch points it saved) and an unfinished branch from its own checkpoint or
+its branch point.
 
 Decisions and the measured cost: docs/runs.md, "Several budgets from one run". Lightning is imported only by the
 callbacks' module (experiments.training.callbacks), when a branch trains.
@@ -60,6 +71,7 @@ class Branch:
 
     budget: int | float  # tokens per parameter
     cfg: DictConfig  # the run's own config: train.budgets null, the budget's length, the shared warm-up
+    lr: float | None  # its peak lr, cfg's optimizer.lr: the budgets of one lr share a trunk
     steps: int
     decay_steps: int
     config_hash: str
@@ -82,14 +94,21 @@ class Branch:
 
 @dataclass(frozen=True)
 class BudgetPlan:
-    branches: tuple[Branch, ...]  # by increasing budget; the last is the trunk
-    warmup_steps: int
+    """A multi-budget launch: its budgets grouped by peak lr, each group one trunk and its decay branches."""
+
+    groups: tuple[tuple[Branch, ...], ...]  # each by increasing budget, its last the trunk; by increasing trunk budget
+    warmup_steps: int  # shared by every group
     warmup_from: str  # where the shared warm-up comes from, for the launch's first line
     study_dir: Path
 
     @property
-    def trunk(self) -> Branch:
-        return self.branches[-1]
+    def branches(self) -> tuple[Branch, ...]:
+        """Every budget's run, trunks included, by increasing budget."""
+        return tuple(sorted((b for g in self.groups for b in g), key=lambda b: float(b.budget)))
+
+    def trunk_of(self, branch: Branch) -> Branch:
+        """The trunk of ``branch``'s group (``branch`` itself for a trunk)."""
+        return next(g[-1] for g in self.groups if any(b is branch for b in g))
 
 
 def _canonical(budget: Any) -> int | float:
@@ -134,10 +153,27 @@ def branch_config(cfg: DictConfig, budget: int | float, warmup_steps: int | None
     return out
 
 
+def peak_lr(cfg: DictConfig, budget: int | float) -> float | None:
+    """A budget's run config's ``optimizer.lr`` (None when the optimizer has none); a resolution error (the tuned-lr
+    table lacks the budget) is a one-line ValueError."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        lr = OmegaConf.select(cfg, "optimizer.lr")
+    except OmegaConfBaseException as e:
+        cause: BaseException = e  # the resolver's own error, without OmegaConf's wrapping and key lines
+        while (inner := cause.__cause__ or cause.__context__) is not None:
+            cause = inner
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise ValueError(f"train.budgets: budget {budget}'s optimizer.lr does not resolve: {first}") from None
+    return float(lr) if lr is not None else None
+
+
 def plan_budgets(cfg: DictConfig) -> BudgetPlan:
-    """Every branch's config, steps, decay and identity, and the shared warm-up; a ValueError naming the key when
-    the budgets cannot branch from one trunk (not WSD, two budgets of one step count, a decay that would start
-    before the shared warm-up ends). Reads nothing but the config: the data are not loaded yet.
+    """Every branch's config, peak lr, steps, decay and identity, the groups of budgets that share a peak lr (one
+    trunk each) and the launch's shared warm-up; a ValueError naming the key when the budgets cannot be planned (not
+    WSD, two budgets of one step count, a decay that would start before the shared warm-up ends, a budget whose lr
+    does not resolve). Reads nothing but the config: the data are not loaded yet.
 
     ``cfg`` is a config check_config passed; a branch's config differs from it in ``train.budgets`` (null),
     the size's length (``size.tokens_per_param`` = a budget check_budgets accepted, or ``size.tokens``) and the
@@ -177,9 +213,14 @@ def plan_budgets(cfg: DictConfig) -> BudgetPlan:
             )
         own = sched.get("warmup_steps") is None and max(1, round(fraction * s)) == warmup
         run_cfg = c if own else branch_config(cfg, b, warmup)  # not checked again: the docstring
+        lr = peak_lr(c, b)  # first: a budget the tuned-lr table lacks is named on one line
         chash, run_id, run_dir, study_dir = run_identity(run_cfg)
-        branches.append(Branch(b, run_cfg, s, decay, chash, run_id, run_dir))
-    return BudgetPlan(tuple(branches), warmup, source, study_dir)
+        branches.append(Branch(b, run_cfg, lr, s, decay, chash, run_id, run_dir))
+    by_lr: dict[float | None, list[Branch]] = {}
+    for branch in branches:  # by increasing budget, so each group is too
+        by_lr.setdefault(branch.lr, []).append(branch)
+    groups = sorted((tuple(g) for g in by_lr.values()), key=lambda g: float(g[-1].budget))
+    return BudgetPlan(tuple(groups), warmup, source, study_dir)
 
 
 # A run of experiments.train: (cfg, lineage, branch_points, seed, resync) -> its record.
@@ -219,26 +260,43 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
 
+def _lr_text(lr: float | None) -> str:
+    if lr is None:
+        return "lr -"
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return f"lr {mantissa}e{int(exponent)}"
+
+
+def launch_line(plan: BudgetPlan) -> str:
+    """The launch's first line: its budgets, its groups (each trunk with its lr, steps and branch points) and the
+    shared warm-up."""
+    n = len(plan.groups)
+    parts = []
+    for group in plan.groups:
+        trunk = group[-1]
+        branches = "".join(f"; branch {b.budget} at step {b.start} (+{b.decay_steps} decay)" for b in group[:-1])
+        parts.append(f"trunk {trunk.run_id} ({trunk.budget}: {_lr_text(trunk.lr)}, {trunk.steps} steps{branches})")
+    return (
+        f"[attnres] budgets {', '.join(str(b.budget) for b in plan.branches)} tokens/parameter at {n} "
+        f"lr{'s' if n > 1 else ''}: {'; '.join(parts)}; warm-up {plan.warmup_steps} steps, shared ({plan.warmup_from})"
+    )
+
+
 def train_budgets(cfg: DictConfig, train_run: TrainRun) -> dict[str, Any]:
-    """Train the budgets of ``cfg.train.budgets`` that the study does not hold finished: the trunk (the largest
-    budget) first, saving the branch points of the unfinished smaller budgets, then each of those from its branch
-    point. Returns the largest budget's record with ``budgets`` (every budget's record, smallest first); it is
-    ``skipped`` only when every budget was. ``cfg``: a config check_config passed (experiments.train.train)."""
+    """Train the budgets of ``cfg.train.budgets`` that the study does not hold finished, group by group (the budgets
+    of one peak lr; by increasing largest budget): the group's trunk (its largest budget) first, saving the branch
+    points of the group's unfinished smaller budgets, then each of those from its branch point. Between two runs an
+    interrupt the launch received stops it (StopRequested). Returns the largest budget's record with ``budgets``
+    (every budget's record, smallest first); it is ``skipped`` only when every budget was. ``cfg``: a config
+    check_config passed (experiments.train.train)."""
     try:
         plan = plan_budgets(cfg)
         check_writable(plan.study_dir, min_free_mb=min_free_mb(cfg))
     except ValueError as e:
         raise SetupError(str(e)) from e
-    trunk = plan.trunk
-    print(
-        f"[attnres] budgets {', '.join(str(b.budget) for b in plan.branches)} tokens/parameter: trunk {trunk.run_id} "
-        f"({trunk.steps} steps); branches at steps "
-        f"{', '.join(f'{b.start} (+{b.decay_steps} decay)' for b in plan.branches[:-1]) or '-'}; warm-up "
-        f"{plan.warmup_steps} steps, shared ({plan.warmup_from})"
-    )
-    lineage = {"trunk_id": trunk.run_id}
+    print(launch_line(plan))
     records: dict[int | float, dict[str, Any]] = {}
-    pending = []
+    pending: list[Branch] = []
     for b in plan.branches:
         done = None if cfg.force else find_finished(plan.study_dir, b.config_hash, b.run_id)
         if done is None:
@@ -246,31 +304,35 @@ def train_budgets(cfg: DictConfig, train_run: TrainRun) -> dict[str, Any]:
         else:
             records[b.budget] = done
             b.branch_point.unlink(missing_ok=True)
-    if trunk in pending:
-        points = {
-            b.start: b.branch_point
-            for b in pending
-            if b is not trunk and not b.has_own_checkpoint() and not b.branch_point.is_file()
-        }
-        records[trunk.budget] = train_run(trunk.cfg, lineage={**lineage, "budget": trunk.budget}, branch_points=points)
-    for b in pending:
-        if b is trunk:
-            continue
-        if (signame := interrupts.received()) is not None:
-            raise StopRequested(signame)
-        if not b.has_own_checkpoint() and not b.branch_point.is_file():
-            print(
-                f"[attnres] {b.run_id}: no trunk state at step {b.start} (its branch point is gone): budget {b.budget} "
-                "trains from step 0, as the independent run it is"
+    for group in plan.groups:
+        trunk = group[-1]
+        todo = [b for b in group if any(b is p for p in pending)]
+        todo.sort(key=lambda b: b is not trunk)  # the trunk first (it saves the branch points), then smallest first
+        lineage = {"trunk_id": trunk.run_id}
+        for b in todo:
+            if (signame := interrupts.received()) is not None:
+                raise StopRequested(signame)
+            if b is trunk:
+                points = {
+                    p.start: p.branch_point
+                    for p in todo
+                    if p is not trunk and not p.has_own_checkpoint() and not p.branch_point.is_file()
+                }
+                records[b.budget] = train_run(b.cfg, lineage={**lineage, "budget": b.budget}, branch_points=points)
+                continue
+            if not b.has_own_checkpoint() and not b.branch_point.is_file():
+                print(
+                    f"[attnres] {b.run_id}: no trunk state at step {b.start} (its branch point is gone): budget "
+                    f"{b.budget} trains from step 0, as the independent run it is"
+                )
+            rec = train_run(
+                b.cfg, lineage={**lineage, "budget": b.budget}, seed=lambda b=b, t=trunk: seed_branch(b, t), resync=True
             )
-        rec = train_run(
-            b.cfg, lineage={**lineage, "budget": b.budget}, seed=lambda b=b: seed_branch(b, trunk), resync=True
-        )
-        records[b.budget] = rec
-        if rec.get("status") in ledger.FINISHED:
-            b.branch_point.unlink(missing_ok=True)
-    result = dict(records[trunk.budget])
+            records[b.budget] = rec
+            if rec.get("status") in ledger.FINISHED:
+                b.branch_point.unlink(missing_ok=True)
     ordered = [records[b.budget] for b in plan.branches]
+    result = dict(ordered[-1])
     if not all(r.get("skipped") for r in ordered):
         result.pop("skipped", None)
     result["budgets"] = ordered
