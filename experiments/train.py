@@ -35,6 +35,7 @@ from .config.validation import check_config
 from .run import interrupts
 from .run.errors import StopRequested
 from .run.job import run_job
+from .run.run_env import mark_launch_commit
 from .run.single_run import open_run, setup_error
 from .training.fit_run import fit_run
 
@@ -95,13 +96,16 @@ def main() -> None:
     Hydra app. A command line Hydra would refuse (a group choice or key that does not exist, an override that does
     not parse) ends in one line and exit status 2 before anything runs (experiments.config.compose.cli_problem). An
     interrupt outside training (composing, preparing data, between the runs of a sweep) ends in one line, not a
-    traceback, with exit status 128 + the signal number (experiments.run.interrupts.install_launcher)."""
+    traceback, with exit status 128 + the signal number (experiments.run.interrupts.install_launcher). The code's
+    commit is taken once, here, for every run of the launch (experiments.run.run_env.mark_launch_commit: the
+    launcher's workers and SLURM jobs inherit it), so a record names the code it trained with."""
     problem = cli_problem(sys.argv[1:])
     if problem is not None:
         print(f"[attnres] config error: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(2)
     try:
         interrupts.install_launcher()  # inside: a parent that is gone already stops the launch here
+        mark_launch_commit()
         hydra_main()
     except (KeyboardInterrupt, StopRequested) as e:
         signame = e.signame if isinstance(e, StopRequested) else "SIGINT"

@@ -32,7 +32,8 @@ length keeps ``warmup_steps`` null (its identity is then the plain run's), every
 shared length. Each record carries ``budget`` (B), ``lr`` and ``trunk_id`` (its group's trunk's run id; also on
 the trunk's own). Interrupts and relaunches hold per group: a relaunch skips the finished budgets of every group,
 resumes an unfinished trunk (keeping the branch points it saved) and an unfinished branch from its own checkpoint or
-its branch point.
+its branch point. Every record a launch writes names one ``git_commit``, the launch's (from the Python API too:
+experiments.run.run_env.launch_commit_pinned).
 
 Decisions and the measured cost: docs/runs.md, "Several budgets from one run". Lightning is imported only by the
 callbacks' module (experiments.training.callbacks), when a branch trains.
@@ -58,6 +59,7 @@ from . import interrupts
 from .errors import SetupError, StopRequested
 from .identity import run_identity
 from .record_builder import find_finished
+from .run_env import launch_commit_pinned
 from .run_plan import planned_steps
 
 BRANCH_POINT = "branch_point.ckpt"  # in the branch's own checkpoints/ directory
@@ -295,6 +297,21 @@ def train_budgets(cfg: DictConfig, train_run: TrainRun) -> dict[str, Any]:
     except ValueError as e:
         raise SetupError(str(e)) from e
     print(launch_line(plan))
+    with launch_commit_pinned():  # one commit for every budget's record, from the Python API too
+        records = _train_groups(cfg, plan, train_run)
+    ordered = [records[b.budget] for b in plan.branches]
+    result = dict(ordered[-1])
+    if not all(r.get("skipped") for r in ordered):
+        result.pop("skipped", None)
+    result["budgets"] = ordered
+    if all(r.get("skipped") for r in ordered):
+        print(f"[attnres] all {len(ordered)} budgets are finished in {plan.study_dir}: nothing to train")
+    return result
+
+
+def _train_groups(cfg: DictConfig, plan: BudgetPlan, train_run: TrainRun) -> dict[int | float, dict[str, Any]]:
+    """Every budget's record, by budget: the finished ones found, the others trained group by group
+    (train_budgets)."""
     records: dict[int | float, dict[str, Any]] = {}
     pending: list[Branch] = []
     for b in plan.branches:
@@ -331,11 +348,4 @@ def train_budgets(cfg: DictConfig, train_run: TrainRun) -> dict[str, Any]:
             records[b.budget] = rec
             if rec.get("status") in ledger.FINISHED:
                 b.branch_point.unlink(missing_ok=True)
-    ordered = [records[b.budget] for b in plan.branches]
-    result = dict(ordered[-1])
-    if not all(r.get("skipped") for r in ordered):
-        result.pop("skipped", None)
-    result["budgets"] = ordered
-    if all(r.get("skipped") for r in ordered):
-        print(f"[attnres] all {len(ordered)} budgets are finished in {plan.study_dir}: nothing to train")
-    return result
+    return records

@@ -24,10 +24,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from results import ledger
-from results.io import git_commit, utc_now, write_json
+from results.io import utc_now, write_json
 
 from .errors import DivergedError, RunInterrupted
-from .run_env import cpu_seconds, torch_threads
+from .run_env import cpu_seconds, launch_commit, torch_threads
 from .run_plan import RunPlan
 from .wandb_setup import finish_wandb
 
@@ -76,6 +76,7 @@ class RecordBuilder:
         self.started_at = utc_now()
         self.t0 = time.time()
         self.cpu0 = cpu_seconds()
+        self.git_commit = launch_commit()  # the code it trains with, taken at launch: not HEAD when a record is written
         self.module: Any = None
         self.trainer: Any = None
         self.recorder: Any = None
@@ -121,7 +122,7 @@ class RecordBuilder:
             "seq_len": int(cfg.train.seq_len),
             "batch_size": int(cfg.train.batch_size),
             "lr": float(cfg.optimizer.lr) if "lr" in cfg.optimizer else None,
-            "git_commit": git_commit(),
+            "git_commit": self.git_commit,
             "config_hash": self.chash,
             "run_dir": str(self.run_dir),
             "error": error,

@@ -1,15 +1,64 @@
 """The process a run trains in: whether it is global rank zero (:func:`is_rank_zero`), what a result depends on
-beyond its config (:func:`environment`, written to ``environment.json``), its CPU time (:func:`cpu_seconds`, the
+beyond its config (:func:`environment`, written to ``environment.json``), the commit of the code it trains with
+(:func:`launch_commit`, taken once per launch by :func:`mark_launch_commit`), its CPU time (:func:`cpu_seconds`, the
 ``cpu_time_s`` every record carries) and Lightning's console output (:func:`quiet_lightning`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any
+
+# The launch's commit, for the processes it starts: set by mark_launch_commit in the launching process, inherited by
+# a launcher's workers (joblib/loky) and SLURM jobs (submitit's sbatch exports the environment: --export=ALL).
+LAUNCH_COMMIT_ENV = "ATTNRES_LAUNCH_COMMIT"
+
+
+def mark_launch_commit() -> str:
+    """In the process that launches (experiments.train.main, before Hydra runs a job): take the code's commit now
+    (results.io.git_commit: ``+dirty`` when tracked files changed, "" outside a repository) and set it in
+    ``ATTNRES_LAUNCH_COMMIT`` for this process and every process it starts, replacing an inherited one (a new
+    launch is new code). Returns it."""
+    from results.io import git_commit
+
+    commit = git_commit()
+    os.environ[LAUNCH_COMMIT_ENV] = commit
+    return commit
+
+
+def launch_commit() -> str:
+    """The commit of the code a run trains with: its launch's (``ATTNRES_LAUNCH_COMMIT``, :func:`mark_launch_commit`),
+    so every record of a launch carries one commit however long it runs and whatever HEAD does meanwhile; without
+    it (a run started from the Python API) results.io.git_commit now. Called when a run opens
+    (experiments.run.record_builder.RecordBuilder)."""
+    named = os.environ.get(LAUNCH_COMMIT_ENV)
+    if named is not None:
+        return named
+    from results.io import git_commit
+
+    return git_commit()
+
+
+@contextlib.contextmanager
+def launch_commit_pinned() -> Iterator[str]:
+    """Inside: ``ATTNRES_LAUNCH_COMMIT`` is set, to the launch's commit or, without one (a launch of several runs
+    from the Python API: experiments.run.budgets), to :func:`launch_commit` now, removed again on leaving; so every
+    run opened inside records one commit. Yields it."""
+    named = os.environ.get(LAUNCH_COMMIT_ENV)
+    if named is not None:
+        yield named
+        return
+    commit = launch_commit()
+    os.environ[LAUNCH_COMMIT_ENV] = commit
+    try:
+        yield commit
+    finally:
+        os.environ.pop(LAUNCH_COMMIT_ENV, None)
 
 
 def is_rank_zero() -> bool:
@@ -37,8 +86,10 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def environment(datamodule: Any) -> dict[str, Any]:
-    """What else a result depends on beyond config.yaml: the exact data and the software."""
+def environment(datamodule: Any, commit: str | None = None) -> dict[str, Any]:
+    """What else a result depends on beyond config.yaml: the exact data and the software. ``git_commit`` is
+    ``commit`` (the run's record's, RecordBuilder.git_commit) or else :func:`launch_commit`: the same value whenever
+    the launch set ``ATTNRES_LAUNCH_COMMIT``."""
     import platform
 
     import lightning
@@ -46,7 +97,6 @@ def environment(datamodule: Any) -> dict[str, Any]:
 
     from attnres import cpu_kernels
     from results.config_hash import data_fingerprint
-    from results.io import git_commit
 
     shards = datamodule.load()
     header = shards.header
@@ -64,7 +114,7 @@ def environment(datamodule: Any) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "lightning": lightning.__version__,
-        "git_commit": git_commit(),
+        "git_commit": commit if commit is not None else launch_commit(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
         "host": platform.node(),
