@@ -86,10 +86,6 @@ def _time_column(df: pd.DataFrame, reference: str, arm: str, o: WallclockOptions
     return df, "cpu_time_s", TIME_SOURCES["cpu_time_s"]
 
 
-def _geo(x: np.ndarray) -> float:
-    return float(np.exp(np.mean(np.log(x))))
-
-
 def time_ratio(
     df: pd.DataFrame, reference: str, arm: str, options: WallclockOptions = WallclockOptions()
 ) -> dict[str, Any]:
