@@ -242,8 +242,8 @@ def slurm_cluster() -> str:
         if not ((session / "started").exists() and _slurm_answers(conf)):
             (session / "started").touch()  # the controller stops whatever part of it started
             env = {**os.environ, "ATTNRES_SLURM_CPUS": str(2 * (os.cpu_count() or 1))}  # jobs mostly wait: side by side
-            start = subprocess.run(
-                ["bash", str(SLURM_SCRIPT), "start", str(cluster)], env=env, capture_output=True, text=True
+            start = subprocess.run(  # from the session's directory: nothing the daemons leave lands in the repo
+                ["bash", str(SLURM_SCRIPT), "start", str(cluster)], cwd=session, env=env, capture_output=True, text=True
             )
             if start.returncode == 3:  # the packages are missing and cannot be installed here
                 reason = f"no SLURM cluster: {start.stderr.strip().splitlines()[-1]}"

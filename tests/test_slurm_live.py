@@ -42,20 +42,30 @@ DDP = ("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.p
 LONGER = ("size.tokens=98304",)  # 24 steps of 32 x 128: room for a signal in training
 
 
+@pytest.fixture(autouse=True)
+def _no_slurm_output_in_the_repository():
+    """Every job runs in its test's tmp_path: no ``slurm-<job>.out`` (sbatch's default output, in the submitting
+    directory) appears at the repository's root."""
+    before = set(REPO.glob("slurm-*.out"))
+    yield
+    assert set(REPO.glob("slurm-*.out")) <= before
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 
 
 def _launch(tmp_path: Path, data_cache: Path, base: str, *overrides: str) -> tuple[subprocess.Popen, Path, str]:
-    """Start a multirun through the SLURM launcher; (the process, its log file, its jobs' name: ``base`` and a
-    suffix of its own, so that accounting tells it from earlier sessions' jobs)."""
+    """Start a multirun through the SLURM launcher from ``tmp_path`` (sbatch's working directory is its jobs', where
+    anything they write without a path goes, never the repository); (the process, its log file, its jobs' name:
+    ``base`` and a suffix of its own, so that accounting tells it from earlier sessions' jobs)."""
     log = tmp_path / f"{base}.log"
     name = f"{base}-{uuid.uuid4().hex[:8]}"
     args = [*cli_overrides(tmp_path, data_cache), *CPU, f"hydra.launcher.name={name}", *overrides]
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "experiments.train", "-m", *args],
-            cwd=REPO,
+            cwd=tmp_path,
             env=_env(),
             stdout=out,
             stderr=subprocess.STDOUT,
