@@ -40,7 +40,7 @@ def fit_run(
         container = resolved_container(cfg)
         if rank_zero:
             atomic_write_text(run.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(container)))
-            write_json(run.run_dir / "environment.json", environment(plan.datamodule))
+            write_json(run.run_dir / "environment.json", environment(plan.datamodule, commit=run.git_commit))
 
         import lightning.pytorch as pl
 
