@@ -1,7 +1,7 @@
 """The ledger of a study: how result records are stored, written, read and checked (docs/results_schema.md §1).
 
 Standard library only (``filelock`` while a table is rebuilt): the writer (experiments) and the readers
-(analysis.runs, sweeps.study) share this module, so all agree on where records live, how a table is read and
+(analysis.io.runs, sweeps.study) share this module, so all agree on where records live, how a table is read and
 which record of a run is its last. What a record holds and when it is malformed: results.record.
 
 Storage (one study = one directory ``<runs_root>/<study>/``):

@@ -161,7 +161,7 @@ def malformed(record: Mapping[str, Any]) -> str | None:
             return f"seed={record.get(col)!r} is not an integer"
     if status == "completed":
         for col in REQUIRED_IF_COMPLETED:
-            if col in record:  # a table without the column is another error (analysis.runs.require_columns)
+            if col in record:  # a table without the column is another error (analysis.io.runs.require_columns)
                 v = _number(record.get(col))
                 if v is None or not math.isfinite(v) or v <= 0:
                     return f"status='completed' but {col}={record.get(col)!r} (must be a positive number)"

@@ -50,9 +50,9 @@ except StudyFileError as e:
     print(f"[attnres] study file error: {e}", file=sys.stderr)
     raise SystemExit(2) from None
 
-# `python -m sweeps.study figures`: the studies behind the gallery (analysis/gallery.py; a study file's `gallery`),
-# in their ranks' order, each with its seeds and the committed record directories restored into its runs first
-# (unless --fresh), then the map's and the paper's analyses and the gallery page.
+# `python -m sweeps.study figures`: the studies behind the gallery (analysis/render/gallery.py; a study file's
+# `gallery`), in their ranks' order, each with its seeds and the committed record directories restored into its runs
+# first (unless --fresh), then the map's and the paper's analyses and the gallery page.
 FIGURE_STUDIES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = tuple(
     (name, g.seeds, g.records)
     for name, g in sorted(
