@@ -84,3 +84,23 @@ def test_the_length_command_reads_an_lr_grid(tmp_path, capsys):
     assert "lr check block_attnres at cpu_xs: the best lr moves with the budget" in out
     assert "lr check baseline at cpu_xs: the best lr stays with the budget" in out
     assert "## The lr check" in (tmp_path / "o" / "length_summary.md").read_text()
+
+
+def test_the_length_command_stops_on_a_cell_with_runs_at_two_lrs(tmp_path, capsys):
+    """A relaunch of one seed at another lr beside the committed records (no seed ran both lrs, so it is no lr grid):
+    the paired comparison would pool it with the others; the command stops with one line naming the cell."""
+    study = synthetic_budget_ladder(n_sizes=1, seeds=(0, 1, 2), sigma=0.003, rng=1).assign(lr=LR0)
+    extra = synthetic_budget_ladder(n_sizes=1, seeds=(104,), sigma=0.003, rng=2).assign(lr=LR0 / 2)
+    df = pd.concat([study, extra], ignore_index=True)
+    assert not has_lr_grid(df)
+    df.to_csv(tmp_path / "results.csv", index=False)
+    args = ["length", "--results", str(tmp_path / "results.csv"), "--out", str(tmp_path / "o"), "--no-figures"]
+    assert main([*args, "--no-fit"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err.startswith(
+        "error: cpu_xs @ 8 tokens/param, baseline: runs at 2 lrs (9.451e-3: seeds 0,1,2; 4.7255e-3: seed 104); "
+        "select one lr"
+    )
+    df[df["seed"] != 104].to_csv(tmp_path / "results.csv", index=False)  # the records of one lr: reported
+    assert main([*args, "--no-fit"]) == 0

@@ -130,3 +130,34 @@ def test_delta_errorbar_draws_each_interval_and_save_writes_each_format(tmp_path
     assert [p.name for p in paths] == ["fig.png", "fig.pdf"]
     assert all(p.stat().st_size > 0 for p in paths)
     assert fig.number not in plt.get_fignums()  # closed
+
+
+def test_one_arms_runs_of_one_cell_at_two_lrs_are_a_one_line_error_naming_the_cell_and_seeds():
+    rows = [
+        {"size": "deep_L16", "tokens_per_param": 128.0, "variant": v, "seed": s, "lr": 4.553e-3, "val_loss": 2.0}
+        for v in ("baseline", "block_attnres")
+        for s in (0, 1, 2, 20, 21, 22)
+    ]
+    rows += [
+        {"size": "deep_L16", "tokens_per_param": 128.0, "variant": v, "seed": 104, "lr": 2.2765e-3, "val_loss": 2.0}
+        for v in ("baseline", "block_attnres")
+    ]
+    runs = pd.DataFrame(rows)
+    with pytest.raises(ValueError, match="runs at 2 lrs") as err:
+        paired_comparison(runs, "baseline", ["block_attnres"], ("size", "tokens_per_param"))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "deep_L16 @ 128 tokens/param, baseline: runs at 2 lrs (4.553e-3: seeds 0,1,2,20,21,22; 2.2765e-3: seed 104); "
+        "select one lr (keep records of one lr) for the paired comparison"
+    )
+    one_lr = runs[runs["lr"] == 4.553e-3]
+    assert paired_comparison(one_lr, "baseline", ["block_attnres"], ("size", "tokens_per_param"))[
+        "n_pairs"
+    ].tolist() == [6]
+    # arms at their own lrs (lr_protocol per_arm), an arm not compared, and two conditions at two lrs are fine
+    own = one_lr.assign(lr=np.where(one_lr["variant"] == "block_attnres", 3e-3, 4.553e-3))
+    other = own.iloc[:2].assign(variant="full", lr=[1e-3, 2e-3])
+    assert len(paired_comparison(pd.concat([own, other]), "baseline", ["block_attnres"], ("size",))) == 1
+    recipes = pd.concat([own.assign(recipe="adamw"), own.assign(recipe="muon", lr=own["lr"] * 3)])
+    assert len(paired_comparison(recipes, "baseline", ["block_attnres"], ("size",), "recipe")) == 1

@@ -474,3 +474,58 @@ def split_lr_protocols(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     df = df.copy()
     df.loc[own, "variant"] = df.loc[own, "variant"].astype(str) + OWN_LR
     return df
+
+
+def lr_text(lr: float) -> str:
+    """An lr in mantissa-exponent form without padding, as the sweep files write them: ``4.553e-3``, ``2.2765e-3``
+    (up to 10 significant digits, so that half or twice a grid lr, ``1.181375e-3``, is written exactly)."""
+    mantissa, exponent = f"{float(lr):.9e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def cell_text(keys: Sequence[str], values: Sequence[Any]) -> str:
+    """A cell's keys in words: a size or an arm as its name, a budget as ``@ <n> tokens/param`` (columns
+    ``tokens_per_param``, ``tpp``, ``budget``), anything else as ``key=value``; e.g. ``deep_L16 @ 128 tokens/param``."""
+    words = []
+    for k, v in zip(keys, values):
+        if k in ("tokens_per_param", "tpp", "budget"):
+            words.append(f"@ {float(v):g} tokens/param")
+        elif k in ("size", "variant", "arm"):
+            words.append(str(v))
+        else:
+            words.append(f"{k}={v}")
+    return " ".join(words)
+
+
+def _seed_list(seeds: Iterable[Any]) -> str:
+    """``seed 104`` or ``seeds 0,1,2,20`` (ascending; a seed that is no integer after them)."""
+    values = {_int(s) for s in seeds}
+    ordered = sorted(v for v in values if isinstance(v, int)) + sorted(str(v) for v in values if not isinstance(v, int))
+    return ("seed " if len(ordered) == 1 else "seeds ") + ",".join(map(str, ordered))
+
+
+def check_one_lr_per_cell(df: pd.DataFrame, keys: Sequence[str], what: str = "the comparison") -> None:
+    """Raise a one-line ValueError when one cell of ``df`` (one value of the ``keys`` columns, the arm's column
+    last) holds runs trained at more than one lr: they would be pooled as if they were seeds of one run. The message
+    names the cell (:func:`cell_text`, then the arm) and each lr with its seeds, the lr with the most runs first:
+    ``deep_L16 @ 128 tokens/param, baseline: runs at 2 lrs (4.553e-3: seeds 0,1,2,20,21,22; 2.2765e-3: seed 104);
+    select one lr ...``. Lrs equal to 6 significant digits are one lr; rows without an lr, and a table without an
+    ``lr`` column, are not checked. ``what`` names the analysis that would have pooled them."""
+    if "lr" not in df.columns or df.empty:
+        return
+    lr = pd.to_numeric(df["lr"], errors="coerce")
+    rows = df.assign(_lr=lr.map(lambda x: float(f"{x:.6g}") if np.isfinite(x) else np.nan)).dropna(subset=["_lr"])
+    keys = list(keys)
+    for key, cell in rows.groupby(keys, sort=True) if keys else [((), rows)]:
+        if cell["_lr"].nunique() < 2:
+            continue
+        values = key if isinstance(key, tuple) else (key,)
+        where = ", ".join(p for p in (cell_text(keys[:-1], values[:-1]), str(values[-1]) if keys else "") if p)
+        by_lr = sorted(cell.groupby("_lr"), key=lambda kv: (-len(kv[1]), -kv[0]))
+        seeds = "; ".join(
+            f"{lr_text(value)}: {_seed_list(g['seed'] if 'seed' in g.columns else [])}" for value, g in by_lr
+        )
+        raise ValueError(
+            f"{where or 'the runs'}: runs at {len(by_lr)} lrs ({seeds}); select one lr (keep records of one lr) for "
+            f"{what}, which would pool them as seeds of one run"
+        )

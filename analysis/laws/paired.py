@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..io.runs import AnalysisWarning
+from ..io.runs import AnalysisWarning, check_one_lr_per_cell
 
 LEVEL = 0.95
 
@@ -145,12 +145,17 @@ def paired_comparison(
     MLPs, or one training recipe then another); each row then holds, on the seeds all four runs share, per value
     ``c`` the ``ref_loss_<c>``, ``delta_<c>``, ``delta_<c>_ci95`` and ``verdict_<c>``, and the interaction
     (per seed: delta_first - delta_second, averaged) as ``interaction``, ``interaction_ci95`` and ``n_pairs``.
-    Several runs of one arm, cell, condition and seed are a ValueError (:func:`by_seed`)."""
+    Several runs of one arm, cell, condition and seed are a ValueError (:func:`by_seed`), and so are one arm's runs
+    of one cell and condition trained at different lrs (analysis.io.runs.check_one_lr_per_cell; a table without an
+    ``lr`` column is not checked): pairs are only taken among runs of one lr."""
     levels: list[Any] = [None]
     if condition is not None:
         levels = list(pd.unique(runs[condition]))
         if len(levels) != 2:
             raise ValueError(f"a paired comparison by {condition!r} needs two values of it, got {levels}")
+    compared = runs[runs[arm_column].isin([reference, *arms])]
+    keys = [*cells, *([condition] if condition is not None else []), arm_column]
+    check_one_lr_per_cell(compared, keys, "the paired comparison")
     groups = runs.groupby(list(cells), sort=True) if cells else [((), runs)]
     rows = []
     for key, cell in groups:

@@ -21,6 +21,12 @@ initialisation); with one seed, the losses are perturbed with N(0, sigma^2), whe
 sd, else the pooled seed sd of curves with several seeds, else the pooled residual sd of the quadratic fits
 (which includes misfit). Each replicate re-finds its own grid minimum and window.
 
+Several budgets (tokens per parameter) per (size, variant), e.g. one WSD trunk with its decay branches per lr: every
+(size, variant, budget) is a curve of its own (:func:`budgets_of`), with the interval's width, the lr that extends a
+grid whose optimum is on its edge (:func:`next_runs`), each arm's lr rule ln lr* = a + b ln N + c ln D over the
+located optima (:func:`lr_rules`, analysis.laws.lr_rule) and the config's per-budget sections
+(:func:`budget_tuned_document`). A study of one budget per (size, variant) is analysed and reported as before.
+
 A scipy reference (:func:`reference_optimum`, a bounded scalar minimisation of the same quadratic) checks the
 closed-form vertex in the tests.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import warnings
 import zlib
 from collections.abc import Sequence
@@ -41,7 +48,9 @@ import pandas as pd
 
 from results.io import atomic_write_text
 
-from ..io.runs import AnalysisWarning
+from ..io.runs import AnalysisWarning, lr_text
+from ..io.token_budget import tokens_per_param
+from ..laws.lr_rule import lr_rule
 from .study_registry import add_bootstrap, add_results_out, number, register
 
 WINDOW = 2  # grid steps on each side of the grid minimum used by the quadratic fit
@@ -199,7 +208,10 @@ def _mean_over_seeds(M: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
     return np.where(div, np.inf, np.where(wm.sum(0) > 0, mean, np.nan))
 
 
-def _residual_sigma(curves: dict[tuple[str, str], tuple[np.ndarray, list[int], np.ndarray]]) -> float | None:
+Curves = dict[tuple[Any, ...], tuple[np.ndarray, list[int], np.ndarray, np.ndarray]]
+
+
+def _residual_sigma(curves: Curves) -> float | None:
     """Pooled residual sd of the windowed quadratic fits of all curves (dof-weighted)."""
     ss, dof = 0.0, 0
     for x, _, M, _ in curves.values():
@@ -215,7 +227,7 @@ def _residual_sigma(curves: dict[tuple[str, str], tuple[np.ndarray, list[int], n
     return math.sqrt(ss / dof) if dof > 0 else None
 
 
-def _pooled_seed_sigma(curves: dict[tuple[str, str], tuple[np.ndarray, list[int], np.ndarray]]) -> float | None:
+def _pooled_seed_sigma(curves: Curves) -> float | None:
     ss, dof = 0.0, 0
     for _, _, M, _ in curves.values():
         for j in range(M.shape[1]):
@@ -226,6 +238,22 @@ def _pooled_seed_sigma(curves: dict[tuple[str, str], tuple[np.ndarray, list[int]
     return math.sqrt(ss / dof) if dof >= 2 else None
 
 
+def budgets_of(d: pd.DataFrame) -> pd.Series | None:
+    """Each run's budget in tokens per parameter (analysis.io.token_budget.tokens_per_param) when some (variant,
+    size) of ``d`` ran at several budgets, so that every (variant, size, budget) is a curve of its own; None when
+    each (variant, size) ran at one budget (or the table has no ``tokens`` or ``params_non_embedding``). A run
+    without a budget in a multi-budget table is a ValueError naming it."""
+    if d.empty or not {"tokens", "params_non_embedding"} <= set(d.columns):
+        return None
+    tpp = tokens_per_param(d)
+    if not (d.assign(_tpp=tpp).groupby(["variant", "size"])["_tpp"].nunique() > 1).any():
+        return None
+    if tpp.isna().any():
+        names = ", ".join(str(r) for r in d.loc[tpp.isna(), "run_id"])
+        raise ValueError(f"runs without a budget (tokens / params_non_embedding) in a multi-budget lr study: {names}")
+    return tpp
+
+
 def lr_optima(
     df: pd.DataFrame,
     *,
@@ -234,57 +262,56 @@ def lr_optima(
     seed_sigma: float | None = None,
     window: int = WINDOW,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The tuned lr of every (size, variant) curve of an LR study, with bootstrap intervals.
+    """The tuned lr of every (size, variant) curve of an LR study, with bootstrap intervals; every (size, variant,
+    budget) curve where some (size, variant) ran at several budgets (:func:`budgets_of`).
 
-    Returns (table, info): the table has one row per curve (the :class:`LrOptimum` fields), ordered by variant
-    and by size (ascending non-embedding parameters); info records how the intervals were made.
-    """
+    Returns (table, info): the table has one row per curve (the :class:`LrOptimum` fields; with several budgets
+    also ``tokens_per_param``, ``tokens`` (the median of the curve's runs), ``ci_ratio`` (hi / lo of the interval)
+    and ``next_lr`` (on a grid edge: half the lowest lr of the curve's grid, or twice the highest; else NaN)),
+    ordered by variant, by size (ascending non-embedding parameters) and by budget; info records how the intervals
+    were made. :func:`lr_optima_with_draws` also returns each curve's bootstrap draws."""
+    table, info, _ = lr_optima_with_draws(df, B=B, seed=seed, seed_sigma=seed_sigma, window=window)
+    return table, info
+
+
+def lr_optima_with_draws(
+    df: pd.DataFrame,
+    *,
+    B: int = DEFAULT_B,
+    seed: int = 0,
+    seed_sigma: float | None = None,
+    window: int = WINDOW,
+) -> tuple[pd.DataFrame, dict[str, Any], np.ndarray]:
+    """:func:`lr_optima` plus the bootstrap draws of every curve's ln lr* as a (B, rows) array aligned with the
+    table's rows (nan where a replicate located no optimum, or the curve has no interval): what the lr rule's
+    interval resamples (analysis.laws.lr_rule)."""
     d = lr_runs(df)
     if d.empty:
         raise ValueError("no completed or diverged runs with an lr: nothing to tune")
-    curves = {}
-    for (variant, size), g in d.groupby(["variant", "size"], sort=False):
-        curves[(str(size), str(variant))] = _curve_matrix(g)
+    tpp = budgets_of(d)
+    keys = ["variant", "size"] if tpp is None else ["variant", "size", "tokens_per_param"]
+    d = d if tpp is None else d.assign(tokens_per_param=tpp)
+    curves: Curves = {}
+    groups = {}
+    for key, g in d.groupby(keys, sort=False):
+        cell = (str(key[1]), str(key[0]), *(float(k) for k in key[2:]))  # (size, variant[, tokens per param])
+        curves[cell], groups[cell] = _curve_matrix(g), g
     pooled_seed = _pooled_seed_sigma(curves)
     sigma, sigma_source = _noise_sigma(curves, seed_sigma, pooled_seed)
-    rows = []
-    for (size, variant), (x, seeds, M, lrs) in curves.items():
-        y = _mean_over_seeds(M)
-        x_opt, y_opt, c, _, _ = quadratic_vertex(x, y, window)
-        edge = _edge(y)
-        rng = np.random.default_rng([seed, zlib.crc32(f"lr:{size}:{variant}".encode())])
-        ci, method, n_seeds = _optimum_interval(x, seeds, M, x_opt, rng, B, window, sigma, sigma_source)
-        g = d[(d["size"] == size) & (d["variant"] == variant)]
-        n_params = (
-            pd.to_numeric(g.get("params_non_embedding"), errors="coerce").median()
-            if "params_non_embedding" in g
-            else None
-        )
-        k = int(np.argmin(np.where(np.isfinite(y), y, np.inf))) if np.isfinite(y).any() else 0
-        rows.append(
-            LrOptimum(
-                size=size,
-                variant=variant,
-                lr=float(np.exp(x_opt)) if np.isfinite(x_opt) else float("nan"),
-                ci95=ci,
-                grid_best_lr=float(lrs[k]),
-                loss_at_optimum=y_opt,
-                on_edge=edge in ("low", "high"),
-                edge=edge,
-                curvature=c,
-                n_grid=int(np.isfinite(y).sum()),
-                n_seeds=n_seeds,
-                n_diverged=int((g["status"] == "diverged").sum()),
-                params_non_embedding=None if n_params is None or not np.isfinite(n_params) else float(n_params),
-                interval_method=method,
-                grid=[float(v) for v in lrs],
-                mean_loss=[None if not np.isfinite(v) else float(v) for v in y],
-            ).to_dict()
-        )
+    rows, draws = [], []
+    for cell, curve in curves.items():
+        tag = f"lr:{cell[0]}:{cell[1]}" + (f":{cell[2]:g}" if len(cell) > 2 else "")
+        rng = np.random.default_rng([seed, zlib.crc32(tag.encode())])
+        row, cell_draws = _optimum_row(cell, curve, groups[cell], rng, B, window, sigma, sigma_source)
+        rows.append(row)
+        draws.append(cell_draws)
     table = pd.DataFrame(rows)
     order = table.groupby("size")["params_non_embedding"].median().sort_values(na_position="last").index.tolist()
     table["_o"] = table["size"].map({s: i for i, s in enumerate(order)})
-    table = table.sort_values(["variant", "_o"], kind="stable").drop(columns="_o").reset_index(drop=True)
+    by = ["variant", "_o"] + (["tokens_per_param"] if tpp is not None else [])
+    table = table.sort_values(by, kind="stable")
+    draw_matrix = np.column_stack(draws)[:, table.index.to_numpy()] if draws else np.empty((B, 0))
+    table = table.drop(columns="_o").reset_index(drop=True)
     _warn_doubtful_optima(table)
     info = {
         "B": B,
@@ -295,12 +322,61 @@ def lr_optima(
         "sigma_source": sigma_source,
         "pooled_seed_sd": pooled_seed,
     }
-    return table, info
+    return table, info, draw_matrix
 
 
-def _noise_sigma(
-    curves: dict[tuple[str, str], Any], seed_sigma: float | None, pooled_seed: float | None
-) -> tuple[float | None, str]:
+def _optimum_row(
+    cell: tuple[Any, ...],
+    curve: tuple[np.ndarray, list[int], np.ndarray, np.ndarray],
+    g: pd.DataFrame,
+    rng: np.random.Generator,
+    B: int,
+    window: int,
+    sigma: float | None,
+    sigma_source: str,
+) -> tuple[dict[str, Any], np.ndarray]:
+    """One curve's row of :func:`lr_optima` (the budget's columns where ``cell`` holds a budget) and its B
+    bootstrap draws of ln lr*."""
+    x, seeds, M, lrs = curve
+    y = _mean_over_seeds(M)
+    x_opt, y_opt, c, _, _ = quadratic_vertex(x, y, window)
+    edge = _edge(y)
+    ci, method, n_seeds, cell_draws = _optimum_interval(x, seeds, M, x_opt, rng, B, window, sigma, sigma_source)
+    n_params = (
+        pd.to_numeric(g.get("params_non_embedding"), errors="coerce").median() if "params_non_embedding" in g else None
+    )
+    k = int(np.argmin(np.where(np.isfinite(y), y, np.inf))) if np.isfinite(y).any() else 0
+    row = LrOptimum(
+        size=cell[0],
+        variant=cell[1],
+        lr=float(np.exp(x_opt)) if np.isfinite(x_opt) else float("nan"),
+        ci95=ci,
+        grid_best_lr=float(lrs[k]),
+        loss_at_optimum=y_opt,
+        on_edge=edge in ("low", "high"),
+        edge=edge,
+        curvature=c,
+        n_grid=int(np.isfinite(y).sum()),
+        n_seeds=n_seeds,
+        n_diverged=int((g["status"] == "diverged").sum()),
+        params_non_embedding=None if n_params is None or not np.isfinite(n_params) else float(n_params),
+        interval_method=method,
+        grid=[float(v) for v in lrs],
+        mean_loss=[None if not np.isfinite(v) else float(v) for v in y],
+    ).to_dict()
+    if len(cell) > 2:  # a multi-budget study's curve
+        lo, hi = ci
+        next_lr = {"low": float(lrs.min()) / 2, "high": float(lrs.max()) * 2}.get(edge or "")
+        row |= {
+            "tokens_per_param": cell[2],
+            "tokens": float(pd.to_numeric(g["tokens"], errors="coerce").median()),
+            "ci_ratio": hi / lo if np.isfinite(lo) and np.isfinite(hi) and lo > 0 else float("nan"),
+            "next_lr": next_lr if edge in ("low", "high") else None,
+        }
+    return row, cell_draws
+
+
+def _noise_sigma(curves: Curves, seed_sigma: float | None, pooled_seed: float | None) -> tuple[float | None, str]:
     """The seed noise of one run's loss for the parametric bootstrap, and where it came from: given, else pooled
     over the grid points with >= 2 seeds, else the quadratic fits' residuals."""
     if seed_sigma is not None:
@@ -325,9 +401,10 @@ def _optimum_interval(
     window: int,
     sigma: float | None,
     sigma_source: str,
-) -> tuple[list[float], str, int]:
+) -> tuple[list[float], str, int, np.ndarray]:
     """One curve's 95% interval of the optimal lr (a cluster bootstrap over seeds when every grid point has >= 2,
-    else parametric with ``sigma``), the method in words, and the fewest seeds of a grid point."""
+    else parametric with ``sigma``), the method in words, the fewest seeds of a grid point, and the B draws of
+    ln lr* the interval is the percentiles of (nan where a replicate located none, or all nan without replicates)."""
     y = _mean_over_seeds(M)
     per_point = (np.isfinite(M) | np.isposinf(M)).sum(0)
     n_seeds = int(per_point[per_point > 0].min()) if (per_point > 0).any() else 0
@@ -343,42 +420,48 @@ def _optimum_interval(
         scale = 1.0
     else:
         method, reps, scale = "none (too few points)", [], 1.0
-    xs = np.array([quadratic_vertex(x, r, window)[0] for r in reps]) if reps else np.array([])
-    xs = xs[np.isfinite(xs)]
+    all_xs = np.array([quadratic_vertex(x, r, window)[0] for r in reps]) if reps else np.full(B, np.nan)
+    xs = all_xs[np.isfinite(all_xs)]
     if xs.size and np.isfinite(x_opt):
         q = 100 * (1 - CI_LEVEL) / 2
         lo, hi = np.percentile(x_opt + scale * (xs - x_opt), [q, 100 - q])
-        return [float(np.exp(lo)), float(np.exp(hi))], method, n_seeds
-    return [float("nan"), float("nan")], method, n_seeds
+        return [float(np.exp(lo)), float(np.exp(hi))], method, n_seeds, x_opt + scale * (all_xs - x_opt)
+    return [float("nan"), float("nan")], method, n_seeds, np.full(B, np.nan)
+
+
+def _where(r: Any) -> str:
+    """A curve's size, with its budget where it has one (a multi-budget study's row)."""
+    tpp = getattr(r, "tokens_per_param", None)
+    return f"{r.size}" if tpp is None or not np.isfinite(tpp) else f"{r.size} @ {tpp:g} tokens/param"
 
 
 def _warn_doubtful_optima(table: pd.DataFrame) -> None:
     """An AnalysisWarning for each optimum on a grid edge, at the divergence edge, or without curvature (stacklevel
-    3: the warning names lr_optima's caller, as when these checks were inline)."""
+    4: the warning names the caller of lr_optima, as when these checks were inline)."""
     for r in table.itertuples():
         if r.on_edge:
             where = "below the lowest" if r.edge == "low" else "above the highest"
             warnings.warn(
-                f"LR optimum of {r.variant} at {r.size} lies at the {r.edge} edge of the grid "
+                f"LR optimum of {r.variant} at {_where(r)} lies at the {r.edge} edge of the grid "
                 f"(best grid lr {r.grid_best_lr:.3g}, grid {min(r.grid):.3g}..{max(r.grid):.3g}): extend the "
                 f"grid {where} point",
                 AnalysisWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         elif r.edge == "divergence":
             warnings.warn(
-                f"LR optimum of {r.variant} at {r.size} is the highest lr that did not diverge "
+                f"LR optimum of {r.variant} at {_where(r)} is the highest lr that did not diverge "
                 f"({r.grid_best_lr:.3g}): the optimum may lie between it and the next grid point; refine the "
                 "grid there",
                 AnalysisWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         elif not r.curvature > 0:
             warnings.warn(
-                f"LR curve of {r.variant} at {r.size} shows no minimum around its best grid lr "
+                f"LR curve of {r.variant} at {_where(r)} shows no minimum around its best grid lr "
                 f"{r.grid_best_lr:.3g} (curvature {r.curvature:.3g}); reported that grid point",
                 AnalysisWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
 
@@ -393,6 +476,158 @@ def lr_trend(table: pd.DataFrame) -> dict[str, dict[str, float]]:
         b, ln_a = np.polyfit(np.log(g["params_non_embedding"].astype(float)), np.log(g["lr"]), 1)
         out[str(variant)] = {"a": float(math.exp(ln_a)), "b": float(b), "n_sizes": len(g)}
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Several budgets per (size, arm): the lr rule per arm, the runs that extend a grid, the config's per-budget sections
+# ----------------------------------------------------------------------------------------------------------------
+
+SWEEP_DIR = Path(__file__).resolve().parents[2] / "conf" / "sweep"  # where a study's sweep file is looked up
+
+
+def not_located(r: Any) -> str | None:
+    """Why a multi-budget row's optimum is not located (and stays out of the lr rule), or None: on a grid edge, at
+    the divergence edge, without curvature, without an interval, or without N or D."""
+    lo, hi = r.ci95
+    if r.on_edge:
+        return f"on the {r.edge} edge"
+    if r.edge == "divergence":
+        return "at the divergence edge"
+    if not r.curvature > 0:
+        return "no curvature"
+    if not (np.isfinite(r.lr) and np.isfinite(lo) and np.isfinite(hi)):
+        return "no interval"
+    if not (r.params_non_embedding and np.isfinite(r.tokens) and r.tokens > 0):
+        return "no N or D"
+    return None
+
+
+def lr_rules(table: pd.DataFrame, draws: np.ndarray, *, weighted: bool = True) -> dict[str, dict[str, Any]]:
+    """Per arm of a multi-budget table (:func:`lr_optima_with_draws`, with its draws), the lr rule
+    ``ln lr* = a + b ln N + c ln D`` over the cells whose optimum is located (analysis.laws.lr_rule.lr_rule), plus
+    ``cells`` (per fitted cell: size, tokens_per_param, lr, ci95, ``loo_lr`` the rule without it, ``inside``) and
+    ``excluded`` (size, tokens_per_param and the reason, :func:`not_located`)."""
+    out = {}
+    for variant, g in table.groupby("variant", sort=False):
+        why = {i: not_located(r) for i, r in zip(g.index, g.itertuples())}
+        idx = [i for i in g.index if why[i] is None]
+        cells = table.loc[idx]
+        rule = lr_rule(
+            np.log(cells["lr"].to_numpy(float)),
+            np.log(cells["params_non_embedding"].to_numpy(float)),
+            np.log(cells["tokens"].to_numpy(float)),
+            np.log(np.array(cells["ci95"].tolist(), float).reshape(-1, 2)),
+            draws[:, idx],
+            weighted=weighted,
+        )
+        loo = rule["loo"] or [{"predicted_ln_lr": None, "inside": None}] * len(idx)
+        rule["cells"] = [
+            {
+                "size": str(r.size),
+                "tokens_per_param": float(r.tokens_per_param),
+                "lr": float(r.lr),
+                "ci95": [float(x) for x in r.ci95],
+                "loo_lr": None if o["predicted_ln_lr"] is None else math.exp(o["predicted_ln_lr"]),
+                "inside": o["inside"],
+            }
+            for r, o in zip(cells.itertuples(), loo)
+        ]
+        rule["excluded"] = [
+            {"size": str(table.at[i, "size"]), "tokens_per_param": float(table.at[i, "tokens_per_param"]), "reason": w}
+            for i, w in why.items()
+            if w is not None
+        ]
+        out[str(variant)] = rule
+    return out
+
+
+def study_sweep(runs: pd.DataFrame, sweep_dir: Path = SWEEP_DIR) -> str | None:
+    """The sweep (conf/sweep/<name>.yaml) that trains the one study the runs name: the file named as the study, else
+    the one file whose ``study:`` is the study; None when the runs name several studies or no file (or several)
+    matches."""
+    studies = {str(s) for s in runs.get("study", pd.Series(dtype=str)).dropna() if str(s)}
+    if len(studies) != 1 or not sweep_dir.is_dir():
+        return None
+    (study,) = studies
+    if (sweep_dir / f"{study}.yaml").is_file():
+        return study
+    line = re.compile(rf"^study:\s*{re.escape(study)}\s*$", re.MULTILINE)
+    named = [p.stem for p in sorted(sweep_dir.glob("*.yaml")) if line.search(p.read_text(encoding="utf-8"))]
+    return named[0] if len(named) == 1 else None
+
+
+def next_runs(table: pd.DataFrame, runs: pd.DataFrame, sweep: str | None) -> list[dict[str, Any]]:
+    """The launches that extend a multi-budget grid whose optimum is on an edge, one per (arm, size, next lr) (one
+    launch trains every budget): ``variant``, ``size``, ``lr`` (the rows' ``next_lr``), ``edge``, ``budgets`` (those
+    on that edge), ``seeds`` (the size's runs'), and ``command`` (``python -m experiments.train -m +sweep=<sweep>
+    seed=<seeds> size.n_layers=<n> model=<arm> size.lr=<lr>``; ``size=<size>`` where no n_layers is recorded; None
+    without a sweep)."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in table[table["on_edge"]].itertuples():
+        key = (str(r.variant), str(r.size), lr_text(r.next_lr))
+        if key in out:
+            out[key]["budgets"].append(float(r.tokens_per_param))
+            continue
+        mine = runs[(runs["variant"] == r.variant) & (runs["size"] == r.size)]
+        seeds = sorted({int(s) for s in mine["seed"]})
+        layers = pd.to_numeric(mine.get("n_layers", pd.Series(dtype=float)), errors="coerce").dropna()
+        size_arg = f"size.n_layers={int(layers.median())}" if len(layers) else f"size={r.size}"
+        command = (
+            f"python -m experiments.train -m +sweep={sweep} seed={','.join(map(str, seeds))} {size_arg} "
+            f"model={r.variant} size.lr={key[2]}"
+        )
+        out[key] = {
+            "variant": key[0],
+            "size": key[1],
+            "lr": float(r.next_lr),
+            "edge": r.edge,
+            "budgets": [float(r.tokens_per_param)],
+            "seeds": seeds,
+            "command": command if sweep else None,
+        }
+    return list(out.values())
+
+
+def _budget_key(tpp: float) -> int | float:
+    return int(tpp) if float(tpp).is_integer() else float(tpp)
+
+
+def at_smallest_budget(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a multi-budget table at each (arm, size)'s smallest budget."""
+    smallest = table.groupby(["variant", "size"])["tokens_per_param"].transform("min")
+    return table[table["tokens_per_param"] == smallest]
+
+
+def budget_tuned_document(
+    table: pd.DataFrame,
+    info: dict[str, Any],
+    provenance: dict[str, Any],
+    rule: str = "per_size",
+    trend: dict[str, dict[str, float]] | None = None,
+) -> dict[str, Any]:
+    """The generated config of a multi-budget study: :func:`tuned_document` of each size's smallest budget (``lr``,
+    ``ci95``, ``on_edge``, ...) plus ``lr_per_budget``, ``ci95_per_budget`` and ``on_edge_per_budget``, each
+    ``[arm][size][tokens per parameter]`` (an integer key where the budget is one)."""
+    doc = tuned_document(at_smallest_budget(table), info, provenance, rule, trend)
+    doc["provenance"]["method"] += (
+        "; lr, ci95 and on_edge: each size's optimum at its smallest budget; *_per_budget: at every budget "
+        "(tokens per parameter)"
+    )
+    for key in ("lr_per_budget", "ci95_per_budget", "on_edge_per_budget"):
+        doc[key] = {}
+    for r in table.itertuples():
+        v, s, b = str(r.variant), str(r.size), _budget_key(r.tokens_per_param)
+        doc["lr_per_budget"].setdefault(v, {}).setdefault(s, {})[b] = float(f"{r.lr:.4g}")
+        doc["ci95_per_budget"].setdefault(v, {}).setdefault(s, {})[b] = [float(f"{x:.4g}") for x in r.ci95]
+        doc["on_edge_per_budget"].setdefault(v, {}).setdefault(s, {})[b] = bool(r.on_edge)
+    return doc
+
+
+def budget_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (runs or a multi-budget table) with each (size, budget) as its own size, ``<size>@<tokens per param>``,
+    so that the lr figure draws one curve per budget."""
+    tpp = df["tokens_per_param"] if "tokens_per_param" in df.columns else tokens_per_param(df)
+    return df.assign(size=[f"{s}@{t:g}" for s, t in zip(df["size"], tpp)])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -532,17 +767,25 @@ def run_lr(
     command: str = "python -m analysis lr",
     make_figures: bool = True,
     rule: str = "per_size",
+    sweep: str | None = None,
 ) -> dict[str, Any]:
-    """`python -m analysis lr`: lr.json, lr_summary.md, fig_lr.{png,pdf} in ``out``, and the generated config."""
+    """`python -m analysis lr`: lr.json, lr_summary.md, fig_lr.{png,pdf} in ``out``, and the generated config.
+
+    With several budgets per (size, arm) (:func:`budgets_of`) the optima are per (size, arm, budget), and lr.json
+    also holds ``rules`` (per arm, :func:`lr_rules`) and ``next_runs`` (:func:`next_runs`, their commands naming
+    ``sweep``, default :func:`study_sweep`); the config gets the per-budget sections (:func:`budget_tuned_document`),
+    and the trend over sizes is taken at each size's smallest budget."""
     import json
     from datetime import datetime, timezone
 
     from ..render import figures
+    from ..render.lr_budget_tables import budget_markdown
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    table, info = lr_optima(df, B=B, seed=seed, seed_sigma=seed_sigma)
-    trend = lr_trend(table)
+    table, info, draws = lr_optima_with_draws(df, B=B, seed=seed, seed_sigma=seed_sigma)
+    multi = "tokens_per_param" in table.columns
+    trend = lr_trend(at_smallest_budget(table) if multi else table)
     runs = lr_runs(df)
     commits = sorted({str(c) for c in df.get("git_commit", pd.Series(dtype=str)).dropna() if str(c)})
     studies = sorted({str(s) for s in df.get("study", pd.Series(dtype=str)).dropna() if str(s)})
@@ -562,20 +805,32 @@ def run_lr(
         "optima": json.loads(table.to_json(orient="records")),
     }
     try:
-        tuned: dict[str, Any] | None = tuned_document(table, info, provenance, rule, trend)
+        make_doc = budget_tuned_document if multi else tuned_document
+        tuned: dict[str, Any] | None = make_doc(table, info, provenance, rule, trend)
     except ValueError:
         if write_config is not None:
             raise
         tuned = None  # e.g. rule=trend with one size: nothing to write, the optima are still reported
     doc["rule"] = rule
     doc["tuned_lr"] = tuned["lr"] if tuned else None  # what the sizes read under `rule`
+    if multi:
+        doc["rules"] = lr_rules(table, draws)
+        doc["next_runs"] = next_runs(table, runs, sweep if sweep is not None else study_sweep(runs))
     written = []
-    if make_figures:
+    if make_figures and multi:
+        written += figures.lr_figure(budget_labels(runs), budget_labels(table), out / "fig_lr")
+    elif make_figures:
         written += figures.lr_figure(runs, table, out / "fig_lr", tuned=doc["tuned_lr"], rule=rule)
     if write_config is not None and tuned is not None:
         written.append(write_tuned_config(tuned, write_config, command))
     (out / "lr.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "lr_summary.md").write_text(lr_markdown(table, info, trend, df.attrs.get("source"), doc["tuned_lr"], rule))
+    source = df.attrs.get("source")
+    summary = (
+        budget_markdown(table, info, source, doc["next_runs"], doc["rules"])
+        if multi
+        else lr_markdown(table, info, trend, source, doc["tuned_lr"], rule)
+    )
+    (out / "lr_summary.md").write_text(summary)
     doc["files"] = [str(p) for p in written] + [str(out / "lr.json"), str(out / "lr_summary.md")]
     doc["table"] = table
     return doc
@@ -602,6 +857,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         choices=["per_size", "trend"],
         help="lr written per size: each size's own optimum (default), or the arm's power law in N over sizes",
     )
+    p.add_argument(
+        "--sweep",
+        help=(
+            "with several budgets: the sweep that trains the study, named in the commands that extend a grid "
+            "(default: conf/sweep's file of the study the records name)"
+        ),
+    )
     p.add_argument("--no-figures", action="store_true", help="write lr.json and lr_summary.md only")
 
 
@@ -626,10 +888,31 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         command=command,
         make_figures=not args.no_figures,
         rule=args.rule,
+        sweep=args.sweep,
     )
+    for line in printed_lines(doc):
+        print(line)
+    print(f"wrote {', '.join(doc['files'])}")
+    return doc
+
+
+def printed_lines(doc: dict[str, Any]) -> list[str]:
+    """What ``python -m analysis lr`` prints before its files: per curve its optimum with the 95% interval and an
+    edge flag; with several budgets also the interval's width (hi / lo) and the next lr on an edge, then each
+    launch that extends a grid and each arm's lr rule."""
+    from ..render.lr_budget_tables import next_run_lines, ratio_text, rule_sentence
+
+    lines = []
     for r in doc["table"].itertuples():
         lo, hi = r.ci95
         edge = f"  ON THE {r.edge.upper()} EDGE OF THE GRID" if r.on_edge else ""
-        print(f"{r.variant} {r.size}: lr = {number(r.lr, '.3g')} [{number(lo, '.3g')}, {number(hi, '.3g')}]{edge}")
-    print(f"wrote {', '.join(doc['files'])}")
-    return doc
+        where, width = f"{r.size}", ""
+        if "rules" in doc:
+            where, width = _where(r), f" ({ratio_text(lo, hi)} wide)"
+            edge += f": next lr {lr_text(r.next_lr)}" if r.on_edge else ""
+        lines.append(
+            f"{r.variant} {where}: lr = {number(r.lr, '.3g')} [{number(lo, '.3g')}, {number(hi, '.3g')}]{width}{edge}"
+        )
+    lines += [f"next run: {line}" for line in next_run_lines(doc.get("next_runs", []))]
+    lines += [rule_sentence(v, rule) for v, rule in doc.get("rules", {}).items()]
+    return lines

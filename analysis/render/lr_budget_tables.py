@@ -1,0 +1,162 @@
+"""The Markdown of a multi-budget LR study (``python -m analysis lr`` on records with several budgets per arm and
+size, analysis.studies.lr): the optimum per (arm, size, budget), the runs that extend a grid whose optimum is on its
+edge, and each arm's lr rule ``ln lr* = a + b ln N + c ln D`` (analysis.laws.lr_rule) with its leave-one-cell-out
+check. Plain functions from the study's table and documents to lines; no torch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..io.runs import lr_text
+
+
+def _num(x: Any, spec: str = ".3g") -> str:
+    return "n/a" if x is None or not np.isfinite(x) else format(x, spec)
+
+
+def cell_name(size: str, tokens_per_param: float) -> str:
+    """One cell in words: ``deep_L12 @ 8 tokens/param``."""
+    return f"{size} @ {tokens_per_param:g} tokens/param"
+
+
+def _flags(r: Any) -> str:
+    flags = []
+    if r.on_edge:
+        flags.append(f"**on the {r.edge} edge: next lr {lr_text(r.next_lr)}**")
+    elif r.edge == "divergence":
+        flags.append("highest lr that did not diverge")
+    if not r.curvature > 0:
+        flags.append("no curvature")
+    if r.n_diverged:
+        flags.append(f"{r.n_diverged} diverged")
+    return ", ".join(flags)
+
+
+def budget_table_lines(table: pd.DataFrame) -> list[str]:
+    """The per-(arm, size, budget) table: optimum with its 95% interval, the interval's width (hi / lo), the best
+    grid lr, the loss at the optimum, grid points, seeds, and flags (an edge with the lr to run next)."""
+    lines = [
+        (
+            "| arm | size | N | tokens / param | D | optimum [95% CI] | CI width (hi/lo) | best grid lr | "
+            "loss at optimum | grid points | seeds | flags |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table.itertuples():
+        n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
+        lo, hi = r.ci95
+        lines.append(
+            f"| {r.variant} | {r.size} | {n} | {r.tokens_per_param:g} | {r.tokens:,.0f} | {_num(r.lr)} "
+            f"[{_num(lo)}, {_num(hi)}] | {_num(r.ci_ratio, '.2f')} | {_num(r.grid_best_lr)} | "
+            f"{_num(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | {_flags(r)} |"
+        )
+    return lines
+
+
+def next_run_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per launch that extends a grid: the arm, size and lr, the budgets whose optimum is on that edge, and
+    the command (or just the lr where the study's sweep is not known)."""
+    lines = []
+    for n in runs:
+        budgets = ", ".join(f"{b:g}" for b in n["budgets"])
+        what = f"{n['variant']} {n['size']}, lr {lr_text(n['lr'])} (on the {n['edge']} edge at {budgets} tokens/param)"
+        lines.append(f"{what}: `{n['command']}`" if n["command"] else what)
+    return lines
+
+
+def _coef(rule: dict[str, Any], name: str) -> str:
+    if rule.get("error"):
+        return "not fitted"
+    if name not in rule.get("terms", []) or rule.get(name) is None:
+        return "not identified"
+    ci = rule.get(f"{name}_ci95")
+    return f"{rule[name]:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+
+
+def rule_sentence(variant: str, rule: dict[str, Any]) -> str:
+    """The arm's rule in one line: its coefficients with intervals, the leave-one-cell-out count, the excluded cells."""
+    excluded = "; excluded: " + ", ".join(
+        f"{cell_name(e['size'], e['tokens_per_param'])} ({e['reason']})" for e in rule["excluded"]
+    )
+    excluded = excluded if rule["excluded"] else ""
+    if rule.get("error"):
+        return f"lr rule {variant}: not fitted ({rule['error']}){excluded}"
+    coefs = ", ".join(f"{t} = {_coef(rule, t)}" for t in ("a", "b", "c"))
+    return (
+        f"lr rule {variant}: ln lr* = a + b ln N + c ln D over {rule['n_cells']} cells, {coefs}; "
+        f"{rule['loo_inside']} of {rule['loo_n']} left-out cells inside{excluded}"
+    )
+
+
+def rule_lines(rules: dict[str, dict[str, Any]]) -> list[str]:
+    """The rule section: method, one table row per arm, then per arm its cells with the left-out prediction."""
+    if not rules:
+        return []
+    any_rule = next(iter(rules.values()))
+    lines = [
+        "## The lr rule per arm: ln lr* = a + b ln N + c ln D",
+        "",
+        (
+            "N = non-embedding parameters, D = training tokens; fitted over the cells whose optimum was located "
+            f"({any_rule['method']}); a term the cells do not vary is not identified. Intervals: 95% percentile "
+            "bootstrap, each replicate refitted on every cell's bootstrap draw of its optimum. Leave-one-cell-out: "
+            "the rule refitted without a cell predicts it; inside = within that cell's own 95% interval."
+        ),
+        "",
+        "| arm | cells | a | b | c | left-out cells inside | excluded |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v, rule in rules.items():
+        excluded = ", ".join(f"{cell_name(e['size'], e['tokens_per_param'])} ({e['reason']})" for e in rule["excluded"])
+        lines.append(
+            f"| {v} | {rule['n_cells']} | {_coef(rule, 'a')} | {_coef(rule, 'b')} | {_coef(rule, 'c')} | "
+            f"{rule['loo_inside']} of {rule['loo_n']} | {excluded or 'none'} |"
+        )
+    lines += ["", "| arm | cell | optimum [95% CI] | rule without the cell | inside |", "|---|---|---|---|---|"]
+    for v, rule in rules.items():
+        for c in rule["cells"]:
+            lo, hi = c["ci95"]
+            inside = "n/a" if c["inside"] is None else ("yes" if c["inside"] else "**no**")
+            lines.append(
+                f"| {v} | {cell_name(c['size'], c['tokens_per_param'])} | {_num(c['lr'])} [{_num(lo)}, {_num(hi)}] "
+                f"| {_num(c['loo_lr'])} | {inside} |"
+            )
+    return lines
+
+
+def budget_markdown(
+    table: pd.DataFrame,
+    info: dict[str, Any],
+    source: str | None,
+    next_runs: list[dict[str, Any]],
+    rules: dict[str, dict[str, Any]],
+) -> str:
+    """lr_summary.md of a multi-budget LR study."""
+    lines = ["# Learning-rate tuning per budget", "", f"Source: `{source}`." if source else "", ""]
+    lines += budget_table_lines(table)
+    lines += [
+        "",
+        (
+            "Per (arm, size, budget): the vertex of a least-squares parabola in ln(lr) through the grid points within "
+            f"{info['window']} steps of the grid minimum (kept inside that window); a diverged run counts as worse "
+            f"than every completed one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, "
+            f"B = {info['B']}; single-seed curves use a parametric bootstrap with sigma = {_num(info['sigma'])} "
+            f"({info['sigma_source']}). On a grid edge the optimum may lie beyond the grid: the next lr is half the "
+            "lowest lr of the grid, or twice the highest."
+        ),
+    ]
+    if next_runs:
+        lines += ["", "## Next runs: the grids whose optimum is on an edge", ""]
+        lines += [f"- {line}" for line in next_run_lines(next_runs)]
+    if rules:
+        lines += ["", *rule_lines(rules)]
+    return "\n".join(lines) + "\n"
+
+
+def ratio_text(lo: float, hi: float) -> str:
+    """An interval's width as hi / lo (``x1.23``), or n/a."""
+    return f"x{hi / lo:.2f}" if math.isfinite(lo) and math.isfinite(hi) and lo > 0 else "n/a"
