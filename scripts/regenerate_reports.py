@@ -1,5 +1,5 @@
 """Regenerate the committed reports under docs/results from their committed records, into a temporary directory,
-and compare them byte for byte with the committed files.
+and compare them with the committed files: byte for byte, numbers in JSON and Markdown within a tolerance.
 
     python scripts/regenerate_reports.py               # every report below; exit status 1 if any file differs
     python scripts/regenerate_reports.py --only cpu_deep/pooled,cpu_map --keep /tmp/regen
@@ -16,16 +16,23 @@ same relative path. What a regeneration cannot reproduce is pinned or masked, an
   version, which is compared like every other byte);
 - a ``source`` the committed document recorded as an absolute or scratch path (``/tmp/...``) is masked.
 
-Per file it prints ``identical`` (every byte), ``identical, <what> masked`` or ``DIFFERENT``. Files of a report
-directory that no command writes (design notes) are not compared. Reports whose records were never committed
-(a study file's ``not_regenerable``: docs/results/cpu_ladder's top level, cpu_arch_grid, the MoE router figures,
-whose run directories are not kept) are listed as not regenerable.
+A JSON or Markdown file that is not byte-identical is compared token by token (:func:`compare_text`): every byte
+outside its numbers as it is, its numbers as numbers, within 1e-8 relative in JSON (``JSON_RTOL``: full floats,
+whose last digits depend on the machine's BLAS) and within half a unit of the last printed digit in Markdown
+(``0.000`` equals ``-0.000``; ``1.234`` and ``1.235`` differ). A digit inside a JSON string is text.
+
+Per file it prints ``identical`` (every byte), ``identical, <what> masked``, ``equal within ...`` (numbers within the
+tolerance, how many differ) or ``DIFFERENT: line <n>: ...`` with the first differing value, committed and
+regenerated. Files of a report directory that no command writes (design notes) are not compared. Reports whose
+records were never committed (a study file's ``not_regenerable``: docs/results/cpu_ladder's top level,
+cpu_arch_grid, the MoE router figures, whose run directories are not kept) are listed as not regenerable.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -128,17 +135,108 @@ def _mask_source(data: bytes) -> bytes:
     return re.sub(rb'"source": "(/[^"]*)"', b'"source": "<masked>"', data)
 
 
+# JSON holds full floats, whose last digits depend on the BLAS and the CPU's vector width; an iterative fit carries
+# that up to about its solver's tolerance (the paper refit's joint fit regenerates to within 2.1e-9), hence 1e-8.
+JSON_RTOL = 1e-8
+_NUMBER = rb"[-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|Infinity|NaN)"
+# A JSON string (text, digits included) or a number; in Markdown every number is one.
+_JSON_TOKEN = re.compile(rb'(?P<text>"(?:[^"\\]|\\.)*")|(?P<number>' + _NUMBER + rb")")
+_MD_TOKEN = re.compile(rb"(?P<number>[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+_PRINTED = re.compile(rb"[-+]?\d+(?:\.(\d+))?(?:[eE]([-+]?\d+))?")
+
+
+def _pieces(data: bytes, token: re.Pattern[bytes]) -> list[tuple[int, bytes, bool]]:
+    """``data`` cut into (offset, bytes, is a number): each number ``token`` finds and the text between them."""
+    out: list[tuple[int, bytes, bool]] = []
+    at = 0
+    for m in token.finditer(data):
+        if m.group("number") is None:
+            continue  # a JSON string: part of the text around it
+        if m.start() > at:
+            out.append((at, data[at : m.start()], False))
+        out.append((m.start(), m.group(), True))
+        at = m.end()
+    if at < len(data):
+        out.append((at, data[at:], False))
+    return out
+
+
+def _json_equal(a: bytes, b: bytes) -> bool:
+    x, y = float(a), float(b)
+    return (x != x and y != y) or math.isclose(x, y, rel_tol=JSON_RTOL, abs_tol=0.0)
+
+
+def _printed_equal(a: bytes, b: bytes) -> bool:
+    """Two printed numbers within half a unit of the coarser one's last digit (``1.5`` = ``1.50``, ``-0.0`` = ``0.0``;
+    ``1.234`` != ``1.235``)."""
+
+    def unit(text: bytes) -> float:
+        m = _PRINTED.fullmatch(text)
+        assert m is not None, text
+        return 10.0 ** (int(m[2] or 0) - len(m[1] or b""))
+
+    return abs(float(a) - float(b)) <= 0.5 * max(unit(a), unit(b)) * (1 + 1e-9)
+
+
+def compare_text(new: bytes, old: bytes, kind: str) -> str:
+    """The regenerated text ``new`` against the committed ``old``, ``kind`` ``json`` or ``md``: every byte outside
+    the numbers equal and each number equal within the kind's tolerance (JSON: ``JSON_RTOL``; Markdown: half a unit
+    of the last printed digit). ``equal within <tolerance>: <n> number(s) differ below it`` or ``DIFFERENT: line
+    <n>: <the first differing value or text, committed then regenerated>``."""
+    token, equal, tolerance = (
+        (_JSON_TOKEN, _json_equal, f"{JSON_RTOL:g} relative")
+        if kind == "json"
+        else (_MD_TOKEN, _printed_equal, "the printed digits")
+    )
+    a, b = _pieces(new, token), _pieces(old, token)
+    close = 0
+    for (got_at, got, got_number), (at, want, want_number) in zip(a, b):
+        if got == want:
+            continue
+        if got_number and want_number and equal(got, want):
+            close += 1
+            continue
+        if got_number and want_number:
+            line = old.count(b"\n", 0, at) + 1
+            return f"DIFFERENT: line {line}: committed {want.decode()}, regenerated {got.decode()}"
+        same = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+        return _lines_differ(new, got_at + same, old, at + same)
+    if len(a) != len(b):
+        return _lines_differ(
+            new, len(new) if len(a) < len(b) else a[len(b)][0], old, b[len(a)][0] if len(a) < len(b) else len(old)
+        )
+    return f"equal within {tolerance}: {close} number(s) differ below it"
+
+
+def _lines_differ(new: bytes, new_at: int, old: bytes, old_at: int, width: int = 80) -> str:
+    """``DIFFERENT: line <n>: committed <its line>, regenerated <its line>``: the lines holding the first difference
+    (at ``old_at`` in the committed text, ``new_at`` in the regenerated one)."""
+
+    def line_at(text: bytes, at: int) -> str:
+        start = text.rfind(b"\n", 0, at) + 1
+        end = text.find(b"\n", at)
+        s = text[start : end if end >= 0 else len(text)].decode(errors="replace")
+        return repr(s if len(s) <= width else s[:width] + "...")
+
+    line = old.count(b"\n", 0, old_at) + 1
+    return f"DIFFERENT: line {line}: committed {line_at(old, old_at)}, regenerated {line_at(new, new_at)}"
+
+
 def compare(new: Path, old: Path) -> str:
-    """``identical``, ``identical, <what> masked`` or ``DIFFERENT``: the regenerated file against the committed."""
+    """The regenerated file against the committed: ``identical``, ``identical, <what> masked``, for JSON and
+    Markdown ``equal within ...`` (:func:`compare_text`), else ``DIFFERENT`` (``: line <n>: ...`` for those two)."""
     a, b = new.read_bytes(), old.read_bytes()
     if a == b:
         return "identical"
     undated = b"/CreationDate (D:00000000000000Z)"
     if new.suffix == ".pdf" and PDF_DATE.sub(undated, a) == PDF_DATE.sub(undated, b):
         return "identical, PDF CreationDate masked"
-    if new.suffix in (".json", ".md") and _mask_source(a) == _mask_source(b):
+    if new.suffix not in (".json", ".md"):
+        return "DIFFERENT"
+    a, b = _mask_source(a), _mask_source(b)
+    if a == b:
         return "identical, absolute source path masked"
-    return "DIFFERENT"
+    return compare_text(a, b, new.suffix[1:])
 
 
 def _lay_out(scratch: Path, report: Report) -> None:
@@ -203,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             rel = new.relative_to(out)
             old = RESULTS / report.out / rel
             status = compare(new, old) if old.is_file() else "not committed"
-            counts[status] = counts.get(status, 0) + 1
+            what = status.split(":")[0]  # DIFFERENT, equal within <tolerance>, identical...
+            counts[what] = counts.get(what, 0) + 1
             print(f"{(Path(report.out) / rel).as_posix()}: {status}", flush=True)
     for what, why in not_regenerable.items():
         print(f"{what}: not regenerable ({why})")

@@ -16,6 +16,17 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 FROZEN = Path(__file__).resolve().parent / "data" / "study_plans.json"
+REGENERATE = "python tests/study_plans.py"  # (re)writes FROZEN from the code as it plans now
+
+
+def stale(what: str) -> str:
+    """The failure message of a comparison with FROZEN: what differs, and how to rewrite the file after a deliberate
+    change."""
+    return (
+        f"{what} differs from tests/data/study_plans.json; if the change is deliberate, rewrite that file with "
+        f"`{REGENERATE}` (from the repository root, ~3 min) and review its diff"
+    )
+
 
 # (label, argv after the study's name): the default launch, and one with every option that changes the plan
 VARIANTS = (

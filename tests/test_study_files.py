@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from study_plans import FROZEN, LR_VARIANT, VARIANTS, regenerate_reports, study_plan
+from study_plans import FROZEN, LR_VARIANT, VARIANTS, regenerate_reports, stale, study_plan
 
 from sweeps import study
 from sweeps.study_spec import STUDY_DIR, StudyFileError, load_studies
@@ -26,8 +26,8 @@ RENAMED_SCRATCH = {"cpu_deep_ablations": "deep_ablations", "cpu_deep_block_size"
 
 
 def test_the_studies_are_the_ones_there_were():
-    assert sorted(study.STUDIES) == sorted(FROZEN_PLANS["studies"])
-    assert FROZEN_PLANS["default"] == study.DEFAULT_STUDY
+    assert sorted(study.STUDIES) == sorted(FROZEN_PLANS["studies"]), stale("the list of studies")
+    assert FROZEN_PLANS["default"] == study.DEFAULT_STUDY, stale("the default study")
 
 
 @pytest.mark.slow
@@ -37,15 +37,15 @@ def test_every_study_plans_the_commands_and_analysis_it_planned_before(name):
     of each study, under the default launch, one with every plan-changing option and (lr studies) --arms all."""
     variants = [*VARIANTS, LR_VARIANT] if study.STUDIES[name].tuned_config else VARIANTS
     expected = FROZEN_PLANS["studies"][name]
-    assert sorted(expected) == sorted(label for label, _ in variants)
+    assert sorted(expected) == sorted(label for label, _ in variants), stale(f"study {name}'s variants")
     for label, argv in variants:
-        assert study_plan(name, argv) == expected[label], (name, label)
+        assert study_plan(name, argv) == expected[label], stale(f"study {name}'s plan ({label})")
 
 
 def test_the_figures_studies_and_the_regenerated_reports_are_the_ones_there_were():
-    assert [[n, s, list(r)] for n, s, r in study.FIGURE_STUDIES] == FROZEN_PLANS["figures"]
+    assert [[n, s, list(r)] for n, s, r in study.FIGURE_STUDIES] == FROZEN_PLANS["figures"], stale("the figures")
     planned, not_regenerable = regenerate_reports().planned_reports()
-    assert not_regenerable == FROZEN_PLANS["not_regenerable"]
+    assert not_regenerable == FROZEN_PLANS["not_regenerable"], stale("the reports not regenerable")
     got = {
         r.out: {
             "command": list(r.command),
@@ -61,7 +61,7 @@ def test_the_figures_studies_and_the_regenerated_reports_are_the_ones_there_were
         for old, new in RENAMED_SCRATCH.items():
             text = text.replace(f'"{old}"', f'"{new}"').replace(f"runs/{old}/", f"runs/{new}/")
         expected[r["out"]] = json.loads(text)
-    assert got == expected
+    assert got == expected, stale("the reports scripts/regenerate_reports.py regenerates")
     # --only picks reports before any study's sweep is composed
     only, none = regenerate_reports().planned_reports({"cpu_map", "README.md"})
     assert [r.out for r in only] == ["cpu_map", ""]

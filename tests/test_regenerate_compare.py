@@ -1,0 +1,74 @@
+"""scripts/regenerate_reports.py's comparison of a regenerated report with the committed one: bytes outside the
+numbers as they are, JSON numbers within 1e-8 relative (JSON_RTOL), Markdown numbers at the digits printed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from study_plans import regenerate_reports
+
+DOC = {"study": "cpu_deep_12345678901234", "variants": {"baseline": {"A": 412.3456789012345, "E": 1.7}}, "n": 24}
+
+
+def _json(a_scale: float = 1.0, **changes: object) -> bytes:
+    doc = json.loads(json.dumps(DOC))
+    doc["variants"]["baseline"]["A"] *= a_scale
+    doc.update(changes)
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def test_json_numbers_are_equal_within_1e_8_relative_and_different_beyond():
+    compare_text = regenerate_reports().compare_text
+    assert compare_text(_json(1 + 1e-12), _json(), "json") == "equal within 1e-08 relative: 1 number(s) differ below it"
+    assert compare_text(_json(1 + 1e-6), _json(), "json") == (
+        f"DIFFERENT: line 5: committed {DOC['variants']['baseline']['A']!r}, "
+        f"regenerated {DOC['variants']['baseline']['A'] * (1 + 1e-6)!r}"
+    )
+    assert compare_text(_json(n=25), _json(), "json") == "DIFFERENT: line 9: committed 24, regenerated 25"
+
+
+def test_json_text_compares_byte_for_byte_digits_in_strings_included():
+    compare_text = regenerate_reports().compare_text
+    near = _json(study="cpu_deep_12345678901235")  # as numbers these digits would be within 1e-9
+    assert compare_text(near, _json(), "json") == (
+        'DIFFERENT: line 2: committed \'  "study": "cpu_deep_12345678901234",\', '
+        'regenerated \'  "study": "cpu_deep_12345678901235",\''
+    )
+    spaced = json.dumps(DOC, indent=1).encode() + b"\n"  # the same document, laid out otherwise
+    assert compare_text(spaced, _json(), "json").startswith("DIFFERENT: line 2")
+    assert compare_text(_json()[:-20], _json(), "json").startswith("DIFFERENT")
+
+
+TABLE = """| arm | Δ val loss | 95% CI | steps |
+|---|---|---|---|
+| block_attnres | {d} | {lo}-{hi} | 24 |
+"""
+
+
+def test_markdown_numbers_compare_at_the_digits_printed():
+    compare_text = regenerate_reports().compare_text
+    committed = TABLE.format(d="-0.021", lo="-0.030", hi="-0.012").encode()
+    assert compare_text(committed, committed, "md") == "equal within the printed digits: 0 number(s) differ below it"
+    digit = TABLE.format(d="-0.022", lo="-0.030", hi="-0.012").encode()
+    assert compare_text(digit, committed, "md") == "DIFFERENT: line 3: committed -0.021, regenerated -0.022"
+    zero = TABLE.format(d="0.000", lo="-0.030", hi="-0.012").encode()
+    signed = TABLE.format(d="-0.000", lo="-0.030", hi="-0.012").encode()
+    assert compare_text(signed, zero, "md").startswith("equal within the printed digits: 1 number(s)")
+    worded = committed.replace(b"block_attnres", b"full_attnres")
+    assert compare_text(worded, committed, "md").startswith("DIFFERENT: line 3: committed '")
+
+
+@pytest.mark.parametrize(
+    ("suffix", "first"), [(".json", "equal within 1e-08"), (".md", "DIFFERENT"), (".png", "DIFFERENT")]
+)
+def test_compare_files_by_kind(tmp_path: Path, suffix: str, first: str):
+    """A JSON file within tolerance is equal; a Markdown one whose printed digit moved and any other file that is not
+    byte-identical are different; a byte-identical file is identical."""
+    compare = regenerate_reports().compare
+    old, new = tmp_path / f"old{suffix}", tmp_path / f"new{suffix}"
+    old.write_bytes(_json() if suffix == ".json" else b"| m | 1.234 |\n")
+    new.write_bytes(_json(1 + 1e-12) if suffix == ".json" else b"| m | 1.235 |\n")
+    assert compare(new, old).startswith(first)
+    assert compare(old, old) == "identical"
