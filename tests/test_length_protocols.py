@@ -1,0 +1,61 @@
+"""The length study under two lr protocols side by side (analysis.studies.length_protocols): on the committed
+shared-lr records and a copy of them with known per-arm, per-budget loss changes, every shift, gain and growth is
+the planted one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.io.runs import load_results
+from analysis.studies.length_protocols import OWN, SHARED, compare_protocols, protocols_markdown
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_RESULTS = REPO / "docs" / "results" / "cpu_deep_budgets" / "results.csv"
+
+
+def _own_lr_copy(shared: pd.DataFrame, change: dict[tuple[str, float], float]) -> pd.DataFrame:
+    """The shared-lr table as if rerun at each budget's own lr: the lr halved per 4x budget, each (arm, budget)'s
+    loss moved by ``change`` plus seed noise that cancels in the mean."""
+    own = shared.copy()
+    tpp = own["budget"].astype(float)  # tokens per parameter of the baseline's N, as the launch planned it
+    own["lr"] = own["lr"] * (8.0 / tpp) ** 0.5
+    noise = np.where(own["seed"] < 10, 1e-3, -1e-3)  # design seeds 0-2 up, held-out 20-22 down
+    own["val_loss"] = own["val_loss"] + [change.get((v, t), 0.0) for v, t in zip(own["variant"], tpp)] + noise
+    return own
+
+
+def test_shift_gain_and_growth_are_the_planted_ones() -> None:
+    shared = load_results(SHARED_RESULTS)
+    change = {("baseline", 128.0): -0.010, ("block_attnres", 128.0): -0.026, ("block_attnres", 32.0): -0.004}
+    doc = compare_protocols(shared, _own_lr_copy(shared, change))
+    cells = {(c["size"], c["tokens_per_param"]): c for c in doc["cells"]}
+    assert len(cells) == 12  # 4 rungs x 3 budgets
+    for (_size, tpp), c in cells.items():
+        planted_gain_ref = change.get(("baseline", tpp), 0.0)
+        planted_gain_arm = change.get(("block_attnres", tpp), 0.0)
+        assert c["gain_baseline"] == pytest.approx(planted_gain_ref, abs=1e-9)
+        assert c["gain_block_attnres"] == pytest.approx(planted_gain_arm, abs=1e-9)
+        assert c["shift"] == pytest.approx(planted_gain_arm - planted_gain_ref, abs=1e-9)
+        assert c[f"delta_{OWN}"] == pytest.approx(c[f"delta_{SHARED}"] + c["shift"], abs=1e-9)
+        assert c["n_pairs"] == 6
+        assert c[f"lr_baseline_{OWN}"] == pytest.approx(c[f"lr_baseline_{SHARED}"] * (8 / tpp) ** 0.5)
+    growth = {(g["size"], g["protocol"]): g for g in doc["growth"]}
+    for size in {s for s, _ in cells}:
+        shared_growth = cells[(size, 128.0)][f"delta_{SHARED}"] - cells[(size, 8.0)][f"delta_{SHARED}"]
+        assert growth[(size, SHARED)]["growth"] == pytest.approx(shared_growth, abs=1e-9)
+        assert growth[(size, OWN)]["growth"] == pytest.approx(shared_growth - 0.016, abs=1e-9)
+    text = "\n".join(protocols_markdown(doc))
+    assert "at each budget's own lr: block_attnres's gain grows with training length at" in text
+    assert text.count("| deep_L16 |") == 4  # three budgets and one growth row
+
+
+def test_a_cell_mixing_lrs_within_one_protocol_stops() -> None:
+    shared = load_results(SHARED_RESULTS)
+    own = _own_lr_copy(shared, {})
+    own.loc[own.index[0], "lr"] *= 0.5
+    with pytest.raises(ValueError, match="runs at 2 lrs"):
+        compare_protocols(shared, own)
