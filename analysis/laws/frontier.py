@@ -15,9 +15,25 @@ there. Where the arm's frontier loss lies below every loss of the reference's fr
 (reported as n/a). Over the measured span of C (the records' smallest to largest compute), twice: with N free over
 the rungs' range widened e^N_SPAN each way (the law extrapolated in N where N_opt leaves the rungs), and with N kept
 inside the measured rungs (``within_rungs``: what the measured model sizes reach; at the top of C on a ladder whose
-compute-optimal model is larger than its largest rung, that rung's). The bands: the paired
-cluster bootstrap over seeds (analysis.laws.bootstrap; both arms of a (rung, budget, seed) cell drawn together), each
-replicate refitted from the point estimate, 95% percentile intervals.
+compute-optimal model is larger than its largest rung, that rung's). M(C) is found by Newton's method on ln C'
+(the frontier's slope in ln C is the law's dL/d ln D at N_opt, the envelope theorem), kept inside a bracket. Each
+curve says where it reads the laws (``reads``): the arm's at C, the reference's at C' = M(C) C, their N_opt and
+tokens per parameter against the measured range; "inside the rungs" is inside them in N only, and at the top of the
+span it reads the reference's law past the largest measured budget.
+
+The bands: the paired cluster bootstrap over seeds (analysis.laws.bootstrap; both arms of a (rung, budget, seed)
+cell drawn together), each replicate refitted from the point estimate, 95% percentile intervals. The top of the span
+is where those intervals are least stable from one bootstrap seed to the next (its ends are extreme quantiles of an
+extrapolation), so the replicates are doubled from FRONTIER_B (:func:`fit_arms_adaptive`) until two bootstrap draws
+would give M's half-width at the top within HALF_WIDTH_TOL of each other (95% of the time), with N free and inside
+the rungs, or FRONTIER_B_MAX is reached. The draws' own error of that half-width is estimated from quarters of the
+replicates: se_B = sd(the quarters' half-widths) / 2 (each quarter has B / 4 replicates), and two draws of B differ
+by at most 1.96 sqrt(2) se_B that often. The report gives the half-width with its se_B.
+
+Equal exponents: the arm's alpha and beta minus the reference's, with intervals from the same paired replicates
+(both arms refitted on one draw); where either excludes 0 the arms' laws are not parallel, M(C) changes with C and
+can cross 1, and the report warns of it with the crossings of 1 on the span. Approach 2 (isoFLOP profiles through
+the rungs reaching each C, analysis.laws.isoflop) stands beside approach 3 where three rungs reach a compute level.
 
 The rollout holds out the largest rung (every budget) and, separately, the largest budget (every rung), fits the
 rest and predicts each held-out cell's mean loss per arm: ln L_pred ± sqrt(d_fit² + (1.96 s)²) per end, d_fit the
@@ -39,6 +55,7 @@ from threadpoolctl import threadpool_limits
 from ..io.token_budget import tokens_per_param
 from . import bootstrap as bs
 from .fit import HUBER_DELTA
+from .isoflop import isoflop_lines, isoflop_markdown, isoflop_profiles
 from .nd_fit import fit_theta, log_loss, refit_theta
 from .rollout import Z95
 
@@ -47,6 +64,10 @@ N_SPAN = 4.0  # the grid spans the measured ln N range widened by this on each s
 C_POINTS = 25  # points of the M(C) curve over the measured span of C
 COMPUTE = "pflops_days"
 MIN_CELLS = 6  # (rung, budget) cells per arm: the five-parameter law needs at least six
+FRONTIER_B = 1000  # the bootstrap replicates of M(C) to start from (each refits both arms' five-parameter laws)
+FRONTIER_B_MAX = 8000  # ... doubled until the top's half-width is stable (fit_arms_adaptive), at most this
+HALF_WIDTH_TOL = 0.02  # the agreement sought between two bootstrap draws of M's half-width at the top (95%)
+ROLLOUT_B = 400  # the rollouts' replicates (prediction intervals of cell means: no extreme quantile)
 
 
 def frontier_runs(df: pd.DataFrame, arm: str, reference: str) -> pd.DataFrame:
@@ -86,13 +107,31 @@ class ArmLaw:
 
     def frontier(self, C: np.ndarray, lnN_grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """L*(C) and N_opt(C): the law minimised over the ln N grid at each C (D = C / (k(N) N))."""
+        L, N_opt, _ = self.frontier_slope(np.log(np.asarray(C, float)), lnN_grid)
+        return L, N_opt
+
+    def frontier_slope(self, lnC: np.ndarray, lnN_grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """L*, N_opt and dL*/d ln C at each ln C: at the optimal N the slope is the law's dL/d ln D there (the
+        envelope theorem; at fixed N, d ln D = d ln C)."""
         c0, c1 = self.k
-        lnC = np.log(np.asarray(C, float))[:, None]
         lnN = lnN_grid[None, :]
-        lnD = lnC - c0 - (1.0 + c1) * lnN
+        lnD = np.asarray(lnC, float)[:, None] - c0 - (1.0 + c1) * lnN
         lnL = log_loss(self.theta, lnN - math.log(self.N0), lnD - math.log(self.D0))
         i = np.argmin(lnL, axis=1)
-        return np.exp(lnL[np.arange(len(i)), i]), np.exp(lnN_grid[i])
+        rows = np.arange(len(i))
+        b, beta = self.theta[2], self.theta[3]
+        slope = -beta * np.exp(b - beta * (lnD[rows, i] - math.log(self.D0)))
+        return np.exp(lnL[rows, i]), np.exp(lnN_grid[i]), slope
+
+    def tokens_per_param(self, C: np.ndarray, N: np.ndarray) -> np.ndarray:
+        """D / N at compute C and size N under the arm's compute model (D = C / (k(N) N))."""
+        c0, c1 = self.k
+        lnN = np.log(np.asarray(N, float))
+        return np.exp(np.log(np.asarray(C, float)) - c0 - (1.0 + c1) * lnN - lnN)
+
+    def d_law(self) -> dict[str, Any]:
+        """The law's D-term B D^-beta in analysis.laws.cell_multiplier's form (s_scale (D / D0)^-beta)."""
+        return {"s_scale": math.exp(self.theta[2]), "beta": float(self.theta[3]), "D0": self.D0, "flat": False}
 
 
 def compute_model(d: pd.DataFrame) -> tuple[float, float]:
@@ -118,38 +157,120 @@ def fit_arms(
 ) -> tuple[dict[str, ArmLaw], dict[str, list[ArmLaw]], bs.ResamplePlan]:
     """Each arm's law (point estimate) and its bootstrap replicates, from one paired draw of ``d``'s cells."""
     plan = bs.plan_resampling(d, B=B, seed=seed, mode="auto", residual_sigma=0.01)
-    Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "frontier"))
+    point = point_laws(d, arms, delta)
+    return point, replicate_laws(d, arms, point, plan, "frontier", delta), plan
+
+
+def point_laws(d: pd.DataFrame, arms: list[str], delta: float) -> dict[str, ArmLaw]:
+    """Each arm's approach-3 law fitted to its runs in ``d`` (N and D normalised by the geometric means of ``d``)."""
     N0, D0 = float(np.exp(np.log(d["N"]).mean())), float(np.exp(np.log(d["D"]).mean()))
     point: dict[str, ArmLaw] = {}
+    with threadpool_limits(limits=1, user_api="blas"):
+        for arm in arms:
+            sub = d[(d["variant"] == arm).to_numpy()]
+            lnN, lnD, lnL = _normalised(sub, N0, D0)
+            point[arm] = ArmLaw(fit_theta(lnN, lnD, lnL, np.ones(len(sub)), delta)[0], N0, D0, compute_model(sub))
+    return point
+
+
+def replicate_laws(
+    d: pd.DataFrame, arms: list[str], point: dict[str, ArmLaw], plan: bs.ResamplePlan, key: str, delta: float
+) -> dict[str, list[ArmLaw]]:
+    """``plan.B`` paired-bootstrap replicates of each arm's law (both arms refitted on one draw of ``d``'s cells,
+    from the rng of ``key``), each started from the point estimate."""
+    Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, key))
     boot: dict[str, list[ArmLaw]] = {}
     with threadpool_limits(limits=1, user_api="blas"):
         for arm in arms:
             rows = (d["variant"] == arm).to_numpy()
-            sub = d[rows]
-            lnN, lnD, lnL = _normalised(sub, N0, D0)
-            k = compute_model(sub)
-            theta, _ = fit_theta(lnN, lnD, lnL, np.ones(len(sub)), delta)
-            point[arm] = ArmLaw(theta, N0, D0, k)
-            boot[arm] = []
-            for i in range(plan.B):
-                lnLi = np.log(np.maximum(Ls[i, rows], 1e-9))
-                boot[arm].append(ArmLaw(refit_theta(lnN, lnD, lnLi, Ws[i, rows], delta, theta), N0, D0, k))
-    return point, boot, plan
+            law = point[arm]
+            lnN, lnD, _ = _normalised(d[rows], law.N0, law.D0)
+            boot[arm] = [
+                ArmLaw(
+                    refit_theta(lnN, lnD, np.log(np.maximum(Ls[i, rows], 1e-9)), Ws[i, rows], delta, law.theta),
+                    law.N0,
+                    law.D0,
+                    law.k,
+                )
+                for i in range(plan.B)
+            ]
+    return boot
+
+
+def fit_arms_adaptive(
+    d: pd.DataFrame, arms: list[str], B: int, B_max: int, seed: int, delta: float
+) -> tuple[dict[str, ArmLaw], dict[str, list[ArmLaw]], bs.ResamplePlan, list[dict[str, Any]]]:
+    """:func:`fit_arms` with the replicates doubled from ``B`` until, with N free and with N inside the rungs, the
+    draws' error of M's half-width at the top of the span (:func:`top_half_width`) is small enough that two draws
+    of B give half-widths within HALF_WIDTH_TOL (1.96 sqrt(2) se <= HALF_WIDTH_TOL), or ``B_max`` is reached; the
+    history of each step (B, each curve's half-width and se) is returned beside the laws."""
+    plan = bs.plan_resampling(d, B=B, seed=seed, mode="auto", residual_sigma=0.01)
+    point = point_laws(d, arms, delta)
+    boot = replicate_laws(d, arms, point, plan, "frontier", delta)
+    reference, arm = arms
+    C_top = np.array([d["C"].max()])
+    grids = {"free": _lnN_grid(d), "within_rungs": _lnN_grid(d, 0.0)}
+    history: list[dict[str, Any]] = []
+    while True:
+        total = bs.ResamplePlan(**{**plan.to_dict(), "B": len(boot[arm])})
+        step: dict[str, Any] = {"B": total.B}
+        for name, grid in grids.items():
+            M = multiplier_at(point[reference], point[arm], C_top, grid)
+            Mb = np.array([multiplier_at(br, ba, C_top, grid) for br, ba in zip(boot[reference], boot[arm])])
+            half, se = top_half_width(M, Mb, total)
+            step[name] = {"half_width": half, "se": se}
+        history.append(step)
+        stable = all(
+            e["se"] is None or Z95 * math.sqrt(2) * e["se"] <= HALF_WIDTH_TOL for e in (step[n] for n in grids)
+        )
+        if stable or B_max <= total.B:
+            step["stopped"] = "stable" if stable else f"B_max = {B_max} reached"
+            return point, boot, total, history
+        more = bs.ResamplePlan(**{**plan.to_dict(), "B": min(total.B, B_max - total.B)})
+        extra = replicate_laws(d, arms, point, more, f"frontier:{len(history)}", delta)
+        boot = {a: boot[a] + extra[a] for a in arms}
+
+
+def top_half_width(M: np.ndarray, Mb: np.ndarray, plan: bs.ResamplePlan) -> tuple[float | None, float | None]:
+    """M's 95% half-width over M at the last C of ``M`` (replicates ``Mb``: (B, C)), and the draws' own error of it,
+    se = sd(its value from each quarter of the replicates) / 2 (None under 8 replicates or an undefined end)."""
+    top = len(M) - 1
+    lo, hi = _band(M[top:], Mb[:, top:], plan, log=True)
+    half = _half_width(M[top], lo, hi)
+    if half is None or len(Mb) < 8:
+        return half, None
+    quarters = np.array_split(np.arange(len(Mb)), 4)
+    parts = [_half_width(M[top], *_band(M[top:], Mb[q, top:], plan, log=True)) for q in quarters]
+    if any(p is None for p in parts):
+        return half, None
+    return half, float(np.std(parts, ddof=1)) / 2
+
+
+M_REACH = 1e4  # M(C) is sought within C / M_REACH .. C x M_REACH; beyond it, NaN
 
 
 def multiplier_at(base: ArmLaw, arm: ArmLaw, C: np.ndarray, lnN_grid: np.ndarray) -> np.ndarray:
     """M(C) = C' / C with L*_base(C') = L*_arm(C); NaN where the arm's loss lies outside the reference's frontier
-    over C / 1e4 .. C x 1e4."""
-    L_arm, _ = arm.frontier(C, lnN_grid)
-    Cq = np.geomspace(C.min() / 1e4, C.max() * 1e4, 801)
-    L_base, _ = base.frontier(Cq, lnN_grid)
-    # L*_base falls with C: interpolate ln C' against -L*
-    ok = np.isfinite(L_base)
-    x, y = -L_base[ok], np.log(Cq[ok])
-    order = np.argsort(x)
-    x, y = x[order], y[order]
-    lnC_equal = np.interp(-L_arm, x, y, left=np.nan, right=np.nan)
-    return np.exp(lnC_equal) / C
+    over C / M_REACH .. C x M_REACH. The root in ln C' by Newton's method on L*_base (its slope from
+    ArmLaw.frontier_slope), kept inside a bracket and bisecting where a step leaves it."""
+    lnC = np.log(np.asarray(C, float))
+    target, _ = arm.frontier(C, lnN_grid)
+    lo, hi = lnC - math.log(M_REACH), lnC + math.log(M_REACH)
+    L_lo, L_hi = base.frontier(np.exp(lo), lnN_grid)[0], base.frontier(np.exp(hi), lnN_grid)[0]
+    ok = (target <= L_lo) & (target >= L_hi)  # L*_base falls with C: the root is bracketed
+    x = np.clip(lnC, lo, hi)
+    for _ in range(100):
+        L, _, slope = base.frontier_slope(x, lnN_grid)
+        f = L - target
+        done = ~ok | (np.abs(f) <= 1e-13 * np.abs(target)) | (hi - lo < 1e-12)
+        if done.all():
+            break
+        lo, hi = np.where(f > 0, x, lo), np.where(f > 0, hi, x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = x - f / slope
+        inside = np.isfinite(step) & (step >= lo) & (step <= hi)
+        x = np.where(done, x, np.where(inside, step, (lo + hi) / 2))
+    return np.where(ok, np.exp(x - lnC), np.nan)
 
 
 def _lnN_grid(d: pd.DataFrame, span: float = N_SPAN) -> np.ndarray:
@@ -181,7 +302,8 @@ def _curves(
     boot: dict[str, list[ArmLaw]],
     plan: bs.ResamplePlan,
 ) -> dict[str, Any]:
-    """L*(C) per arm (``arms``: reference, arm) and M(C) with their bands, minimised over ``grid`` (ln N)."""
+    """L*(C) per arm (``arms``: reference, arm) and M(C) with their bands, minimised over ``grid`` (ln N), and where
+    each law is read: the arm's at C, the reference's at C' = M(C) C (``reads``: N_opt and tokens per parameter)."""
     reference, arm = arms
     out: dict[str, Any] = {"arms": {}}
     for a in arms:
@@ -200,15 +322,49 @@ def _curves(
     Mb = np.array([multiplier_at(br, ba, C, grid) for br, ba in zip(boot[reference], boot[arm])])
     lo, hi = _band(M, Mb, plan, log=True)
     top = len(C) - 1
-    half = (hi[top] - lo[top]) / 2 / M[top] if lo[top] and hi[top] and np.isfinite(M[top]) else None
     out["M"] = {
         "M": [_num(m) for m in M],
         "ci95_lo": lo,
         "ci95_hi": hi,
         "undefined_replicates": int((~np.isfinite(Mb)).any(axis=1).sum()),
-        "half_width_over_M_at_top": half,
+        "half_width_over_M_at_top": _half_width(M[top], lo[top], hi[top]),
+        # how much the top's half-width still moves with the draws: its standard error from quarters of them
+        "half_width_at_top_se": top_half_width(M, Mb, plan)[1],
     }
+    out["reads"] = _reads(d, C, M, grid, point[reference], point[arm])
     return out
+
+
+def _half_width(m: float, lo: Any, hi: Any) -> float | None:
+    """(hi - lo) / 2 / m, or None where an end or m is undefined (``lo``/``hi`` may be one-element lists)."""
+    lo, hi = (x[0] if isinstance(x, list) else x for x in (lo, hi))
+    return (hi - lo) / 2 / m if lo and hi and np.isfinite(m) else None
+
+
+def _reads(d: pd.DataFrame, C: np.ndarray, M: np.ndarray, grid: np.ndarray, base: ArmLaw, arm: ArmLaw) -> dict:
+    """Where M(C) reads each law: the arm's at C (its N_opt and D / N), the reference's at C' = M(C) C; with the
+    largest and smallest D / N read against those measured, and N_opt's reach beyond the measured rungs (a factor
+    >= 1)."""
+    _, n_arm = arm.frontier(C, grid)
+    Cp = C * np.where(np.isfinite(M), M, np.nan)
+    ok = np.isfinite(Cp)
+    n_ref = np.full(len(C), np.nan)
+    if ok.any():
+        n_ref[ok] = base.frontier(Cp[ok], grid)[1]
+    tpp_arm, tpp_ref = arm.tokens_per_param(C, n_arm), base.tokens_per_param(Cp, n_ref)
+    n_lo, n_hi = d["N"].min(), d["N"].max()
+    n_all = np.concatenate([n_arm, n_ref[ok]])
+    return {
+        "reference_N": [_num(x) for x in n_ref],
+        "reference_tokens_per_param": [_num(x) for x in tpp_ref],
+        "arm_N": n_arm.tolist(),
+        "arm_tokens_per_param": tpp_arm.tolist(),
+        "largest_tokens_per_param_read": _num(np.nanmax(np.concatenate([tpp_arm, tpp_ref]))),
+        "largest_tokens_per_param_measured": float(d["tokens_per_param"].max()),
+        "smallest_tokens_per_param_read": _num(np.nanmin(np.concatenate([tpp_arm, tpp_ref]))),
+        "smallest_tokens_per_param_measured": float(d["tokens_per_param"].min()),
+        "N_reach": float(max(n_all.max() / n_hi, n_lo / n_all.min(), 1.0)),
+    }
 
 
 def frontier_curves(
@@ -266,34 +422,93 @@ def rollout_cells(
     return rows
 
 
+def exponent_test(point: dict[str, ArmLaw], boot: dict[str, list[ArmLaw]], plan, arms: tuple[str, str]) -> dict:
+    """Equal exponents between the arms (``arms``: reference, arm): per exponent (alpha of N, beta of D) the
+    difference arm - reference with its 95% interval from the paired bootstrap's replicates (both arms refitted on
+    one draw), and ``differ`` where that interval excludes 0. Exponents that differ make M(C) change with C (it is
+    one number only where they are equal), so it can cross 1."""
+    reference, arm = arms
+    out: dict[str, Any] = {}
+    for name, i in (("alpha", 1), ("beta", 3)):
+        diff = float(point[arm].theta[i] - point[reference].theta[i])
+        reps = np.array([ba.theta[i] - br.theta[i] for br, ba in zip(boot[reference], boot[arm])])
+        lo, hi = bs.interval(diff, reps, plan)
+        out[name] = {
+            "reference": float(point[reference].theta[i]),
+            "arm": float(point[arm].theta[i]),
+            "difference": diff,
+            "ci95": [lo, hi],
+            "differ": bool(lo > 0 or hi < 0),
+        }
+    out["differ"] = any(out[k]["differ"] for k in ("alpha", "beta"))
+    return out
+
+
+def crossings(C: list[float], M: list[float | None]) -> list[float]:
+    """The C where M(C) crosses 1 (interpolated in ln C between neighbouring defined points)."""
+    out = []
+    for i in range(len(C) - 1):
+        a, b = M[i], M[i + 1]
+        if a is None or b is None or (a - 1) * (b - 1) > 0 or a == b:
+            continue
+        t = math.log(a) / (math.log(a) - math.log(b))
+        out.append(math.exp(math.log(C[i]) + t * (math.log(C[i + 1]) - math.log(C[i]))))
+    return out
+
+
 def analyse_frontier(
     df: pd.DataFrame,
     arm: str = "block_attnres",
     reference: str = "baseline",
-    B: int = 400,
+    B: int = FRONTIER_B,
     seed: int = 0,
     delta: float = HUBER_DELTA,
+    B_max: int | None = None,
 ) -> dict[str, Any]:
-    """length.json ``frontier``: each arm's approach-3 law, L*(C) per arm, M(C) with its band, and the two
-    rollouts (largest rung held out, largest budget held out); or ``error`` saying why there is none."""
+    """length.json ``frontier``: each arm's approach-3 law, L*(C) per arm, M(C) with its band, the equal-exponent
+    test, approach 2 (analysis.laws.isoflop) and the two rollouts (largest rung held out, largest budget held out);
+    or ``error`` saying why there is none. ``B`` replicates, or with ``B_max`` from ``B`` doubled until the top's
+    half-width is stable (:func:`fit_arms_adaptive`; ``adaptive``: each step)."""
+    return frontier_with_laws(df, arm, reference, B, seed, delta, B_max)[0]
+
+
+def frontier_with_laws(
+    df: pd.DataFrame,
+    arm: str = "block_attnres",
+    reference: str = "baseline",
+    B: int = FRONTIER_B,
+    seed: int = 0,
+    delta: float = HUBER_DELTA,
+    B_max: int | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """:func:`analyse_frontier`'s document and the reference's approach-3 D-term, point and replicates in
+    analysis.laws.cell_multiplier's form (``{"point": {...}, "boot": {...}}``; None without a frontier). The
+    rollouts refit with min(B, ROLLOUT_B) replicates (their prediction intervals need fewer than M(C)'s top)."""
     d = frontier_runs(df, arm, reference)
     arms = [reference, arm]
     cells = d.groupby("variant")["cell"].nunique().reindex(arms).fillna(0)
     if cells.min() < MIN_CELLS:
-        return {"error": f"{int(cells.min())} (rung, budget) cells for one arm: the (N, D) law needs {MIN_CELLS}"}
+        return {"error": f"{int(cells.min())} (rung, budget) cells for one arm: the (N, D) law needs {MIN_CELLS}"}, None
     if d["tokens_per_param"].nunique() < 2 or d["rung"].nunique() < 2:
-        return {"error": "one rung or one budget only: N and D cannot be told apart"}
-    point, boot, plan = fit_arms(d, arms, B, seed, delta)
+        return {"error": "one rung or one budget only: N and D cannot be told apart"}, None
+    history = None
+    if B_max is not None and B_max > B:
+        point, boot, plan, history = fit_arms_adaptive(d, arms, B, B_max, seed, delta)
+    else:
+        point, boot, plan = fit_arms(d, arms, B, seed, delta)
     doc: dict[str, Any] = {
         "model": "L = E + A / N^alpha + B / D^beta per arm; C = k(N) N D (the records' pflops_days)",
         "loss": f"Huber (delta = {delta:g}) on log-loss, L-BFGS-B from a grid of starts",
         "bootstrap": plan.mode,
         "B": plan.B,
+        "seed": seed,
+        "adaptive": history,
         "n_runs": len(d),
         "rungs": sorted(d["rung"].unique(), key=lambda r: float(d.loc[d["rung"] == r, "N"].iloc[0])),
         "budgets": sorted(float(t) for t in d["tokens_per_param"].unique()),
         "laws": {a: _law_text(point[a]) for a in arms},
         "compute_model": {a: {"c0": point[a].k[0], "c1": point[a].k[1]} for a in arms},
+        "exponents": exponent_test(point, boot, plan, (reference, arm)),
     }
     doc |= frontier_curves(d, arm, reference, point, boot, plan)
     doc["rollout"] = {}
@@ -305,8 +520,11 @@ def analyse_frontier(
         if few or kept["rung"].nunique() < 2 or kept["tokens_per_param"].nunique() < 2:
             doc["rollout"][name] = {"error": "too few rungs, budgets or cells left to fit the (N, D) law"}
             continue
-        doc["rollout"][name] = {"cells": rollout_cells(d, held.to_numpy(), arms, B, seed, delta)}
-    return doc
+        doc["rollout"][name] = {"cells": rollout_cells(d, held.to_numpy(), arms, min(B, ROLLOUT_B), seed, delta)}
+    doc["approach2"] = isoflop_profiles(d, arm, reference, B=plan.B, seed=seed)
+    laws = [point[reference].d_law(), *(b.d_law() for b in boot[reference])]
+    d_law = {"point": laws[0], "boot": {k: np.array([x[k] for x in laws[1:]]) for k in laws[0]}}
+    return doc, d_law
 
 
 def _ci(lo: float | None, hi: float | None, spec: str = ".3f") -> str:
@@ -319,29 +537,79 @@ def _m_cell(M: dict[str, Any], i: int) -> str:
     return f"{'n/a' if m is None else f'{m:.3f}x'} {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}"
 
 
+def _points(C: list[float], M: dict[str, Any]) -> str:
+    """M(C) at the bottom, middle and top of the span with bands, and the top's half-width (with each half's)."""
+    pts = []
+    for i in (0, len(C) // 2, len(C) - 1):
+        m = M["M"][i]
+        pts.append(f"M({C[i]:.3g}) = " + (f"{m:.3f}x {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}" if m else "n/a"))
+    half, se = M["half_width_over_M_at_top"], M.get("half_width_at_top_se")
+    err = "" if se is None else f", ± {100 * se:.1f} points from the draws alone"
+    return f"{', '.join(pts)} (95% half-width at the top {'n/a' if half is None else f'{100 * half:.0f}%'}{err})"
+
+
+def _reach(reads: dict[str, Any] | None, reference: str) -> str:
+    """How far a curve reads the laws past the measurements: tokens per parameter (above the largest measured,
+    below the smallest) and N."""
+    if not reads or reads.get("largest_tokens_per_param_read") is None:
+        return ""
+    tpp, top = reads["largest_tokens_per_param_read"], reads["largest_tokens_per_param_measured"]
+    text = f"; reads the laws at up to {tpp:.0f} tokens per parameter (largest measured {top:g}"
+    text += f": {tpp / top:.1f}x past it in D)" if tpp > top * 1.01 else ")"
+    low, bottom = reads.get("smallest_tokens_per_param_read"), reads.get("smallest_tokens_per_param_measured")
+    if low is not None and bottom is not None and low < bottom / 1.01:
+        text += f", down to {low:.2g} (smallest measured {bottom:g}: {bottom / low:.1f}x below it)"
+    if reads.get("N_reach", 1.0) > 1.01:
+        text += f", and at N up to {reads['N_reach']:.1f}x beyond the rungs"
+    return text
+
+
+def exponent_lines(ex: dict[str, Any] | None, fr: dict[str, Any], arm: str, reference: str) -> list[str]:
+    """The equal-exponent test and, where the exponents differ, the crossover warning."""
+    if not ex:
+        return []
+    parts = [
+        f"{k} {ex[k]['arm']:.3f} vs {ex[k]['reference']:.3f}, difference {ex[k]['difference']:+.3f} "
+        f"{_ci(*ex[k]['ci95'], '+.3f')} ({'differ' if ex[k]['differ'] else 'equal within the interval'})"
+        for k in ("alpha", "beta")
+    ]
+    lines = [f"equal exponents ({arm} vs {reference}, paired bootstrap): {'; '.join(parts)}"]
+    if ex["differ"]:
+        where = []
+        for name, M in (("N free", fr["M"]), ("N inside the rungs", (fr.get("within_rungs") or {}).get("M"))):
+            if M:
+                cross = crossings(fr["C"], M["M"])
+                where.append(f"{name}: " + (", ".join(f"C = {c:.3g}" for c in cross) if cross else "not on the span"))
+        lines.append(
+            "WARNING, crossover: the exponents differ, so M(C) is not one number: it changes with C and can cross 1 "
+            f"(M = 1 on the measured span at {'; '.join(where)}); read M(C) where it is measured, not extrapolated"
+        )
+    return lines
+
+
 def frontier_lines(fr: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
-    """The headline: M(C) at the bottom, middle and top of the measured C with its band, and each rollout."""
+    """The headline: M(C) at the bottom, middle and top of the measured C with its band and how far each curve
+    reads the laws, the equal-exponent test, approach 2, and each rollout."""
     if not fr:
         return []
     if "error" in fr:
         return [f"compute-optimal frontier: n/a ({fr['error']})"]
     C = fr["C"]
-
-    def points(M: dict[str, Any]) -> str:
-        pts = []
-        for i in (0, len(C) // 2, len(C) - 1):
-            m = M["M"][i]
-            pts.append(f"M({C[i]:.3g}) = " + (f"{m:.3f}x {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}" if m else "n/a"))
-        half = M["half_width_over_M_at_top"]
-        return f"{', '.join(pts)} (95% half-width at the top {'n/a' if half is None else f'{100 * half:.0f}%'})"
-
-    free = (
-        f"frontier: {reference}'s compute to reach {arm}'s frontier loss, over {arm}'s (C in PFLOP/s-days), N free "
-        f"(extrapolated past the rungs where N_opt leaves them): {points(fr['M'])}"
-    )
-    lines = [free]
-    if fr.get("within_rungs"):
-        lines.append(f"frontier with N inside the measured rungs (no extrapolation): {points(fr['within_rungs']['M'])}")
+    free = f"{_points(C, fr['M'])}{_reach(fr.get('reads'), reference)}"
+    lines = [
+        (
+            f"frontier: {reference}'s compute to reach {arm}'s frontier loss, over {arm}'s (C in PFLOP/s-days), N free "
+            f"(extrapolated past the rungs where N_opt leaves them): {free}"
+        )
+    ]
+    within = fr.get("within_rungs")
+    if within:
+        lines.append(
+            f"frontier with N inside the measured rungs (no extrapolation in N): {_points(C, within['M'])}"
+            f"{_reach(within.get('reads'), reference)}"
+        )
+    lines += exponent_lines(fr.get("exponents"), fr, arm, reference)
+    lines += isoflop_lines(fr.get("approach2"), arm, reference)
     for name, ro in fr["rollout"].items():
         if "error" in ro:
             lines.append(f"frontier rollout without the {name.replace('_', ' ')}: n/a ({ro['error']})")
@@ -354,8 +622,58 @@ def frontier_lines(fr: dict[str, Any] | None, arm: str, reference: str) -> list[
     return lines
 
 
+def _tpp(reads: dict[str, Any] | None, i: int) -> str:
+    x = (reads or {}).get("reference_tokens_per_param", [None] * (i + 1))[i]
+    return "n/a" if x is None else f"{x:.0f}"
+
+
+def _curve_tables(fr: dict[str, Any], arm: str, reference: str) -> list[str]:
+    """The two M(C) tables: N free (with L* per arm) and N inside the measured rungs, every fourth C."""
+    header = (
+        f"| C (PFLOP/s-days) | L* {reference} [95%] | L* {arm} [95%] | N_opt {reference} | N_opt {arm} "
+        f"| {reference} read at D/N | M(C) [95%] |"
+    )
+    lines = [header, "|---|---|---|---|---|---|---|"]
+    ref, mine, M = fr["arms"][reference], fr["arms"][arm], fr["M"]
+    for i in range(0, len(fr["C"]), 4):
+        lines.append(
+            f"| {fr['C'][i]:.3g} | {ref['L_star'][i]:.4f} {_ci(ref['ci95_lo'][i], ref['ci95_hi'][i], '.4f')} "
+            f"| {mine['L_star'][i]:.4f} {_ci(mine['ci95_lo'][i], mine['ci95_hi'][i], '.4f')} "
+            f"| {ref['N_opt'][i]:.3g} | {mine['N_opt'][i]:.3g} | {_tpp(fr.get('reads'), i)} | {_m_cell(M, i)} |"
+        )
+    outside = [a for a in (reference, arm) if fr["arms"][a]["N_opt_outside_rungs"]]
+    if outside:
+        lines += ["", (f"N_opt lies outside the measured rungs somewhere on the span for {', '.join(outside)}: "
+                  "there the frontier extrapolates the law in N.")]  # fmt: skip
+    within = fr.get("within_rungs")
+    if not within:
+        return lines
+    lines += ["", "With N kept inside the measured rungs (the best the measured model sizes reach at C):", ""]
+    lines += [
+        f"| C (PFLOP/s-days) | N_opt {reference} | N_opt {arm} | {reference} read at D/N | M(C) [95%] |",
+        "|---|---|---|---|---|",
+    ]
+    for i in range(0, len(fr["C"]), 4):
+        n_ref, n_arm = within["arms"][reference]["N_opt"][i], within["arms"][arm]["N_opt"][i]
+        lines.append(
+            f"| {fr['C'][i]:.3g} | {n_ref:.3g} | {n_arm:.3g} | {_tpp(within.get('reads'), i)} "
+            f"| {_m_cell(within['M'], i)} |"
+        )
+    at_edge = [a for a in (reference, arm) if within["arms"][a]["N_opt_at_largest_rung"]]
+    if at_edge:
+        lines += ["", (f"N_opt reaches the largest rung on the span for {', '.join(at_edge)}: there the compute-"
+                  "optimal model is at least that large, and this frontier is the largest rung's.")]  # fmt: skip
+    reads = within.get("reads") or {}
+    if (reads.get("largest_tokens_per_param_read") or 0) > reads.get("largest_tokens_per_param_measured", 0) * 1.01:
+        lines += ["", (f"Inside the rungs in N, not in D: M(C) reads the {reference}'s law at up to "
+                  f"{reads['largest_tokens_per_param_read']:.0f} tokens per parameter, past the largest measured "
+                  f"({reads['largest_tokens_per_param_measured']:g}).")]  # fmt: skip
+    return lines
+
+
 def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
-    """length_summary.md's section: the laws, M(C) on the measured span, L*(C) per arm, and the rollouts."""
+    """length_summary.md's section: the laws, the equal-exponent test, M(C) on the measured span with where it reads
+    the laws, L*(C) per arm, approach 2, and the rollouts."""
     if not fr:
         return []
     head = [f"## The compute-optimal frontier: {arm} against {reference}", ""]
@@ -366,38 +684,17 @@ def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> li
         (
             f"{fr['model']}; {fr['loss']}; {fr['n_runs']} runs, rungs {', '.join(fr['rungs'])}, budgets "
             f"{', '.join(f'{b:g}' for b in fr['budgets'])} tokens per parameter; bands: {fr['bootstrap']} bootstrap "
-            f"over seeds, B = {fr['B']}. M(C) = the {reference}'s compute to reach the {arm}'s frontier loss at C, "
-            "over C."
+            f"over seeds, B = {fr['B']} (seed {fr.get('seed', 0)}). M(C) = the {reference}'s compute to reach the "
+            f"{arm}'s frontier loss at C, over C; '{reference} read at D/N': the tokens per parameter at which M(C) "
+            f"reads the {reference}'s law (at C' = M(C) C)."
         ),
         "",
         *(f"* {a}: {law}" for a, law in fr["laws"].items()),
         "",
-        f"| C (PFLOP/s-days) | L* {reference} [95%] | L* {arm} [95%] | N_opt {reference} | N_opt {arm} | M(C) [95%] |",
-        "|---|---|---|---|---|---|",
+        *_curve_tables(fr, arm, reference),
     ]
-    ref, mine, M = fr["arms"][reference], fr["arms"][arm], fr["M"]
-    for i in range(0, len(fr["C"]), 4):
-        lines.append(
-            f"| {fr['C'][i]:.3g} | {ref['L_star'][i]:.4f} {_ci(ref['ci95_lo'][i], ref['ci95_hi'][i], '.4f')} "
-            f"| {mine['L_star'][i]:.4f} {_ci(mine['ci95_lo'][i], mine['ci95_hi'][i], '.4f')} "
-            f"| {ref['N_opt'][i]:.3g} | {mine['N_opt'][i]:.3g} | {_m_cell(M, i)} |"
-        )
-    outside = [a for a in (reference, arm) if fr["arms"][a]["N_opt_outside_rungs"]]
-    if outside:
-        lines += ["", (f"N_opt lies outside the measured rungs somewhere on the span for {', '.join(outside)}: "
-                  "there the frontier extrapolates the law in N.")]  # fmt: skip
-    within = fr.get("within_rungs")
-    if within:
-        lines += ["", "With N kept inside the measured rungs (the best the measured model sizes reach at C):", ""]
-        lines += [f"| C (PFLOP/s-days) | N_opt {reference} | N_opt {arm} | M(C) [95%] |", "|---|---|---|---|"]
-        for i in range(0, len(fr["C"]), 4):
-            n_ref, n_arm = within["arms"][reference]["N_opt"][i], within["arms"][arm]["N_opt"][i]
-            lines.append(f"| {fr['C'][i]:.3g} | {n_ref:.3g} | {n_arm:.3g} | {_m_cell(within['M'], i)} |")
-        at_edge = [a for a in (reference, arm) if within["arms"][a]["N_opt_at_largest_rung"]]
-        if at_edge:
-            lines += ["", (f"N_opt reaches the largest rung on the span for {', '.join(at_edge)}: there the compute-"
-                      "optimal model is at least that large, and this frontier is the largest rung's.")]  # fmt: skip
     lines += ["", *(f"* {line}" for line in frontier_lines(fr, arm, reference)), ""]
+    lines += isoflop_markdown(fr.get("approach2"), arm, reference)
     for name, ro in fr["rollout"].items():
         if "error" in ro:
             continue

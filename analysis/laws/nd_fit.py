@@ -126,8 +126,7 @@ def refit_theta(
 def log_loss(theta: np.ndarray, lnN: np.ndarray, lnD: np.ndarray) -> np.ndarray:
     """ln L of theta at normalised ln N, ln D (broadcast)."""
     a, alpha, b, beta, e = theta
-    lnN, lnD = np.broadcast_arrays(lnN, lnD)
-    return logsumexp(np.stack([a - alpha * lnN, b - beta * lnD, np.full(lnN.shape, e)]), axis=0)
+    return np.logaddexp(np.logaddexp(a - alpha * np.asarray(lnN, float), b - beta * np.asarray(lnD, float)), e)
 
 
 def nd_fit(runs: pd.DataFrame, options: NDOptions | None = None) -> dict[str, Any]:
@@ -194,7 +193,7 @@ def _fit_arm(d: pd.DataFrame, arm: str, o: NDOptions) -> dict[str, Any]:
         "objective": obj,
         "rmse_log": float(np.sqrt(np.mean(resid**2))),
         "bootstrap": plan.mode,
-        "B": o.B,
+        "n_bootstrap": o.B,  # not "B": that key is the law's coefficient
     }
     return entry
 

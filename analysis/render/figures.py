@@ -1086,48 +1086,105 @@ def _block_size_axes(ax: plt.Axes, S: np.ndarray, title: str, ylabel: str) -> No
 
 
 @styled
-def frontier_figure(table: pd.DataFrame, fr: dict[str, Any] | None, stem: Path, arm: str, reference: str) -> list[Path]:
-    """Left: the same-seed Δ per (rung, budget) as a heat map (``table``: studies.training_length.gain_by_length);
-    right: M(C) with its 95% band over the measured span of C (where the frontier was fitted), with N kept inside the
-    measured rungs and with N free (the law extrapolated in N)."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 4.2))
-    rungs = list(dict.fromkeys(table["size"]))
-    budgets = sorted(set(table["tokens_per_param"]))
-    grid = np.full((len(rungs), len(budgets)), np.nan)
-    for r in table.itertuples():
-        grid[rungs.index(r.size), budgets.index(r.tokens_per_param)] = r.delta
-    lim = float(np.nanmax(np.abs(grid))) or 1.0
-    im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
-    ax.grid(False)
-    for (i, j), v in np.ndenumerate(grid):
-        if np.isfinite(v):
-            ink = "white" if abs(v) > 0.6 * lim else "black"
-            ax.text(j, i, f"{v:+.3f}", ha="center", va="center", fontsize=8, color=ink)
-    ax.set_xticks(range(len(budgets)), [f"{b:g}" for b in budgets])
-    ax.set_yticks(range(len(rungs)), rungs)
-    ax.set_xlabel("tokens per parameter")
-    ax.set_title(f"{arm} - {reference} (nats; blue: the arm wins)", fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.046)
+def frontier_figure(
+    table: pd.DataFrame,
+    fr: dict[str, Any] | None,
+    stem: Path,
+    arm: str,
+    reference: str,
+    cells: list[dict[str, Any]] | None = None,
+) -> list[Path]:
+    """Left: the same-seed Δ per (rung, budget) as a heat map (``table``: studies.training_length.gain_by_length),
+    each cell with its multiplier m (``cells``: analysis.laws.cell_multiplier) under it; right: M(C) with its 95%
+    band over the measured span of C (where the frontier was fitted), with N kept inside the measured rungs and with
+    N free (the law extrapolated in N), each labelled with how far it reads the reference's law in D, and approach
+    2's M(C) where it is defined."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.6))
+    _delta_heatmap(fig, ax, table, cells, arm, reference)
     if fr and "error" not in fr:
-        C = np.array(fr["C"])
-        curves = [("N inside the measured rungs", (fr.get("within_rungs") or {}).get("M")), ("N free", fr["M"])]
-        for (label, curve), ls in zip([c for c in curves if c[1]], ("-", "--")):
-            M = np.array([np.nan if m is None else m for m in curve["M"]])
-            lo = np.array([np.nan if m is None else m for m in curve["ci95_lo"]])
-            hi = np.array([np.nan if m is None else m for m in curve["ci95_hi"]])
-            line = bx.plot(C, M, marker=".", ls=ls, label=f"M(C), {label} (95% band)")[0]
-            bx.fill_between(C, lo, hi, alpha=0.2, color=line.get_color())
-        bx.axhline(1.0, color="black", lw=0.8)
-        bx.set_xscale("log")
-        bx.set_xlabel("compute C (PFLOP/s-days), the measured span")
-        bx.set_ylabel(f"M(C) = C_{reference} / C_{arm} at equal frontier loss", fontsize=8)
-        bx.legend(fontsize=8)
-        bx.set_title("compute-optimal frontier multiplier (approach 3 per arm)", fontsize=9)
+        _frontier_panel(bx, fr, reference, arm)
     else:
         bx.text(0.5, 0.5, f"no frontier: {(fr or {}).get('error', 'not fitted')}", ha="center", wrap=True, fontsize=8)
         bx.set_axis_off()
     fig.tight_layout()
     return save(fig, stem)
+
+
+def _delta_heatmap(
+    fig: plt.Figure, ax: plt.Axes, table: pd.DataFrame, cells: list[dict[str, Any]] | None, arm: str, reference: str
+) -> None:
+    rungs = list(dict.fromkeys(table["size"]))
+    budgets = sorted(set(table["tokens_per_param"]))
+    grid = np.full((len(rungs), len(budgets)), np.nan)
+    for r in table.itertuples():
+        grid[rungs.index(r.size), budgets.index(r.tokens_per_param)] = r.delta
+    m_of = {(c["size"], c["tokens_per_param"]): c for c in cells or []}
+    lim = float(np.nanmax(np.abs(grid))) or 1.0
+    im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
+    ax.grid(False)
+    for (i, j), v in np.ndenumerate(grid):
+        if not np.isfinite(v):
+            continue
+        text = f"{v:+.3f}"
+        c = m_of.get((rungs[i], budgets[j]))
+        if c is not None:
+            m = c.get("m")
+            text += "\nm " + (f"{m:.2f}x" if m is not None else str(c.get("note") or "n/a").split(":")[0])
+            x = c.get("d_star_over_d_max")
+            if m is not None and x is not None and x > 1:
+                text += f" ({x:.1f} D_max)"
+        ink = "white" if abs(v) > 0.6 * lim else "black"
+        ax.text(j, i, text, ha="center", va="center", fontsize=7.5, color=ink)
+    ax.set_xticks(range(len(budgets)), [f"{b:g}" for b in budgets])
+    ax.set_yticks(range(len(rungs)), rungs)
+    ax.set_xlabel("tokens per parameter")
+    title = f"{arm} - {reference} (nats; blue: the arm wins)"
+    if cells:
+        title += f"\nm: {reference}'s tokens to match, its own law at the rung"
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+
+
+def _reach_label(reads: dict[str, Any] | None) -> str:
+    """How far a frontier curve reads the laws (analysis.laws.frontier's ``reads``): D / N and N past the rungs."""
+    if not reads or reads.get("largest_tokens_per_param_read") is None:
+        return ""
+    lo, hi = reads["smallest_tokens_per_param_read"], reads["largest_tokens_per_param_read"]
+    text = f"; D/N read {lo:.2g}-{hi:.0f} (measured {reads['smallest_tokens_per_param_measured']:g}-"
+    text += f"{reads['largest_tokens_per_param_measured']:g})"
+    if reads.get("N_reach", 1.0) > 1.01:
+        text += f", N to {reads['N_reach']:.1f}x past the rungs"
+    return text
+
+
+def _frontier_panel(bx: plt.Axes, fr: dict[str, Any], reference: str, arm: str) -> None:
+    C = np.array(fr["C"])
+    within = fr.get("within_rungs") or {}
+    curves = [("N inside the rungs", within.get("M"), within.get("reads")), ("N free", fr["M"], fr.get("reads"))]
+    for (label, curve, reads), ls in zip([c for c in curves if c[1]], ("-", "--")):
+        M = np.array([np.nan if m is None else m for m in curve["M"]])
+        lo = np.array([np.nan if m is None else m for m in curve["ci95_lo"]])
+        hi = np.array([np.nan if m is None else m for m in curve["ci95_hi"]])
+        label += _reach_label(reads)
+        line = bx.plot(C, M, marker=".", ls=ls, label=f"M(C), {label}")[0]
+        bx.fill_between(C, lo, hi, alpha=0.2, color=line.get_color())
+    a2 = [r for r in (fr.get("approach2") or {}).get("levels", []) if r.get("M") is not None]
+    if a2:
+        x = np.array([r["C"] for r in a2])
+        y = np.array([r["M"] for r in a2])
+        ci = [r.get("M_ci95") for r in a2]
+        err = interval_errors(y, ci)
+        bx.errorbar(x, y, yerr=err, fmt="s", color="black", capsize=3, label="M(C), approach 2 (isoFLOP)")
+    bx.axhline(1.0, color="black", lw=0.8)
+    bx.set_xscale("log")
+    bx.set_xlabel("compute C (PFLOP/s-days), the measured span")
+    bx.set_ylabel(f"M(C) = C_{reference} / C_{arm} at equal frontier loss", fontsize=8)
+    bx.legend(fontsize=7.5)
+    title = "compute-optimal frontier multiplier (approach 3 per arm; 95% bands)"
+    ex = fr.get("exponents") or {}
+    if ex.get("differ"):
+        title += "\nexponents differ between the arms: M changes with C"
+    bx.set_title(title, fontsize=9)
 
 
 @styled

@@ -4,12 +4,19 @@ For any table with several budgets per rung: a multi-budget study's records (``b
 budgets from one run") or independent runs of one rung at several token counts (tokens / params_non_embedding).
 ``python -m analysis length``.
 
+Per cell, the multiplier that goes with each difference (analysis.laws.cell_multiplier): the reference's tokens, at
+the rung's N, to reach the arm's loss, over the cell's, read off the reference's own law at that rung through its
+measured loss there, so that it agrees with the difference by construction (Δ < 0: m > 1), with how far it
+extrapolates past the rung's largest budget and its wall-clock version.
+
 Beside it, the compute fit over the study's points: every (rung, budget) is one point of the joint law
-``L_arm = E + A_arm C^-alpha`` (:func:`budget_points`; analysis.studies.pipeline.run_fit), which gives the compute
-multiplier over the study's compute range, its wall-clock version, the rollout (the largest compute point, i.e. the
-largest rung at the largest budget, held out and predicted), the multiplier's sensitivity to E and the fit over
-(N, D) per arm, under ``<out>/fit/``. The points mix rungs and budgets, so the law is the loss of this family of runs
-against compute, not a compute-optimal frontier: the per-budget differences above are the direct answer.
+``L_arm = E + A_arm C^-alpha`` (:func:`budget_points`; analysis.studies.pipeline.run_fit), with its wall-clock
+version, the rollout (the largest compute point, i.e. the largest rung at the largest budget, held out and
+predicted), the multiplier's sensitivity to E and the fit over (N, D) per arm, under ``<out>/fit/``. The points mix
+rungs and budgets, so that curve is the loss of this family of runs against compute, neither a compute-optimal
+frontier nor any cell's curve: its per-point m_s (fit/summary.md) are not the cells' multipliers, and the length
+report does not present them as such. Then the compute-optimal frontier (analysis.laws.frontier, with approach 2 of
+analysis.laws.isoflop beside it).
 
 Plain functions on tidy DataFrames; no torch.
 """
@@ -26,7 +33,6 @@ import numpy as np
 import pandas as pd
 
 from ..io.token_budget import tokens_per_param
-from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
 from ..laws.paired import paired_comparison
 from ..render.tables import interval_text
 from .study_registry import add_bootstrap, add_results_out, register
@@ -91,7 +97,6 @@ def budget_points(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(rung=df["size"], size=labels)
 
 
-FRONTIER_B = 400  # the frontier's bootstrap replicates (each refits both arms' five-parameter laws)
 FIT_DIR = "fit"  # the compute fit over the study's points, under the report's directory
 E_FRACTIONS = (0.5, 0.8, 0.9, 0.95)  # as python -m analysis fit --e-sensitivity
 
@@ -100,8 +105,10 @@ def fit_points(
     df: pd.DataFrame, out: Path, arm: str, reference: str, make_figures: bool, bootstrap: int = 2000, seed: int = 0
 ) -> dict[str, Any] | None:
     """The compute fit over :func:`budget_points` under ``out`` (run_fit with every optional section: wall-clock,
-    rollout of the largest point, E sensitivity, (N, D)); its headline numbers for length.json, or None (with the
-    reason in ``error``) when the points are too few for a ladder fit (3 per arm)."""
+    rollout of the largest point, E sensitivity, (N, D)); its headline numbers for length.json (the pooled m, the
+    rung test's p over the points, m_wall, the rollout, the E range), or None (with the reason in ``error``) when
+    the points are too few for a ladder fit (3 per arm). No per-point m_s: they are read off one curve through every
+    (rung, budget) point, not any cell's own (the per-cell multipliers are analysis.laws.cell_multiplier's)."""
     from ..laws.fit_options import FitOptions
     from .pipeline import Sections, run_fit
 
@@ -122,11 +129,14 @@ def fit_points(
     wall = (doc.wallclock or {}).get(arm, {})
     ro = ((doc.rollout or {}).get("variants") or {}).get(arm, {})
     es = ((doc.e_sensitivity or {}).get("variants") or {}).get(arm, {})
+    test = m.to_dict().get("rung_test") or {}
     return {
         "dir": out.name,
         "m": m.m,
         "m_ci95": m.m_ci95,
         "p_m_le_1": m.p_m_le_1,
+        "rung_test_p": test.get("p"),
+        "one_multiplier": test.get("one_multiplier"),
         "m_wall": wall.get("m_wall"),
         "m_wall_ci95": wall.get("m_wall_ci95"),
         "step_time_ratio": wall.get("step_time_ratio"),
@@ -134,7 +144,6 @@ def fit_points(
         "rollout_m": ro.get("m"),
         "rollout_m_ci95": ro.get("m_ci95"),
         "e_sensitivity_m_range": es.get("m_range"),
-        "rungs": rung_part(m.to_dict(), wall),
     }
 
 
@@ -150,14 +159,18 @@ def analyse_length(
     frontier_bootstrap: int | None = None,
     shared_lr: float | None = None,
 ) -> dict[str, Any]:
-    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``; with ``fit``
-    the compute fit over the study's points under ``out/fit/`` (:func:`fit_points`) and the compute-optimal frontier
-    (analysis.laws.frontier; ``frontier_bootstrap`` replicates, default the smaller of FRONTIER_B and ``bootstrap``;
-    fig_frontier.png). Records with several lrs per arm, rung and budget get the lr check (analysis.studies.length_lr,
-    length.json ``lr_check``, at ``shared_lr``, default the grid's middle lr); everything else then reads the shared
-    lr's runs."""
+    """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``: the
+    same-seed Δ per cell and each cell's multiplier (``cells``: analysis.laws.cell_multiplier, ``bootstrap``
+    replicates of the rung's law); with ``fit`` the compute fit over the study's points under ``out/fit/``
+    (:func:`fit_points`) and the compute-optimal frontier (analysis.laws.frontier, with approach 2; fig_frontier.png)
+    on ``frontier_bootstrap`` replicates, by default FRONTIER_B doubled up to FRONTIER_B_MAX until M's half-width at
+    the top of the span is stable (with ``bootstrap`` below FRONTIER_B: ``bootstrap``, fixed), whose reference law
+    also gives each cell's approach-3 multiplier. Records with several lrs per arm, rung and budget get the lr check
+    (analysis.studies.length_lr, length.json ``lr_check``, at ``shared_lr``, default the grid's middle lr);
+    everything else then reads the shared lr's runs."""
     from ..io.report import write_json
-    from ..laws.frontier import analyse_frontier, frontier_markdown
+    from ..laws.cell_multiplier import cell_markdown, cell_multipliers
+    from ..laws.frontier import FRONTIER_B, FRONTIER_B_MAX, frontier_markdown, frontier_with_laws
     from ..render.figures import frontier_figure, length_figure
     from .length_lr import has_lr_grid, lr_check, lr_check_markdown
 
@@ -174,18 +187,22 @@ def analyse_length(
     doc: dict[str, Any] = {"arm": arm, "reference": reference, "rows": table.to_dict("records")}
     if check is not None:
         doc["lr_check"] = check
+    d_law = None
     if fit:
         doc["fit"] = fit_points(df, out / FIT_DIR, arm, reference, make_figures, bootstrap, seed)
         if doc["fit"] and "error" not in doc["fit"]:
             files.append(f"{FIT_DIR}/")
         B = frontier_bootstrap if frontier_bootstrap is not None else min(FRONTIER_B, bootstrap)
-        doc["frontier"] = analyse_frontier(df, arm, reference, B=B, seed=seed)
-        if make_figures:
-            fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference)
-            files += [str(p.relative_to(out)) for p in fig]
+        # by default (and with a full --bootstrap) the replicates double until M's top half-width is stable
+        B_max = FRONTIER_B_MAX if frontier_bootstrap is None and bootstrap >= FRONTIER_B else None
+        doc["frontier"], d_law = frontier_with_laws(df, arm, reference, B=B, seed=seed, B_max=B_max)
+    doc["cells"] = cell_multipliers(df, table, arm, reference, B=bootstrap, seed=seed, approach3=d_law)
+    if fit and make_figures:
+        fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference, doc["cells"])
+        files += [str(p.relative_to(out)) for p in fig]
     doc["files"] = sorted(files)
     write_json(doc, out / "length.json")
-    md = length_markdown(table, arm, reference)
+    md = length_markdown(table, arm, reference) + cell_markdown(doc["cells"], arm, reference)
     md += lr_check_markdown(check, arm, reference) if check is not None else []
     md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
     (out / "length_summary.md").write_text("\n".join(md))
@@ -197,25 +214,37 @@ def _ci(c: list[float] | None, spec: str = ".3f") -> str:
 
 
 def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
-    """The compute fit's headline: m, m_wall, the rollout's prediction against the measurement, the E range."""
+    """The compute fit's headline: the pooled m over the points (with what it is not), m_wall, the rollout's
+    prediction against the measurement, the E range."""
     if not fit:
         return []
     if "error" in fit:
         return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
-    lines = [f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}"]
-    if fit.get("rungs"):
-        lines += rung_headline(fit["rungs"], f"{arm} over the (rung, budget) points")
+    p = fit.get("rung_test_p")
+    one = (
+        ""
+        if p is None
+        else f"; one multiplier over the points {'rejected' if fit.get('one_multiplier') is False else 'not rejected'}"
+        f" (p = {p:.2g})"
+    )
+    lines = [
+        (
+            f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}{one}: "
+            "one curve through every rung and budget, which mixes them; its per-point m_s (fit/summary.md) are not "
+            "the cells' multipliers (the per-cell m above is)"
+        )
+    ]
     if fit.get("m_wall") is not None:
         lines.append(
             f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
             f"(step-time ratio {fit['step_time_ratio']:.3f})"
         )
-    for p in fit.get("rollout_points", []):
-        inside = "inside" if p["inside"] else "OUTSIDE"
-        interval = _ci(p["prediction_interval95"], ".4f")
+    for pt in fit.get("rollout_points", []):
+        inside = "inside" if pt["inside"] else "OUTSIDE"
+        interval = _ci(pt["prediction_interval95"], ".4f")
         lines.append(
-            f"rollout: {p['arm']} at {p['size']} predicted {p['predicted']:.4f} {interval} from the other points, "
-            f"measured {p['measured']:.4f} ({inside})"
+            f"rollout: {pt['arm']} at {pt['size']} predicted {pt['predicted']:.4f} {interval} from the other points, "
+            f"measured {pt['measured']:.4f} ({inside})"
         )
     if fit.get("rollout_m") is not None:
         m_ci = _ci(fit["rollout_m_ci95"])
@@ -233,27 +262,37 @@ def fit_markdown(fit: dict[str, Any] | None, arm: str, reference: str) -> list[s
         f"## Compute fit over the (rung, budget) points: {arm} against {reference}",
         "",
         (
-            "Every (rung, budget) is one point of L = E + A C^-alpha (the family of these runs, not a compute-optimal "
-            "frontier). Full report: [fit/summary.md](fit/summary.md)."
+            "Every (rung, budget) is one point of L = E + A C^-alpha: one curve through all rungs and budgets, which "
+            "are not one curve (the family of these runs, not a compute-optimal frontier, and no cell's own "
+            "curve). Its per-point m_s in the full report are distances along that mixed curve and can contradict "
+            "the cells' Δ; the cells' multipliers are the table above. Full report: [fit/summary.md](fit/summary.md)."
         ),
         "",
     ]
-    rungs = rung_markdown({f"{arm} per (rung, budget)": fit["rungs"]}) if fit.get("rungs") else []
-    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), "", *rungs]
+    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), ""]
 
 
 def headline_lines(doc: dict[str, Any]) -> list[str]:
-    """What ``python -m analysis length`` and ``python -m sweeps.study`` print: one line per (rung, budget), then
-    the compute fit's headline."""
-    lines = []
-    for r in doc["rows"]:
-        lines.append(
-            f"{r['size']} at {r['tokens_per_param']:g} tokens/param: {doc['arm']} - {doc['reference']} "
-            f"{r['delta']:+.4f} {_ci(r['delta_ci95'], '+.4f')}, {r['n_pairs']} pairs, {r['verdict']}"
-        )
+    """What ``python -m analysis length`` and ``python -m sweeps.study`` print: one line per (rung, budget) with
+    its Δ and multiplier, then the compute fit's and the frontier's headlines."""
+    from ..laws.cell_multiplier import m_text
     from ..laws.frontier import frontier_lines
     from .length_lr import lr_check_lines
 
+    cells = {(c["size"], c["tokens_per_param"]): c for c in doc.get("cells") or []}
+    lines = []
+    for r in doc["rows"]:
+        line = (
+            f"{r['size']} at {r['tokens_per_param']:g} tokens/param: {doc['arm']} - {doc['reference']} "
+            f"{r['delta']:+.4f} {_ci(r['delta_ci95'], '+.4f')}, {r['n_pairs']} pairs, {r['verdict']}"
+        )
+        c = cells.get((r["size"], r["tokens_per_param"]))
+        if c is not None:
+            x = c.get("d_star_over_d_max")
+            line += f"; m = {m_text(c)} (D*/D_max {'n/a' if x is None else f'{x:.2f}'}"
+            line += "" if c.get("m_wall") is None else f", m_wall {c['m_wall']:.3f}x"
+            line += ")"
+        lines.append(line)
     if doc.get("lr_check"):
         lines += lr_check_lines(doc["lr_check"], doc["arm"], doc["reference"])
     return (
@@ -285,7 +324,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="B",
-        help="the frontier's bootstrap replicates (default: the smaller of 400 and --bootstrap)",
+        help="the frontier's bootstrap replicates, fixed (default: 1000 doubled up to 8000 until M's half-width at the "
+        "top of the span is stable to 2 points; with --bootstrap below 1000, --bootstrap)",
     )
     p.add_argument(
         "--shared-lr",
