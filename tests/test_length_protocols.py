@@ -59,3 +59,24 @@ def test_a_cell_mixing_lrs_within_one_protocol_stops() -> None:
     own.loc[own.index[0], "lr"] *= 0.5
     with pytest.raises(ValueError, match="runs at 2 lrs"):
         compare_protocols(shared, own)
+
+
+def test_the_length_command_puts_both_protocols_side_by_side(tmp_path: Path) -> None:
+    """``python -m analysis length --compare-to``: the section in length_summary.md, ``lr_protocols`` in length.json
+    and the growth sentences in the printed headline."""
+    import json
+
+    from analysis.__main__ import run
+
+    shared = load_results(SHARED_RESULTS)
+    own_csv = tmp_path / "own.csv"
+    _own_lr_copy(shared, {("block_attnres", 128.0): -0.02}).to_csv(own_csv, index=False)
+    out = tmp_path / "report"
+    argv = ["length", "--results", str(own_csv), "--out", str(out), "--no-fit", "--no-figures", "--bootstrap", "50"]
+    rc, _ = run([*argv, "--compare-to", str(SHARED_RESULTS)])
+    assert rc == 0
+    doc = json.loads((out / "length.json").read_text())
+    assert len(doc["lr_protocols"]["cells"]) == 12
+    summary = (out / "length_summary.md").read_text()
+    assert "at one shared lr against each budget at its own lr" in summary
+    assert "- at each budget's own lr: block_attnres's gain grows with training length at 4 of 4 rungs" in summary

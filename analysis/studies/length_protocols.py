@@ -153,11 +153,12 @@ def protocols_markdown(doc: dict[str, Any]) -> list[str]:
         span = next(iter(g.values()))
         cols = [_signed(g[p]["growth"], g[p]["growth_ci95"]) if p in g else "n/a" for p in (SHARED, OWN)]
         lines.append(f"| {size} | {span['from']:g} → {span['to']:g} | {cols[0]} | {cols[1]} |")
-    return [*lines, "", *_verdict(doc["growth"], arm), ""]
+    return [*lines, "", *(f"- {line}" for line in growth_lines(doc)), ""]
 
 
-def _verdict(growth: list[dict[str, Any]], arm: str) -> list[str]:
+def growth_lines(doc: dict[str, Any]) -> list[str]:
     """One plain sentence per protocol: at how many rungs the gain grows (interval below zero), shrinks, or neither."""
+    growth, arm = doc["growth"], doc["arm"]
     out = []
     for p, name in ((SHARED, "at the shared lr"), (OWN, "at each budget's own lr")):
         rows = [g for g in growth if g["protocol"] == p and g["growth_ci95"]]
@@ -166,7 +167,7 @@ def _verdict(growth: list[dict[str, Any]], arm: str) -> list[str]:
         grows = [g["size"] for g in rows if g["growth_ci95"][1] < 0]
         shrinks = [g["size"] for g in rows if g["growth_ci95"][0] > 0]
         out.append(
-            f"- {name}: {arm}'s gain grows with training length at {len(grows)} of {len(rows)} rungs"
+            f"{name}: {arm}'s gain grows with training length at {len(grows)} of {len(rows)} rungs"
             f"{' (' + ', '.join(grows) + ')' if grows else ''}, shrinks at {len(shrinks)}"
             f"{' (' + ', '.join(shrinks) + ')' if shrinks else ''}, undecided at the rest."
         )

@@ -158,6 +158,7 @@ def analyse_length(
     seed: int = 0,
     frontier_bootstrap: int | None = None,
     shared_lr: float | None = None,
+    compare_to: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """``python -m analysis length``: length.json, length_summary.md and fig_length.png under ``out``: the
     same-seed Δ per cell and each cell's multiplier (``cells``: analysis.laws.cell_multiplier, ``bootstrap``
@@ -167,7 +168,9 @@ def analyse_length(
     the top of the span is stable (with ``bootstrap`` below FRONTIER_B: ``bootstrap``, fixed), whose reference law
     also gives each cell's approach-3 multiplier. Records with several lrs per arm, rung and budget get the lr check
     (analysis.studies.length_lr, length.json ``lr_check``, at ``shared_lr``, default the grid's middle lr);
-    everything else then reads the shared lr's runs."""
+    everything else then reads the shared lr's runs. ``compare_to``: the same study's records with every budget at one
+    shared lr, while ``df`` ran each budget at its own: both lr protocols side by side (length.json ``lr_protocols``,
+    analysis.studies.length_protocols)."""
     from ..io.report import write_json
     from ..laws.cell_multiplier import cell_markdown, cell_multipliers
     from ..laws.frontier import FRONTIER_B, FRONTIER_B_MAX, frontier_markdown, frontier_with_laws
@@ -197,6 +200,10 @@ def analyse_length(
         B_max = FRONTIER_B_MAX if frontier_bootstrap is None and bootstrap >= FRONTIER_B else None
         doc["frontier"], d_law = frontier_with_laws(df, arm, reference, B=B, seed=seed, B_max=B_max)
     doc["cells"] = cell_multipliers(df, table, arm, reference, B=bootstrap, seed=seed, approach3=d_law)
+    if compare_to is not None:
+        from .length_protocols import compare_protocols
+
+        doc["lr_protocols"] = compare_protocols(compare_to, df, arm, reference)
     if fit and make_figures:
         fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference, doc["cells"])
         files += [str(p.relative_to(out)) for p in fig]
@@ -204,6 +211,10 @@ def analyse_length(
     write_json(doc, out / "length.json")
     md = length_markdown(table, arm, reference) + cell_markdown(doc["cells"], arm, reference)
     md += lr_check_markdown(check, arm, reference) if check is not None else []
+    if compare_to is not None:
+        from .length_protocols import protocols_markdown
+
+        md += protocols_markdown(doc["lr_protocols"])
     md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
     (out / "length_summary.md").write_text("\n".join(md))
     return doc
@@ -295,6 +306,10 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(line)
     if doc.get("lr_check"):
         lines += lr_check_lines(doc["lr_check"], doc["arm"], doc["reference"])
+    if doc.get("lr_protocols"):
+        from .length_protocols import growth_lines
+
+        lines += growth_lines(doc["lr_protocols"])
     return (
         lines
         + fit_lines(doc.get("fit"), doc["arm"])
@@ -334,6 +349,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         metavar="LR",
         help="with an lr grid: the lr both arms ran at in the study proper (default: the grid's middle lr)",
     )
+    p.add_argument(
+        "--compare-to",
+        default=None,
+        metavar="RESULTS",
+        help="the same study's records with every budget at one shared lr (results.csv or directory, e.g. "
+        "docs/results/cpu_deep_budgets), while --results ran each budget at its own lr: both protocols side by side",
+    )
     p.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
 
@@ -361,6 +383,7 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         seed=args.seed,
         frontier_bootstrap=args.frontier_bootstrap,
         shared_lr=args.shared_lr,
+        compare_to=load_one_dataset(args.compare_to) if args.compare_to else None,
     )
     print("\n".join(headline_lines(doc)))
     print(f"wrote {', '.join(doc['files'])} to {args.out}")
