@@ -886,15 +886,23 @@ def lr_figure(
         ax.set_xscale("log")
         grid_all = np.unique(np.concatenate([np.asarray(g, float) for g in table.loc[table["variant"] == v, "grid"]]))
         step = max(1, int(np.ceil(len(grid_all) / 6)))  # at most ~6 labels: no overlap at this width
-        ax.xaxis.set_major_locator(mticker.FixedLocator(grid_all[::step]))
-        ax.xaxis.set_major_formatter(mticker.FixedFormatter([f"{x:.2g}" for x in grid_all[::step]]))
+        ticks = _thin_ratio(grid_all[::step], 1.25)  # two grids' near-equal lrs (e.g. 2.28e-3, 2.36e-3): one label
+        ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(mticker.FixedFormatter([f"{x:.2g}" for x in ticks]))
         ax.xaxis.set_minor_locator(mticker.FixedLocator(grid_all))
         ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.set_xlabel("Peak learning rate")
         ax.set_title(label_of(v, labels))
         ax.set_ylim(y_lo - pad, y_hi + 2 * pad)
     axes[0][0].set_ylabel("Validation loss")
-    axes[0][-1].legend(title="size", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    shown: dict[str, Any] = {}  # every size's curve once, whichever panel has it (an arm may lack a size)
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            shown.setdefault(label, handle)
+    order = [s for s in sizes if s in shown]
+    axes[0][-1].legend(
+        [shown[s] for s in order], order, title="size", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False
+    )
     written = "; ◇ lr written (power-law trend over sizes)" if rule == "trend" and tuned else ""
     fig.suptitle(
         "Learning-rate tuning: mean loss per grid point (dots: runs),\nfitted optimum (★) with 95% interval"
@@ -904,6 +912,15 @@ def lr_figure(
     )
     fig.tight_layout()
     return save(fig, stem)
+
+
+def _thin_ratio(values: np.ndarray, ratio: float) -> list[float]:
+    """The ascending ``values`` thinned so that each kept one is at least ``ratio`` times the one kept before."""
+    kept: list[float] = []
+    for x in values:
+        if not kept or x >= ratio * kept[-1]:
+            kept.append(float(x))
+    return kept
 
 
 @styled
