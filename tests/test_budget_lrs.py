@@ -106,6 +106,29 @@ def test_a_budget_the_entry_lacks_is_one_line_naming_arm_size_budget_and_the_tun
     assert "\n" not in str(e.value)
 
 
+def test_a_budget_whose_optimum_lies_on_the_grid_edge_is_refused_in_one_line():
+    """A tuned file may carry edge optima (flagged, for the record); a run must not train at one as if tuned."""
+    table = {
+        "lr_per_budget": {"baseline": {"deep_L12": {8: A, 128: B}}},
+        "on_edge_per_budget": {"baseline": {"deep_L12": {8: False, 128: True}}},
+    }
+    assert resolvers.tuned_lr(table, "deep_L12", "block_attnres", "baseline", 8.0) == A
+    with pytest.raises(
+        ValueError, match=r"arm 'baseline' at size 'deep_L12', budget 128 .* lies on its lr grid's edge"
+    ):
+        resolvers.tuned_lr(table, "deep_L12", "block_attnres", "baseline", 128.0)
+    # the single-budget section keeps its own edge flags as information only (committed studies run at them)
+    assert (
+        resolvers.tuned_lr(
+            {"lr": {"baseline": {"deep_L12": A}}, "on_edge": {"baseline": {"deep_L12": True}}},
+            "deep_L12",
+            "baseline",
+            "baseline",
+        )
+        == A
+    )
+
+
 def _launch(tmp_path: Path, budgets: list[float], table: list[str], *extra: str):
     """A launch config with ``train.budgets`` set after composing (bypassing the launch's own lr check)."""
     from omegaconf import open_dict

@@ -100,6 +100,14 @@ def budget_lrs(table: Any, size: str, variant: str, protocol: str) -> dict[float
     return out
 
 
+def _on_edge(table: Any, arm: str, size: str, budget: float) -> bool:
+    """Whether the table flags ``arm``'s per-budget optimum at ``size`` and ``budget`` as on its grid's edge
+    (``on_edge_per_budget``, written beside ``lr_per_budget``)."""
+    flags = ((table.get("on_edge_per_budget") if table is not None else None) or {}).get(arm) or {}
+    entry = flags.get(size) if hasattr(flags, "get") else None
+    return any(bool(flag) and math.isclose(float(b), budget, rel_tol=1e-9) for b, flag in (entry or {}).items())
+
+
 def _fmt_budgets(budgets: Iterable[float]) -> str:
     return ", ".join(f"{b:g}" for b in sorted(budgets))
 
@@ -132,6 +140,12 @@ def tuned_lr(table: Any, size: str, variant: str, protocol: str, budget: float |
         if not value > 0:
             raise ValueError(
                 f"tuned lr of {arm!r} at {size!r}, budget {budget:g}, is {value!r}{source}; it must be > 0"
+            )
+        if _on_edge(table, arm, size, budget):
+            raise ValueError(
+                f"the tuned lr of arm {arm!r} at size {size!r}, budget {budget:g} tokens/parameter ({value:.4g}) lies "
+                f"on its lr grid's edge{source} (on_edge_per_budget: the optimum is not located); extend the grid "
+                "(python -m analysis lr prints the launch that does) or set size.lr=..."
             )
         return value
     lrs = (table.get("lr") if table is not None else None) or {}
