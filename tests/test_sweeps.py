@@ -169,7 +169,8 @@ SWEEP_KINDS = {
     "cpu_deep": "scaling",
     "cpu_deep_moe": "scaling",
     "cpu_deep_budgets": "scaling",
-    "cpu_deep_budgets_lr": "scaling",
+    "cpu_deep_budgets_lr": "lr",
+    "cpu_deep_budgets_tuned": "scaling",
 }
 
 
