@@ -24,9 +24,15 @@ def cell_name(size: str, tokens_per_param: float) -> str:
 
 
 def _flags(r: Any) -> str:
+    return flag_text(r, f"next lr {lr_text(r.next_lr)}" if r.on_edge else "")
+
+
+def flag_text(r: Any, on_edge: str) -> str:
+    """An lr curve's flags (a row of analysis.studies.lr.lr_optima): on a grid edge (then ``on_edge`` says what to
+    do), the divergence edge, no curvature, diverged runs; comma-separated."""
     flags = []
     if r.on_edge:
-        flags.append(f"**on the {r.edge} edge: next lr {lr_text(r.next_lr)}**")
+        flags.append(f"**on the {r.edge} edge: {on_edge}**")
     elif r.edge == "divergence":
         flags.append("highest lr that did not diverge")
     if not r.curvature > 0:

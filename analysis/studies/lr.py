@@ -713,6 +713,8 @@ def lr_markdown(
     rule: str = "per_size",
 ) -> str:
     """The LR study's summary table; ``tuned`` (``lr[variant][size]``) is what the sizes read under ``rule``."""
+    from ..render.lr_budget_tables import flag_text
+
     lines = [
         "# Learning-rate tuning",
         "",
@@ -725,21 +727,13 @@ def lr_markdown(
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.itertuples():
-        flags = []
-        if r.on_edge:
-            flags.append(f"**on the {r.edge} edge: extend the grid**")
-        elif r.edge == "divergence":
-            flags.append("highest lr that did not diverge")
-        if not r.curvature > 0:
-            flags.append("no curvature")
-        if r.n_diverged:
-            flags.append(f"{r.n_diverged} diverged")
+        flags = flag_text(r, "extend the grid")
         n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
         out_lr = ((tuned or {}).get(str(r.variant)) or {}).get(str(r.size))
         lines.append(
             f"| {r.variant} | {r.size} | {n} | {_fmt(r.lr)} [{_fmt(r.ci95[0])}, {_fmt(r.ci95[1])}] | "
             f"{_fmt(out_lr)} | {_fmt(r.grid_best_lr)} | {_fmt(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | "
-            f"{', '.join(flags)} |"
+            f"{flags} |"
         )
     lines += [
         "",
