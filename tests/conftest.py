@@ -102,6 +102,18 @@ def train_cfg(tmp_path, data_cache):
     return make
 
 
+def smoke_overrides(runs_root: Path, data_cache: Path) -> list[str]:
+    """The overrides of a smoke run on the test corpus under ``runs_root``: one thread, no progress bar."""
+    return [
+        "experiment=smoke",
+        f"paths.runs_root={runs_root}",
+        f"data.cache_dir={data_cache}",
+        f"data.max_bytes={TEST_MAX_BYTES}",
+        "threads=1",
+        "trainer.enable_progress_bar=false",
+    ]
+
+
 def cli_overrides(tmp_path: Path, data_cache: Path) -> list[str]:
     """The overrides of a CLI smoke run on the test corpus: one thread, a metrics row per step, a checkpoint every
     5 steps, Hydra's output under tmp_path (add paths.runs_root)."""

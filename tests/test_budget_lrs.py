@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TEST_MAX_BYTES, compose
+from conftest import compose, smoke_overrides
 
 from experiments.config import resolvers
 from experiments.run import budgets as budgets_module
@@ -226,13 +226,8 @@ def _smoke(root: Path, data_cache: Path, tmp_path: Path) -> list[str]:
         "lr_per_budget:\n  baseline:\n    cpu_xs: {0.5: 0.004, 1: 0.002, 2: 0.002}\n",
     )
     return [
-        "experiment=smoke",
+        *smoke_overrides(root, data_cache),
         *table,
-        f"paths.runs_root={root}",
-        f"data.cache_dir={data_cache}",
-        f"data.max_bytes={TEST_MAX_BYTES}",
-        "threads=1",
-        "trainer.enable_progress_bar=false",
         "scheduler=wsd",
         "scheduler.warmup_fraction=0.1",
         "train.log_every=1",

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import torch
-from conftest import TEST_MAX_BYTES, cli_overrides, compose, run_cli
+from conftest import cli_overrides, compose, run_cli, smoke_overrides
 
 import results.io
 from experiments.run import run_env
@@ -21,15 +21,7 @@ torch.set_num_threads(1)
 
 
 def _smoke(root: Path, data_cache: Path) -> list[str]:
-    return [
-        "experiment=smoke",
-        f"paths.runs_root={root}",
-        f"data.cache_dir={data_cache}",
-        f"data.max_bytes={TEST_MAX_BYTES}",
-        "threads=1",
-        "trainer.enable_progress_bar=false",
-        "train.eval_count=1",
-    ]
+    return [*smoke_overrides(root, data_cache), "train.eval_count=1"]
 
 
 class _MovingHead:
