@@ -175,7 +175,7 @@ def test_the_plain_command_table_is_what_the_registry_holds() -> None:
 
 
 # the ``analysis:`` command names a study's config gives (sweeps/study.py): one registered study each
-SWEEP_COMMANDS = ("fit", "lr", "map", "block_size", "ablations", "length", "recipe", "moe", "paper")
+SWEEP_COMMANDS = ("fit", "lr", "map", "block_size", "ablations", "length", "recipe", "paired", "paper")
 
 
 def test_the_registry_holds_each_study_once_with_its_headline() -> None:

@@ -20,7 +20,20 @@ from results import ledger, record
 # The columns a scaling fit cannot do without; the schema has many more (tolerated, some used by figures).
 FIT_COLUMNS = ("run_id", "variant", "size", "seed", "status", "pflops_days", "val_loss")
 # What makes two runs the same cell of a study (beyond data and seed noise): a second run of one cell is not a seed.
-CELL_COLUMNS = ("study", "variant", "size", "seed", "lr_protocol", "block_size", "d_over_lb", "heads_over_lb")
+CELL_COLUMNS = (
+    "study",
+    "variant",
+    "size",
+    "seed",
+    "lr_protocol",
+    "block_size",
+    "d_over_lb",
+    "heads_over_lb",
+    "seq_len",
+    "optimizer",
+    "lr_schedule",
+    "budget",
+)
 
 
 class AnalysisWarning(UserWarning):

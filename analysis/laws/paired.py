@@ -179,6 +179,39 @@ def paired_comparison(
     return pd.DataFrame(rows)
 
 
+def cell_heterogeneity(
+    runs: pd.DataFrame,
+    reference: str,
+    arm: str,
+    cells: Sequence[str],
+    *,
+    arm_column: str = "variant",
+) -> dict[str, Any]:
+    """Is ``arm - reference`` the same in every cell? Per cell the same-seed differences (:func:`paired_delta`'s
+    pairs), and the Alexander-Govern test of equal means (scipy.stats.alexandergovern: one-way, without assuming the
+    cells' seed noise equal). Returns ``statistic``, ``p``, ``n_cells`` (the cells with at least two pairs, the only
+    ones the test reads) and ``cells_left_out`` (cells with fewer); ``statistic`` and ``p`` are None under two
+    cells."""
+    differences, left_out = [], []
+    for key, cell in runs.groupby(list(cells), sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        where = " ".join(f"{c}={k}" for c, k in zip(cells, key))
+        a = by_seed(cell[cell[arm_column] == arm], f"{arm} {where}")
+        r = by_seed(cell[cell[arm_column] == reference], f"{reference} {where}")
+        common = sorted(set(a.index) & set(r.index))
+        if not common:
+            continue
+        if len(common) < 2:
+            left_out.append(where)
+            continue
+        differences.append((a.loc[common] - r.loc[common]).to_numpy(float))
+    out: dict[str, Any] = {"statistic": None, "p": None, "n_cells": len(differences), "cells_left_out": left_out}
+    if len(differences) >= 2:
+        test = stats.alexandergovern(*differences)
+        out |= {"statistic": float(test.statistic), "p": float(test.pvalue)}
+    return out
+
+
 def comparison_entry(row: Any) -> dict[str, Any]:
     """One row of :func:`paired_comparison` (a Series or a named tuple) as a document part: ``delta``, ``delta_sd``,
     ``delta_ci95``, ``n_pairs``, ``pair_seeds``, ``verdict``; a missing number is None."""

@@ -64,7 +64,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "lr": ("tune the learning rate per (size, arm) from an LR study; write the config the sizes read", ()),
     "map": ("the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map", ()),
-    "moe": ("an arm's gain with MoE MLPs beside the same rungs dense, per rung", ()),
+    "paired": ("a condition study: arm - reference per cell and condition, their interaction", ()),
     "paper": ("refit the paper's published numbers and draw its figures", ()),
     "recipe": ("a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction", ()),
 }
