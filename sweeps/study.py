@@ -385,6 +385,7 @@ class Plan:
     seeds: str
     results: Path
     report: Path
+    wandb_project: str | None = None  # the W&B project its runs log to; None: the sweep logs no W&B
 
 
 def plan_study(study: Study, args: argparse.Namespace, ap: argparse.ArgumentParser) -> Plan | None:
@@ -421,7 +422,8 @@ def plan_study(study: Study, args: argparse.Namespace, ap: argparse.ArgumentPars
         return None
     seeds = _sweep_key(study.sweep, "seed", overrides, cfg)
     results = Path(args.runs_root) / name / "results.csv"
-    return Plan(cmds, kind, name, seeds, results, Path(args.reports_root) / name)
+    project = str(cfg.project) if "wandb" in (cfg.get("logger") or {}) else None
+    return Plan(cmds, kind, name, seeds, results, Path(args.reports_root) / name, project)
 
 
 def run_passes(plan: Plan) -> int:
@@ -503,6 +505,7 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
     print(f"[attnres] report: {report}/ ({files}); total {time.time() - t0:.0f} s")
     if plan.kind == "lr" and study.tuned_config:
         print(f"[attnres] tuned lrs written to {REPO / study.tuned_config}: the ladder's sizes read them from now on")
+    lines: list[str] = []
     if scaling:
         if study.analysis == "fit":
             lines = headline(document)
@@ -515,6 +518,12 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
         for line in committed_lines(REPO / study.committed) if study.committed else []:
             print(line)
         print(f"[attnres] {regime_sentence(plan.results, study.why)}")
+    if plan.wandb_project is not None:
+        from sweeps.study_summary import log_study_summary
+
+        where = log_study_summary(report, plan.wandb_project, plan.name, lines)
+        if where is not None:
+            print(f"[attnres] the report as one W&B run ({plan.name}/summary, group {plan.name}): {where}")
     return rc
 
 
