@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.io.fit_document import FitDocument, Multiplier
 from results.record import STUDY_KINDS
 from sweeps.study_spec import FIGURES, Study, StudyFileError, studies
 
@@ -61,13 +60,6 @@ FIGURE_STUDIES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = tuple(
 )
 FIGURE_MAP_RECORDS = "docs/results/cpu_map"  # the map costs ~55 core-hours: always its committed records
 FIGURE_ARCH_GRID = "docs/results/cpu_arch_grid"  # Fig. 7's fixed-compute grid: a committed demonstration
-
-# The study kinds measured at one shape on same-seed pairs: their `python -m analysis` command and what it writes.
-FIXED_SHAPE_REPORTS = {
-    "map": ("map", "map_summary.md, map.json, fig7_map.png"),
-    "block_size": ("block-size", "block_size_summary.md, block_size.json, fig6_block_size.png"),
-    "ablations": ("ablations", "table4_ablations.md, ablations.json, fig_table4_ablations.png"),
-}
 
 TRAIN_COMMAND = (sys.executable, "-m", "experiments.train", "-m")
 LAUNCHER_KEYS = ("launcher", "hydra/launcher")  # an override of one of them chooses the sweep's launcher
@@ -175,79 +167,6 @@ def restore_records(source: Path, study_dir: Path) -> tuple[int, list[str]]:
 
 # The paper's claim (its Table 2, the scaling ladder of conf/size/paper_*.yaml): 2 L_b = 24-34 sublayers, d_model
 # 896-1264, ~200 tokens per parameter.
-PAPER_SUBLAYERS = (24, 34)
-PAPER_D_MODEL = (896, 1264)
-PAPER_TOKENS_PER_PARAM = (100, 400)  # "~200": within a factor of two counts as the paper's training length
-CPU_MAP_NOTE = " (where Block AttnRes starts to pay at CPU scale: docs/results/cpu_map/)"
-
-
-def regime_sentence(results: Path, why: str | None = None) -> str:
-    """One sentence on the regime a study's completed runs measured: depths, widths, heads, context, tokens per
-    parameter, where that sits against the paper's claim (24-34 sublayers, d_model 896-1264, ~200 tokens per
-    parameter), and ``why`` the study measures there. Runs whose depths and widths all lie in the paper's ranges
-    speak for the paper's shapes (and, at 100-400 tokens per parameter, its regime); any other for their own
-    shape, not the paper's."""
-    from analysis.io.runs import load_results
-
-    df = load_results(results)
-    df = df[df["status"] == "completed"] if "status" in df.columns else df
-    if df.empty:
-        return "regime: no completed runs"
-
-    def span(col: str) -> str:
-        lo, hi = int(df[col].min()), int(df[col].max())
-        return f"{lo}" if lo == hi else f"{lo}-{hi}"
-
-    def inside(lo: float, hi: float, bounds: tuple[int, int]) -> bool:
-        return bounds[0] <= lo and hi <= bounds[1]
-
-    tpp = (df["tokens"] / df["params_non_embedding"]).astype(float)
-    tpp_text = f"{tpp.min():.0f}" if round(tpp.min()) == round(tpp.max()) else f"{tpp.min():.0f}-{tpp.max():.0f}"
-    layers, widths = df["n_layers"].astype(int), df["d_model"].astype(int)
-    sublayers = f"{2 * layers.min()}-{2 * layers.max()}"
-    paper_shape = inside(2 * layers.min(), 2 * layers.max(), PAPER_SUBLAYERS) and inside(
-        widths.min(), widths.max(), PAPER_D_MODEL
-    )
-    if not paper_shape:
-        verdict = "so a result here speaks for this shape, not for the paper's"
-    elif inside(tpp.min(), tpp.max(), PAPER_TOKENS_PER_PARAM):
-        verdict = "and these runs are at the paper's shapes and training length, so a result here speaks for its regime"
-    else:
-        verdict = (
-            f"and these runs are at the paper's shapes but {tpp_text} tokens per parameter, so a result here speaks "
-            "for the paper's shapes at this training length"
-        )
-    return (
-        f"regime: L_b {span('n_layers')} transformer blocks ({sublayers} sublayers), d_model {span('d_model')} "
-        f"({span('n_heads')} heads), context {span('seq_len')}, {tpp_text} tokens per parameter; the paper's claim is "
-        f"at 24-34 sublayers, d_model 896-1264 and ~200 tokens per parameter, {verdict}"
-        + (f"; {why}" if why else "" if paper_shape else CPU_MAP_NOTE)
-    )
-
-
-def _multiplier_text(m: Multiplier) -> str:
-    """``m = 1.234x (95% CI 1.100-1.400)``: a multiplier with its interval, as every study line prints it."""
-    lo, hi = m.m_ci95 or (float("nan"), float("nan"))
-    return f"m = {m.m:.3f}x (95% CI {lo:.3f}-{hi:.3f})"
-
-
-def committed_lines(path: Path) -> list[str]:
-    """The committed full result's multipliers (fit.json at ``path``), one line per arm."""
-    if not path.is_file():
-        return []
-    fit = FitDocument.from_json(path)
-    seeds = sorted(set((fit.bootstrap.seeds_per_size or {}).values())) if fit.bootstrap else []
-    lines = []
-    for name, m in fit.multipliers.items():
-        if m.m is None:
-            continue
-        lines.append(
-            f"  committed ({'/'.join(map(str, seeds)) or '?'} seeds per size, {path.parent.relative_to(REPO)}): "
-            f"{name}: {_multiplier_text(m)}"
-        )
-    return lines
-
-
 def analysis_arguments(args: Sequence[str]) -> list[str]:
     """A study's extra analysis arguments (``--option value`` pairs): a value with a ``/`` is a repository path,
     made absolute, and its pair is left out where the path does not exist (e.g. timing records not committed in this
@@ -270,45 +189,6 @@ def run_analysis(argv: list[str]) -> tuple[int, Any]:
         return run(argv)
     except SystemExit as e:  # argparse refused the arguments (it has printed why)
         return (e.code if isinstance(e.code, int) else 2), None
-
-
-def headline(fit: FitDocument) -> list[str]:
-    """One line per variant: the compute multiplier vs the baseline with its 95% interval (``fit``: the document
-    ``python -m analysis fit`` built, or read back from its fit.json: ``FitDocument.from_json``)."""
-    lines = []
-    for name, b in (fit.arch_grid.best if fit.arch_grid else {}).items():
-        lines.append(
-            f"  {name}: best val loss {b.val_loss:.4f} at d/L_b = {b.d_over_lb:g}, H/L_b = {b.heads_over_lb:g}"
-            f" (the grid: fig7_arch_grid.md)"
-        )
-    for name, m in fit.multipliers.items():
-        if m.m is None:
-            continue
-        lines.append(
-            f"  {name}: compute multiplier {_multiplier_text(m)}, P(m <= 1) = {m.p_m_le_1:.3f}"
-            + (f", paper-form M at largest C = {m.paper_M:.3f}x" if m.paper_M is not None else "")
-        )
-    if fit.multipliers:  # the wall-clock multiplier beside the compute one, where the records hold CPU times
-        from analysis.laws.wallclock import document_wallclock, wallclock_line
-
-        lines += [wallclock_line(name, e) for name, e in document_wallclock(fit).items()]
-    for name, p in fit.protocols.items():
-        lo, hi = p.ratio_ci95
-        lines.append(
-            f"  {name}: own-lr / shared-lr multiplier = {p.ratio_own_over_shared:.3f} (95% CI {lo:.3f}-{hi:.3f})"
-        )
-    flagged = fit.outliers.flagged if fit.outliers else []
-    if flagged:
-        lines.append(f"  note: {len(flagged)} run(s) flagged by the outlier rule (kept, marked; summary.md lists them)")
-    boot = fit.bootstrap
-    if lines and boot is not None and boot.mode == "parametric":
-        seeds = sorted(set(boot.seeds_per_size.values()))
-        lines.append(
-            f"  note: {'/'.join(map(str, seeds)) or '1'} seed(s) per size, so the intervals come from a parametric "
-            f"bootstrap with sigma = {boot.sigma or float('nan'):.3g} ({boot.sigma_source}): "
-            "a first look, not a claim; run >= 2 seeds (--seeds 0,1) for seed-resampled intervals"
-        )
-    return lines
 
 
 def study_list(width: int = 118) -> str:
@@ -461,16 +341,25 @@ def analysis_argv(
     args: Sequence[str] = (),
 ) -> list[str]:
     """The ``python -m analysis`` argv that reports a study of ``kind`` from its ``results`` table into ``out``: the
-    lr analysis (``rule``, else the study's own; ``write_config``: where the tuned lrs go), a fixed-shape kind's
-    command, else the study's ``analysis`` (scaling kinds), with ``args`` appended (the study's analysis arguments,
-    as the caller resolves their paths). scripts/regenerate_reports.py rebuilds the committed reports by it."""
+    command registered for that study kind (analysis.studies.study_registry.for_kind: lr and the fixed-shape kinds)
+    or else the study's ``analysis`` (scaling kinds), with ``args`` appended (the study's analysis arguments, as the
+    caller resolves their paths; not to ``fit``'s); the lr analysis takes ``rule`` (else the study's own) and
+    ``write_config`` (where the tuned lrs go). scripts/regenerate_reports.py rebuilds the committed reports by it."""
+    command = analysis_command(study, kind)
+    argv = [command, "--results", results, "--out", out]
     if kind == "lr":
-        return ["lr", "--results", results, "--out", out, "--rule", rule or study.lr_rule] + (
-            ["--write-config", write_config] if write_config is not None else []
-        )
-    if kind in FIXED_SHAPE_REPORTS:
-        return [FIXED_SHAPE_REPORTS[kind][0], "--results", results, "--out", out]
-    return [study.analysis, "--results", results, "--out", out, *(args if study.analysis != "fit" else ())]
+        return argv + ["--rule", rule or study.lr_rule] + (["--write-config", write_config] if write_config else [])
+    if command != study.analysis:
+        return argv
+    return argv + list(args if command != "fit" else ())
+
+
+def analysis_command(study: Study, kind: str) -> str:
+    """The analysis command that reports a study of ``kind``: the one registered for the kind, else the study's."""
+    from analysis.studies.study_registry import for_kind
+
+    registered = for_kind(kind)
+    return registered.name if registered is not None else study.analysis
 
 
 def study_runs(study: Study) -> tuple[str, str]:
@@ -489,33 +378,24 @@ def analyse(study: Study, plan: Plan, rule: str | None, t0: float) -> int:
     argv = analysis_argv(
         study, plan.kind, str(plan.results), str(report), rule, tuned, analysis_arguments(study.analysis_args)
     )
-    if plan.kind == "lr":
-        files = "lr_summary.md, lr.json, fig_lr.png"
-    elif plan.kind in FIXED_SHAPE_REPORTS:
-        files = FIXED_SHAPE_REPORTS[plan.kind][1]
-    elif study.analysis != "fit":
-        files = f"{study.analysis}_summary.md, {study.analysis}.json, figures"
-    else:
-        files = "summary.md, fit.json, figures"
+    from analysis.render.study_headline import committed_lines, regime_sentence
+    from analysis.studies.study_registry import get, headline_lines
+
+    command = analysis_command(study, plan.kind)
     print(f"[attnres] $ -m analysis {' '.join(argv)}", flush=True)
     rc, document = run_analysis(argv)
-    scaling = plan.kind not in FIXED_SHAPE_REPORTS and plan.kind != "lr"
+    scaling = get(command).study_kind is None  # a scaling kind, reported by the study's own analysis
     if rc != 0 or (scaling and document is None):
         return rc
-    print(f"[attnres] report: {report}/ ({files}); total {time.time() - t0:.0f} s")
+    print(f"[attnres] report: {report}/ ({get(command).files}); total {time.time() - t0:.0f} s")
     if plan.kind == "lr" and study.tuned_config:
         print(f"[attnres] tuned lrs written to {REPO / study.tuned_config}: the ladder's sizes read them from now on")
     lines: list[str] = []
     if scaling:
-        if study.analysis == "fit":
-            lines = headline(document)
-        else:  # the study registered as the command says its headline (analysis.studies.study_registry)
-            from analysis.studies.study_registry import headline_lines
-
-            lines = headline_lines(study.analysis, document)
+        lines = headline_lines(command, document)
         for line in lines:
             print(line)
-        for line in committed_lines(REPO / study.committed) if study.committed else []:
+        for line in committed_lines(REPO / study.committed, REPO) if study.committed else []:
             print(line)
         print(f"[attnres] {regime_sentence(plan.results, study.why)}")
     if plan.wandb_project is not None:

@@ -186,6 +186,12 @@ def test_the_registry_holds_each_study_once_with_its_headline() -> None:
     assert study_registry.get("block-size") is studies["block_size"]  # the alias reaches the same study
     assert study_registry.get("arch_grid") is studies["fit"]  # the grid is reported by the fit
     assert studies["length"].headline is training_length.headline_lines
+    assert studies["fit"].headline is not None  # sweeps.study prints what the registry's headline says
+    # each study kind measured at one shape (and the lr kind) is reported by the one command registered for it
+    kinds = {k: study_registry.for_kind(k).name for k in ("lr", "map", "block_size", "ablations")}
+    assert kinds == {"lr": "lr", "map": "map", "block_size": "block_size", "ablations": "ablations"}
+    assert study_registry.for_kind("scaling") is None  # a scaling study names its own analysis
+    assert all(s.files for s in studies.values())
     assert studies["recipe"].headline is recipe.headline_lines
     assert study_registry.headline_lines("map", {"cells": []}) == []  # a study without a headline
     with pytest.raises(ValueError, match="'nope' is not registered; registered: ablations, block_size"):
@@ -198,8 +204,11 @@ def test_a_name_taken_twice_is_an_error_naming_both() -> None:
     def args(p):
         return None
 
+    study_registry.load()
     with pytest.raises(ValueError, match="'block-size' of 'other' is already registered by 'block_size'"):
         study_registry.register("other", help="", arguments=args, aliases=("block-size",))(lambda a, v: None)
+    with pytest.raises(ValueError, match="study kind 'map' of 'other' is already reported by 'map'"):
+        study_registry.register("other", help="", arguments=args, study_kind="map")(lambda a, v: None)
     assert "other" not in study_registry.STUDIES
 
 

@@ -17,13 +17,12 @@ from synthetic_records import synthetic_budget_ladder
 
 from analysis.io.runs import load_one_dataset
 from analysis.laws.cell_multiplier import (
-    cell_markdown,
     cell_multipliers,
     fit_d_laws,
     log_multiplier,
     log_multiplier_interval,
-    m_text,
 )
+from analysis.render.multiplier_text import cell_markdown, m_text
 from analysis.studies.training_length import gain_by_length
 
 REPO = Path(__file__).resolve().parent.parent

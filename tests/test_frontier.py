@@ -13,8 +13,9 @@ from synthetic_records import synthetic_budget_ladder
 
 from analysis.__main__ import main
 from analysis.laws import frontier
-from analysis.laws.frontier import ArmLaw, analyse_frontier, crossings, frontier_markdown, frontier_runs, multiplier_at
+from analysis.laws.frontier import ArmLaw, analyse_frontier, crossings, frontier_runs, multiplier_at
 from analysis.laws.isoflop import MIN_RUNGS, isoflop_profiles
+from analysis.render.frontier_text import frontier_markdown
 
 ALPHA = 0.3
 LAWS = {"baseline": (1.8, 40.0, ALPHA, 60.0, 0.28), "block_attnres": (1.8, 30.0, ALPHA, 60.0, 0.28)}

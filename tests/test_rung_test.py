@@ -15,7 +15,8 @@ from synthetic_records import synthetic_ladder
 from analysis.__main__ import main
 from analysis.laws import bootstrap as bs
 from analysis.laws.fit_options import FitOptions
-from analysis.laws.heterogeneity import losses_disagree, rung_headline, rung_test
+from analysis.laws.heterogeneity import losses_disagree, rung_test
+from analysis.render.multiplier_text import rung_headline
 from analysis.studies.scaling import analyse_scaling
 
 E, A, ALPHA, C0 = 2.0, 1.5, 0.25, 1e-5  # synthetic_ladder's law
@@ -100,7 +101,8 @@ def test_losses_disagree_when_either_m_is_outside_the_other_interval():
 
 def test_each_rung_multiplier_stands_beside_its_wall_clock_version():
     """m_wall at a rung is m_s times that rung's seconds-per-FLOP ratio; a (rung, budget) point takes its rung's."""
-    from analysis.laws.heterogeneity import rung_markdown, rung_part
+    from analysis.laws.heterogeneity import rung_part
+    from analysis.render.multiplier_text import rung_markdown
 
     test = {
         "one_multiplier": False,

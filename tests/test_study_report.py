@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from analysis.render.study_headline import committed_lines, regime_sentence
 from results import ledger as records
-from sweeps.study import DEFAULT_STUDY, REPO, STUDIES, committed_lines, regime_sentence
+from sweeps.study import DEFAULT_STUDY, REPO, STUDIES
 
 COMMITTED_LADDER = "docs/results/cpu_ladder/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), d = 32 ladder
 COMMITTED_DEEP = "docs/results/cpu_deep/pooled/fit.json"  # 6 seeds (3 design + 3 held-out), the deep ladder
@@ -53,7 +54,7 @@ def test_the_default_study_is_the_deep_ladders_slice_beside_its_committed_result
     assert "model=baseline,block_attnres" in deep.overrides
     assert deep.committed == STUDIES["deep_full"].committed == COMMITTED_DEEP
     assert all(STUDIES[name].why for name in ("deep", "deep_full", "deep_per_arm", "cpu", "tiny"))
-    lines = committed_lines(REPO / COMMITTED_DEEP)
+    lines = committed_lines(REPO / COMMITTED_DEEP, REPO)
     assert len(lines) == 4  # Block and Full, each at the shared and at its own lr
     assert any("block_attnres: m = 1.075x (95% CI 0.975-1.158)" in line for line in lines)
     assert all("6 seeds per size" in line for line in lines)
@@ -61,7 +62,7 @@ def test_the_default_study_is_the_deep_ladders_slice_beside_its_committed_result
 
 def test_the_d32_ladder_prints_the_committed_result_beside_its_own():
     assert STUDIES["cpu"].committed == STUDIES["tiny"].committed == COMMITTED_LADDER
-    lines = committed_lines(REPO / COMMITTED_LADDER)
+    lines = committed_lines(REPO / COMMITTED_LADDER, REPO)
     assert len(lines) == 2
     assert "block_attnres: m = 0.879x (95% CI 0.799-1.013)" in lines[0]
     assert "6 seeds per size" in lines[0]

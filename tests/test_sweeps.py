@@ -306,7 +306,7 @@ def test_study_headline_flags_single_seed_intervals(tmp_path):
     import json
 
     from analysis.io.fit_document import FitDocument
-    from sweeps.study import headline
+    from analysis.render.study_headline import fit_headline as headline
 
     fit = {
         "multipliers": {"block_attnres": {"m": 2.0, "m_ci95": [0.001, 1659.6], "p_m_le_1": 0.14, "paper_M": 21.5}},
@@ -401,6 +401,7 @@ def test_the_study_fits_in_process_and_prints_the_headline_of_the_document_it_bu
 
     from analysis.__main__ import main as analysis_main
     from analysis.io.fit_document import FitDocument
+    from analysis.render.study_headline import fit_headline
     from sweeps import study
 
     runs, reports, name = tmp_path / "r", tmp_path / "p", study._sweep_key("quick", "study")
@@ -411,7 +412,7 @@ def test_the_study_fits_in_process_and_prints_the_headline_of_the_document_it_bu
     monkeypatch.setattr(study.subprocess, "Popen", lambda *a, **k: pytest.fail("the analysis ran in a subprocess"))
     assert study.main(["quick", "--jobs", "1", "--runs-root", str(runs), "--reports-root", str(reports)]) == 0
     printed = capsys.readouterr().out.splitlines()
-    lines = study.headline(FitDocument.from_json(reports / name / "fit.json"))
+    lines = fit_headline(FitDocument.from_json(reports / name / "fit.json"))
     assert any("compute multiplier m = " in line for line in lines)
     start = printed.index(lines[0])
     assert printed[start : start + len(lines)] == lines

@@ -6,6 +6,8 @@ found exponents 0.058 and 0.091 for a free and a pinned asymptote). One table pe
 is the same Huber log-loss fit (analysis.laws.fit), only E's treatment differs, and the objective beside m says which E
 the data prefer. docs/analysis.md, "Sensitivity to the asymptote".
 
+Numbers only: summary.md's tables are analysis.render.multiplier_text.e_sensitivity_markdown.
+
 Plain functions on tidy DataFrames; no torch.
 """
 
@@ -68,27 +70,3 @@ def _row(mode: str, fit: Any, L_min: float) -> dict[str, Any]:
         "m": fit.m,
         "objective": fit.objective,
     }
-
-
-def e_sensitivity_markdown(es: dict[str, Any], base: str) -> list[str]:
-    """summary.md's section: one table per variant."""
-    lines = [
-        f"## Sensitivity of the multiplier to the asymptote E (joint fit with {base}, Huber on log-loss)",
-        "",
-    ]
-    for v, e in es["variants"].items():
-        lo, hi = e["m_range"]
-        lines += [
-            f"**{v}**: m from {lo:.3f} to {hi:.3f} over these E (lowest observed loss {e['L_min']:.4f}).",
-            "",
-            "| E | value | E / min L | alpha | m | Huber objective | excess over best |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in e["rows"]:
-            note = " (at a bound)" if r.get("at_bound") else (" (fell back to E = 0)" if r.get("fallback") else "")
-            lines.append(
-                f"| {r['E_mode']}{note} | {r['E']:.4f} | {r['E_over_min_L']:.3f} | {r['alpha']:.4f} | {r['m']:.3f} | "
-                f"{r['objective']:.3e} | {r['objective_excess']:.2e} |"
-            )
-        lines.append("")
-    return lines

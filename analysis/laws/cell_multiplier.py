@@ -44,6 +44,9 @@ Wall clock: at one N, m times the tokens is m times the steps, so m_wall = m / r
 seed pairs, its t interval in log); m_wall's interval combines m's and r's in log, each end apart, as independent
 (as analysis.laws.wallclock).
 
+Numbers only: the length report's table and headline lines are analysis.render.multiplier_text's (m_text,
+cell_markdown, cell_lines).
+
 Plain functions on tidy DataFrames; no torch.
 """
 
@@ -281,88 +284,3 @@ def cell_multipliers(
                 entry["approach3"] = {k: a3[k] for k in ("m", "m_ci95", "m_ci95_beyond", "note", "d_star_over_d_max")}
             out.append(entry)
     return out
-
-
-# ---- reports ------------------------------------------------------------------------------------------------------
-
-
-def m_text(e: dict[str, Any], m_key: str = "m", ci_key: str = "m_ci95") -> str:
-    """``1.234x [1.100, 1.400]`` from an entry's m and interval; an end beyond the extrapolation limits as
-    ``>cap`` / ``<floor``; a None m by its note (">10x", "<0.1x"), else "n/a"."""
-    m, ci, note = e.get(m_key), e.get(ci_key), e.get("note")
-    head = f"{m:.3f}x" if m is not None else (note if note in (">10x", "<0.1x") else "n/a")
-    if ci is None:
-        return head
-    beyond = e.get("m_ci95_beyond") if ci_key == "m_ci95" else [x is None for x in ci]
-    texts = []
-    for end, out in zip(ci, beyond or [False, False]):
-        if not out:
-            texts.append(f"{end:.3f}")
-        elif end is None:
-            texts.append("n/a")
-        else:
-            texts.append(f"<{end:.3g}" if end < 1 else f">{end:.3g}")
-    return f"{head} [{texts[0]}, {texts[1]}]"
-
-
-def _interval(ci: list[float] | None, spec: str) -> str:
-    return f"[{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "[n/a]"
-
-
-def cell_markdown(cells: list[dict[str, Any]], arm: str, reference: str) -> list[str]:
-    """length_summary.md's section: per cell Delta with its interval, m with its interval and D* / D_max, the
-    step-time ratio and m_wall, and approach 3's m where present."""
-    if not cells:
-        return []
-    a3 = any("approach3" in c for c in cells)
-    what = (
-        f"m = D*/D: the tokens the {reference} needs at the rung's N to reach {arm}'s loss, over the cell's D, read"
-        f" off the {reference}'s own law at that rung, L = E_r + B_r D^-beta_r (least squares over its budgets and "
-        "seeds), through its measured loss at the cell: L_ref(D*) - L_ref(D) = Δ. So Δ < 0 gives m > 1 and Δ > 0 "
-        "gives m < 1, and m's 95% interval excludes 1 exactly where Δ's excludes 0 (Δ from its t distribution, the"
-        " law from a bootstrap over seeds). D*/D_max: how far D* lies past the rung's largest measured budget "
-        "(above 1: the law extrapolated); beyond 10x m is not measured (>10x). m_wall = m / r, r the cell's step-"
-        "time ratio (arm / reference, steady-state step_cpu_s, geometric mean over its seed pairs)."
-    )
-    if a3:
-        what += f" Approach 3: the same m read off the {reference}'s L(N, D) law of the frontier below, as a check."
-    lines = [
-        f"## {reference}'s tokens to reach {arm}'s loss, per rung and budget",
-        "",
-        what,
-        "",
-        "| rung | tokens / param | Δ [95%] | law at the rung | m [95%] | D*/D_max | r | m_wall [95%] |"
-        + (" m, approach 3 [95%] |" if a3 else ""),
-        "|---|---|---|---|---|---|---|---|" + ("---|" if a3 else ""),
-    ]
-    for c in cells:
-        law = c.get("law") or {}
-        law_text = "n/a" if "error" in law else f"{law['E']:.3f} + {law['B']:.3g}/D^{law['beta']:.3f}"
-        x = c.get("d_star_over_d_max")
-        r = c.get("step_time_ratio")
-        row = (
-            f"| {c['size']} | {c['tokens_per_param']:g} | {c['delta']:+.4f} {_interval(c['delta_ci95'], '+.4f')} "
-            f"| {law_text} | {m_text(c)} "
-            f"| {'n/a' if x is None else f'{x:.2f}'} | {'n/a' if r is None else f'{r:.3f}'} "
-            f"| {m_text(c, 'm_wall', 'm_wall_ci95') if c['m_wall'] is not None else 'n/a'} |"
-        )
-        if a3:
-            e = c.get("approach3") or {}
-            row += f" {m_text(e)} |" if e else " n/a |"
-        lines.append(row)
-    notes = sorted({c["note"] for c in cells if c.get("note") and c["note"] not in (">10x", "<0.1x")})
-    return [*lines, "", *(f"* not measured: {n}" for n in notes), *([""] if notes else [])]
-
-
-def cell_lines(cells: list[dict[str, Any]], arm: str, reference: str) -> list[str]:
-    """The headline: one line per cell, m with its interval, D*/D_max and m_wall."""
-    lines = []
-    for c in cells:
-        x = c.get("d_star_over_d_max")
-        wall = "" if c.get("m_wall") is None else f", m_wall {c['m_wall']:.3f}x"
-        lines.append(
-            f"{c['size']} at {c['tokens_per_param']:g} tokens/param: {reference} needs m = "
-            f"{m_text(c)} its tokens to reach {arm}'s loss "
-            f"(D*/D_max {'n/a' if x is None else f'{x:.2f}'}{wall})"
-        )
-    return lines

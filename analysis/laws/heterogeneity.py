@@ -21,6 +21,10 @@ down-weights points whose residual exceeds delta, beside an ordinary least-squar
 threshold LSQ_DELTA, which no log residual reaches); where either m lies outside the other's interval the report
 shows both and says they disagree.
 
+Numbers only (and the fit loss's label, :func:`fit_loss_text`, which fit.json's ``least_squares.loss`` stores): the
+headline lines and summary.md's section that print them are analysis.render.multiplier_text's (rung_headline,
+rung_markdown); :func:`rung_part` keeps what they read.
+
 Plain functions on plain data; no torch.
 """
 
@@ -113,109 +117,16 @@ def losses_disagree(m_a: float, ci_a: list[float] | None, m_b: float, ci_b: list
     return outside(m_a, ci_b) or outside(m_b, ci_a)
 
 
-def _ci(c: list[float] | None) -> str:
-    if c and all(x is not None and math.isfinite(x) for x in c):
-        return f"[{c[0]:.3f}, {c[1]:.3f}]"
-    return "[n/a]"
-
-
 def rung_time_ratios(timing: dict[str, Any] | None) -> dict[str, float]:
     """Each rung's seconds-per-FLOP ratio t = s_ref / s_arm from a wall-clock entry (analysis.laws.wallclock
     .time_ratio's ``per_rung``): m_wall at a rung is m_s · t of that rung. Empty without timing."""
     return {str(p["rung"]): float(p["s_ref_over_s_arm"]) for p in (timing or {}).get("per_rung") or []}
 
 
-def _time_at(size: str, ratios: dict[str, float]) -> float | None:
-    """The time ratio of a size (a rung, or a (rung, budget) point named ``<rung>@<budget>``)."""
-    return ratios.get(size, ratios.get(str(size).split("@")[0]))
-
-
 def rung_part(mult: dict[str, Any], timing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What :func:`rung_headline` and :func:`rung_markdown` read from a fit.json multiplier, for a report that keeps
-    only part of it: m, its interval, the Huber threshold, the rung test, the least-squares fit and their verdict,
-    and with ``timing`` (a wall-clock entry) each rung's time ratio (``rung_time``)."""
+    """What analysis.render.multiplier_text's rung_headline and rung_markdown read from a fit.json multiplier, for a
+    report that keeps only part of it: m, its interval, the Huber threshold, the rung test, the least-squares fit and
+    their verdict, and with ``timing`` (a wall-clock entry) each rung's time ratio (``rung_time``)."""
     keys = ("m", "m_ci95", "rung_test", "least_squares", "loss_disagreement")
     part = {k: mult.get(k) for k in keys} | {"joint": {"huber_delta": (mult.get("joint") or {}).get("huber_delta")}}
     return part | {"rung_time": rung_time_ratios(timing)}
-
-
-def _wall_text(r: dict[str, Any], ratios: dict[str, float]) -> str:
-    t = _time_at(r["size"], ratios)
-    return f" (m_wall {r['m'] * t:.3f}×)" if t is not None else ""
-
-
-def rung_headline(mult: dict[str, Any], arm: str, timing: dict[str, Any] | None = None) -> list[str]:
-    """The lines a report prints about one arm's multiplier: the pooled m with its loss, and where the rung test
-    rejects, that one multiplier does not describe the rungs, with m(C) at the measured C, each beside its
-    wall-clock version m_s · t_s where the rung's time ratio is known (``mult["rung_time"]`` or ``timing``, a
-    wall-clock entry); then the least-squares m where it disagrees with the Huber one."""
-    test = mult.get("rung_test") or {}
-    delta = (mult.get("joint") or {}).get("huber_delta")
-    loss = fit_loss_text(delta) if delta is not None else "its fit loss"
-    ratios = mult.get("rung_time") or rung_time_ratios(timing)
-    lines = []
-    if test.get("one_multiplier") is False:
-        pts = ", ".join(
-            f"{r['size']} (C = {r['C']:.3g}): {r['m']:.3f}× {_ci(r['m_ci95'])}{_wall_text(r, ratios)}"
-            for r in test["m_of_C"]
-        )
-        trend = ""
-        if test.get("slope") is not None:
-            trend = f"; d ln m / d ln C = {test['slope']:+.3f} {_ci(test['slope_ci95'])}"
-        lines.append(
-            f"{arm}: one multiplier does not describe these rungs (p = {test['p']:.2g}, Q = {test['Q']:.1f}, "
-            f"{test.get('reference', 'chi2')}): m(C) at the measured C: {pts}{trend}. The pooled m = {mult['m']:.3f}× "
-            f"{_ci(mult['m_ci95'])} ({loss}) averages rungs that disagree."
-        )
-    else:
-        p = "n/a" if test.get("p") is None else f"{test['p']:.2g}"
-        lines.append(
-            f"{arm}: pooled m = {mult['m']:.3f}× {_ci(mult['m_ci95'])} ({loss}); one multiplier over the rungs: p = {p}"
-        )
-    lsq = mult.get("least_squares")
-    if lsq and mult.get("loss_disagreement"):
-        lines.append(
-            f"{arm}: the fit's loss matters: {lsq['loss']} gives m = {lsq['m']:.3f}× {_ci(lsq['m_ci95'])} against "
-            f"{mult['m']:.3f}× {_ci(mult['m_ci95'])} ({loss}), each outside the other's interval"
-        )
-    return lines
-
-
-def rung_markdown(
-    multipliers: dict[str, dict[str, Any]], timings: dict[str, dict[str, Any]] | None = None
-) -> list[str]:
-    """summary.md's section: per arm, the per-size m_s under both losses with intervals, the rung test, and where
-    each rung's time ratio t_s is known (the part's ``rung_time``, or ``timings[arm]``, a wall-clock entry) the
-    wall-clock m_s · t_s beside each."""
-    lines: list[str] = []
-    for arm, mm in multipliers.items():
-        test = mm.get("rung_test")
-        if not test:
-            continue
-        lsq = mm.get("least_squares") or {}
-        ratios = mm.get("rung_time") or rung_time_ratios((timings or {}).get(arm))
-        lines += [f"### {arm}: one multiplier per rung, and the test of one over all", ""]
-        lines += [f"- {line}" for line in rung_headline(mm, arm, (timings or {}).get(arm))]
-        huber_text, lsq_text = fit_loss_text(mm["joint"]["huber_delta"]), lsq.get("loss", "least squares")
-        wall = " t_s | m_s · t_s |" if ratios else ""
-        lines += ["", f"| size | C | m_s, {huber_text} [95%] | m_s, {lsq_text} [95%] |{wall}"]
-        lines.append("|---|---|---|---|" + ("---|---|" if ratios else ""))
-        for r in test["m_of_C"]:
-            other = (lsq.get("per_size") or {}).get(r["size"])
-            other_text = f"{other['m']:.3f}× {_ci(other['m_ci95'])}" if other else "n/a"
-            row = f"| {r['size']} | {r['C']:.3g} | {r['m']:.3f}× {_ci(r['m_ci95'])} | {other_text} |"
-            if ratios:
-                t = _time_at(r["size"], ratios)
-                row += f" {t:.3f} | {r['m'] * t:.3f}× |" if t is not None else " n/a | n/a |"
-            lines.append(row)
-        if lsq:
-            pooled = f"| pooled m | | {mm['m']:.3f}× {_ci(mm['m_ci95'])} | {lsq['m']:.3f}× {_ci(lsq['m_ci95'])} |"
-            lines.append(pooled + (" | |" if ratios else ""))
-        if ratios:
-            note = (
-                "t_s = s_ref / s_arm (seconds per FLOP) at that rung (analysis.laws.wallclock); m_s · t_s is the "
-                "rung's wall-clock multiplier, a point value (m_s's interval only)."
-            )
-            lines += ["", note]
-        lines.append("")
-    return lines

@@ -20,6 +20,8 @@ arms and every budget of a (rung, seed) drawn together, since a seed's budgets s
 re-averaged, re-interpolated and refitted; 95% percentile intervals (scaled as the cluster intervals are), over the
 replicates where the quantity is defined (``undefined`` counts the others).
 
+Numbers only: the headline line and the length report's table are analysis.render.frontier_text's.
+
 Plain functions on tidy DataFrames (analysis.laws.frontier.frontier_runs); no torch.
 """
 
@@ -163,66 +165,3 @@ def isoflop_profiles(d: pd.DataFrame, arm: str, reference: str, B: int = 400, se
 
 def _num(x: float) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
-
-
-def _ci(c: list[float] | None, spec: str) -> str:
-    return f"[{c[0]:{spec}}, {c[1]:{spec}}]" if c else "[n/a]"
-
-
-def _fitted_span(a2: dict[str, Any], arm: str) -> str:
-    Cs = [r["C"] for r in a2["levels"] if r["arms"][arm].get("L_opt") is not None]
-    return f"C {Cs[0]:.3g} to {Cs[-1]:.3g}" if Cs else "no C"
-
-
-def isoflop_lines(a2: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
-    """The headline: where approach 2 is fitted for each arm, M(C) where it is defined, and where it cannot be."""
-    if not a2:
-        return []
-    n = len(a2["levels"])
-    short = sum(all(r["arms"][a]["rungs"] < MIN_RUNGS for a in (reference, arm)) for r in a2["levels"])
-    ms = [f"M({r['C']:.3g}) = {r['M']:.3f}x {_ci(r['M_ci95'], '.3f')}" for r in a2["levels"] if r["M"] is not None]
-    return [
-        f"approach 2 (isoFLOP parabolas in ln N through the rungs reaching C): of {n} compute levels, fitted for "
-        f"{reference} at {sum(r['arms'][reference].get('L_opt') is not None for r in a2['levels'])} "
-        f"({_fitted_span(a2, reference)}) and for {arm} at "
-        f"{sum(r['arms'][arm].get('L_opt') is not None for r in a2['levels'])} ({_fitted_span(a2, arm)}); at {short} "
-        f"fewer than {MIN_RUNGS} rungs reach C for both arms, so it cannot be fitted there; "
-        + (f"M(C): {', '.join(ms)}" if ms else "M(C) is defined at no level (the arms' fitted stretches do not meet)")
-    ]
-
-
-def isoflop_markdown(a2: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
-    """length_summary.md's part: the levels where at least one arm has MIN_RUNGS rungs, with N_opt, L_opt, M (its
-    headline, :func:`isoflop_lines`, is among the frontier's)."""
-    if not a2:
-        return []
-    lines = [
-        "### Approach 2 (isoFLOP profiles) beside approach 3",
-        "",
-        (
-            f"{a2['method']}; M(C) from the two arms' L_opt(C), interpolated in ln C between neighbouring fitted "
-            f"levels of the {reference} only; bands: {a2['bootstrap']} bootstrap over seeds per rung, B = {a2['B']}. "
-            f"The levels where at least one arm has {MIN_RUNGS} rungs reaching C (of {len(a2['levels'])} on the span):"
-        ),
-        "",
-        (
-            f"| C (PFLOP/s-days) | rungs {reference} / {arm} | N_opt {reference} [95%] | L_opt {reference} [95%] "
-            f"| N_opt {arm} [95%] | L_opt {arm} [95%] | M(C) [95%] |"
-        ),
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in a2["levels"]:
-        if all(r["arms"][a]["rungs"] < MIN_RUNGS for a in (reference, arm)):
-            continue
-        cells = []
-        for a in (reference, arm):
-            e = r["arms"][a]
-            if e.get("L_opt") is None:
-                cells += [e.get("note") or "n/a", ""]
-            else:
-                cells.append(f"{e['N_opt']:.3g} {_ci(e['N_opt_ci95'], '.3g')}")
-                cells.append(f"{e['L_opt']:.4f} {_ci(e['L_opt_ci95'], '.4f')}")
-        m = "n/a" if r["M"] is None else f"{r['M']:.3f}x {_ci(r['M_ci95'], '.3f')}"
-        rungs = f"{r['arms'][reference]['rungs']} / {r['arms'][arm]['rungs']}"
-        lines.append(f"| {r['C']:.3g} | {rungs} | {' | '.join(cells)} | {m} |")
-    return [*lines, ""]

@@ -13,6 +13,8 @@ their geometric means while fitting (conditioning); A and B are reported in the 
 A ladder at one tokens-per-parameter ratio (D proportional to N) cannot separate A/N^alpha from B/D^beta: the fit
 says so and is not made. It needs a table with several budgets per rung (``train.budgets``: the records' ``budget``).
 
+Numbers only: summary.md's section is analysis.render.multiplier_text.nd_markdown.
+
 Plain functions on tidy DataFrames; no torch.
 """
 
@@ -208,30 +210,3 @@ def _law(theta: np.ndarray, N0: float, D0: float) -> dict[str, float]:
         "B": math.exp(b + beta * math.log(D0)),
         "beta": beta,
     }
-
-
-def nd_markdown(nd: dict[str, Any]) -> list[str]:
-    """summary.md's section: one row per arm."""
-    lines = [
-        f"## Fit over parameters and tokens: {nd['model']} (N = {nd['N']}, D = {nd['D']})",
-        "",
-        f"{nd['loss']}; {nd['E_bound']}; 95% bootstrap intervals.",
-        "",
-        "| arm | runs | E | A | alpha | B | beta | rmse(log L) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, e in nd["arms"].items():
-        if e.get("error"):
-            lines.append(f"| {arm} | {e.get('n_runs', 0)} | {e['error']} | | | | | |")
-            continue
-
-        lines.append(
-            f"| {arm} | {e['n_runs']} | {_cell(e, 'E', '.3f')} | {_cell(e, 'A', '.3g')} | {_cell(e, 'alpha', '.3f')} "
-            f"| {_cell(e, 'B', '.3g')} | {_cell(e, 'beta', '.3f')} | {e['rmse_log']:.4f} |"
-        )
-    return [*lines, ""]
-
-
-def _cell(e: dict[str, Any], k: str, spec: str) -> str:
-    lo, hi = e[f"{k}_ci95"]
-    return f"{e[k]:{spec}} [{lo:{spec}}, {hi:{spec}}]"

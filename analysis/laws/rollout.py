@@ -15,6 +15,8 @@ seeds: what is measured at the held-out rung) about the fit, with the fit's four
 freedom. The multiplier's prediction is the fit's m (one number over compute) with its bootstrap interval; beside it,
 the full ladder's m and the held-out rung's own m_s (fit.json ``multipliers``). docs/analysis.md, "Rollout".
 
+Numbers only: summary.md's section is analysis.render.multiplier_text.rollout_markdown.
+
 Plain functions on tidy DataFrames (analysis.io.runs); no torch.
 """
 
@@ -179,54 +181,3 @@ def _rollout_pair(
             s: (full.get("per_size") or {}).get(s, {}).get("m") for s in {p["size"] for p in points}
         }
     return entry
-
-
-_NOTE = (
-    "Each variant's joint fit with the baseline, without the held-out rung(s); the prediction interval is the fit's "
-    "bootstrap widened by the fitted cell means' rms log residual (docs/analysis.md, Rollout)."
-)
-
-
-def rollout_markdown(ro: dict[str, Any], base: str) -> list[str]:
-    """summary.md's rollout section."""
-    lines = [
-        f"## Rollout: fitted on {', '.join(ro['fitted_sizes'])}, predicting {', '.join(ro['held_out'])}",
-        "",
-        _NOTE,
-        "",
-        "| pair | rung | arm | predicted | 95% prediction interval | measured (runs) | inside |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for v, e in ro["variants"].items():
-        for p in e["points"]:
-            pi = p["prediction_interval95"]
-            pi_text = f"{pi[0]:.4f}-{pi[1]:.4f}" if pi else "n/a"
-            lines.append(
-                f"| {v} | {p['size']} | {p['arm']} | {p['predicted']:.4f} | {pi_text} | {p['measured']:.4f} "
-                f"({p['n_runs']}) | {'yes' if p['inside'] else '**no**'} |"
-            )
-    lines += [
-        "",
-        "| variant | rung | predicted Δ vs " + base + " [95%] | measured Δ (pairs) | m fitted [95%] | "
-        "m full ladder [95%] | m_s at the rung |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for v, e in ro["variants"].items():
-        for dl in e["delta"]:
-            ci = dl["predicted_ci95"]
-            mci, fci = e.get("m_ci95"), e.get("measured_m_ci95")
-            ms = (e.get("measured_m_s") or {}).get(dl["size"])
-            lines.append(
-                f"| {v} | {dl['size']} | {dl['predicted']:+.4f}"
-                + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
-                + f" | {_f(dl['measured'], '+.4f')} ({dl['n_pairs']}) | {e['m']:.3f}"
-                + (f" [{mci[0]:.3f}, {mci[1]:.3f}]" if mci else "")
-                + f" | {_f(e.get('measured_m'), '.3f')}"
-                + (f" [{fci[0]:.3f}, {fci[1]:.3f}]" if fci else "")
-                + f" | {_f(ms, '.3f')} |"
-            )
-    return [*lines, ""]
-
-
-def _f(x: float | None, spec: str) -> str:
-    return "n/a" if x is None or x != x else format(x, spec)

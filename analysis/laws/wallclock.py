@@ -246,24 +246,6 @@ def ladder_wallclock(
     return out
 
 
-def wallclock_line(name: str, entry: dict[str, Any]) -> str:
-    """One line: the compute multiplier, the time ratio and the wall-clock multiplier of one arm (an entry of
-    :func:`ladder_wallclock`); what the headlines of ``python -m analysis fit`` and ``python -m sweeps.study`` print."""
-
-    def ci(c: list[float] | None) -> str:
-        return f" (95% CI {c[0]:.3f}-{c[1]:.3f})" if c else ""
-
-    if entry.get("m_wall") is None:
-        why = entry.get("error") or "no compute multiplier"
-        return f"  {name}: wall-clock multiplier n/a ({why})"
-    source = "step_cpu_s" if str(entry.get("time_source", "")).startswith("step_cpu_s") else "cpu_time_s"
-    return (
-        f"  {name}: wall-clock multiplier m_wall = {entry['m_wall']:.3f}x{ci(entry.get('m_wall_ci95'))} "
-        f"= compute m {entry['m']:.3f}x x time ratio s_ref/s_arm {entry['s_ref_over_s_arm']:.3f}"
-        f"{ci(entry.get('s_ref_over_s_arm_ci95'))}; step-time ratio {entry['step_time_ratio']:.3f} (from {source})"
-    )
-
-
 def document_wallclock(doc: Any) -> dict[str, dict[str, Any]]:
     """The wall-clock multipliers of a fit document (analysis.io.fit_document.FitDocument): its ``wallclock`` section
     when it has one, else :func:`ladder_wallclock` of the runs its ``source`` names (the study's ladder, arms split

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..laws.fit import ALPHA_BOUNDS
-from ..laws.heterogeneity import rung_markdown
 from ..laws.multipliers import PAIRED_SD_FLOOR
+from .multiplier_text import rung_markdown
 from .tables import AT_BOUND, ablation_markdown, arch_grid_markdown, block_size_markdown
 from .tables import ci as _ci
 from .tables import fmt as _fmt
@@ -42,21 +42,21 @@ def _optional_sections(doc: dict[str, Any], base: str) -> list[str]:
     """The sections written only when `python -m analysis fit` was asked for them (absent: nothing)."""
     lines: list[str] = []
     if doc.get("wallclock") is not None:
-        from ..laws.wallclock import wallclock_line
+        from .multiplier_text import wallclock_line
 
         lines += [f"## Wall-clock multiplier vs {base} (docs/analysis.md)", ""]
         lines += [f"-{wallclock_line(v, e)[1:]}" for v, e in doc["wallclock"].items()] or ["- no CPU times"]
         lines.append("")
     if doc.get("rollout"):
-        from ..laws.rollout import rollout_markdown
+        from .multiplier_text import rollout_markdown
 
         lines += rollout_markdown(doc["rollout"], base)
     if doc.get("e_sensitivity"):
-        from ..laws.asymptote import e_sensitivity_markdown
+        from .multiplier_text import e_sensitivity_markdown
 
         lines += e_sensitivity_markdown(doc["e_sensitivity"], base)
     if doc.get("nd_fit"):
-        from ..laws.nd_fit import nd_markdown
+        from .multiplier_text import nd_markdown
 
         lines += nd_markdown(doc["nd_fit"])
     return lines

@@ -158,6 +158,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     "ablations",
     help="ablations and peers (Table 4): same-seed differences with 95%% t intervals, beside the paper's",
     arguments=_arguments,
+    files="table4_ablations.md, ablations.json, fig_table4_ablations.png",
+    study_kind="ablations",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``python -m analysis ablations``: the study's JSON, Markdown table and figure, then its verdict."""

@@ -167,6 +167,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     help="block size (Fig. 6): same-seed differences with 95%% t intervals, beside the paper's",
     arguments=_arguments,
     aliases=("block-size",),
+    files="block_size_summary.md, block_size.json, fig6_block_size.png",
+    study_kind="block_size",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``python -m analysis block_size``: the study's JSON, Markdown table and figure, then its verdict."""

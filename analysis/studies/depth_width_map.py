@@ -302,6 +302,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     "map",
     help="the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map",
     arguments=_arguments,
+    files="map_summary.md, map.json, fig7_map.png",
+    study_kind="map",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``map``: map.json, map_summary.md and the heat map, then each cell's verdict."""

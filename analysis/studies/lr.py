@@ -865,6 +865,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     "lr",
     help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read",
     arguments=_arguments,
+    files="lr_summary.md, lr.json, fig_lr.png",
+    study_kind="lr",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""

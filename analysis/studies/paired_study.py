@@ -347,6 +347,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     help="a condition study: arm - reference per cell and condition, their interaction",
     arguments=_arguments,
     headline=lambda doc: doc["headline"],
+    files=", ".join(FILES),
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``python -m analysis paired``: the report's files under ``--out``; prints paired.md and the headline, returns

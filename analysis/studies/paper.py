@@ -214,7 +214,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-@register("paper", help="refit the paper's published numbers and draw its figures", arguments=_arguments)
+@register(
+    "paper",
+    help="refit the paper's published numbers and draw its figures",
+    arguments=_arguments,
+    files="fit.json, summary.md, table4_ablations.md, the paper's figures",
+)
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     """``paper``: the paper's own numbers refitted, with the headline."""
 

@@ -24,10 +24,11 @@ from ..io.runs import (
     select_seeds,
 )
 from ..laws.fit_options import FitOptions
-from ..laws.heterogeneity import rung_headline
 from ..render import figures
 from ..render.figures import block_size_figure
 from ..render.markdown import summary_markdown
+from ..render.multiplier_text import rung_headline
+from ..render.study_headline import fit_headline
 from ..render.tables import ablation_markdown, arch_grid_markdown
 from .ablations import ablation_table
 from .arch_grid import arch_grid_table
@@ -276,7 +277,9 @@ def _add_fit_sections(f: argparse.ArgumentParser) -> None:
     "fit",
     help="fit a results table and write fit.json, summary.md and figures",
     arguments=_arguments,
+    headline=fit_headline,
     aliases=("arch_grid",),  # the architecture grid is reported by the fit (fit.json arch_grid, its table and figure)
+    files="summary.md, fit.json, figures",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
@@ -326,7 +329,7 @@ def _section_lines(doc: FitDocument) -> list[str]:
     """The optional sections' headline lines (wall-clock multipliers, the rollout's predictions, the E range)."""
     lines: list[str] = []
     if doc.wallclock:
-        from ..laws.wallclock import wallclock_line
+        from ..render.multiplier_text import wallclock_line
 
         lines += [wallclock_line(v, e).strip() for v, e in doc.wallclock.items()]
     for v, e in ((doc.rollout or {}).get("variants") or {}).items():

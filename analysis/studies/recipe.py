@@ -42,10 +42,11 @@ from ..io.report import SCHEMA_VERSION, write_json
 from ..io.runs import AnalysisWarning, load_results, select_completed, size_order, warn_duplicate_cells
 from ..laws.fit import PowerLaw
 from ..laws.fit_options import MIN_SIZES, FitOptions
-from ..laws.heterogeneity import rung_headline, rung_markdown, rung_part
+from ..laws.heterogeneity import rung_part
 from ..laws.paired import rung_interaction, verdict
 from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.figures import delta_errorbar, save
+from ..render.multiplier_text import rung_headline, rung_markdown
 from ..render.tables import fmt
 from .scaling import analyse_scaling
 from .study_registry import add_bootstrap, register, seed_list
@@ -924,7 +925,7 @@ def run_recipe(
 
 def rung_section(doc: dict[str, Any]) -> list[str]:
     """Per recipe and arm on the headline seed set, the multiplier per rung under both fit losses and the test
-    of one multiplier over the rungs (analysis.laws.heterogeneity)."""
+    of one multiplier over the rungs (analysis.laws.heterogeneity; the text: analysis.render.multiplier_text)."""
     name = doc["headline_seed_set"]
     parts = {
         f"{arm} under {r} ({name} seeds)": e["rungs"]
@@ -969,6 +970,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     help="a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction",
     arguments=_arguments,
     headline=headline_lines,
+    files="recipe_summary.md, recipe.json, figures",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``recipe``: recipe.json, recipe_summary.md and figures, then the headline multipliers."""

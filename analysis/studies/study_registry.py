@@ -32,8 +32,10 @@ Headline = Callable[[Any], list[str]]
 @dataclass(frozen=True)
 class Study:
     """One registered analysis command: its name (and aliases), its ``--help`` line, the function that adds its
-    arguments, the one that writes its report (returns the document it built) and the one that says its headline
-    from that document (None: the command prints its own lines and has no headline for sweeps.study)."""
+    arguments, the one that writes its report (returns the document it built), the one that says its headline
+    from that document (None: the command prints its own lines and has no headline for sweeps.study), what its
+    report writes (``files``, as sweeps.study names them) and the study kind it reports (``study_kind``: a sweep
+    of that kind is reported by this command whatever its study file says; None: the study file's ``analysis``)."""
 
     name: str
     help: str
@@ -41,6 +43,8 @@ class Study:
     report: Report
     headline: Headline | None = None
     aliases: tuple[str, ...] = ()
+    files: str = ""
+    study_kind: str | None = None
 
 
 STUDIES: dict[str, Study] = {}  # name -> study, in registration order
@@ -79,17 +83,27 @@ def command_of(argv: Sequence[str]) -> str | None:
 
 
 def register(
-    name: str, *, help: str, arguments: Arguments, headline: Headline | None = None, aliases: tuple[str, ...] = ()
+    name: str,
+    *,
+    help: str,
+    arguments: Arguments,
+    headline: Headline | None = None,
+    aliases: tuple[str, ...] = (),
+    files: str = "",
+    study_kind: str | None = None,
 ) -> Callable[[Report], Report]:
-    """Register the decorated report function as ``python -m analysis <name>``; a name or alias taken twice is a
-    ValueError naming both."""
+    """Register the decorated report function as ``python -m analysis <name>``; a name or alias taken twice, or a
+    study kind claimed by two commands, is a ValueError naming both."""
 
     def add(report: Report) -> Report:
         taken = {n: s.name for s in STUDIES.values() for n in (s.name, *s.aliases)}
         for n in (name, *aliases):
             if n in taken and taken[n] != name:
                 raise ValueError(f"analysis command {n!r} of {name!r} is already registered by {taken[n]!r}")
-        STUDIES[name] = Study(name, help, arguments, report, headline, aliases)
+        kinds = {s.study_kind: s.name for s in STUDIES.values() if s.study_kind is not None}
+        if study_kind is not None and kinds.get(study_kind, name) != name:
+            raise ValueError(f"study kind {study_kind!r} of {name!r} is already reported by {kinds[study_kind]!r}")
+        STUDIES[name] = Study(name, help, arguments, report, headline, aliases, files or f"{name} report", study_kind)
         return report
 
     return add
@@ -110,6 +124,11 @@ def get(name: str) -> Study:
         if name == study.name or name in study.aliases:
             return study
     raise ValueError(f"analysis command {name!r} is not registered; registered: {', '.join(sorted(studies))}")
+
+
+def for_kind(study_kind: str) -> Study | None:
+    """The study registered as the reporter of ``study_kind`` (e.g. ``map``, ``lr``), if any."""
+    return next((s for s in load().values() if s.study_kind == study_kind), None)
 
 
 def headline_lines(name: str, document: Any) -> list[str]:

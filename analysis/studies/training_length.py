@@ -172,9 +172,11 @@ def analyse_length(
     shared lr, while ``df`` ran each budget at its own: both lr protocols side by side (length.json ``lr_protocols``,
     analysis.studies.length_protocols)."""
     from ..io.report import write_json
-    from ..laws.cell_multiplier import cell_markdown, cell_multipliers
-    from ..laws.frontier import FRONTIER_B, FRONTIER_B_MAX, frontier_markdown, frontier_with_laws
+    from ..laws.cell_multiplier import cell_multipliers
+    from ..laws.frontier import FRONTIER_B, FRONTIER_B_MAX, frontier_with_laws
     from ..render.figures import frontier_figure, length_figure
+    from ..render.frontier_text import frontier_markdown
+    from ..render.multiplier_text import cell_markdown
     from .length_lr import has_lr_grid, lr_check, lr_check_markdown
 
     out.mkdir(parents=True, exist_ok=True)
@@ -286,8 +288,8 @@ def fit_markdown(fit: dict[str, Any] | None, arm: str, reference: str) -> list[s
 def headline_lines(doc: dict[str, Any]) -> list[str]:
     """What ``python -m analysis length`` and ``python -m sweeps.study`` print: one line per (rung, budget) with
     its Δ and multiplier, then the compute fit's and the frontier's headlines."""
-    from ..laws.cell_multiplier import m_text
-    from ..laws.frontier import frontier_lines
+    from ..render.frontier_text import frontier_lines
+    from ..render.multiplier_text import m_text
     from .length_lr import lr_check_lines
 
     cells = {(c["size"], c["tokens_per_param"]): c for c in doc.get("cells") or []}
@@ -364,6 +366,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     help="arm - baseline per rung at each training length (tokens per parameter): 95%% t intervals",
     arguments=_arguments,
     headline=headline_lines,
+    files="length_summary.md, length.json, figures",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``length``: the arm's same-seed difference per rung and budget, then one line per row."""
