@@ -93,6 +93,36 @@ def rollout(
     return out
 
 
+def _point(
+    size: str,
+    arm: str,
+    rows: pd.DataFrame,
+    C_at: float,
+    pred: float,
+    boot: np.ndarray,
+    plan: bs.ResamplePlan,
+    s_res: float,
+) -> dict[str, Any]:
+    """One held-out (size, arm): the law's prediction ``pred`` at its compute ``C_at`` with the fit's interval (the
+    replicates ``boot``) and the prediction interval (the fit's plus the cell-level scatter ``s_res``), beside the
+    measured mean of its ``rows``."""
+    pi = _log_interval(pred, boot, plan, s_res)
+    meas = float(rows["val_loss"].mean())
+    return {
+        "size": size,
+        "arm": arm,
+        "C": C_at,
+        "predicted": pred,
+        "fit_ci95": _log_interval(pred, boot, plan, 0.0),
+        "prediction_interval95": pi,
+        "measured": meas,
+        "measured_sd": float(rows["val_loss"].std(ddof=1)) if len(rows) > 1 else None,
+        "n_runs": len(rows),
+        "error": meas - pred,
+        "inside": bool(pi is not None and pi[0] <= meas <= pi[1]),
+    }
+
+
 def _rollout_pair(
     d: pd.DataFrame, test: pd.DataFrame, base: str, v: str, opt: FitOptions, full: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -127,27 +157,8 @@ def _rollout_pair(
             if rows.empty:
                 continue
             C_at = float(np.exp(np.log(rows[compute].to_numpy(float)).mean()))
-            pred = float(law.loss(C_at))
-            boot = jb["E"] + amp * (C_at / jf.C_ref) ** (-jb["alpha"])
-            pred_arm[arm] = boot
-            fit_ci = _log_interval(pred, boot, plan, 0.0)
-            pi = _log_interval(pred, boot, plan, s_res)
-            meas = float(rows["val_loss"].mean())
-            points.append(
-                {
-                    "size": size,
-                    "arm": arm,
-                    "C": C_at,
-                    "predicted": pred,
-                    "fit_ci95": fit_ci,
-                    "prediction_interval95": pi,
-                    "measured": meas,
-                    "measured_sd": float(rows["val_loss"].std(ddof=1)) if len(rows) > 1 else None,
-                    "n_runs": len(rows),
-                    "error": meas - pred,
-                    "inside": bool(pi is not None and pi[0] <= meas <= pi[1]),
-                }
-            )
+            pred_arm[arm] = jb["E"] + amp * (C_at / jf.C_ref) ** (-jb["alpha"])
+            points.append(_point(size, arm, rows, C_at, float(law.loss(C_at)), pred_arm[arm], plan, s_res))
         if len(pred_arm) == 2:
             b_rows, v_rows = at[at["variant"] == base], at[at["variant"] == v]
             pairs = pd.merge(b_rows[["seed", "val_loss"]], v_rows[["seed", "val_loss"]], on="seed")

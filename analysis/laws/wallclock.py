@@ -134,25 +134,7 @@ def time_ratio(
         return out
     strata = [(r, a) for r in rungs for a in (False, True)]
     index = {k: np.flatnonzero((rung == k[0]) & (is_arm == k[1])) for k in strata}
-    per_rung = []
-    for r in rungs:
-        ref, arm_i = index[(r, False)], index[(r, True)]
-        s_ref, s_arm = math.exp(logs[ref].mean()), math.exp(logs[arm_i].mean())
-        st_ref, st_arm = math.exp(log_step[ref].mean()), math.exp(log_step[arm_i].mean())
-        per_rung.append(
-            {
-                "rung": r,
-                "n_ref": len(ref),
-                "n_arm": len(arm_i),
-                "s_ref": s_ref,
-                "s_arm": s_arm,
-                "s_ref_over_s_arm": s_ref / s_arm,
-                "step_time_ref": st_ref,
-                "step_time_arm": st_arm,
-                "step_time_ratio": st_arm / st_ref,
-                "flops_per_step_ratio": (st_arm / s_arm) / (st_ref / s_ref),
-            }
-        )
+    per_rung = [_rung_ratios(r, index[(r, False)], index[(r, True)], logs, log_step) for r in rungs]
     ln_t = float(np.mean([math.log(p["s_ref_over_s_arm"]) for p in per_rung]))
     ln_step = float(np.mean([math.log(p["step_time_ratio"]) for p in per_rung]))
     ln_fps = float(np.mean([math.log(p["flops_per_step_ratio"]) for p in per_rung]))
@@ -173,6 +155,25 @@ def time_ratio(
         thin = [f"{k[0]} {arm if k[1] else reference}" for k, i in index.items() if len(i) < 2]
         out["note"] = f"one timed run only at {', '.join(thin)}: no spread to resample, no interval"
     return out
+
+
+def _rung_ratios(rung: str, ref: np.ndarray, arm: np.ndarray, logs: np.ndarray, log_step: np.ndarray) -> dict[str, Any]:
+    """One rung's geometric-mean seconds per FLOP and per step of each arm (``ref``/``arm``: the rows' indices into
+    ``logs``, ln seconds per FLOP, and ``log_step``, ln seconds per step) and their ratios."""
+    s_ref, s_arm = math.exp(logs[ref].mean()), math.exp(logs[arm].mean())
+    st_ref, st_arm = math.exp(log_step[ref].mean()), math.exp(log_step[arm].mean())
+    return {
+        "rung": rung,
+        "n_ref": len(ref),
+        "n_arm": len(arm),
+        "s_ref": s_ref,
+        "s_arm": s_arm,
+        "s_ref_over_s_arm": s_ref / s_arm,
+        "step_time_ref": st_ref,
+        "step_time_arm": st_arm,
+        "step_time_ratio": st_arm / st_ref,
+        "flops_per_step_ratio": (st_arm / s_arm) / (st_ref / s_ref),
+    }
 
 
 def _bootstrap(

@@ -455,16 +455,9 @@ def _read_run_file(row: pd.Series, base_dir: str | None, name: str) -> Path | No
 
 
 @styled
-def loss_curves_figure(
-    df: pd.DataFrame,
-    stem: Path,
-    *,
-    base_dir: str | None = None,
-    compute: str = "pflops_days",
-    labels: dict[str, str] | None = None,
-) -> list[Path]:
-    """Val loss vs tokens (top) and vs FLOPs (bottom), one panel per size, one line per variant (mean over
-    seeds at each evaluation step).  Runs without a metrics.csv are skipped with one warning naming them."""
+def _loss_curves(df: pd.DataFrame, base_dir: str | None) -> pd.DataFrame | None:
+    """Every run's val-loss curve from its metrics.csv (step, tokens, flops, val_loss, with its variant, size, seed,
+    run_id and outlier flag), one table; runs without a usable file are named in one warning; None without any."""
     curves, missing = [], []
     for _, row in df.iterrows():
         path = _read_run_file(row, base_dir, "metrics.csv")
@@ -488,11 +481,26 @@ def loss_curves_figure(
         warnings.warn(
             f"loss curves: no usable metrics.csv for {len(missing)} run(s): {_names(missing)}",
             AnalysisWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     if not curves:
+        return None
+    return pd.concat(curves, ignore_index=True)
+
+
+def loss_curves_figure(
+    df: pd.DataFrame,
+    stem: Path,
+    *,
+    base_dir: str | None = None,
+    compute: str = "pflops_days",
+    labels: dict[str, str] | None = None,
+) -> list[Path]:
+    """Val loss vs tokens (top) and vs FLOPs (bottom), one panel per size, one line per variant (mean over
+    seeds at each evaluation step).  Runs without a metrics.csv are skipped with one warning naming them."""
+    c = _loss_curves(df, base_dir)
+    if c is None:
         return []
-    c = pd.concat(curves, ignore_index=True)
     sizes = [s for s in size_order(df, compute) if s in set(c["size"])]
     variants = list(pd.unique(df["variant"]))
     ncol = len(sizes)
@@ -837,61 +845,11 @@ def lr_figure(
             row = table[(table["variant"] == v) & (table["size"] == s)]
             if row.empty:
                 continue
-            r = row.iloc[0]
-            col = size_col[s]
-            grid = np.asarray(r["grid"], float)
-            mean = np.array([np.nan if m is None else m for m in r["mean_loss"]], float)
-            ax.plot(grid, mean, "-o", color=col, ms=3.5, lw=1.3, label=s)
             d = runs[(runs["variant"] == v) & (runs["size"] == s)]
-            ok = d[np.isfinite(d["val_loss"])]
-            ax.scatter(ok["lr"], ok["val_loss"], s=9, color=col, alpha=0.35, lw=0)
-            div = d[~np.isfinite(d["val_loss"])]
-            if len(div):
-                ax.scatter(div["lr"], np.full(len(div), y_hi + pad), marker="x", s=28, color=col, lw=1.2, clip_on=False)
-            if np.isfinite(r["lr"]):
-                lo, hi = r["ci95"]
-                xerr = None if not (np.isfinite(lo) and np.isfinite(hi)) else [[r["lr"] - lo], [hi - r["lr"]]]
-                ax.errorbar(
-                    [r["lr"]],
-                    [r["loss_at_optimum"]],
-                    xerr=xerr,
-                    fmt="*",
-                    ms=11,
-                    color=col,
-                    mec="black",
-                    mew=0.6,
-                    capsize=3,
-                    lw=1.2,
-                    zorder=5,
-                )
-                lr_out = ((tuned or {}).get(str(v)) or {}).get(str(s))
-                if lr_out is not None and not np.isclose(lr_out, r["lr"], rtol=1e-3):
-                    ok_pts = np.isfinite(mean)
-                    y_out = (
-                        np.interp(np.log(lr_out), np.log(grid[ok_pts]), mean[ok_pts])
-                        if ok_pts.any()
-                        else r["loss_at_optimum"]
-                    )
-                    ax.plot([lr_out], [y_out], "D", ms=6.5, mfc="white", mec=col, mew=1.6, zorder=6)
-                if r["on_edge"]:
-                    ax.annotate(
-                        "edge",
-                        (r["lr"], r["loss_at_optimum"]),
-                        textcoords="offset points",
-                        xytext=(0, -13),
-                        ha="center",
-                        fontsize=7.5,
-                        color="red",
-                    )
-        ax.set_xscale("log")
+            lr_out = ((tuned or {}).get(str(v)) or {}).get(str(s))
+            _lr_curve(ax, row.iloc[0], d, size_col[s], y_hi + pad, lr_out, label=s)
         grid_all = np.unique(np.concatenate([np.asarray(g, float) for g in table.loc[table["variant"] == v, "grid"]]))
-        step = max(1, int(np.ceil(len(grid_all) / 6)))  # at most ~6 labels: no overlap at this width
-        ticks = _thin_ratio(grid_all[::step], 1.25)  # two grids' near-equal lrs (e.g. 2.28e-3, 2.36e-3): one label
-        ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
-        ax.xaxis.set_major_formatter(mticker.FixedFormatter([f"{x:.2g}" for x in ticks]))
-        ax.xaxis.set_minor_locator(mticker.FixedLocator(grid_all))
-        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
-        ax.set_xlabel("Peak learning rate")
+        _lr_axis(ax, grid_all)
         ax.set_title(label_of(v, labels))
         ax.set_ylim(y_lo - pad, y_hi + 2 * pad)
     axes[0][0].set_ylabel("Validation loss")
@@ -912,6 +870,46 @@ def lr_figure(
     )
     fig.tight_layout()
     return save(fig, stem)
+
+
+def _lr_curve(ax: plt.Axes, r: pd.Series, d: pd.DataFrame, col: Any, y_top: float, lr_out: float | None, label: str):
+    """One size's lr curve on ``ax``: the grid's mean loss, its runs (faint dots; diverged ones as crosses at
+    ``y_top``), the fitted optimum ``r`` as a star with its interval, ``lr_out`` (the lr written, where it differs)
+    as an open diamond, and "edge" under an optimum on the grid's edge."""
+    grid = np.asarray(r["grid"], float)
+    mean = np.array([np.nan if m is None else m for m in r["mean_loss"]], float)
+    ax.plot(grid, mean, "-o", color=col, ms=3.5, lw=1.3, label=label)
+    ok = d[np.isfinite(d["val_loss"])]
+    ax.scatter(ok["lr"], ok["val_loss"], s=9, color=col, alpha=0.35, lw=0)
+    div = d[~np.isfinite(d["val_loss"])]
+    if len(div):
+        ax.scatter(div["lr"], np.full(len(div), y_top), marker="x", s=28, color=col, lw=1.2, clip_on=False)
+    if not np.isfinite(r["lr"]):
+        return
+    lo, hi = r["ci95"]
+    xerr = None if not (np.isfinite(lo) and np.isfinite(hi)) else [[r["lr"] - lo], [hi - r["lr"]]]
+    star = {"fmt": "*", "ms": 11, "color": col, "mec": "black", "mew": 0.6, "capsize": 3, "lw": 1.2, "zorder": 5}
+    ax.errorbar([r["lr"]], [r["loss_at_optimum"]], xerr=xerr, **star)
+    if lr_out is not None and not np.isclose(lr_out, r["lr"], rtol=1e-3):
+        ok_pts = np.isfinite(mean)
+        y_out = np.interp(np.log(lr_out), np.log(grid[ok_pts]), mean[ok_pts]) if ok_pts.any() else r["loss_at_optimum"]
+        ax.plot([lr_out], [y_out], "D", ms=6.5, mfc="white", mec=col, mew=1.6, zorder=6)
+    if r["on_edge"]:
+        where = (r["lr"], r["loss_at_optimum"])
+        ax.annotate("edge", where, textcoords="offset points", xytext=(0, -13), ha="center", fontsize=7.5, color="red")
+
+
+def _lr_axis(ax: plt.Axes, grid_all: np.ndarray) -> None:
+    """A log lr axis labelled at no more than ~6 of the grid's lrs (near-equal ones once), every grid lr a minor
+    tick."""
+    ax.set_xscale("log")
+    step = max(1, int(np.ceil(len(grid_all) / 6)))  # at most ~6 labels: no overlap at this width
+    ticks = _thin_ratio(grid_all[::step], 1.25)  # two grids' near-equal lrs (e.g. 2.28e-3, 2.36e-3): one label
+    ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(mticker.FixedFormatter([f"{x:.2g}" for x in ticks]))
+    ax.xaxis.set_minor_locator(mticker.FixedLocator(grid_all))
+    ax.xaxis.set_minor_formatter(mticker.NullFormatter())
+    ax.set_xlabel("Peak learning rate")
 
 
 def _thin_ratio(values: np.ndarray, ratio: float) -> list[float]:

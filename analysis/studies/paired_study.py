@@ -73,11 +73,10 @@ def condition_runs(frames: Sequence[pd.DataFrame], opts: PairedOptions) -> pd.Da
 def analyse_paired(runs: pd.DataFrame, opts: PairedOptions = PairedOptions()) -> dict[str, Any]:
     """The condition study of ``runs`` (completed runs: ``variant``, ``seed``, ``val_loss`` and the cells and
     condition columns): ``levels`` (the condition's values: ascending when numeric, else in order of appearance,
-    i.e. of the record sets given; [None] without one), ``arms``
-    (``opts.arms``, else every variant but the reference that ran under every level),
-    ``effects`` (paired_comparison per level, with a ``condition`` column), ``interactions`` (per pair first/other
-    level: paired_comparison by condition, with ``first`` and ``second``), ``heterogeneity`` (per level and arm).
-    No arm with a pair: ValueError."""
+    i.e. of the record sets given; [None] without one), ``arms`` (``opts.arms``, else every variant but the
+    reference that ran under every level), ``effects`` (paired_comparison per level, with a ``condition`` column),
+    ``interactions`` (per pair of the first level and another: paired_comparison by condition, with ``first`` and
+    ``second``), ``heterogeneity`` (per level and arm). No cell with a pair: ValueError."""
     levels: list[Any] = [None]
     if opts.condition:
         levels = list(pd.unique(runs[opts.condition]))
@@ -133,10 +132,6 @@ def _warn_unmatched(pair: pd.DataFrame, opts: PairedOptions, first: Any, second:
     if lonely:
         names = "; ".join(" ".join(f"{c}={v}" for c, v in zip(opts.cells, cell)) for cell in lonely)
         warnings.warn(f"cells under only one of {first} / {second} (no interaction): {names}", AnalysisWarning, 3)
-
-
-def _cell_text(row: Any, cells: Sequence[str]) -> str:
-    return ", ".join(str(_plain(row[c])) for c in cells)
 
 
 def _plain(x: Any) -> Any:
