@@ -1,4 +1,5 @@
-"""Bootstrap intervals (analysis.laws.bootstrap + scaling.analyse_scaling): pairing, reproducibility and coverage.
+"""Bootstrap intervals (analysis.laws.bootstrap + scaling_ladder.analyse_scaling): pairing, reproducibility and
+coverage.
 
 The coverage tests are the acceptance check that the 95% interval of the joint-fit multiplier m is honest:
 over many synthetic ladders with known m the interval must contain the truth at a stated rate.
@@ -16,7 +17,7 @@ from synthetic_records import synthetic_ladder
 from analysis.io.runs import AnalysisWarning
 from analysis.laws import bootstrap as bs
 from analysis.laws.fit_options import FitOptions
-from analysis.studies.scaling import analyse_scaling
+from analysis.laws.scaling_ladder import analyse_scaling
 
 TRUE_M = (1.0, 1.25, 1.6)
 

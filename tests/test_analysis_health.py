@@ -14,8 +14,8 @@ from synthetic_records import synthetic_ladder
 from analysis import health
 from analysis.io.runs import OWN_LR, AnalysisWarning
 from analysis.laws.fit_options import FitOptions
-from analysis.studies.pipeline import run_fit
-from analysis.studies.scaling import analyse_scaling, flag_runs
+from analysis.laws.scaling_ladder import analyse_scaling, flag_runs
+from analysis.render.fit_report import run_fit
 
 TOTAL = 1000
 

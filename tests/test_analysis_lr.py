@@ -1,5 +1,5 @@
-"""studies.lr: known optima are recovered from synthetic LR curves, edges are warned about, and the CLI writes the
-config the size files read."""
+"""studies.lr (and laws.lr_optimum, the parabola's vertex): known optima are recovered from synthetic LR curves,
+edges are warned about, and the CLI writes the config the size files read."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from synthetic_records import synthetic_lr_study
 
 from analysis.__main__ import main
 from analysis.io.runs import AnalysisWarning
-from analysis.studies.lr import lr_optima, quadratic_vertex, reference_optimum
+from analysis.laws.lr_optimum import quadratic_vertex, reference_optimum
+from analysis.studies.lr import lr_optima
 
 SQRT2_GRID = tuple(1e-3 * 2 ** (k / 2) for k in range(9))  # 1e-3 .. 1.6e-2
 OPTIMA = {

@@ -13,7 +13,7 @@ from synthetic_records import synthetic_ladder
 
 from analysis.laws.fit_options import FitOptions
 from analysis.laws.multipliers import pooled_pair_sd
-from analysis.studies.scaling import analyse_scaling
+from analysis.laws.scaling_ladder import analyse_scaling
 
 
 def _fit(df):

@@ -15,7 +15,7 @@ from synthetic_records import synthetic_ladder, write_study
 
 from analysis.io.runs import AnalysisWarning, load_results, load_wandb, scaling_runs, select_completed, study_kinds
 from analysis.laws.fit_options import FitOptions
-from analysis.studies.scaling import analyse_scaling, check_ladder
+from analysis.laws.scaling_ladder import analyse_scaling, check_ladder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -237,7 +237,7 @@ def _kinds_table() -> pd.DataFrame:
 def test_a_renamed_sweep_is_analysed_by_its_study_kind(tmp_path: Path) -> None:
     """Renamed studies give the same analysis as the original names: the study_kind decides, not the name; renamed
     studies all labelled ``scaling`` would be fitted as three scaling ladders."""
-    from analysis.studies.pipeline import run_fit
+    from analysis.render.fit_report import run_fit
 
     named = _kinds_table()
     renamed = named.copy()
@@ -277,7 +277,7 @@ def test_an_lr_study_is_not_a_scaling_ladder() -> None:
 def test_two_studies_of_one_kind_use_the_larger_with_a_warning() -> None:
     from synthetic_records import ablation_records
 
-    from analysis.studies.ablations import ablation_table
+    from analysis.laws.fixed_shape import ablation_table
 
     big = ablation_records(seeds=(0, 1))
     small = ablation_records(seeds=(5,)).assign(study="ablations_old", study_kind="ablations")
@@ -453,7 +453,7 @@ def test_a_block_size_sweep_is_the_runs_with_a_block_size() -> None:
     """Not the variant's name: a sweep of another Block variant is found; two swept Block variants are one too many."""
     from synthetic_records import block_size_sweep_records
 
-    from analysis.studies.block_size import block_size_sweep
+    from analysis.laws.fixed_shape import block_size_sweep
 
     df = block_size_sweep_records().assign(study="fig6", study_kind="block_size")
     renamed = df.assign(variant=df["variant"].replace({"block_attnres": "block_multihead"}))

@@ -353,10 +353,10 @@ def _grid_records(study: str = "arch_grid") -> pd.DataFrame:
 
 def test_arch_grid_table_pivots_records(tmp_path):
     from analysis.io.runs import AnalysisWarning
+    from analysis.laws.arch_grid import arch_grid_table
     from analysis.laws.fit_options import FitOptions
+    from analysis.render.fit_report import run_fit
     from analysis.render.tables import arch_grid_markdown
-    from analysis.studies.arch_grid import arch_grid_table
-    from analysis.studies.pipeline import run_fit
 
     df = _grid_records()
     table = arch_grid_table(df)

@@ -19,11 +19,11 @@ from analysis.io.fit_document import FitDocument
 from analysis.laws import bootstrap as bs
 from analysis.laws.fit import ALPHA_BOUNDS, joint_draws_at_bound
 from analysis.laws.fit_options import FitOptions
+from analysis.laws.scaling_ladder import analyse_scaling
 from analysis.render import figures
 from analysis.render.markdown import summary_markdown
 from analysis.render.tables import AT_BOUND
 from analysis.render.tables import ci as ci_cell
-from analysis.studies.scaling import analyse_scaling
 
 
 def _fit(df: pd.DataFrame, B: int = 60, **kw) -> dict:

@@ -11,8 +11,8 @@ from synthetic_records import synthetic_ladder
 
 from analysis.io.fit_document import FitDocument
 from analysis.laws.fit_options import FitOptions
+from analysis.laws.scaling_ladder import analyse_scaling
 from analysis.render import figures
-from analysis.studies.scaling import analyse_scaling
 
 
 def test_interval_text_bounds_its_ends():

@@ -18,8 +18,8 @@ from analysis.laws.asymptote import e_sensitivity
 from analysis.laws.fit import fit_joint, fit_joint_pinned
 from analysis.laws.fit_options import FitOptions
 from analysis.laws.rollout import rollout
+from analysis.render.fit_report import Sections, run_fit
 from analysis.render.study_headline import fit_headline as headline
-from analysis.studies.pipeline import Sections, run_fit
 
 # Written by hand: L = 2 + 1.5 (m C / 1e-5 PFLOP/s-days)^-0.25 with block's m = 1.3 (1% more FLOPs per token),
 # C = flops; seed noise sd 0.002. No study_kind, study, pflops_days: a table from another harness.

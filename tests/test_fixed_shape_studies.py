@@ -1,6 +1,7 @@
-"""Fig. 6 (studies.block_size) and Table 4 (studies.ablations) on hand-made result tables: same-seed pairs, the
-references drawn from other studies at the same shape, lr protocol and seeds only, the paper's order and numbers,
-the t intervals, the verdicts, the figures' data and the CLI."""
+"""Fig. 6 (laws.fixed_shape.block_size_sweep, studies.block_size) and Table 4 (laws.fixed_shape.ablation_table,
+studies.ablations) on hand-made result tables: same-seed pairs, the references drawn from other studies at the same
+shape, lr protocol and seeds only, the paper's order and numbers, the t intervals, the verdicts, the figures' data and
+the CLI."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 from scipy import stats
 
 from analysis.__main__ import main as analysis_main
+from analysis.laws import fixed_shape
 from analysis.laws import paired as seed_stats
 from analysis.render import figures
-from analysis.studies import ablations, block_size
+from analysis.studies import block_size
 
 SEEDS = (0, 1, 2)
 SEED_OFFSET = {0: 0.0, 1: 0.03, 2: -0.02}  # noise every arm of a seed shares: pairs cancel it
@@ -73,7 +75,7 @@ def test_verdicts_follow_the_interval():
 
 
 def test_block_size_pairs_seeds_and_takes_references_from_the_same_shape_only():
-    sw = block_size.block_size_sweep(_block_size_table())
+    sw = fixed_shape.block_size_sweep(_block_size_table())
     assert sw is not None
     assert [p["block_size"] for p in sw["points"]] == [1, 2, 4, 8]  # S = 4 from the ladder's study
     assert sw["baseline"]["n_runs"] == 3  # not the per_arm runs, nor seed 20
@@ -94,7 +96,7 @@ def test_block_size_rejects_two_runs_of_one_seed():
     df = _block_size_table()
     df = pd.concat([df, df[(df["study"] == "bs") & (df["seed"] == 0)].head(1)])
     with pytest.raises(ValueError, match="several completed runs of seed"):
-        block_size.block_size_sweep(df)
+        fixed_shape.block_size_sweep(df)
 
 
 def test_block_size_report_figure_and_verdict(tmp_path):
@@ -122,7 +124,7 @@ def _ablation_table_frame() -> pd.DataFrame:
 
 
 def test_ablation_rows_follow_the_papers_order_with_its_numbers():
-    table = ablations.ablation_table(_ablation_table_frame())
+    table = fixed_shape.ablation_table(_ablation_table_frame())
     assert table is not None
     order = [r["variant"] for r in table]
     assert order == ["baseline", "denseformer", "mhc", "laurel", "full_attnres", "full_sigmoid", "block_multihead"]
@@ -160,7 +162,7 @@ def test_ablation_figure_draws_every_arm_and_the_papers_deltas(tmp_path, monkeyp
         return real(self, x, y, *a, **k)
 
     monkeypatch.setattr(figures.plt.Axes, "errorbar", spy)
-    table = ablations.ablation_table(_ablation_table_frame())
+    table = fixed_shape.ablation_table(_ablation_table_frame())
     figures.ablation_figure(table, tmp_path / "fig")
     expected = [r["delta_vs_baseline"] for r in table if r["delta_vs_baseline"] is not None]
     assert drawn["x"] == pytest.approx(expected)
@@ -173,7 +175,7 @@ def test_an_arm_that_failed_to_train_is_marked_at_the_edge_not_stretching_the_ax
     broken["val_loss"] += 0.7
     df = pd.concat([df, broken], ignore_index=True)
     df["run_id"] = [f"r{i}" for i in range(len(df))]
-    table = ablations.ablation_table(df)
+    table = fixed_shape.ablation_table(df)
     limits = {}
     real = figures.plt.Figure.savefig
 

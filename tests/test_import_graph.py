@@ -64,9 +64,9 @@ STAGE_FORBIDDEN = {
 
 # analysis/ by role, one way: io (records, documents, report writing) <- laws (fits, statistics) <- render (tables,
 # figures, summaries) <- studies (one module per study, and their registry) <- the CLI (analysis.__main__). A layer
-# imports only from the layers before it (and itself; studies also from other studies). The two modules that
-# experiments/ imports stay at the top of the package: analysis.health (the outlier rule, a law) and analysis.router
-# (a run's router figure); their layer is given here.
+# imports only from the layers before it (and itself; a study, though, imports no other study: only the registry,
+# STUDY_REGISTRY). The two modules that experiments/ imports stay at the top of the package: analysis.health (the
+# outlier rule, a law) and analysis.router (a run's router figure); their layer is given here.
 ANALYSIS_LAYERS = ("io", "laws", "render", "studies", "__main__")
 ANALYSIS_TOP_LEVEL = {"analysis.health": "laws", "analysis.router": "render"}
 
@@ -123,6 +123,62 @@ def test_checker_analysis_layers(tmp_path):
         "analysis.io.r (io) imports analysis.render.t (render)",
         "analysis.render.t (render) imports analysis.studies.s (studies)",
         "analysis.studies.s (studies) imports analysis.__main__ (__main__)",
+    ]
+
+
+# A study module imports no other study module (docs/DEVELOPING.md): what two studies share is a law (laws/), a text
+# or a report writer (render/), never one study reaching into another. The registry is no study: any study imports it.
+STUDIES_PACKAGE = "analysis.studies"
+STUDY_REGISTRY = "analysis.studies.study_registry"
+
+
+def _is_study(module: str) -> bool:
+    """A study module: a module below analysis/studies other than the registry (the package itself is none)."""
+    return module.startswith(STUDIES_PACKAGE + ".") and module != STUDY_REGISTRY
+
+
+def study_to_study_imports(imports: list[Import], root: Path) -> list[str]:
+    """Imports (module level or in a function, relative or absolute) from a module of analysis/studies other than
+    the registry into a study module other than itself."""
+    return [
+        f"{imp.importer} imports {imp.target}   {imp.where(root)}"
+        for imp in imports
+        if (imp.importer == STUDIES_PACKAGE or _is_study(imp.importer))
+        and _is_study(imp.target)
+        and imp.target != imp.importer
+    ]
+
+
+def test_studies_import_no_other_study():
+    imports = scan_imports(ROOT, ("analysis",))
+    assert any(_is_study(imp.importer) and imp.target == STUDY_REGISTRY for imp in imports)  # the scan sees studies
+    bad = study_to_study_imports(imports, ROOT)
+    assert not bad, (
+        "a study imports another study (shared numbers go to analysis/laws, shared text and report writing to "
+        "analysis/render):\n" + "\n".join(bad)
+    )
+
+
+def test_checker_study_to_study_imports(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "analysis/__init__.py": "",
+            "analysis/laws/__init__.py": "",
+            "analysis/laws/l.py": "",
+            "analysis/studies/__init__.py": "",
+            "analysis/studies/study_registry.py": "from . import a\n",
+            "analysis/studies/a.py": "from .study_registry import register\nfrom . import b\n",
+            "analysis/studies/b.py": "def f():\n    from analysis.studies.c import g\n    return g\n",
+            "analysis/studies/c.py": "import analysis.studies.study_registry\nfrom ..laws import l\ng = 1\n",
+            "analysis/studies/d.py": "def f():\n    import analysis.studies.a as a\n    from .. import studies\n",
+        },
+    )
+    bad = sorted(b.split("   ")[0] for b in study_to_study_imports(scan_imports(root, ("analysis",)), root))
+    assert bad == [
+        "analysis.studies.a imports analysis.studies.b",
+        "analysis.studies.b imports analysis.studies.c",
+        "analysis.studies.d imports analysis.studies.a",
     ]
 
 

@@ -1,6 +1,6 @@
-"""The lr check of a multi-budget study (studies.length_lr through ``python -m analysis length``): each arm's best lr
-per budget, whether it moves, and the gain at the best lrs beside the gain at the shared lr, on records with planted
-parabolas in ln lr."""
+"""The lr check of a multi-budget study (laws.lr_check, and through ``python -m analysis length``): each arm's best
+lr per budget, whether it moves, and the gain at the best lrs beside the gain at the shared lr, on records with
+planted parabolas in ln lr."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from synthetic_records import synthetic_budget_ladder
 
 from analysis.__main__ import main
-from analysis.studies.length_lr import has_lr_grid, lr_check
+from analysis.laws.lr_check import has_lr_grid, lr_check
 
 LR0 = 9.451e-3
 GRID = (LR0 / 2, LR0, 2 * LR0)

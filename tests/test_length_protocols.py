@@ -1,6 +1,6 @@
-"""The length study under two lr protocols side by side (analysis.studies.length_protocols): on the committed
-shared-lr records and a copy of them with known per-arm, per-budget loss changes, every shift, gain and growth is
-the planted one."""
+"""The length study under two lr protocols side by side (analysis.laws.length_protocols, its text
+analysis.render.length_protocols_text): on the committed shared-lr records and a copy of them with known per-arm,
+per-budget loss changes, every shift, gain and growth is the planted one."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from analysis.io.runs import load_results
-from analysis.studies.length_protocols import OWN, SHARED, compare_protocols, protocols_markdown
+from analysis.laws.length_protocols import OWN, SHARED, compare_protocols
+from analysis.render.length_protocols_text import protocols_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_RESULTS = REPO / "docs" / "results" / "cpu_deep_budgets" / "results.csv"

@@ -1,5 +1,5 @@
 """The test of one compute multiplier over the rungs and the least-squares fit beside the Huber one
-(laws.heterogeneity, wired into laws.multipliers / studies.scaling), on ladders with a planted constant
+(laws.heterogeneity, wired into laws.multipliers / laws.scaling_ladder), on ladders with a planted constant
 multiplier and with a planted trend."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from analysis.__main__ import main
 from analysis.laws import bootstrap as bs
 from analysis.laws.fit_options import FitOptions
 from analysis.laws.heterogeneity import losses_disagree, rung_test
+from analysis.laws.scaling_ladder import analyse_scaling
 from analysis.render.multiplier_text import rung_headline
-from analysis.studies.scaling import analyse_scaling
 
 E, A, ALPHA, C0 = 2.0, 1.5, 0.25, 1e-5  # synthetic_ladder's law
 

@@ -232,7 +232,7 @@ class LossReference(_Part):
 @dataclass
 class BlockSizePoint(_Part):
     """One block size S: the mean loss over seeds and, for a measured sweep, its t interval and its same-seed
-    differences from the references (analysis.studies.block_size; each a dict of analysis.laws.paired.paired_delta)."""
+    differences from the references (analysis.laws.fixed_shape; each a dict of analysis.laws.paired.paired_delta)."""
 
     block_size: int | None = None
     val_loss: float | None = None

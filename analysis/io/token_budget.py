@@ -1,5 +1,5 @@
 """A run's training budget in tokens per parameter, the key of every multi-budget table (studies.training_length,
-laws.frontier, studies.length_lr). Plain functions on tidy DataFrames; no torch."""
+laws.frontier, laws.lr_check). Plain functions on tidy DataFrames; no torch."""
 
 from __future__ import annotations
 

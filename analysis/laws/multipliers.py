@@ -1,6 +1,6 @@
 """The compute multiplier of one variant against the baseline on a scaling ladder, by every estimator
 (docs/analysis.md): the paper-form M(C), the joint fit's m, the per-size m_s and the same-seed paired multiplier,
-each with its bootstrap interval. analysis.studies.scaling assembles them into fit.json's ``multipliers``.
+each with its bootstrap interval. analysis.laws.scaling_ladder assembles them into fit.json's ``multipliers``.
 
 The fits are analysis.laws.fit's, the resampling analysis.laws.bootstrap's; this module only combines them.
 """

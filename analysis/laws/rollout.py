@@ -61,12 +61,13 @@ def rollout(
     held_out: int = 1,
     measured: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """fit.json ``rollout``: the ladder ``runs`` (completed, arms as fitted: analysis.studies.scaling.ScalingFit.runs)
-    fitted without its ``held_out`` largest rungs (by compute), each variant against the baseline; each arm's
-    predicted mean loss at every held-out rung with its fit interval and prediction interval, the measured mean
-    beside it and whether it lies inside; the predicted same-seed difference variant - baseline beside the measured
-    one; the fit's m with its interval. ``measured``: the full ladder's fit.json ``multipliers`` (dicts), whose m and
-    held-out m_s are set beside the prediction. A ValueError when fewer than three rungs would remain."""
+    """fit.json ``rollout``: the ladder ``runs`` (completed, arms as fitted:
+    analysis.laws.scaling_ladder.ScalingFit.runs) fitted without its ``held_out`` largest rungs (by compute), each
+    variant against the baseline; each arm's predicted mean loss at every held-out rung with its fit interval and
+    prediction interval, the measured mean beside it and whether it lies inside; the predicted same-seed difference
+    variant - baseline beside the measured one; the fit's m with its interval. ``measured``: the full ladder's
+    fit.json ``multipliers`` (dicts), whose m and held-out m_s are set beside the prediction. A ValueError when fewer
+    than three rungs would remain."""
     opt = options if options is not None else FitOptions()
     base, compute = opt.baseline, opt.compute
     sizes = size_order(runs, compute)

@@ -737,7 +737,7 @@ def depth_weights_figure(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Fig. 7 (architecture grid); Fig. 6 is drawn by analysis.studies.block_size
+# Fig. 7 (architecture grid: analysis.laws.arch_grid); Fig. 6 (block size) is block_size_figure, below
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -800,7 +800,8 @@ def architecture_grid_figure(fig7: dict[str, Any], stem: Path) -> list[Path]:
 
 
 def arch_grid_figure(table: ArchGrid, stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
-    """Fig. 7 from our runs (report.arch_grid_table): one heat map per variant on a shared colour scale."""
+    """Fig. 7 from our runs (analysis.laws.arch_grid.arch_grid_table): one heat map per variant on a shared colour
+    scale."""
     panels = [
         (label_of(v, labels), np.array([[np.nan if c is None else c for c in r] for r in table.val_loss[v]], float))
         for v in table.variants

@@ -56,8 +56,8 @@ def num(x: float) -> str:
 
 
 def ablation_markdown(table: list[dict[str, Any]]) -> list[str]:
-    """The Table 4 rows (:func:`ablation_table`, or the paper's own rows): loss [95% CI], Δ vs the baseline [95% CI]
-    on same-seed pairs, and the paper's loss and Δ where the rows carry them."""
+    """The Table 4 rows (analysis.laws.fixed_shape.ablation_table, or the paper's own rows): loss [95% CI], Δ vs the
+    baseline [95% CI] on same-seed pairs, and the paper's loss and Δ where the rows carry them."""
     with_paper = any("paper_loss" in r for r in table)
     head = "| variant | runs | val loss [95% CI] | Δ vs baseline [95% CI] (pairs) | verdict |"
     out = [

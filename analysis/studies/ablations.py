@@ -1,11 +1,11 @@
 """The ablation study (study kind ``ablations``, paper Table 4): the paper's AttnRes ablations and the peer residual
 schemes against the baseline at one shape, every arm at the same lr protocol and seeds.
 
-* :func:`ablation_table` -- one row per arm: the mean loss over seeds with its 95% t interval, its same-seed
-  difference from the baseline with its interval (analysis.laws.paired) and the paper's loss and difference beside
-  it; rows in the paper's Table 4 order, with the arms the paper does not report after its peers. The baseline and
-  any arm the study skipped because another study had trained it (the ladder's Full and Block runs) are taken from
-  every study in the table at the same shape, lr protocol and seeds.
+* :func:`ablation_table` (analysis.laws.fixed_shape) -- one row per arm: the mean loss over seeds with its 95% t
+  interval, its same-seed difference from the baseline with its interval (analysis.laws.paired) and the paper's loss
+  and difference beside it; rows in the paper's Table 4 order, with the arms the paper does not report after its
+  peers. The baseline and any arm the study skipped because another study had trained it (the ladder's Full and Block
+  runs) are taken from every study in the table at the same shape, lr protocol and seeds.
 * :func:`ablation_markdown`, :func:`ablation_figure`, :func:`ablation_verdict` -- the table, a dot plot of the
   differences (ours beside the paper's) and one sentence comparing them.
 * :func:`analyse_ablations` -- ``python -m analysis ablations``: all of it written to one directory.
@@ -22,80 +22,11 @@ from typing import Any
 
 import pandas as pd
 
-from ..io.paper_data import load_paper
-from ..io.runs import load_one_dataset, runs_of_kind
-from ..laws.paired import arm_rows, by_seed, loss_summary, paired_comparison, same_shape, study_shape
+from ..io.runs import load_one_dataset
+from ..laws.fixed_shape import BASELINE, ablation_table
 from ..render.figures import ablation_figure
 from ..render.tables import ablation_markdown
 from .study_registry import add_results_out, register
-
-BASELINE = "baseline"
-# Peer residual schemes the paper's Table 4 does not report; their rows follow the paper's peers (DenseFormer, mHC).
-UNREPORTED_PEERS = ("hyper_static", "hyper_dynamic", "laurel")
-
-
-def paper_rows() -> list[dict[str, Any]]:
-    """The paper's Table 4 (analysis/data/paper.json): variant, label, loss, in the paper's order."""
-    rows: list[dict[str, Any]] = load_paper()["table4"]["rows"]
-    return rows
-
-
-def row_order(variants: list[str]) -> list[str]:
-    """``variants`` in the paper's Table 4 order: the baseline, the paper's peers, the peers it does not report,
-    Full AttnRes and its ablations, Block AttnRes and its ablations; any other arm last, in the given order."""
-    paper = [r["variant"] for r in paper_rows()]
-    last_peer = paper.index("full_attnres")
-    order = paper[:last_peer] + list(UNREPORTED_PEERS) + paper[last_peer:]
-    known = [v for v in order if v in variants]
-    return known + [v for v in variants if v not in known]
-
-
-def ablation_table(df_all: pd.DataFrame, baseline: str = BASELINE) -> list[dict[str, Any]] | None:
-    """Table 4 data for the study of kind ``ablations`` in ``df_all`` (None without one). Fields: docs/analysis.md
-    ("ablations")."""
-    if "study" not in df_all.columns:
-        return None
-    rows = runs_of_kind(df_all, "ablations")
-    if rows.empty:
-        return None
-    size, protocol, seeds = study_shape(rows, "ablation study")
-    pool = same_shape(df_all, size, protocol, seeds)
-    study = str(rows["study"].iloc[0])
-    paper = {r["variant"]: r for r in paper_rows()}
-    wanted = set(rows["variant"]) | {baseline} | (set(paper) & set(pool["variant"]))
-    variants = row_order([v for v in pd.unique(pool["variant"]) if v in wanted])
-    runs = {v: arm_rows(pool, study, v) for v in variants}
-    vs = paired_comparison(pd.concat(runs.values()), baseline, [v for v in variants if v != baseline])
-    vs = vs.set_index("arm") if not vs.empty else vs
-    table = []
-    for v, g in runs.items():
-        entry: dict[str, Any] = {"variant": v, "label": paper.get(v, {}).get("label", v), "size": size}
-        entry |= loss_summary(by_seed(g, f"{v} at {size}"))
-        entry |= _vs_baseline(vs.loc[v]) if v in vs.index else {"delta_vs_baseline": None}
-        entry |= _paper_cells(paper, v, baseline)
-        others = sorted(set(g["study"]) - {study})
-        if others:
-            entry["note"] = f"runs of study {', '.join(others)} (same shape, lr and seeds)"
-        table.append(entry)
-    return table
-
-
-def _vs_baseline(r: pd.Series) -> dict[str, Any]:
-    """A row of the paired comparison in the ablation table's fields."""
-    return {
-        "delta_vs_baseline": None if pd.isna(r["delta"]) else float(r["delta"]),
-        "delta_ci95": r["delta_ci95"],
-        "n_pairs": int(r["n_pairs"]),
-        "verdict": r["verdict"],
-    }
-
-
-def _paper_cells(paper: dict[str, dict[str, Any]], variant: str, baseline: str) -> dict[str, Any]:
-    row, base = paper.get(variant), paper.get(baseline)
-    if row is None:
-        return {"paper_loss": None, "paper_delta": None}
-    delta = None if base is None or variant == baseline else row["loss"] - base["loss"]
-    return {"paper_loss": row["loss"], "paper_delta": delta}
 
 
 def ablation_verdict(table: list[dict[str, Any]]) -> str:

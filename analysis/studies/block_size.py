@@ -2,10 +2,10 @@
 per block) at one shape, from S = 1 (one sublayer per block: Full AttnRes' maths) to S = 2 L_b (a single block),
 against the baseline and Full AttnRes of the same shape, lr protocol and seeds.
 
-* :func:`block_size_sweep` -- the sweep: per S the mean loss over seeds with its 95% t interval, and its same-seed
-  differences from the baseline and from Full AttnRes with theirs (analysis.laws.paired). The reference arms and any
-  S the sweep skipped because another study had trained it (the ladder's own Block run) are taken from every study
-  in the table at the same shape, lr protocol and seeds.
+* :func:`block_size_sweep` (analysis.laws.fixed_shape) -- the sweep: per S the mean loss over seeds with its 95% t
+  interval, and its same-seed differences from the baseline and from Full AttnRes with theirs (analysis.laws.paired).
+  The reference arms and any S the sweep skipped because another study had trained it (the ladder's own Block run)
+  are taken from every study in the table at the same shape, lr protocol and seeds.
 * :func:`block_size_markdown`, :func:`block_size_figure`, :func:`block_size_verdict` -- the table (with the
   paper's Fig. 6 beside it), the figure (ours beside the paper's) and one sentence comparing them.
 * :func:`analyse_block_size` -- ``python -m analysis block-size``: all of it written to one directory.
@@ -24,80 +24,11 @@ import pandas as pd
 
 from ..io.fit_document import BlockSizeSweep
 from ..io.paper_data import paper_sweep
-from ..io.runs import keep_most_common, load_one_dataset, runs_of_kind
-from ..laws.paired import arm_rows, by_seed, comparison_entry, loss_summary, paired_comparison, same_shape, study_shape
+from ..io.runs import load_one_dataset
+from ..laws.fixed_shape import BASELINE, FULL, block_size_sweep
 from ..render.figures import block_size_figure
 from ..render.tables import block_size_markdown, interval_text
 from .study_registry import add_results_out, register
-
-FULL = "full_attnres"
-BASELINE = "baseline"
-
-
-def _reference(pool: pd.DataFrame, study: str, variant: str) -> tuple[pd.DataFrame, dict[str, Any] | None]:
-    rows = arm_rows(pool, study, variant)
-    if rows.empty:
-        return rows, None
-    return rows, loss_summary(by_seed(rows, f"reference arm {variant}")) | {"size": str(rows["size"].iloc[0])}
-
-
-def _against(table: pd.DataFrame, arm: str) -> dict[str, Any] | None:
-    """The arm's row of a paired comparison (None: the reference did not run)."""
-    rows = table[table["arm"] == arm] if not table.empty else table
-    return comparison_entry(rows.iloc[0]) if not rows.empty else None
-
-
-def block_size_sweep(df_all: pd.DataFrame, baseline: str = BASELINE, full: str = FULL) -> dict[str, Any] | None:
-    """Fig. 6 data for the study of kind ``block_size`` in ``df_all`` (None without one): its swept runs are those
-    with a ``block_size`` (the record leaves it empty for other residual schemes); ``baseline`` and ``full`` name
-    the reference arms. Fields: docs/analysis.md ("block_size_sweep")."""
-    if "study" not in df_all.columns or "block_size" not in df_all.columns:
-        return None
-    rows = runs_of_kind(df_all, "block_size")
-    swept = rows[rows["block_size"].notna()]
-    if swept.empty:
-        return None
-    swept = keep_most_common(swept, "variant", "block-size study sweeps several variants", stacklevel=2)
-    size, protocol, seeds = study_shape(swept, "block-size study")
-    pool = same_shape(df_all, size, protocol, seeds)
-    study = str(swept["study"].iloc[0])
-    base_rows, base = _reference(pool, study, baseline)
-    full_rows, full_ref = _reference(pool, study, full)
-    variant = str(swept["variant"].iloc[0])
-    blocks = pool[(pool["variant"] == variant) & pool["block_size"].notna()]
-    sweep = {}  # "S=<S>" -> the runs of block size S: the study's own where it has them
-    for S, g in blocks.groupby("block_size", sort=True):
-        sweep[f"S={int(S)}"] = g[g["study"] == study] if (g["study"] == study).any() else g
-    runs = pd.concat(
-        [base_rows.assign(arm=baseline), full_rows.assign(arm=full)] + [g.assign(arm=a) for a, g in sweep.items()]
-    )
-    vs_base = paired_comparison(runs, baseline, [full, *sweep], arm_column="arm")
-    vs_full = paired_comparison(runs, full, list(sweep), arm_column="arm")
-    if full_ref is not None:
-        full_ref["vs_baseline"] = _against(vs_base, full)
-    points = []
-    for a, g in sweep.items():
-        point = {"block_size": int(a[2:])} | loss_summary(by_seed(g, f"{variant} at S = {a[2:]}"))
-        points.append(point | {"vs_baseline": _against(vs_base, a), "vs_full": _against(vs_full, a)})
-    first = swept.iloc[0]
-    return {
-        "size": size,
-        "variant": variant,
-        "lr_protocol": protocol,
-        "n_sublayers": 2 * int(first["n_layers"]) if "n_layers" in swept.columns else None,
-        "d_model": int(first["d_model"]) if "d_model" in swept.columns else None,
-        "tokens_per_param": _tokens_per_param(swept),
-        "points": points,
-        "baseline": base,
-        "full": full_ref,
-    }
-
-
-def _tokens_per_param(rows: pd.DataFrame) -> float | None:
-    if "tokens" not in rows.columns or "params_non_embedding" not in rows.columns:
-        return None
-    return float((rows["tokens"] / rows["params_non_embedding"]).median())
-
 
 # ---- the table, the sentence and the figure -------------------------------------------------------------------
 

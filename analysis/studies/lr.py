@@ -7,8 +7,9 @@ val_loss, params_non_embedding). Per (size, variant) the runs at each grid point
 
 is fitted by least squares to the grid points within ``WINDOW`` steps of the grid minimum x_k (loss against
 log-lr is parabolic only near its minimum: the high-lr side steepens towards divergence). The optimum is the
-vertex x* = x_k - b / (2c), kept inside the fitted window. A run that diverged counts as worse than every
-completed run at that size (it marks the high side of the curve, but has no loss to fit).
+vertex x* = x_k - b / (2c), kept inside the fitted window (analysis.laws.lr_optimum.quadratic_vertex). A run that
+diverged counts as worse than every completed run at that size (it marks the high side of the curve, but has no loss
+to fit).
 
 Flags, each warned about: ``on_edge`` when the grid minimum is the lowest completed grid point or the top of the
 grid (the optimum may lie beyond it: extend the grid); ``edge == "divergence"`` when it is the highest lr that did
@@ -27,8 +28,8 @@ grid whose optimum is on its edge (:func:`next_runs`), each arm's lr rule ln lr*
 located optima (:func:`lr_rules`, analysis.laws.lr_rule) and the config's per-budget sections
 (:func:`budget_tuned_document`). A study of one budget per (size, variant) is analysed and reported as before.
 
-A scipy reference (:func:`reference_optimum`, a bounded scalar minimisation of the same quadratic) checks the
-closed-form vertex in the tests.
+A scipy reference (analysis.laws.lr_optimum.reference_optimum, a bounded scalar minimisation of the same quadratic)
+checks the closed-form vertex in the tests.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ from results.io import atomic_write_text
 
 from ..io.runs import AnalysisWarning, lr_text
 from ..io.token_budget import tokens_per_param
+from ..laws.lr_optimum import WINDOW, quadratic_vertex
 from ..laws.lr_rule import lr_rule
 from .study_registry import add_bootstrap, add_results_out, number, register
 
-WINDOW = 2  # grid steps on each side of the grid minimum used by the quadratic fit
 CI_LEVEL = 0.95
 DEFAULT_B = 2000
 LR_COLUMNS = ("size", "variant", "seed", "lr", "status", "val_loss")
@@ -87,53 +88,6 @@ class LrOptimum:
 # ----------------------------------------------------------------------------------------------------------------
 # One curve
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def quadratic_vertex(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> tuple[float, float, float, int, int]:
-    """(x*, y(x*), c, lo, hi) of the least-squares parabola through the points ``lo..hi`` around the minimum of y.
-
-    x must be sorted ascending; y may hold +inf for grid points whose runs diverged (they bound the window
-    but are not fitted). x* is the vertex when c > 0 and lies inside [x_lo, x_hi], else the window's best grid
-    point clipped to that range. With fewer than 3 finite points the best grid point is returned with c = nan.
-    """
-    x = np.asarray(x, float)
-    y = np.asarray(y, float)
-    finite = np.isfinite(y)
-    if not finite.any():
-        return float("nan"), float("nan"), float("nan"), 0, len(x) - 1
-    k = int(np.nanargmin(np.where(finite, y, np.inf)))
-    lo, hi = max(0, k - window), min(len(x) - 1, k + window)
-    sel = np.arange(lo, hi + 1)
-    sel = sel[finite[sel]]
-    if sel.size < 3:
-        return float(x[k]), float(y[k]), float("nan"), lo, hi
-    u = x[sel] - x[k]
-    c2, b, a = np.polyfit(u, y[sel], 2)
-    if not c2 > 0:
-        return float(x[k]), float(y[k]), float(c2), lo, hi
-    v = -b / (2 * c2)
-    v = float(np.clip(v, x[sel].min() - x[k], x[sel].max() - x[k]))
-    return float(x[k] + v), float(a + b * v + c2 * v * v), float(c2), lo, hi
-
-
-def reference_optimum(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> float:
-    """scipy reference for :func:`quadratic_vertex` (tests): fit the same parabola with scipy.optimize.curve_fit
-    and minimise it with a bounded scalar search over the fitted window."""
-    from scipy.optimize import curve_fit, minimize_scalar
-
-    x = np.asarray(x, float)
-    y = np.asarray(y, float)
-    k = int(np.nanargmin(np.where(np.isfinite(y), y, np.inf)))
-    lo, hi = max(0, k - window), min(len(x) - 1, k + window)
-    sel = [i for i in range(lo, hi + 1) if np.isfinite(y[i])]
-    xs, ys = x[sel], y[sel]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "covariance could not be estimated" on exact fits: only the fit is used
-        (a, b, c), _ = curve_fit(lambda t, a, b, c: a + b * t + c * t * t, xs, ys, p0=(float(ys.mean()), 0.0, 1.0))
-    res = minimize_scalar(
-        lambda t: a + b * t + c * t * t, bounds=(xs.min(), xs.max()), method="bounded", options={"xatol": 1e-10}
-    )
-    return float(res.x)
 
 
 def _edge(y: np.ndarray) -> str | None:

@@ -19,11 +19,11 @@ from ..io.report import write_json
 from ..laws.bootstrap import DEFAULT_B
 from ..laws.fit import PowerLaw, fit_power_law, multiplier_curve
 from ..laws.fit_options import FitOptions
+from ..laws.scaling_ladder import analyse_scaling
 from ..render import figures
 from ..render.figures import block_size_figure
 from ..render.markdown import summary_markdown
 from ..render.tables import ablation_markdown
-from .scaling import analyse_scaling
 from .study_registry import add_bootstrap, register
 
 PFLOPS_DAY = 1e15 * 86400

@@ -10,7 +10,7 @@ two training recipes (optimizer + lr schedule: AdamW + cosine, Muon + WSD) × se
 * and whether the held-out seeds' multipliers fall inside the design seeds' intervals (every fit is run on the
   design seeds, the held-out seeds and all of them, where present).
 
-(a) and (b) are analysis.studies.scaling's fits, unchanged: (a) relabels the baseline's runs ``variant`` =
+(a) and (b) are analysis.laws.scaling_ladder's fits, unchanged: (a) relabels the baseline's runs ``variant`` =
 ``baseline@<recipe>`` so that the joint fit and the paired multiplier read the new recipe as the "variant" and the
 reference recipe as the "baseline"; (b) fits one recipe's runs at a time. A recipe is ``optimizer + "+" +
 lr_schedule`` (the records' fields). Methods: docs/analysis.md, "Recipe study".
@@ -44,11 +44,11 @@ from ..laws.fit import PowerLaw
 from ..laws.fit_options import MIN_SIZES, FitOptions
 from ..laws.heterogeneity import rung_part
 from ..laws.paired import rung_interaction, verdict
+from ..laws.scaling_ladder import analyse_scaling
 from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.figures import delta_errorbar, save
 from ..render.multiplier_text import rung_headline, rung_markdown
 from ..render.tables import fmt
-from .scaling import analyse_scaling
 from .study_registry import add_bootstrap, register, seed_list
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
@@ -196,7 +196,7 @@ def compare(
     base_dir: str | None = None,
     timed: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every arm of ``runs`` (column ``variant``) against ``reference`` by studies.scaling's fit (its options from
+    """Every arm of ``runs`` (column ``variant``) against ``reference`` by laws.scaling_ladder's fit (its options from
     ``opts.fit``; an arm with fewer than MIN_SIZES rungs is skipped), each with its wall-clock multiplier from the
     same runs. Per arm: ``joint`` and ``paired`` (:func:`_estimate`), ``law_reference`` / ``law_arm`` (the joint
     fit's laws), ``exponent_diff`` with its interval, ``paired_heterogeneity_p``, ``timing`` (analysis.laws.wallclock.

@@ -10,7 +10,7 @@ measured loss there, so that it agrees with the difference by construction (Δ <
 extrapolates past the rung's largest budget and its wall-clock version.
 
 Beside it, the compute fit over the study's points: every (rung, budget) is one point of the joint law
-``L_arm = E + A_arm C^-alpha`` (:func:`budget_points`; analysis.studies.pipeline.run_fit), with its wall-clock
+``L_arm = E + A_arm C^-alpha`` (:func:`budget_points`; analysis.render.fit_report.run_fit), with its wall-clock
 version, the rollout (the largest compute point, i.e. the largest rung at the largest budget, held out and
 predicted), the multiplier's sensitivity to E and the fit over (N, D) per arm, under ``<out>/fit/``. The points mix
 rungs and budgets, so that curve is the loss of this family of runs against compute, neither a compute-optimal
@@ -110,7 +110,7 @@ def fit_points(
     the points are too few for a ladder fit (3 per arm). No per-point m_s: they are read off one curve through every
     (rung, budget) point, not any cell's own (the per-cell multipliers are analysis.laws.cell_multiplier's)."""
     from ..laws.fit_options import FitOptions
-    from .pipeline import Sections, run_fit
+    from ..render.fit_report import Sections, run_fit
 
     points = budget_points(df)
     points = points[points["variant"].isin([arm, reference])]
@@ -167,17 +167,18 @@ def analyse_length(
     on ``frontier_bootstrap`` replicates, by default FRONTIER_B doubled up to FRONTIER_B_MAX until M's half-width at
     the top of the span is stable (with ``bootstrap`` below FRONTIER_B: ``bootstrap``, fixed), whose reference law
     also gives each cell's approach-3 multiplier. Records with several lrs per arm, rung and budget get the lr check
-    (analysis.studies.length_lr, length.json ``lr_check``, at ``shared_lr``, default the grid's middle lr);
+    (analysis.laws.lr_check, length.json ``lr_check``, at ``shared_lr``, default the grid's middle lr);
     everything else then reads the shared lr's runs. ``compare_to``: the same study's records with every budget at one
     shared lr, while ``df`` ran each budget at its own: both lr protocols side by side (length.json ``lr_protocols``,
-    analysis.studies.length_protocols)."""
+    analysis.laws.length_protocols)."""
     from ..io.report import write_json
     from ..laws.cell_multiplier import cell_multipliers
     from ..laws.frontier import FRONTIER_B, FRONTIER_B_MAX, frontier_with_laws
+    from ..laws.lr_check import has_lr_grid, lr_check
     from ..render.figures import frontier_figure, length_figure
     from ..render.frontier_text import frontier_markdown
+    from ..render.lr_check_text import lr_check_markdown
     from ..render.multiplier_text import cell_markdown
-    from .length_lr import has_lr_grid, lr_check, lr_check_markdown
 
     out.mkdir(parents=True, exist_ok=True)
     check = lr_check(df, arm, reference, shared_lr) if has_lr_grid(df) else None
@@ -203,7 +204,7 @@ def analyse_length(
         doc["frontier"], d_law = frontier_with_laws(df, arm, reference, B=B, seed=seed, B_max=B_max)
     doc["cells"] = cell_multipliers(df, table, arm, reference, B=bootstrap, seed=seed, approach3=d_law)
     if compare_to is not None:
-        from .length_protocols import compare_protocols
+        from ..laws.length_protocols import compare_protocols
 
         doc["lr_protocols"] = compare_protocols(compare_to, df, arm, reference)
     if fit and make_figures:
@@ -214,7 +215,7 @@ def analyse_length(
     md = length_markdown(table, arm, reference) + cell_markdown(doc["cells"], arm, reference)
     md += lr_check_markdown(check, arm, reference) if check is not None else []
     if compare_to is not None:
-        from .length_protocols import protocols_markdown
+        from ..render.length_protocols_text import protocols_markdown
 
         md += protocols_markdown(doc["lr_protocols"])
     md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
@@ -289,8 +290,8 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
     """What ``python -m analysis length`` and ``python -m sweeps.study`` print: one line per (rung, budget) with
     its Δ and multiplier, then the compute fit's and the frontier's headlines."""
     from ..render.frontier_text import frontier_lines
+    from ..render.lr_check_text import lr_check_lines
     from ..render.multiplier_text import m_text
-    from .length_lr import lr_check_lines
 
     cells = {(c["size"], c["tokens_per_param"]): c for c in doc.get("cells") or []}
     lines = []
@@ -309,7 +310,7 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
     if doc.get("lr_check"):
         lines += lr_check_lines(doc["lr_check"], doc["arm"], doc["reference"])
     if doc.get("lr_protocols"):
-        from .length_protocols import growth_lines
+        from ..render.length_protocols_text import growth_lines
 
         lines += growth_lines(doc["lr_protocols"])
     return (

@@ -1,6 +1,7 @@
 """The architecture grid (study kind ``arch_grid``, paper Fig. 7): final val loss per variant over the (H/L_b rows,
-d/L_b columns) grid at fixed compute; fit.json's ``arch_grid`` and its Markdown table (the figure:
-analysis.render.figures.arch_grid_figure)."""
+d/L_b columns) grid at fixed compute; fit.json's ``arch_grid``, which ``python -m analysis fit`` (alias
+``arch_grid``) writes with its Markdown table and figure (analysis.render.fit_report; the table:
+analysis.render.tables.arch_grid_markdown, the figure: analysis.render.figures.arch_grid_figure). Numbers only."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The scaling-ladder study (study kind ``scaling``): completed runs of one compute ladder -> fit.json's scaling
+"""The scaling-ladder analysis (study kind ``scaling``): completed runs of one compute ladder -> fit.json's scaling
 parts (docs/analysis.md): each arm's law, each variant's multipliers (laws.multipliers), the per-size losses and
-same-seed differences, the outlier rule's verdict, the lr-protocol comparison and the study's precision.
+same-seed differences, the outlier rule's verdict, the lr-protocol comparison and the study's precision. Numbers
+only; the studies that fit a ladder (``fit``: analysis.render.fit_report.run_fit; ``paper``, ``recipe``) call
+:func:`analyse_scaling`.
 
 Every option of the fit is one typed :class:`FitOptions`; :func:`analyse_scaling` returns the document's parts and,
 beside them (never inside), the runs as analysed (:class:`ScalingFit`), which the figures draw.
@@ -21,11 +23,11 @@ import pandas as pd
 from .. import health
 from ..io.report import SCHEMA_VERSION
 from ..io.runs import OWN_LR, AnalysisWarning, size_order, split_lr_protocols
-from ..laws import bootstrap as bs
-from ..laws.fit import PowerLaw, fit_power_law, wls_line
-from ..laws.fit_options import MIN_SIZES, OUTLIER_MODES, FitOptions
-from ..laws.heterogeneity import LSQ_DELTA, loss_summary, losses_disagree
-from ..laws.multipliers import pair_fit, pooled_pair_sd
+from . import bootstrap as bs
+from .fit import PowerLaw, fit_power_law, wls_line
+from .fit_options import MIN_SIZES, OUTLIER_MODES, FitOptions
+from .heterogeneity import LSQ_DELTA, loss_summary, losses_disagree
+from .multipliers import pair_fit, pooled_pair_sd
 
 
 @dataclass

@@ -1,21 +1,21 @@
 """The lr check of a multi-budget study (``python -m analysis length`` on records with several lrs per arm and
-rung): per budget, each arm's best lr, whether it moves with the budget, and the arm's gain at each arm's best lr
-beside its gain at the shared lr.
+rung, analysis.studies.training_length): per budget, each arm's best lr, whether it moves with the budget, and the
+arm's gain at each arm's best lr beside its gain at the shared lr. Its text: analysis.render.lr_check_text.
 
 Per (arm, rung, budget): the mean val loss over seeds at each lr of the grid, a parabola in ln lr through the grid
-points within studies.lr.WINDOW steps of the grid minimum (studies.lr.quadratic_vertex); its vertex is the best
-lr and its value there the loss at the best lr. ``on_edge`` where the grid minimum is the lowest or the highest lr
+points within laws.lr_optimum.WINDOW steps of the grid minimum (laws.lr_optimum.quadratic_vertex); its vertex is the
+best lr and its value there the loss at the best lr. ``on_edge`` where the grid minimum is the lowest or the highest lr
 (the optimum may lie beyond the grid: the best lr and its loss are then the grid point's), ``no_curvature`` where the
-parabola opens downward. The optimum *moves* with the budget when the best grid point differs between budgets or
-the fitted optima span more than a factor MOVE_FACTOR (half a step of a factor-2 grid). The shared lr is the one both
-arms ran at in the study proper: the middle lr of the grid (its geometric median), unless given.
+parabola opens downward. The optimum *moves* with the budget when the best grid point differs between budgets or the
+fitted optima span more than a factor MOVE_FACTOR (half a step of a factor-2 grid). The shared lr is the one both arms
+ran at in the study proper: the middle lr of the grid (its geometric median), unless given.
 
 Gains (arm - reference, negative: the arm wins): ``delta_shared``, the same-seed difference at the shared lr (95% t
 interval where there are two pairs or more); ``delta_best``, the arm's loss at its best lr minus the reference's at
 its own, each from its parabola (no interval: one tuning seed gives none; with several seeds the curves are their
 means).
 
-Plain functions on tidy DataFrames; no torch.
+Numbers only: plain functions on tidy DataFrames; no torch.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from ..io.token_budget import tokens_per_param
-from ..laws.paired import comparison_entry, paired_comparison
-from .lr import quadratic_vertex
+from .lr_optimum import quadratic_vertex
+from .paired import comparison_entry, paired_comparison
 
 MOVE_FACTOR = math.sqrt(2.0)
 
@@ -137,60 +137,3 @@ def _moves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
             )
     return out
-
-
-def _lr_cell(b: dict[str, Any]) -> str:
-    flag = " (grid edge)" if b["on_edge"] else (" (no curvature)" if b["no_curvature"] else "")
-    return f"{b['best_lr']:.3g}{flag}"
-
-
-def _signed(x: float | None, ci: list[float] | None = None) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
-
-
-def lr_check_lines(check: dict[str, Any], arm: str, reference: str) -> list[str]:
-    """The headline: per rung and budget, each arm's best lr and the two gains; then whether each optimum moves."""
-    lines = []
-    for r in check["rows"]:
-        a, b = r["arms"][arm], r["arms"][reference]
-        lines.append(
-            f"lr check {r['size']} at {r['tokens_per_param']:g} tokens/param: best lr {reference} {_lr_cell(b)}, "
-            f"{arm} {_lr_cell(a)}; {arm} - {reference} at the shared lr {check['shared_lr']:.4g}: "
-            f"{_signed(r['delta_shared'], r['delta_shared_ci95'])}, at each arm's best lr: {_signed(r['delta_best'])}"
-        )
-    for m in check["moves"]:
-        verb = "moves" if m["moves"] else "stays"
-        edge = "; an optimum on the grid's edge: extend the grid" if m["any_on_edge"] else ""
-        per = ", ".join(f"{k}: {v:.3g}" for k, v in m["best_lr"].items())
-        lines.append(
-            f"lr check {m['arm']} at {m['size']}: the best lr {verb} with the budget ({per}; "
-            f"span x{m['span']:.2f}){edge}"
-        )
-    return lines
-
-
-def lr_check_markdown(check: dict[str, Any], arm: str, reference: str) -> list[str]:
-    lines = [
-        f"## The lr check: each arm's best lr per budget, and {arm} - {reference} at the shared and the best lrs",
-        "",
-        (
-            f"Grid: {', '.join(f'{x:.4g}' for x in check['lrs'])}; shared lr {check['shared_lr']:.4g}. Best lr: the "
-            "vertex of a parabola in ln lr over the grid (the grid point where it is on the edge); the optimum"
-            " moves when the best grid point differs between budgets or the optima span more than "
-            f"x{check['move_factor']:.3g}."
-        ),
-        "",
-        f"| rung | tokens / param | best lr {reference} | best lr {arm} | Δ at the shared lr | Δ at the best lrs |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in check["rows"]:
-        lines.append(
-            f"| {r['size']} | {r['tokens_per_param']:g} | {_lr_cell(r['arms'][reference])} "
-            f"| {_lr_cell(r['arms'][arm])} | {_signed(r['delta_shared'], r['delta_shared_ci95'])} "
-            f"({r['n_pairs']} pairs) | {_signed(r['delta_best'])} |"
-        )
-    lines.append("")
-    lines += [f"* {line}" for line in lr_check_lines(check, arm, reference) if " the best lr " in line]
-    return [*lines, ""]

@@ -1,0 +1,71 @@
+"""The text of the training-length study under two lr protocols side by side (analysis.laws.length_protocols,
+length.json ``lr_protocols``): its section of length_summary.md and its headline sentences
+(analysis.studies.training_length). Plain functions from the comparison's document to lines; no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..laws.length_protocols import OWN, SHARED
+from .tables import interval_text
+
+
+def _signed(x: float | None, ci: list[float] | None) -> str:
+    return "n/a" if x is None else f"{x:+.4f} {interval_text(ci)}"
+
+
+def protocols_markdown(doc: dict[str, Any]) -> list[str]:
+    """The side-by-side section of length_summary.md."""
+    arm, ref = doc["arm"], doc["reference"]
+    lines = [
+        f"## {arm} - {ref} at one shared lr against each budget at its own lr (same seeds, 95% t intervals)",
+        "",
+        (
+            f"Δ = {arm} - {ref} (negative: {arm} wins); shift = Δ(own lr) - Δ(shared lr); an arm's gain = its loss "
+            "at the budget's own lr - at the shared lr (negative: the budget's own lr trains it better)."
+        ),
+        "",
+        "| rung | tokens / param | "
+        + " | ".join([f"lr shared → own ({ref})", "Δ shared lr", "Δ own lr", "shift", f"{ref} gain", f"{arm} gain"])
+        + " | pairs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in doc["cells"]:
+        lrs = f"{c[f'lr_{ref}_{SHARED}']:.3g} → {c[f'lr_{ref}_{OWN}']:.3g}" if c[f"lr_{ref}_{OWN}"] else "n/a"
+        numbers = [
+            _signed(c[f"delta_{SHARED}"], c[f"delta_{SHARED}_ci95"]),
+            _signed(c[f"delta_{OWN}"], c[f"delta_{OWN}_ci95"]),
+            _signed(c["shift"], c["shift_ci95"]),
+            _signed(c[f"gain_{ref}"], c[f"gain_{ref}_ci95"]),
+            _signed(c[f"gain_{arm}"], c[f"gain_{arm}_ci95"]),
+        ]
+        lines.append(f"| {c['size']} | {c['tokens_per_param']:g} | {lrs} | {' | '.join(numbers)} | {c['n_pairs']} |")
+    lines += ["", f"Δ(largest budget) - Δ(smallest) per rung (negative: {arm}'s gain grows with training length):", ""]
+    lines += ["| rung | budgets | shared lr | own lr |", "|---|---|---|---|"]
+    by_rung: dict[str, dict[str, dict[str, Any]]] = {}
+    for g in doc["growth"]:
+        by_rung.setdefault(g["size"], {})[g["protocol"]] = g
+    for size, g in by_rung.items():
+        span = next(iter(g.values()))
+        cols = [_signed(g[p]["growth"], g[p]["growth_ci95"]) if p in g else "n/a" for p in (SHARED, OWN)]
+        lines.append(f"| {size} | {span['from']:g} → {span['to']:g} | {cols[0]} | {cols[1]} |")
+    return [*lines, "", *(f"- {line}" for line in growth_lines(doc)), ""]
+
+
+def growth_lines(doc: dict[str, Any]) -> list[str]:
+    """One plain sentence per protocol: at how many rungs the gain grows (interval below zero), shrinks, or neither."""
+    growth, arm = doc["growth"], doc["arm"]
+    out = []
+    for p, name in ((SHARED, "at the shared lr"), (OWN, "at each budget's own lr")):
+        rows = [g for g in growth if g["protocol"] == p and g["growth_ci95"]]
+        if not rows:
+            continue
+        grows = [g["size"] for g in rows if g["growth_ci95"][1] < 0]
+        shrinks = [g["size"] for g in rows if g["growth_ci95"][0] > 0]
+        out.append(
+            f"{name}: {arm}'s gain grows with training length at {len(grows)} of {len(rows)} rungs"
+            f"{' (' + ', '.join(grows) + ')' if grows else ''}, shrinks at {len(shrinks)}"
+            f"{' (' + ', '.join(shrinks) + ')' if shrinks else ''}, undecided at the rest."
+        )
+    return out

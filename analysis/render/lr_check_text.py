@@ -1,0 +1,65 @@
+"""The text of the lr check of a multi-budget study (analysis.laws.lr_check, length.json ``lr_check``): its
+headline lines and its Markdown section in length_summary.md (analysis.studies.training_length). Plain functions from
+the check's document to lines; no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _lr_cell(b: dict[str, Any]) -> str:
+    flag = " (grid edge)" if b["on_edge"] else (" (no curvature)" if b["no_curvature"] else "")
+    return f"{b['best_lr']:.3g}{flag}"
+
+
+def _signed(x: float | None, ci: list[float] | None = None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+
+
+def lr_check_lines(check: dict[str, Any], arm: str, reference: str) -> list[str]:
+    """The headline: per rung and budget, each arm's best lr and the two gains; then whether each optimum moves."""
+    lines = []
+    for r in check["rows"]:
+        a, b = r["arms"][arm], r["arms"][reference]
+        lines.append(
+            f"lr check {r['size']} at {r['tokens_per_param']:g} tokens/param: best lr {reference} {_lr_cell(b)}, "
+            f"{arm} {_lr_cell(a)}; {arm} - {reference} at the shared lr {check['shared_lr']:.4g}: "
+            f"{_signed(r['delta_shared'], r['delta_shared_ci95'])}, at each arm's best lr: {_signed(r['delta_best'])}"
+        )
+    for m in check["moves"]:
+        verb = "moves" if m["moves"] else "stays"
+        edge = "; an optimum on the grid's edge: extend the grid" if m["any_on_edge"] else ""
+        per = ", ".join(f"{k}: {v:.3g}" for k, v in m["best_lr"].items())
+        lines.append(
+            f"lr check {m['arm']} at {m['size']}: the best lr {verb} with the budget ({per}; "
+            f"span x{m['span']:.2f}){edge}"
+        )
+    return lines
+
+
+def lr_check_markdown(check: dict[str, Any], arm: str, reference: str) -> list[str]:
+    lines = [
+        f"## The lr check: each arm's best lr per budget, and {arm} - {reference} at the shared and the best lrs",
+        "",
+        (
+            f"Grid: {', '.join(f'{x:.4g}' for x in check['lrs'])}; shared lr {check['shared_lr']:.4g}. Best lr: the "
+            "vertex of a parabola in ln lr over the grid (the grid point where it is on the edge); the optimum"
+            " moves when the best grid point differs between budgets or the optima span more than "
+            f"x{check['move_factor']:.3g}."
+        ),
+        "",
+        f"| rung | tokens / param | best lr {reference} | best lr {arm} | Δ at the shared lr | Δ at the best lrs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in check["rows"]:
+        lines.append(
+            f"| {r['size']} | {r['tokens_per_param']:g} | {_lr_cell(r['arms'][reference])} "
+            f"| {_lr_cell(r['arms'][arm])} | {_signed(r['delta_shared'], r['delta_shared_ci95'])} "
+            f"({r['n_pairs']} pairs) | {_signed(r['delta_best'])} |"
+        )
+    lines.append("")
+    lines += [f"* {line}" for line in lr_check_lines(check, arm, reference) if " the best lr " in line]
+    return [*lines, ""]
