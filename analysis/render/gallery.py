@@ -53,6 +53,25 @@ class Entry:
     reachable: bool = True
 
 
+def _entry(
+    key: str,
+    text: dict[str, Any],
+    verdict: str,
+    ours: list[str],
+    figures: list[Path],
+    runs: pd.DataFrame | None,
+    command: str,
+    reachable: bool = True,
+) -> Entry:
+    """The entry of paper item ``key`` from its gallery ``text``, our ``verdict`` and table, the ``figures`` that
+    exist, and the provenance of ``runs`` (None: the command alone)."""
+    prov = provenance(runs, command) if runs is not None else Provenance(command)
+    shown = [f for f in figures if f.is_file()]
+    return Entry(
+        key, text["item"], text["title"], text["section"], text["paper"], verdict, ours, shown, prov, reachable
+    )
+
+
 def _ci(lo: float | None, hi: float | None, fmt: str = "{:.3f}") -> str:
     if lo is None or hi is None or any(math.isnan(x) for x in (lo, hi)):
         return "no interval"
@@ -158,17 +177,7 @@ def scaling_entry(
     if frontier is not None and (extra := frontier_sentence(frontier)):
         verdict += extra
         figures.append(frontier / "fig_frontier.png")
-    return Entry(
-        "fig4",
-        text["item"],
-        text["title"],
-        text["section"],
-        text["paper"],
-        verdict,
-        rows,
-        [f for f in figures if f.is_file()],
-        provenance(runs, command) if runs is not None else Provenance(command),
-    )
+    return _entry("fig4", text, verdict, rows, figures, runs, command)
 
 
 def table2_entry(report: Path, command: str) -> Entry:
@@ -198,17 +207,7 @@ def table2_entry(report: Path, command: str) -> Entry:
         f"({refit / published - 1:+.1%}), and the published {load_paper()['headline']['M']:.2f} is "
         f"{_where(float(load_paper()['headline']['M']), lo, hi)}{spread}."
     )
-    return Entry(
-        "table2",
-        text["item"],
-        text["title"],
-        text["section"],
-        text["paper"],
-        verdict,
-        rows,
-        [f for f in [report / "fig4_scaling.png"] if f.is_file()],
-        Provenance(command),
-    )
+    return _entry("table2", text, verdict, rows, [report / "fig4_scaling.png"], None, command)
 
 
 def _num(x: Any) -> str:
@@ -229,17 +228,7 @@ def reading_entry(key: str, figure: Path, runs: pd.DataFrame | None, command: st
         verdict += " (This figure was drawn by this run; the reading is of the committed one.)"
     elif not figure.is_file():
         verdict += " (This run kept no run directories to draw it from: the committed figure is shown.)"
-    return Entry(
-        key,
-        text["item"],
-        text["title"],
-        text["section"],
-        text["paper"],
-        verdict,
-        [],
-        [shown] if shown.is_file() else [],
-        provenance(runs, command) if runs is not None else Provenance(command),
-    )
+    return _entry(key, text, verdict, [], [shown], runs, command)
 
 
 def map_entry(report: Path, runs: pd.DataFrame | None, command: str, arch_grid: Path | None = None) -> Entry:
@@ -271,17 +260,7 @@ def map_entry(report: Path, runs: pd.DataFrame | None, command: str, arch_grid: 
     figures = [report / "fig7_map.png"]
     if arch_grid is not None:
         figures.append(arch_grid / "fig7_arch_grid.png")
-    return Entry(
-        "fig7",
-        text["item"],
-        text["title"],
-        text["section"],
-        text["paper"],
-        verdict,
-        rows,
-        [f for f in figures if f.is_file()],
-        provenance(runs, command) if runs is not None else Provenance(command),
-    )
+    return _entry("fig7", text, verdict, rows, figures, runs, command)
 
 
 def _study_runs(runs: pd.DataFrame | None, kind: str) -> pd.DataFrame | None:
@@ -303,17 +282,7 @@ def block_size_entry(report: Path, runs: pd.DataFrame | None, command: str) -> E
     )
     table = block_size_markdown(doc)[2:]  # the study's table without its heading
     own = _study_runs(runs, "block_size")
-    return Entry(
-        "fig6",
-        text["item"],
-        text["title"],
-        text["section"],
-        text["paper"],
-        doc["verdict"],
-        [regime, "", *table],
-        [f for f in [report / "fig6_block_size.png"] if f.is_file()],
-        provenance(own, command) if own is not None else Provenance(command),
-    )
+    return _entry("fig6", text, doc["verdict"], [regime, "", *table], [report / "fig6_block_size.png"], own, command)
 
 
 def ablations_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
@@ -327,34 +296,13 @@ def ablations_entry(report: Path, runs: pd.DataFrame | None, command: str) -> En
     ours = [f"Shape {doc['size']}; Δ on same-seed pairs, arm minus baseline.", "", *ablation_markdown(doc["rows"])]
     if notes:
         ours += ["", *[f"Rows marked from another study: {n}." for n in notes]]
-    return Entry(
-        "table4",
-        text["item"],
-        text["title"],
-        text["section"],
-        text["paper"],
-        doc["verdict"],
-        ours,
-        [f for f in [report / "fig_table4_ablations.png"] if f.is_file()],
-        provenance(own, command) if own is not None else Provenance(command),
-    )
+    return _entry("table4", text, doc["verdict"], ours, [report / "fig_table4_ablations.png"], own, command)
 
 
 def table3_entry(command: str) -> Entry:
     """Table 3: not reachable at CPU scale; how a GPU user produces it."""
     text = load_gallery_text()["table3"]
-    return Entry(
-        "table3",
-        text["item"],
-        text["title"],
-        text["section"],
-        text["paper"],
-        text["why_not_cpu"],
-        [],
-        [],
-        Provenance(command),
-        reachable=False,
-    )
+    return _entry("table3", text, text["why_not_cpu"], [], [], None, command, reachable=False)
 
 
 def missing_entry(key: str, why: str, command: str) -> Entry:

@@ -533,7 +533,7 @@ DEFINITIONS = (
 
 def recipe_markdown(doc: dict[str, Any]) -> str:
     """recipe_summary.md from the report (:func:`analyse_recipe`); nothing is fitted here."""
-    ref, new, base, sets = doc["reference_recipe"], doc["recipe"], doc["baseline"], doc["seed_sets"]
+    ref, new, sets = doc["reference_recipe"], doc["recipe"], doc["seed_sets"]
     notes: list[str] = []
     out = [
         f"# Recipe study: {new} against {ref}",
@@ -560,37 +560,7 @@ def recipe_markdown(doc: dict[str, Any]) -> str:
         for name, fits in by_set.items():
             for arm, e in fits.items():
                 out.append(_row(f"{r} | {_seed_text(sets, name)} | {arm}", e, notes, f"(b) {r} {name} {arm}", p=True))
-    if doc["held_out_check"]:
-        out += [
-            "",
-            "## Held-out seeds against the design seeds' interval",
-            "",
-            "| comparison | estimator | design m [95%] | held-out m [95%] | held-out m inside? |",
-            "|---|---|---|---|---|",
-        ]
-        for h in doc["held_out_check"]:
-            inside = "n/a" if h["inside"] is None else ("yes" if h["inside"] else "**no**")
-            design = _m_cell({"m": h["design_m"], "m_ci95": h["design_m_ci95"]}, with_half=False)
-            held = _m_cell({"m": h["held_out_m"], "m_ci95": h["held_out_m_ci95"]}, with_half=False)
-            out.append(f"| {h['comparison']} | {h['estimator']} | {design} | {held} | {inside} |")
-    out += ["", "## (c) Recipe × arm interaction per rung (same-seed, 95% t intervals)", ""]
-    if not doc["interaction"]:
-        out.append(f"n/a: no arm ran under both recipes beside the {base}.")
-    for arm in dict.fromkeys(r["arm"] for r in doc["interaction"]):
-        out += [
-            f"{arm} − {base}; interaction = Δ {new} − Δ {ref} (negative: {arm} gains more under {new}).",
-            "",
-            f"| L_b | d_model | seeds | {base} loss {ref} / {new} | Δ {ref} | Δ {new} | interaction |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in (x for x in doc["interaction"] if x["arm"] == arm):
-            bl = r["baseline_loss"]
-            out.append(
-                f"| {r['n_layers']} | {r['d_model']} | {','.join(map(str, r['seeds'])) or 'none'} | "
-                f"{_loss(bl[ref])} / {_loss(bl[new])} | {_delta(r['delta'][ref])} | {_delta(r['delta'][new])} | "
-                f"{_signed(r['interaction'], r['interaction_ci95'])} {r['interaction_verdict']} |"
-            )
-        out.append("")
+    out += _held_out_section(doc) + _interaction_section(doc)
     out += rung_section(doc)
     out += _step_time_section(doc)
     cost_ = doc["cost"]
@@ -614,6 +584,49 @@ def recipe_markdown(doc: dict[str, Any]) -> str:
     if notes:
         out += ["", "## Why a number is n/a", "", *notes]
     return "\n".join(out) + "\n"
+
+
+def _held_out_section(doc: dict[str, Any]) -> list[str]:
+    """recipe_summary.md's check of the held-out seeds against the design seeds' intervals (none without one)."""
+    if not doc["held_out_check"]:
+        return []
+    out = [
+        "",
+        "## Held-out seeds against the design seeds' interval",
+        "",
+        "| comparison | estimator | design m [95%] | held-out m [95%] | held-out m inside? |",
+        "|---|---|---|---|---|",
+    ]
+    for h in doc["held_out_check"]:
+        inside = "n/a" if h["inside"] is None else ("yes" if h["inside"] else "**no**")
+        design = _m_cell({"m": h["design_m"], "m_ci95": h["design_m_ci95"]}, with_half=False)
+        held = _m_cell({"m": h["held_out_m"], "m_ci95": h["held_out_m_ci95"]}, with_half=False)
+        out.append(f"| {h['comparison']} | {h['estimator']} | {design} | {held} | {inside} |")
+    return out
+
+
+def _interaction_section(doc: dict[str, Any]) -> list[str]:
+    """recipe_summary.md's (c): per arm and rung, Δ under each recipe and their difference."""
+    ref, new, base = doc["reference_recipe"], doc["recipe"], doc["baseline"]
+    out = ["", "## (c) Recipe × arm interaction per rung (same-seed, 95% t intervals)", ""]
+    if not doc["interaction"]:
+        out.append(f"n/a: no arm ran under both recipes beside the {base}.")
+    for arm in dict.fromkeys(r["arm"] for r in doc["interaction"]):
+        out += [
+            f"{arm} − {base}; interaction = Δ {new} − Δ {ref} (negative: {arm} gains more under {new}).",
+            "",
+            f"| L_b | d_model | seeds | {base} loss {ref} / {new} | Δ {ref} | Δ {new} | interaction |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in (x for x in doc["interaction"] if x["arm"] == arm):
+            bl = r["baseline_loss"]
+            out.append(
+                f"| {r['n_layers']} | {r['d_model']} | {','.join(map(str, r['seeds'])) or 'none'} | "
+                f"{_loss(bl[ref])} / {_loss(bl[new])} | {_delta(r['delta'][ref])} | {_delta(r['delta'][new])} | "
+                f"{_signed(r['interaction'], r['interaction_ci95'])} {r['interaction_verdict']} |"
+            )
+        out.append("")
+    return out
 
 
 def _row(head: str, e: dict[str, Any], notes: list[str], what: str, p: bool = False) -> str:
@@ -761,6 +774,43 @@ def _points(
             ax.plot([xi], [yi], marker, mfc="none", color=color, ms=6, label=lab)
 
 
+def _laws_and_arrow(ax: plt.Axes, a: dict[str, Any], doc: dict[str, Any], C: np.ndarray) -> None:
+    """The joint fit's two laws of comparison (a) over the runs' compute ``C``, and where m is plottable, the arrow
+    from the new recipe's law to where the reference's reaches the same loss, labelled × m."""
+    m = a["joint"]["m"]
+    arrow = m is not None and 0.05 < m < 20
+    # The arrow starts on the new recipe's law where it lies inside the data (the smallest compute when m > 1,
+    # the largest when m < 1) and ends where the reference's law reaches the same loss: m times that compute.
+    c_star = float(C.min() if not arrow or m >= 1 else C.max())
+    ends = [C.min(), C.max()] + ([c_star * m] if arrow else [])
+    grid = np.geomspace(min(ends) / 1.3, max(ends) * 1.3, 100)
+    for key, color, recipe in (
+        ("law_reference", RECIPE_COLORS[0], doc["reference_recipe"]),
+        ("law_arm", RECIPE_COLORS[1], doc["recipe"]),
+    ):
+        law = PowerLaw(A=a[key]["A"], alpha=a[key]["alpha"], E=a[key]["E"])
+        ax.plot(grid, law.loss(grid), "-", color=color, lw=1.2, label=f"joint fit, {recipe}")
+    if arrow:
+        L_star = float(PowerLaw(A=a["law_arm"]["A"], alpha=a["law_arm"]["alpha"], E=a["law_arm"]["E"]).loss(c_star))
+        ax.annotate(
+            "",
+            xy=(c_star * m, L_star),
+            xytext=(c_star, L_star),
+            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.2},
+        )
+        ax.annotate(
+            f"× {m:.2f}",
+            xy=(c_star * math.sqrt(m), L_star),
+            xytext=(0, 9),
+            textcoords="offset points",
+            color="tab:blue",
+            fontsize=8,
+            ha="center",
+            va="bottom",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+        )
+
+
 def plot_baseline(runs: pd.DataFrame, doc: dict[str, Any], path: str | Path) -> Path:
     """The baseline's val loss against compute under both recipes (runs faint, rung means solid) with the joint
     fit's laws of comparison (a) on the headline seed set, and an arrow from the new recipe's loss at its largest
@@ -788,38 +838,8 @@ def plot_baseline(runs: pd.DataFrame, doc: dict[str, Any], path: str | Path) -> 
             bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"},
         )
     else:
-        j, m = a["joint"], a["joint"]["m"]
-        arrow = m is not None and 0.05 < m < 20
-        # The arrow starts on the new recipe's law where it lies inside the data (the smallest compute when m > 1,
-        # the largest when m < 1) and ends where the reference's law reaches the same loss: m times that compute.
-        c_star = float(C.min() if not arrow or m >= 1 else C.max())
-        ends = [C.min(), C.max()] + ([c_star * m] if arrow else [])
-        grid = np.geomspace(min(ends) / 1.3, max(ends) * 1.3, 100)
-        for key, color, recipe in (
-            ("law_reference", RECIPE_COLORS[0], doc["reference_recipe"]),
-            ("law_arm", RECIPE_COLORS[1], doc["recipe"]),
-        ):
-            law = PowerLaw(A=a[key]["A"], alpha=a[key]["alpha"], E=a[key]["E"])
-            ax.plot(grid, law.loss(grid), "-", color=color, lw=1.2, label=f"joint fit, {recipe}")
-        if arrow:
-            L_star = float(PowerLaw(A=a["law_arm"]["A"], alpha=a["law_arm"]["alpha"], E=a["law_arm"]["E"]).loss(c_star))
-            ax.annotate(
-                "",
-                xy=(c_star * m, L_star),
-                xytext=(c_star, L_star),
-                arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.2},
-            )
-            ax.annotate(
-                f"× {m:.2f}",
-                xy=(c_star * math.sqrt(m), L_star),
-                xytext=(0, 9),
-                textcoords="offset points",
-                color="tab:blue",
-                fontsize=8,
-                ha="center",
-                va="bottom",
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
-            )
+        j = a["joint"]
+        _laws_and_arrow(ax, a, doc, C)
         text = "\n".join(
             [
                 f"m = {_m_cell(j, with_half=False)}",
