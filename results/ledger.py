@@ -33,7 +33,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -201,14 +201,6 @@ def read_study(study_dir: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
     older layout (no ``record_id``), which are not read."""
     recs, problems, _ = _read_study(Path(study_dir))
     return recs, problems
-
-
-def last_records(records: Iterable[Mapping[str, Any]], key: str = "run_id") -> dict[str, Mapping[str, Any]]:
-    """The last valid record per ``key`` (records in record order): the record that decides a run's state."""
-    out: dict[str, Mapping[str, Any]] = {}
-    for rec in records:
-        out[str(rec.get(key, ""))] = rec
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from synthetic_records import synthetic_lr_study
 from analysis.__main__ import main
 from analysis.io.runs import AnalysisWarning
 from analysis.laws.lr_optimum import quadratic_vertex, reference_optimum
-from analysis.studies.lr import lr_optima
+from analysis.studies.lr import lr_optima_with_draws
 
 SQRT2_GRID = tuple(1e-3 * 2 ** (k / 2) for k in range(9))  # 1e-3 .. 1.6e-2
 OPTIMA = {
@@ -32,7 +32,7 @@ OPTIMA = {
 def _optima(df, **kw):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        table, info = lr_optima(df, B=400, **kw)
+        table, info, _ = lr_optima_with_draws(df, B=400, **kw)
     return table, info, [str(w.message) for w in caught if issubclass(w.category, AnalysisWarning)]
 
 

@@ -13,7 +13,7 @@ from synthetic_records import synthetic_budget_ladder
 
 from analysis.__main__ import main
 from analysis.laws import frontier
-from analysis.laws.frontier import ArmLaw, analyse_frontier, crossings, frontier_runs, multiplier_at
+from analysis.laws.frontier import ArmLaw, crossings, frontier_runs, frontier_with_laws, multiplier_at
 from analysis.laws.isoflop import MIN_RUNGS, isoflop_profiles
 from analysis.render.frontier_text import frontier_markdown
 
@@ -59,7 +59,7 @@ def test_arms_that_differ_only_in_a_have_a_constant_known_multiplier(tmp_path):
     df["params_non_embedding"] = (
         df["params_non_embedding"].astype(float).where(~block, df["params_non_embedding"] * 1.001)
     )
-    fr = analyse_frontier(df, B=30)
+    fr = frontier_with_laws(df, B=30)[0]
     M, lo, hi = (np.array(fr["M"][k], float) for k in ("M", "ci95_lo", "ci95_hi"))
     assert np.all(np.abs(M / truth - 1) < 0.05)
     assert np.all(lo < M)
@@ -121,7 +121,7 @@ def test_arms_that_differ_only_in_a_have_a_constant_known_multiplier(tmp_path):
 
 def test_too_few_cells_give_a_reason_and_the_length_report_carries_the_frontier(tmp_path, capsys):
     df = synthetic_budget_ladder(LAWS, n_sizes=2, seeds=(0, 1), sigma=0.002, rng=12)
-    assert "error" in analyse_frontier(df[df["budget"] == 128], B=5)
+    assert "error" in frontier_with_laws(df[df["budget"] == 128], B=5)[0]
     df.to_csv(tmp_path / "results.csv", index=False)
     args = ["length", "--results", str(tmp_path / "results.csv"), "--out", str(tmp_path / "o")]
     assert main([*args, "--bootstrap", "20", "--frontier-bootstrap", "10"]) == 0
@@ -149,7 +149,7 @@ def test_exponents_that_differ_are_found_and_the_report_warns_of_a_crossover(mon
     # adaptive: the replicates doubled until two draws would agree on the top's half-width, or B_max; with a
     # tolerance no draw meets, every doubling is taken, each step with its half-width and that half-width's error
     monkeypatch.setattr(frontier, "HALF_WIDTH_TOL", 1e-9)
-    fr = analyse_frontier(df, B=20, B_max=80)
+    fr = frontier_with_laws(df, B=20, B_max=80)[0]
     steps = fr["adaptive"]
     assert [s["B"] for s in steps] == [20, 40, 80]
     assert fr["B"] == 80

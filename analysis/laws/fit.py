@@ -105,11 +105,6 @@ def multiplier_curve(base: PowerLaw, variant: PowerLaw, C: Any) -> np.ndarray:
     return base.compute_for_loss(variant.loss(C)) / C
 
 
-def per_size_multipliers(base: PowerLaw, C_variant: Any, L_variant: Any) -> np.ndarray:
-    """m_s = C_base^-1(L_variant,s) / C_variant,s for each variant run (no variant fit needed)."""
-    return base.compute_for_loss(np.asarray(L_variant, float)) / np.asarray(C_variant, float)
-
-
 def huber(r: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
     a = np.abs(r)
     return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))

@@ -459,22 +459,6 @@ def crossings(C: list[float], M: list[float | None]) -> list[float]:
     return out
 
 
-def analyse_frontier(
-    df: pd.DataFrame,
-    arm: str = "block_attnres",
-    reference: str = "baseline",
-    B: int = FRONTIER_B,
-    seed: int = 0,
-    delta: float = HUBER_DELTA,
-    B_max: int | None = None,
-) -> dict[str, Any]:
-    """length.json ``frontier``: each arm's approach-3 law, L*(C) per arm, M(C) with its band, the equal-exponent
-    test, approach 2 (analysis.laws.isoflop) and the two rollouts (largest rung held out, largest budget held out);
-    or ``error`` saying why there is none. ``B`` replicates, or with ``B_max`` from ``B`` doubled until the top's
-    half-width is stable (:func:`fit_arms_adaptive`; ``adaptive``: each step)."""
-    return frontier_with_laws(df, arm, reference, B, seed, delta, B_max)[0]
-
-
 def frontier_with_laws(
     df: pd.DataFrame,
     arm: str = "block_attnres",
@@ -484,9 +468,13 @@ def frontier_with_laws(
     delta: float = HUBER_DELTA,
     B_max: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """:func:`analyse_frontier`'s document and the reference's approach-3 D-term, point and replicates in
-    analysis.laws.cell_multiplier's form (``{"point": {...}, "boot": {...}}``; None without a frontier). The
-    rollouts refit with min(B, ROLLOUT_B) replicates (their prediction intervals need fewer than M(C)'s top)."""
+    """(length.json ``frontier``, the reference's approach-3 D-term). The document: each arm's approach-3 law, L*(C)
+    per arm, M(C) with its band, the equal-exponent test, approach 2 (analysis.laws.isoflop) and the two rollouts
+    (largest rung held out, largest budget held out); or ``error`` saying why there is none. ``B`` replicates, or
+    with ``B_max`` from ``B`` doubled until the top's half-width is stable (:func:`fit_arms_adaptive`; ``adaptive``:
+    each step). The D-term: point and replicates in analysis.laws.cell_multiplier's form (``{"point": {...},
+    "boot": {...}}``; None without a frontier). The rollouts refit with min(B, ROLLOUT_B) replicates (their
+    prediction intervals need fewer than M(C)'s top)."""
     d = frontier_runs(df, arm, reference)
     arms = [reference, arm]
     cells = d.groupby("variant")["cell"].nunique().reindex(arms).fillna(0)

@@ -834,7 +834,7 @@ def lr_figure(
         warnings.warn("LR figure skipped: no tuned curves", AnalysisWarning, stacklevel=2)
         return []
     variants = list(pd.unique(table["variant"]))
-    sizes = list(pd.unique(table["size"]))  # ordered by parameters (lr_optima)
+    sizes = list(pd.unique(table["size"]))  # ordered by parameters (lr_optima_with_draws)
     cmap = plt.get_cmap("viridis")
     size_col = {s: cmap(0.1 + 0.8 * i / max(len(sizes) - 1, 1)) for i, s in enumerate(sizes)}
     fig, axes = plt.subplots(1, len(variants), figsize=(4.6 * len(variants) + 0.4, 3.9), squeeze=False, sharey=True)

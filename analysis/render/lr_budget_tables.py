@@ -28,8 +28,8 @@ def _flags(r: Any) -> str:
 
 
 def flag_text(r: Any, on_edge: str) -> str:
-    """An lr curve's flags (a row of analysis.studies.lr.lr_optima): on a grid edge (then ``on_edge`` says what to
-    do), the divergence edge, no curvature, diverged runs; comma-separated."""
+    """An lr curve's flags (a row of analysis.studies.lr.lr_optima_with_draws): on a grid edge (then ``on_edge``
+    says what to do), the divergence edge, no curvature, diverged runs; comma-separated."""
     flags = []
     if r.on_edge:
         flags.append(f"**on the {r.edge} edge: {on_edge}**")

@@ -208,26 +208,6 @@ def budgets_of(d: pd.DataFrame) -> pd.Series | None:
     return tpp
 
 
-def lr_optima(
-    df: pd.DataFrame,
-    *,
-    B: int = DEFAULT_B,
-    seed: int = 0,
-    seed_sigma: float | None = None,
-    window: int = WINDOW,
-) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The tuned lr of every (size, variant) curve of an LR study, with bootstrap intervals; every (size, variant,
-    budget) curve where some (size, variant) ran at several budgets (:func:`budgets_of`).
-
-    Returns (table, info): the table has one row per curve (the :class:`LrOptimum` fields; with several budgets
-    also ``tokens_per_param``, ``tokens`` (the median of the curve's runs), ``ci_ratio`` (hi / lo of the interval)
-    and ``next_lr`` (on a grid edge: half the lowest lr of the curve's grid, or twice the highest; else NaN)),
-    ordered by variant, by size (ascending non-embedding parameters) and by budget; info records how the intervals
-    were made. :func:`lr_optima_with_draws` also returns each curve's bootstrap draws."""
-    table, info, _ = lr_optima_with_draws(df, B=B, seed=seed, seed_sigma=seed_sigma, window=window)
-    return table, info
-
-
 def lr_optima_with_draws(
     df: pd.DataFrame,
     *,
@@ -236,8 +216,15 @@ def lr_optima_with_draws(
     seed_sigma: float | None = None,
     window: int = WINDOW,
 ) -> tuple[pd.DataFrame, dict[str, Any], np.ndarray]:
-    """:func:`lr_optima` plus the bootstrap draws of every curve's ln lr* as a (B, rows) array aligned with the
-    table's rows (nan where a replicate located no optimum, or the curve has no interval): what the lr rule's
+    """The tuned lr of every (size, variant) curve of an LR study, with bootstrap intervals; every (size, variant,
+    budget) curve where some (size, variant) ran at several budgets (:func:`budgets_of`).
+
+    Returns (table, info, draws): the table has one row per curve (the :class:`LrOptimum` fields; with several budgets
+    also ``tokens_per_param``, ``tokens`` (the median of the curve's runs), ``ci_ratio`` (hi / lo of the interval)
+    and ``next_lr`` (on a grid edge: half the lowest lr of the curve's grid, or twice the highest; else NaN)),
+    ordered by variant, by size (ascending non-embedding parameters) and by budget; info records how the intervals
+    were made; ``draws``: every curve's bootstrap ln lr* as a (B, rows) array aligned with the table's rows (nan
+    where a replicate located no optimum, or the curve has no interval): what the lr rule's
     interval resamples (analysis.laws.lr_rule)."""
     d = lr_runs(df)
     if d.empty:
@@ -289,7 +276,7 @@ def _optimum_row(
     sigma: float | None,
     sigma_source: str,
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """One curve's row of :func:`lr_optima` (the budget's columns where ``cell`` holds a budget) and its B
+    """One curve's row of :func:`lr_optima_with_draws` (the budget's columns where ``cell`` holds a budget) and its B
     bootstrap draws of ln lr*."""
     x, seeds, M, lrs = curve
     y = _mean_over_seeds(M)
@@ -391,7 +378,7 @@ def _where(r: Any) -> str:
 
 def _warn_doubtful_optima(table: pd.DataFrame) -> None:
     """An AnalysisWarning for each optimum on a grid edge, at the divergence edge, or without curvature (stacklevel
-    4: the warning names the caller of lr_optima, as when these checks were inline)."""
+    4: the warning names the caller of lr_optima_with_draws, as when these checks were inline)."""
     for r in table.itertuples():
         if r.on_edge:
             where = "below the lowest" if r.edge == "low" else "above the highest"
