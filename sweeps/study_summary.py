@@ -1,6 +1,7 @@
 """A study's answer where W&B users look: one W&B run in the study's group (the group its training runs log to,
 ``${study}``), job type ``study_summary``, holding what its report wrote: every table (``*.csv``) as a W&B table,
-every figure (``*.png``) as an image, every Markdown page as HTML, and the headline lines in the run's summary. So
+every figure (``*.png``) as an image, every Markdown page as HTML, and the headline lines (a page, and the run's
+summary). So
 a W&B project shows a study's Δ and multiplier tables beside its runs.
 
 Offline without an API key, as the runs are (experiments.training.instantiators.resolve_wandb_mode: files under
@@ -65,6 +66,7 @@ def log_study_summary(report: Path, project: str, study: str, headline: list[str
         for path in files["md"]:
             text = html.escape(path.read_text(encoding="utf-8", errors="replace"))
             logged[f"page/{path.relative_to(report).with_suffix('').as_posix()}"] = wandb.Html(f"<pre>{text}</pre>")
+        logged["page/headline"] = wandb.Html(f"<pre>{html.escape(chr(10).join(headline))}</pre>")
         run.log(logged)
         run.summary["headline"] = "\n".join(headline)
         run.summary["files"] = sum(len(v) for v in files.values())

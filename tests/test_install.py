@@ -256,3 +256,19 @@ def test_the_readme_times_the_quick_study_as_a_range_with_the_load():
     assert re.search(r"\d+ min \d+ s to \d+ min \d+ s", quick), quick
     assert "with the cores to itself" in quick
     assert "while other jobs were using them" in quick
+
+
+def test_every_python_package_of_the_project_is_in_the_wheel():
+    """Each directory with an __init__.py under a shipped package is listed in pyproject.toml's packages (setuptools
+    ships only the listed ones: a sub-package left out imports in the checkout and fails from a wheel)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    tops = {name for name in listed if "." not in name and (REPO / name / "__init__.py").is_file()}
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for top in tops
+        for init in (REPO / top).rglob("__init__.py")
+        if "data" not in init.parent.relative_to(REPO).parts
+    }
+    assert found - listed == set(), f"add to [tool.setuptools] packages in pyproject.toml: {sorted(found - listed)}"

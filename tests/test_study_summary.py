@@ -58,7 +58,13 @@ def test_offline_without_a_key_writes_one_run_in_the_studys_group(tmp_path, monk
     assert len(list(media.glob("images/figure/fit/fig_scaling_*.png"))) == 1
     (page,) = media.glob("html/page/paired_*.html")
     assert "| 8 | -0.03 |" in page.read_text()
-    # the run's own log (protobuf records, its strings as they are): its group, job type, name and headline
+    (headline,) = media.glob("html/page/headline_*.html")
+    assert "Block wins 3 of 4 cells" in headline.read_text()
+    # the run's own log (protobuf records, its strings as they are), flushed by shutting W&B's service down: its
+    # group, job type, name and headline
+    import wandb
+
+    wandb.teardown()
     log = next(run_dir.parent.glob("run-*.wandb")).read_bytes()
     for text in ("cpu_study", "study_summary", "cpu_study/summary", "Block wins 3 of 4 cells"):
         assert text.encode() in log, text
@@ -107,5 +113,5 @@ def test_a_study_logs_its_report_and_headline_after_its_analysis(tmp_path, monke
     out = capsys.readouterr().out
     assert "block_attnres: Δ 128 − Δ 512 below 0 in 0, above 0 in 2 of 2 cells" in out
     assert "the report as one W&B run (cpu_context/summary, group cpu_context)" in out
-    log = next((tmp_path / "report" / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
-    assert "Δ 128 − Δ 512".encode() in log
+    (page,) = (tmp_path / "report" / "wandb").glob("offline-run-*/files/media/html/page/headline_*.html")
+    assert "Δ 128 − Δ 512" in page.read_text()
