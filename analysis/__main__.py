@@ -23,7 +23,12 @@ def _gallery_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="the page (default: <results>/README.md)")
 
 
-@register("gallery", help="the paper's figures and tables beside ours, one Markdown page", arguments=_gallery_arguments)
+@register(
+    "gallery",
+    help="the paper's figures and tables beside ours, one Markdown page",
+    arguments=_gallery_arguments,
+    printed=lambda doc: doc["entries"],
+)
 def _gallery(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     """``gallery``: the page of every paper item beside ours, from committed results."""
     from pathlib import Path
@@ -35,10 +40,7 @@ def _gallery(args: argparse.Namespace, argv: Sequence[str]) -> Any:
         raise FileNotFoundError(f"--results {results} is not a directory")
     entries = gallery_entries(GallerySources.committed(results))
     page = write_gallery(entries, Path(args.out) if args.out else results / "README.md")
-    for e in entries:
-        print(f"{e.item}: {e.verdict}")
-    print(f"wrote {page}")
-    return page
+    return {"entries": [f"{e.item}: {e.verdict}" for e in entries], "files": [page]}
 
 
 def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -81,6 +83,7 @@ def run(argv: Sequence[str] | None = None) -> tuple[int, Any]:
     warnings.formatwarning = _format_warning
     try:
         document = study.report(args, argv)
+        print(*study.printout(document, getattr(args, "out", None)), sep="\n")
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2, None

@@ -56,9 +56,9 @@ def test_effects_interaction_and_heterogeneity_recover_planted_values(tmp_path):
     assert lines[0].startswith("block_attnres − baseline under 128: wins 1, loses 1, undecided 0 of 2 cells")
     assert "Δ 128 − Δ 512 below 0 in 0, above 0 in 2 of 2 cells" in lines[-1]
     files = write_paired(doc, tmp_path)
-    assert [f.name for f in files] == ["paired.csv", "paired.json", "paired.md", "fig_paired.png"]
-    assert files[-1].stat().st_size > 5000
-    assert json.loads(files[1].read_text())["interactions"][0]["interaction"] == pytest.approx(0.07)
+    assert [f.name for f in files] == ["fig_paired.png", "paired.csv", "paired.json", "paired.md"]
+    assert files[0].stat().st_size > 5000
+    assert json.loads(files[2].read_text())["interactions"][0]["interaction"] == pytest.approx(0.07)
 
 
 def test_one_effect_everywhere_is_not_rejected_and_a_lone_pair_is_left_out():
@@ -89,7 +89,7 @@ def test_without_a_condition_each_cell_is_one_comparison(tmp_path):
     assert doc["interactions"].empty
     assert doc["effects"]["delta"].tolist() == pytest.approx([-0.029, -0.009])
     assert "| 8 | 0,1,2 |" in paired_markdown(doc)
-    assert write_paired(doc, tmp_path)[-1].stat().st_size > 5000
+    assert write_paired(doc, tmp_path)[0].stat().st_size > 5000
 
 
 def test_a_missing_axis_or_no_pair_fails_in_one_line(tmp_path):

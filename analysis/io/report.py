@@ -1,10 +1,11 @@
-"""What every report writes the same way: the document version and the JSON writer (fit.json of
-``python -m analysis fit`` and ``paper``, map.json of ``python -m analysis map``)."""
+"""What every report writes the same way: the document version, the JSON writer (fit.json of ``python -m analysis
+fit`` and ``paper``) and :func:`write_report`, the one writer of a study's document, Markdown and figures."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +32,19 @@ def _clean(obj: Any) -> Any:
 def write_json(doc: dict[str, Any], path: Path) -> None:
     """Write a document as indented JSON: numpy scalars as Python numbers, NaN and inf as null."""
     path.write_text(json.dumps(_clean(doc), indent=2, allow_nan=False) + "\n")
+
+
+def write_report(
+    out: Path, doc: dict[str, Any], json_name: str, markdown: Mapping[str, str], written: Iterable[Path] = ()
+) -> dict[str, Any]:
+    """A study's report under ``out``: each Markdown file (name -> text) and ``doc`` as JSON (``json_name``), with
+    ``doc["files"]`` the sorted names, relative to ``out``, of everything the report holds (``written``: the
+    figures, tables and folders the study already wrote under ``out``; a folder is listed with a trailing ``/``).
+    Returns ``doc``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in markdown.items():
+        (out / name).write_text(text)
+    drawn = [p.relative_to(out).as_posix() + ("/" if p.is_dir() else "") for p in map(Path, written)]
+    doc["files"] = sorted([*drawn, json_name, *markdown])
+    write_json(doc, out / json_name)
+    return doc

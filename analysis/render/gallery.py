@@ -405,26 +405,20 @@ class GallerySources:
     @classmethod
     def committed(cls, results: Path) -> GallerySources:
         """The committed results under ``results`` (docs/results)."""
-        return cls(
-            scaling=results / "cpu_deep" / "pooled",
-            scaling_runs=results / "cpu_deep",
-            block_size=results / "deep_block_size",
-            block_size_runs=results / "deep_block_size",
-            ablations=results / "deep_ablations",
-            ablations_runs=results / "deep_ablations",
-            depth_map=results / "cpu_map",
-            depth_map_runs=results / "cpu_map",
-            arch_grid=results / "cpu_arch_grid",
-            paper_refit=results / "paper_refit",
-            frontier=results / "cpu_deep_budgets" / "report",
-        )
+        pooled, frontier = results / "cpu_deep" / "pooled", results / "cpu_deep_budgets" / "report"
+        return cls._named(results, results, pooled, results / "cpu_arch_grid", frontier)
 
     @classmethod
     def from_studies(cls, reports: Path, runs: Path, arch_grid: Path | None) -> GallerySources:
         """A fresh run of the studies: each study's report under ``reports`` and its runs under ``runs``, both
         named by the study (sweeps.study's ``figures``)."""
+        return cls._named(reports, runs, reports / "cpu_deep", arch_grid, reports / "cpu_deep_budgets")
+
+    @classmethod
+    def _named(cls, reports: Path, runs: Path, scaling: Path, arch_grid: Path | None, frontier: Path) -> GallerySources:
+        """Every study's report under ``reports`` and its runs under ``runs``, in folders named by the study."""
         return cls(
-            scaling=reports / "cpu_deep",
+            scaling=scaling,
             scaling_runs=runs / "cpu_deep",
             block_size=reports / "deep_block_size",
             block_size_runs=runs / "deep_block_size",
@@ -434,7 +428,7 @@ class GallerySources:
             depth_map_runs=runs / "cpu_map",
             arch_grid=arch_grid,
             paper_refit=reports / "paper_refit",
-            frontier=reports / "cpu_deep_budgets",
+            frontier=frontier,
         )
 
 

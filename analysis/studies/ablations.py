@@ -26,7 +26,7 @@ from ..io.runs import load_one_dataset
 from ..laws.fixed_shape import BASELINE, ablation_table
 from ..render.figures import ablation_figure
 from ..render.tables import ablation_markdown
-from .study_registry import add_results_out, register
+from .study_registry import fixed_shape_arguments, register
 
 
 def ablation_verdict(table: list[dict[str, Any]]) -> str:
@@ -60,7 +60,7 @@ def ablation_verdict(table: list[dict[str, Any]]) -> str:
 def analyse_ablations(df: pd.DataFrame, out: Path, baseline: str = BASELINE) -> dict[str, Any]:
     """``python -m analysis ablations``: ablations.json, table4_ablations.md and fig_table4_ablations.png/pdf under
     ``out``; returns the document (rows, ``verdict``, ``files``). No ablation study in ``df``: ValueError."""
-    from ..io.report import write_json
+    from ..io.report import write_report
 
     table = ablation_table(df, baseline)
     if not table:
@@ -70,32 +70,22 @@ def analyse_ablations(df: pd.DataFrame, out: Path, baseline: str = BASELINE) -> 
     shape = f"{table[0]['size']}: L_b {int(first['n_layers'])}, d_model {int(first['d_model'])}"
     doc: dict[str, Any] = {"size": table[0]["size"], "rows": table, "verdict": ablation_verdict(table)}
     md = ["# Ablations and peers (Table 4)", "", f"Shape {shape}; Δ: same-seed pairs, arm minus baseline.", ""]
-    (out / "table4_ablations.md").write_text("\n".join([*md, *ablation_markdown(table), "", doc["verdict"], ""]))
-    files = ablation_figure(table, out / "fig_table4_ablations", f"Ablations and peers, ours at {shape}")
-    doc["files"] = [p.name for p in files] + ["ablations.json", "table4_ablations.md"]
-    write_json(doc, out / "ablations.json")
-    return doc
+    md += [*ablation_markdown(table), "", doc["verdict"], ""]
+    figures = ablation_figure(table, out / "fig_table4_ablations", f"Ablations and peers, ours at {shape}")
+    return write_report(out, doc, "ablations.json", {"table4_ablations.md": "\n".join(md)}, figures)
 
 
 # ---- python -m analysis <command> -----------------------------------------------------------------------------------
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
-    add_results_out(p, "the study's results.csv (or a study directory)", "output directory (JSON, Markdown, figure)")
-    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
-
-
 @register(
     "ablations",
     help="ablations and peers (Table 4): same-seed differences with 95%% t intervals, beside the paper's",
-    arguments=_arguments,
+    arguments=fixed_shape_arguments,
     files="table4_ablations.md, ablations.json, fig_table4_ablations.png",
     study_kind="ablations",
+    printed=lambda doc: [doc["verdict"]],
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``python -m analysis ablations``: the study's JSON, Markdown table and figure, then its verdict."""
-    df = load_one_dataset(args.results)
-    doc = analyse_ablations(df, Path(args.out), args.baseline)
-    print(doc["verdict"])
-    print(f"wrote {', '.join(doc['files'])} to {args.out}")
-    return doc
+    """``python -m analysis ablations``: the study's JSON, Markdown table and figure; the document."""
+    return analyse_ablations(load_one_dataset(args.results), Path(args.out), args.baseline)

@@ -28,7 +28,7 @@ from ..io.runs import load_one_dataset
 from ..laws.fixed_shape import BASELINE, FULL, block_size_sweep
 from ..render.figures import block_size_figure
 from ..render.tables import block_size_markdown, interval_text
-from .study_registry import add_results_out, register
+from .study_registry import fixed_shape_arguments, register
 
 # ---- the table, the sentence and the figure -------------------------------------------------------------------
 
@@ -68,43 +68,31 @@ def _list(xs: list[int]) -> str:
 def analyse_block_size(df: pd.DataFrame, out: Path, baseline: str = BASELINE, full: str = FULL) -> dict[str, Any]:
     """``python -m analysis block-size``: block_size.json, block_size_summary.md and fig6_block_size.png/pdf under
     ``out``; returns the document (with ``files`` and ``verdict``). No block-size study in ``df``: ValueError."""
-    from ..io.report import write_json
+    from ..io.report import write_report
 
     sw = block_size_sweep(df, baseline, full)
     if sw is None:
         raise ValueError("no block-size study in these results (study_kind block_size, runs with a block_size)")
     out.mkdir(parents=True, exist_ok=True)
     doc = sw | {"verdict": block_size_verdict(sw)}
-    (out / "block_size_summary.md").write_text(
-        "\n".join(["# Block size (Fig. 6)", "", *block_size_markdown(sw), doc["verdict"], ""])
-    )
+    md = "\n".join(["# Block size (Fig. 6)", "", *block_size_markdown(sw), doc["verdict"], ""])
     title = f"Ours: {sw['size']} ({sw.get('n_sublayers')} sublayers, d_model {sw.get('d_model')})"
-    files = block_size_figure(BlockSizeSweep.from_dict(sw), out / "fig6_block_size", title, paper=paper_sweep())
-    doc["files"] = [p.name for p in files] + ["block_size.json", "block_size_summary.md"]
-    write_json(doc, out / "block_size.json")
-    return doc
+    figures = block_size_figure(BlockSizeSweep.from_dict(sw), out / "fig6_block_size", title, paper=paper_sweep())
+    return write_report(out, doc, "block_size.json", {"block_size_summary.md": md}, figures)
 
 
 # ---- python -m analysis <command> -----------------------------------------------------------------------------------
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
-    add_results_out(p, "the study's results.csv (or a study directory)", "output directory (JSON, Markdown, figure)")
-    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
-
-
 @register(
     "block_size",
     help="block size (Fig. 6): same-seed differences with 95%% t intervals, beside the paper's",
-    arguments=_arguments,
+    arguments=fixed_shape_arguments,
     aliases=("block-size",),
     files="block_size_summary.md, block_size.json, fig6_block_size.png",
     study_kind="block_size",
+    printed=lambda doc: [doc["verdict"]],
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``python -m analysis block_size``: the study's JSON, Markdown table and figure, then its verdict."""
-    df = load_one_dataset(args.results)
-    doc = analyse_block_size(df, Path(args.out), args.baseline)
-    print(doc["verdict"])
-    print(f"wrote {', '.join(doc['files'])} to {args.out}")
-    return doc
+    """``python -m analysis block_size``: the study's JSON, Markdown table and figure; the document."""
+    return analyse_block_size(load_one_dataset(args.results), Path(args.out), args.baseline)

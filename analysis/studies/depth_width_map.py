@@ -34,7 +34,7 @@ from scipy import stats
 from ..io.runs import AnalysisWarning
 from ..laws.paired import paired_comparison
 from ..render.figures import save
-from .study_registry import add_bootstrap, add_results_out, register
+from .study_registry import add_arms, add_bootstrap, add_results_out, register
 
 ARM = "block_attnres"
 BASELINE = "baseline"
@@ -263,7 +263,7 @@ def analyse_map(
 ) -> dict[str, Any]:
     """Everything the map study reports, written under ``out``: map.json, map_summary.md, fig7_map.png/pdf. In
     map.json a crossing beyond the map's depths is the string "inf" (other non-finite numbers are null)."""
-    from ..io.report import write_json
+    from ..io.report import write_report
 
     out.mkdir(parents=True, exist_ok=True)
     table = cell_table(df, opts, cells)
@@ -275,13 +275,8 @@ def analyse_map(
         "cells": table.to_dict(orient="records"),
         "boundaries": bounds.astype(object).replace([math.inf], "inf").to_dict(orient="records"),
     }
-    write_json(doc, out / "map.json")
-    (out / "map_summary.md").write_text(
-        "\n".join(["# Depth-by-width map", "", *map_markdown(table, bounds, opts)]) + "\n"
-    )
-    files = map_figure(table, out / "fig7_map", opts)
-    doc["files"] = [str(p.name) for p in files] + ["map.json", "map_summary.md"]
-    return doc
+    md = "\n".join(["# Depth-by-width map", "", *map_markdown(table, bounds, opts)]) + "\n"
+    return write_report(out, doc, "map.json", {"map_summary.md": md}, map_figure(table, out / "fig7_map", opts))
 
 
 # ---- python -m analysis <command> -----------------------------------------------------------------------------------
@@ -293,8 +288,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "the map study's results.csv (or a study directory)",
         "output directory (map.json, map_summary.md, fig7_map.png)",
     )
-    p.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
-    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    add_arms(p, "block_attnres")
     add_bootstrap(p, "resamples for the boundary")
 
 
@@ -304,22 +298,20 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     arguments=_arguments,
     files="map_summary.md, map.json, fig7_map.png",
     study_kind="map",
+    printed=lambda doc: [cell_line(c) for c in doc["cells"]],
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``map``: map.json, map_summary.md and the heat map, then each cell's verdict."""
+    """``map``: map.json, map_summary.md and the heat map; the document."""
     from pathlib import Path
 
     from ..io.runs import load_one_dataset
 
-    df = load_one_dataset(args.results)
     opts = MapOptions(arm=args.arm, baseline=args.baseline, B=args.bootstrap, seed=args.seed)
-    mdoc = analyse_map(df, Path(args.out), opts)
-    for c in mdoc["cells"]:
-        lo, hi = c["ci_lo"], c["ci_hi"]
-        ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None else "(one pair)"
-        print(
-            f"L_b {c['n_layers']} x d {c['d_model']}: delta {c['delta']:+.4f} {ci}, "
-            f"{c['n_pairs']} pairs, {c['verdict']}"
-        )
-    print(f"wrote {', '.join(mdoc['files'])} to {args.out}")
-    return mdoc
+    return analyse_map(load_one_dataset(args.results), Path(args.out), opts)
+
+
+def cell_line(c: dict[str, Any]) -> str:
+    """One map cell's printed verdict: its Δ with the 95% interval and its pairs."""
+    lo, hi = c["ci_lo"], c["ci_hi"]
+    ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None else "(one pair)"
+    return f"L_b {c['n_layers']} x d {c['d_model']}: delta {c['delta']:+.4f} {ci}, {c['n_pairs']} pairs, {c['verdict']}"

@@ -26,7 +26,7 @@ Several budgets (tokens per parameter) per (size, variant), e.g. one WSD trunk w
 (size, variant, budget) is a curve of its own (:func:`budgets_of`), with the interval's width, the lr that extends a
 grid whose optimum is on its edge (:func:`next_runs`), each arm's lr rule ln lr* = a + b ln N + c ln D over the
 located optima (:func:`lr_rules`, analysis.laws.lr_rule) and the config's per-budget sections
-(:func:`budget_tuned_document`). A study of one budget per (size, variant) is analysed and reported as before.
+(:func:`tuned_document`). A study of one budget per (size, variant) is analysed and reported as before.
 
 A scipy reference (analysis.laws.lr_optimum.reference_optimum, a bounded scalar minimisation of the same quadratic)
 checks the closed-form vertex in the tests.
@@ -539,31 +539,6 @@ def at_smallest_budget(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["tokens_per_param"] == smallest]
 
 
-def budget_tuned_document(
-    table: pd.DataFrame,
-    info: dict[str, Any],
-    provenance: dict[str, Any],
-    rule: str = "per_size",
-    trend: dict[str, dict[str, float]] | None = None,
-) -> dict[str, Any]:
-    """The generated config of a multi-budget study: :func:`tuned_document` of each size's smallest budget (``lr``,
-    ``ci95``, ``on_edge``, ...) plus ``lr_per_budget``, ``ci95_per_budget`` and ``on_edge_per_budget``, each
-    ``[arm][size][tokens per parameter]`` (an integer key where the budget is one)."""
-    doc = tuned_document(at_smallest_budget(table), info, provenance, rule, trend)
-    doc["provenance"]["method"] += (
-        "; lr, ci95 and on_edge: each size's optimum at its smallest budget; *_per_budget: at every budget "
-        "(tokens per parameter)"
-    )
-    for key in ("lr_per_budget", "ci95_per_budget", "on_edge_per_budget"):
-        doc[key] = {}
-    for r in table.itertuples():
-        v, s, b = str(r.variant), str(r.size), _budget_key(r.tokens_per_param)
-        doc["lr_per_budget"].setdefault(v, {}).setdefault(s, {})[b] = float(f"{r.lr:.4g}")
-        doc["ci95_per_budget"].setdefault(v, {}).setdefault(s, {})[b] = [float(f"{x:.4g}") for x in r.ci95]
-        doc["on_edge_per_budget"].setdefault(v, {}).setdefault(s, {})[b] = bool(r.on_edge)
-    return doc
-
-
 def budget_labels(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` (runs or a multi-budget table) with each (size, budget) as its own size, ``<size>@<tokens per param>``,
     so that the lr figure draws one curve per budget."""
@@ -597,9 +572,15 @@ def tuned_document(
 
     rule "per_size" writes each curve's own optimum; "trend" writes the arm's power law lr* = a N^b (fitted over
     its sizes, :func:`lr_trend`) at each size's N, which smooths single-size noise. Both are kept in the document
-    (``lr_per_size``, ``lr_trend``) whichever one ``lr`` holds."""
+    (``lr_per_size``, ``lr_trend``) whichever one ``lr`` holds.
+
+    A multi-budget table (a ``tokens_per_param`` column): all of the above at each size's smallest budget, plus
+    ``lr_per_budget``, ``ci95_per_budget`` and ``on_edge_per_budget``, each ``[arm][size][tokens per parameter]``
+    (an integer key where the budget is one)."""
     if rule not in RULES:
         raise ValueError(f"rule={rule!r}; allowed values: {', '.join(RULES)}")
+    budgets = table if "tokens_per_param" in table.columns else None
+    table = at_smallest_budget(table) if budgets is not None else table
     trend = lr_trend(table) if trend is None else trend
     doc: dict[str, Any] = {
         "provenance": {
@@ -626,6 +607,17 @@ def tuned_document(
         doc["lr"].setdefault(v, {})[s] = float(f"{(at_n if rule == 'trend' else r.lr):.4g}")
         doc["ci95"].setdefault(v, {})[s] = [float(f"{x:.4g}") for x in r.ci95]
         doc["on_edge"].setdefault(v, {})[s] = bool(r.on_edge)
+    if budgets is not None:
+        doc["provenance"]["method"] += (
+            "; lr, ci95 and on_edge: each size's optimum at its smallest budget; *_per_budget: at every budget "
+            "(tokens per parameter)"
+        )
+        for r in budgets.itertuples():
+            v, s, b = str(r.variant), str(r.size), _budget_key(r.tokens_per_param)
+            doc.setdefault("lr_per_budget", {}).setdefault(v, {}).setdefault(s, {})[b] = float(f"{r.lr:.4g}")
+            ci = [float(f"{x:.4g}") for x in r.ci95]
+            doc.setdefault("ci95_per_budget", {}).setdefault(v, {}).setdefault(s, {})[b] = ci
+            doc.setdefault("on_edge_per_budget", {}).setdefault(v, {}).setdefault(s, {})[b] = bool(r.on_edge)
     return doc
 
 
@@ -708,7 +700,7 @@ def run_lr(
 
     With several budgets per (size, arm) (:func:`budgets_of`) the optima are per (size, arm, budget), and lr.json
     also holds ``rules`` (per arm, :func:`lr_rules`) and ``next_runs`` (:func:`next_runs`, their commands naming
-    ``sweep``, default :func:`study_sweep`); the config gets the per-budget sections (:func:`budget_tuned_document`),
+    ``sweep``, default :func:`study_sweep`); the config gets the per-budget sections (:func:`tuned_document`),
     and the trend over sizes is taken at each size's smallest budget."""
     import json
     from datetime import datetime, timezone
@@ -740,8 +732,7 @@ def run_lr(
         "optima": json.loads(table.to_json(orient="records")),
     }
     try:
-        make_doc = budget_tuned_document if multi else tuned_document
-        tuned: dict[str, Any] | None = make_doc(table, info, provenance, rule, trend)
+        tuned: dict[str, Any] | None = tuned_document(table, info, provenance, rule, trend)
     except ValueError:
         if write_config is not None:
             raise
@@ -808,6 +799,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     arguments=_arguments,
     files="lr_summary.md, lr.json, fig_lr.png",
     study_kind="lr",
+    printed=lambda doc: printed_lines(doc),
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""
@@ -827,9 +819,6 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         rule=args.rule,
         sweep=args.sweep,
     )
-    for line in printed_lines(doc):
-        print(line)
-    print(f"wrote {', '.join(doc['files'])}")
     return doc
 
 

@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..io.report import write_json
+from ..io.report import write_report
 from ..io.runs import AnalysisWarning, load_results, select_completed
 from ..laws.paired import LEVEL, cell_heterogeneity, paired_comparison, verdict
 from ..render.figures import delta_errorbar, save
@@ -295,9 +295,10 @@ def write_paired(doc: dict[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     table = doc["interactions"] if doc["condition"] is not None and not doc["interactions"].empty else doc["effects"]
     table.to_csv(out / FILES[0], index=False)
-    write_json(document(doc), out / FILES[1])
-    (out / FILES[2]).write_text(paired_markdown(doc))
-    return [out / FILES[0], out / FILES[1], out / FILES[2], plot_paired(doc, out / FILES[3])]
+    written = [out / FILES[0], plot_paired(doc, out / FILES[3])]
+    return [
+        out / f for f in write_report(out, document(doc), FILES[1], {FILES[2]: paired_markdown(doc)}, written)["files"]
+    ]
 
 
 def _columns(text: str) -> tuple[str, ...]:
@@ -345,8 +346,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     files=", ".join(FILES),
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``python -m analysis paired``: the report's files under ``--out``; prints paired.md and the headline, returns
-    paired.json's document."""
+    """``python -m analysis paired``: the report's files under ``--out``; returns paired.json's document with the
+    files (the CLI prints its headline)."""
     opts = PairedOptions(
         reference=args.reference,
         arms=tuple(args.arms),
@@ -356,8 +357,4 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     )
     frames = [select_completed(load_results(path))[0] for path in args.results]
     doc = analyse_paired(condition_runs(frames, opts), opts)
-    files = write_paired(doc, args.out)
-    print(paired_markdown(doc))
-    print(*headline_lines(doc), sep="\n")
-    print(f"wrote {', '.join(str(f) for f in files)}")
-    return document(doc)
+    return document(doc) | {"files": [f.name for f in write_paired(doc, args.out)]}

@@ -219,11 +219,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     help="refit the paper's published numbers and draw its figures",
     arguments=_arguments,
     files="fit.json, summary.md, table4_ablations.md, the paper's figures",
+    printed=lambda doc: [headline_numbers(doc)],
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     """``paper``: the paper's own numbers refitted, with the headline."""
 
-    doc = run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
-    print(headline_numbers(doc))
-    print(f"wrote {', '.join(doc.files)} to {args.out}")
-    return doc
+    return run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)

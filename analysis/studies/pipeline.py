@@ -15,7 +15,7 @@ from ..laws.fit_options import FitOptions
 from ..render.fit_report import Sections, run_fit
 from ..render.multiplier_text import rung_headline
 from ..render.study_headline import fit_headline
-from .study_registry import add_bootstrap, fractions, number, register, seed_list
+from .study_registry import add_arms, add_bootstrap, fractions, number, register, seed_list
 
 
 def load_any(results: str | None, wandb_project: str | None, wandb_group: str | None) -> pd.DataFrame:
@@ -39,7 +39,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--wandb-group", help="W&B group (study) to read, with --wandb")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    add_arms(p)
     p.add_argument(
         "--dataset",
         help="fit only the runs of this data set (data_fingerprint, a prefix of it, or the dataset "
@@ -132,11 +132,12 @@ def _add_fit_sections(f: argparse.ArgumentParser) -> None:
     help="fit a results table and write fit.json, summary.md and figures",
     arguments=_arguments,
     headline=fit_headline,
+    printed=lambda doc: printed_lines(doc),
     aliases=("arch_grid",),  # the architecture grid is reported by the fit (fit.json arch_grid, its table and figure)
     files="summary.md, fit.json, figures",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
-    """``fit``: fit.json, summary.md and figures, then each multiplier's headline."""
+    """``fit``: fit.json, summary.md and figures; the document."""
 
     df = load_any(args.results, args.wandb, args.wandb_group)
     if args.dataset:
@@ -157,26 +158,28 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
         outliers=args.outliers,
     )
     sections = Sections(wallclock=args.wallclock, rollout=args.rollout, e_sensitivity=args.e_sensitivity, nd=args.nd)
-    doc = run_fit(df, args.out, options, make_figures=not args.no_figures, sections=sections)
+    return run_fit(df, args.out, options, make_figures=not args.no_figures, sections=sections)
+
+
+def printed_lines(doc: FitDocument) -> list[str]:
+    """What ``python -m analysis fit`` prints: each multiplier with its interval (and its M(C) curve where the
+    exponents differ), each rung's headline, then the optional sections' lines."""
+    lines = []
     for v, m in doc.multipliers.items():
         lo, hi = m.m_ci95 or (None, None)
-        print(
+        lines.append(
             f"{v}: m = {number(m.m)} [{number(lo)}, {number(hi)}], P(m<=1) = {number(m.p_m_le_1)}, "
             f"paper M = {number(m.paper_M)}, per-size geo-mean = {number(m.per_size_geomean)}"
         )
         c = m.paper_M_curve
         if m.headline == "curve" and c is not None:
-            print(
+            lines.append(
                 f"  exponents differ significantly: M(C) runs from {number(c.M[0])} at C = {c.C[0]:.3g} "
                 f"to {number(c.M[-1])} at C = {c.C[-1]:.3g} (see fit.json paper_M_curve)"
             )
     for v, m in doc.multipliers.items():
-        for line in rung_headline(m.to_dict(), v, (doc.wallclock or {}).get(v)):
-            print(f"  {line}")
-    for line in _section_lines(doc):
-        print(line)
-    print(f"wrote {', '.join(doc.files)} to {args.out}")
-    return doc
+        lines += [f"  {line}" for line in rung_headline(m.to_dict(), v, (doc.wallclock or {}).get(v))]
+    return lines + _section_lines(doc)
 
 
 def _section_lines(doc: FitDocument) -> list[str]:

@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..io.report import SCHEMA_VERSION, write_json
+from ..io.report import SCHEMA_VERSION, write_report
 from ..io.runs import AnalysisWarning, load_results, select_completed, size_order, warn_duplicate_cells
 from ..laws.fit import PowerLaw
 from ..laws.fit_options import MIN_SIZES, FitOptions
@@ -49,7 +49,7 @@ from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.figures import delta_errorbar, save
 from ..render.multiplier_text import rung_headline, rung_markdown
 from ..render.tables import fmt
-from .study_registry import add_bootstrap, register, seed_list
+from .study_registry import add_arms, add_bootstrap, register, seed_list
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
 DESIGN_SEEDS = (0, 1, 2)
@@ -932,15 +932,11 @@ def run_recipe(
     out.mkdir(parents=True, exist_ok=True)
     report = analyse_recipe(df, opts, timing)
     doc = report.parts
-    files = ["recipe.json", "recipe_summary.md"]
+    figures = [out / "fig_recipe_interaction.png", out / "fig_recipe_baseline.png"] if make_figures else []
     if make_figures:
-        plot_interaction(doc, out / "fig_recipe_interaction.png")
-        plot_baseline(report.runs, doc, out / "fig_recipe_baseline.png")
-        files += ["fig_recipe_interaction.png", "fig_recipe_baseline.png"]
-    doc["files"] = files
-    write_json(doc, out / "recipe.json")
-    (out / "recipe_summary.md").write_text(recipe_markdown(doc))
-    return doc
+        plot_interaction(doc, figures[0])
+        plot_baseline(report.runs, doc, figures[1])
+    return write_report(out, doc, "recipe.json", {"recipe_summary.md": recipe_markdown(doc)}, figures)
 
 
 def rung_section(doc: dict[str, Any]) -> list[str]:
@@ -967,7 +963,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", required=True, help="output directory (recipe.json, recipe_summary.md, figures)")
     p.add_argument("--seeds", type=seed_list, help="read only the runs of these seeds, comma-separated")
-    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    add_arms(p)
     p.add_argument("--reference-recipe", default="adamw+cosine", help="optimizer+lr_schedule (default: adamw+cosine)")
     p.add_argument("--recipe", default="muon+wsd", help="the recipe compared with it (default: muon+wsd)")
     p.add_argument("--lr-protocol", default="baseline", help="the arms' lr protocol read (default: baseline)")
@@ -1010,7 +1006,4 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         fit=FitOptions(B=args.bootstrap, seed=args.seed),
     )
     timing = read_studies(args.timing) if args.timing else None
-    doc = run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)
-    print("\n".join(headline_lines(doc)))
-    print(f"wrote {', '.join(doc['files'])} to {args.out}")
-    return doc
+    return run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)

@@ -1,11 +1,12 @@
 """The study registry: ``python -m analysis <name>`` -> the study that reports it. A study registers itself once,
 where it is defined (analysis/studies/<module>.py)::
 
-    @register("map", help="the depth-by-width map ...", arguments=_arguments, headline=headline_lines)
+    @register("map", help="the depth-by-width map ...", arguments=_arguments, printed=cell_lines)
     def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-        ...  # reads args.results, writes the report under args.out, prints its lines, returns the document
+        ...  # reads args.results, writes the report under args.out (analysis.io.report.write_report), returns it
 
-so the registered names are the single list of analysis commands, and the names a study's config gives as its
+and the CLI prints what the study says of its document (``printed``) and the files it wrote. So the registered names
+are the single list of analysis commands, and the names a study's config gives as its
 ``analysis:`` command (sweeps/study.py). The CLI (analysis/__main__.py) builds one subcommand per registered
 study; :func:`load` imports every module of this package, which registers them. This module itself imports
 nothing heavy (no pandas, scipy or matplotlib).
@@ -26,7 +27,7 @@ from typing import Any
 
 Arguments = Callable[[argparse.ArgumentParser], None]
 Report = Callable[[argparse.Namespace, Sequence[str]], Any]
-Headline = Callable[[Any], list[str]]
+Headline = Callable[[Any], list[str]]  # a report's document -> lines
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,9 @@ class Study:
     """One registered analysis command: its name (and aliases), its ``--help`` line, the function that adds its
     arguments, the one that writes its report (returns the document it built), the one that says its headline
     from that document (None: the command prints its own lines and has no headline for sweeps.study), what its
-    report writes (``files``, as sweeps.study names them) and the study kind it reports (``study_kind``: a sweep
-    of that kind is reported by this command whatever its study file says; None: the study file's ``analysis``)."""
+    report writes (``files``, as sweeps.study names them), the study kind it reports (``study_kind``: a sweep
+    of that kind is reported by this command whatever its study file says; None: the study file's ``analysis``) and
+    the lines the CLI prints from the document before the files it wrote (``printed``; None: the headline's)."""
 
     name: str
     help: str
@@ -45,6 +47,17 @@ class Study:
     aliases: tuple[str, ...] = ()
     files: str = ""
     study_kind: str | None = None
+    printed: Headline | None = None
+
+    def printout(self, document: Any, out: str | None) -> list[str]:
+        """What ``python -m analysis <name>`` prints once the report is written: ``printed`` (or the headline) of the
+        document, then ``wrote <files> to <out>`` from the document's ``files``."""
+        say = self.printed or self.headline
+        lines = list(say(document)) if say is not None else []
+        files = document.get("files") if isinstance(document, dict) else getattr(document, "files", None)
+        if files:
+            lines.append(f"wrote {', '.join(map(str, files))}" + (f" to {out}" if out else ""))
+        return lines
 
 
 STUDIES: dict[str, Study] = {}  # name -> study, in registration order
@@ -91,6 +104,7 @@ def register(
     aliases: tuple[str, ...] = (),
     files: str = "",
     study_kind: str | None = None,
+    printed: Headline | None = None,
 ) -> Callable[[Report], Report]:
     """Register the decorated report function as ``python -m analysis <name>``; a name or alias taken twice, or a
     study kind claimed by two commands, is a ValueError naming both."""
@@ -103,7 +117,8 @@ def register(
         kinds = {s.study_kind: s.name for s in STUDIES.values() if s.study_kind is not None}
         if study_kind is not None and kinds.get(study_kind, name) != name:
             raise ValueError(f"study kind {study_kind!r} of {name!r} is already reported by {kinds[study_kind]!r}")
-        STUDIES[name] = Study(name, help, arguments, report, headline, aliases, files or f"{name} report", study_kind)
+        files_ = files or f"{name} report"
+        STUDIES[name] = Study(name, help, arguments, report, headline, aliases, files_, study_kind, printed)
         return report
 
     return add
@@ -161,6 +176,19 @@ def add_results_out(p: argparse.ArgumentParser, results: str, out: str) -> None:
     """The two arguments every study's report takes: ``--results`` (what it reads) and ``--out`` (where it writes)."""
     p.add_argument("--results", required=True, help=results)
     p.add_argument("--out", required=True, help=out)
+
+
+def add_arms(p: argparse.ArgumentParser, arm: str | None = None) -> None:
+    """``--baseline`` (the reference arm's variant name) and, given its default, ``--arm`` (the arm compared)."""
+    if arm is not None:
+        p.add_argument("--arm", default=arm, help=f"the arm compared with the baseline (default: {arm})")
+    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+
+
+def fixed_shape_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of a study at one shape (ablations, block size): ``--results``, ``--out`` and ``--baseline``."""
+    add_results_out(p, "the study's results.csv (or a study directory)", "output directory (JSON, Markdown, figure)")
+    add_arms(p)
 
 
 def add_bootstrap(p: argparse.ArgumentParser, what: str = "bootstrap replicates") -> None:

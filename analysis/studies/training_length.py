@@ -35,7 +35,7 @@ import pandas as pd
 from ..io.token_budget import tokens_per_param
 from ..laws.paired import paired_comparison
 from ..render.tables import interval_text
-from .study_registry import add_bootstrap, add_results_out, register
+from .study_registry import add_arms, add_bootstrap, add_results_out, register
 
 
 def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline") -> pd.DataFrame:
@@ -171,7 +171,7 @@ def analyse_length(
     everything else then reads the shared lr's runs. ``compare_to``: the same study's records with every budget at one
     shared lr, while ``df`` ran each budget at its own: both lr protocols side by side (length.json ``lr_protocols``,
     analysis.laws.length_protocols)."""
-    from ..io.report import write_json
+    from ..io.report import write_report
     from ..laws.cell_multiplier import cell_multipliers
     from ..laws.frontier import FRONTIER_B, FRONTIER_B_MAX, frontier_with_laws
     from ..laws.lr_check import has_lr_grid, lr_check
@@ -187,9 +187,9 @@ def analyse_length(
     table = gain_by_length(df, arm, reference)
     if table.empty:
         raise ValueError(f"no rung and budget where both {arm!r} and {reference!r} completed a run of one seed")
-    files = ["length.json", "length_summary.md"]
+    figures: list[Path] = []
     if make_figures:
-        files += [str(p.relative_to(out)) for p in length_figure(table, out / "fig_length", arm, reference)]
+        figures += length_figure(table, out / "fig_length", arm, reference)
     doc: dict[str, Any] = {"arm": arm, "reference": reference, "rows": table.to_dict("records")}
     if check is not None:
         doc["lr_check"] = check
@@ -197,7 +197,7 @@ def analyse_length(
     if fit:
         doc["fit"] = fit_points(df, out / FIT_DIR, arm, reference, make_figures, bootstrap, seed)
         if doc["fit"] and "error" not in doc["fit"]:
-            files.append(f"{FIT_DIR}/")
+            figures.append(out / FIT_DIR)
         B = frontier_bootstrap if frontier_bootstrap is not None else min(FRONTIER_B, bootstrap)
         # by default (and with a full --bootstrap) the replicates double until M's top half-width is stable
         B_max = FRONTIER_B_MAX if frontier_bootstrap is None and bootstrap >= FRONTIER_B else None
@@ -208,10 +208,7 @@ def analyse_length(
 
         doc["lr_protocols"] = compare_protocols(compare_to, df, arm, reference)
     if fit and make_figures:
-        fig = frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference, doc["cells"])
-        files += [str(p.relative_to(out)) for p in fig]
-    doc["files"] = sorted(files)
-    write_json(doc, out / "length.json")
+        figures += frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference, doc["cells"])
     md = length_markdown(table, arm, reference) + cell_markdown(doc["cells"], arm, reference)
     md += lr_check_markdown(check, arm, reference) if check is not None else []
     if compare_to is not None:
@@ -219,8 +216,7 @@ def analyse_length(
 
         md += protocols_markdown(doc["lr_protocols"])
     md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
-    (out / "length_summary.md").write_text("\n".join(md))
-    return doc
+    return write_report(out, doc, "length.json", {"length_summary.md": "\n".join(md)}, figures)
 
 
 def _ci(c: list[float] | None, spec: str = ".3f") -> str:
@@ -329,8 +325,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "a study with several budgets per rung (results.csv or directory)",
         "output directory (length.json, length_summary.md, fig_length.png)",
     )
-    p.add_argument("--arm", default="block_attnres", help="the arm compared with the baseline (default: block_attnres)")
-    p.add_argument("--baseline", default="baseline", help="variant name of the baseline arm (default: baseline)")
+    add_arms(p, "block_attnres")
     p.add_argument(
         "--no-fit",
         action="store_true",
@@ -389,6 +384,4 @@ def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         shared_lr=args.shared_lr,
         compare_to=load_one_dataset(args.compare_to) if args.compare_to else None,
     )
-    print("\n".join(headline_lines(doc)))
-    print(f"wrote {', '.join(doc['files'])} to {args.out}")
     return doc
