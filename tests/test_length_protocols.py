@@ -81,3 +81,36 @@ def test_the_length_command_puts_both_protocols_side_by_side(tmp_path: Path) -> 
     summary = (out / "length_summary.md").read_text()
     assert "at one shared lr against each budget at its own lr" in summary
     assert "- at each budget's own lr: block_attnres's gain grows with training length at 4 of 4 rungs" in summary
+
+
+def test_best_against_best_is_the_planted_difference(tmp_path: Path) -> None:
+    """The arm at its own optimum in some cells (the study's ``lr_protocol`` per_arm runs): Δ best, Δ at the
+    reference's lr and the arm's gain are the planted ones, on the seeds the three runs share; only the cells
+    ``best`` holds are reported."""
+    import json
+
+    from analysis.__main__ import run
+    from analysis.laws.length_protocols import best_against_best
+
+    own = _own_lr_copy(load_results(SHARED_RESULTS), {})
+    cell = (own["size"] == "deep_L16") & (own["budget"].astype(float) == 128.0) & (own["variant"] == "block_attnres")
+    best = own[cell & own["seed"].isin([0, 1, 2])].copy()
+    best["lr"] *= 1.4
+    best["val_loss"] -= 0.003
+    rows = best_against_best(own, best)
+    assert [(r["size"], r["tokens_per_param"]) for r in rows] == [("deep_L16", 128.0)]
+    r = rows[0]
+    assert r["n_pairs"] == 3
+    assert r["seeds"] == [0, 1, 2]
+    assert r["arm_gain"] == pytest.approx(-0.003, abs=1e-9)
+    assert r["delta_best"] == pytest.approx(r["delta_own"] - 0.003, abs=1e-9)
+    assert r["lr_arm_best"] == pytest.approx(1.4 * r["lr_arm_own"])
+    assert r["lr_reference"] == r["lr_arm_own"]
+    both_csv, out = tmp_path / "both.csv", tmp_path / "report"
+    pd.concat([own.assign(lr_protocol="baseline"), best.assign(lr_protocol="per_arm")]).to_csv(both_csv, index=False)
+    argv = ["length", "--results", str(both_csv), "--out", str(out), "--no-fit", "--no-figures", "--bootstrap", "50"]
+    assert run(argv)[0] == 0
+    summary = (out / "length_summary.md").read_text()
+    assert "## Best against best: block_attnres at its own optimum lr" in summary
+    assert "- best against best at deep_L16 @ 128 tokens/param: block_attnres " in summary
+    assert "lr_check" not in json.loads((out / "length.json").read_text())  # the per-arm runs are not an lr grid

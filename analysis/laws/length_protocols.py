@@ -3,7 +3,9 @@ per run, the lr tuned at the smallest budget) against every budget at its own tu
 ``lr_per_budget``). Per (rung, budget) cell: the arm's same-seed Δ under each protocol, how much the Δ moved
 (per seed, Δ_own - Δ_shared), and how much each arm's own loss gained from its budget's lr (per seed, L_own -
 L_shared; negative: the budget's own lr trains better); per rung: Δ at the largest budget minus Δ at the smallest,
-under each protocol, which says whether "the arm's gain grows with training length" survives the fair lrs.
+under each protocol, which says whether "the arm's gain grows with training length" survives the fair lrs. And
+best against best (:func:`best_against_best`): where the arm also ran at its own optimum for a budget (the study's
+``lr_protocol`` per_arm runs, :func:`split_best`), its Δ there against the reference at the reference's own optimum.
 
 Everything is a same-seed comparison on the seeds both tables hold (analysis.laws.paired, 95% t intervals), so
 the two studies must share seeds. ``python -m analysis length --compare-to <the other protocol's results>``
@@ -111,4 +113,63 @@ def _growth(a: pd.DataFrame, b: pd.DataFrame, arm: str, reference: str) -> list[
                     "n_pairs": int(r["n_pairs"]),
                 }
             )
+    return out
+
+
+BEST = "best"  # the arm at its own optimum (the condition value of best_against_best)
+
+
+def split_best(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """A study's runs under the paper's protocol, and those under ``lr_protocol`` per_arm (an arm at its own tuned
+    lr) where the study holds both (else None): the per-arm runs are the best-against-best cells, never pooled with
+    the study proper."""
+    if "lr_protocol" not in df.columns:
+        return df, None
+    per_arm = (df["lr_protocol"] == "per_arm").to_numpy()
+    if not per_arm.any() or per_arm.all():
+        return df, None
+    return df[~per_arm], df[per_arm]
+
+
+def best_against_best(
+    own: pd.DataFrame, best: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline"
+) -> list[dict[str, Any]]:
+    """Each arm at its own optimum, per (rung, budget) cell that ``best`` holds: ``best`` has the ``arm``'s runs at
+    its own optimum lr for that budget (e.g. ``lr_protocol=per_arm`` with a per-budget tuned-lr file), ``own`` the
+    per-budget study (the ``reference`` at its own optimum, the ``arm`` at the reference's lr). One dict per cell,
+    on the seeds all three runs share: ``delta_best`` = arm at its optimum - reference at its optimum and
+    ``delta_own`` = arm at the reference's lr - reference, each with its 95% t interval (``_ci95``), ``arm_gain`` =
+    Δ_best - Δ_own (the arm's loss at its own lr - at the reference's, per seed; negative: its own lr trains it
+    better) with ``arm_gain_ci95``, the two lrs of the arm and the reference's, and ``n_pairs``."""
+    mine = _completed(best, BEST)
+    mine = mine[mine["variant"] == arm]
+    if mine.empty:
+        return []
+    cells = set(zip(mine["size"], mine["tokens_per_param"]))
+    o = _completed(own, OWN)
+    in_cells = pd.Series([k in cells for k in zip(o["size"], o["tokens_per_param"])], index=o.index)
+    o = o[in_cells & o["variant"].isin([arm, reference])]
+    ref = o[o["variant"] == reference]
+    both = pd.concat([o, mine, ref.assign(protocol=BEST)], ignore_index=True)
+    table = paired_comparison(both, reference, [arm], CELLS, "protocol")
+    out = []
+    for r in table.itertuples():
+        out.append(
+            {
+                "size": str(r.size),
+                "tokens_per_param": float(r.tokens_per_param),
+                "seeds": r.seeds,
+                "delta_best": _num(getattr(r, f"delta_{BEST}")),
+                "delta_best_ci95": getattr(r, f"delta_{BEST}_ci95"),
+                "delta_own": _num(getattr(r, f"delta_{OWN}")),
+                "delta_own_ci95": getattr(r, f"delta_{OWN}_ci95"),
+                # the interaction is Δ_first - Δ_second = Δ_own - Δ_best: the arm's gain is its negative
+                "arm_gain": -float(r.interaction),
+                "arm_gain_ci95": [-r.interaction_ci95[1], -r.interaction_ci95[0]] if r.interaction_ci95 else None,
+                "lr_arm_best": _lr_of(mine, r.size, r.tokens_per_param, arm),
+                "lr_arm_own": _lr_of(o, r.size, r.tokens_per_param, arm),
+                "lr_reference": _lr_of(o, r.size, r.tokens_per_param, reference),
+                "n_pairs": int(r.n_pairs),
+            }
+        )
     return out

@@ -1,6 +1,7 @@
 """The text of the training-length study under two lr protocols side by side (analysis.laws.length_protocols,
 length.json ``lr_protocols``): its section of length_summary.md and its headline sentences
-(analysis.studies.training_length). Plain functions from the comparison's document to lines; no torch.
+(analysis.studies.training_length), and the best-against-best section (length.json ``best_against_best``). Plain
+functions from the comparison's document to lines; no torch.
 """
 
 from __future__ import annotations
@@ -67,5 +68,40 @@ def growth_lines(doc: dict[str, Any]) -> list[str]:
             f"{name}: {arm}'s gain grows with training length at {len(grows)} of {len(rows)} rungs"
             f"{' (' + ', '.join(grows) + ')' if grows else ''}, shrinks at {len(shrinks)}"
             f"{' (' + ', '.join(shrinks) + ')' if shrinks else ''}, undecided at the rest."
+        )
+    return out
+
+
+def best_markdown(rows: list[dict[str, Any]], arm: str, ref: str) -> list[str]:
+    """The best-against-best section of length_summary.md: each arm at its own optimum lr."""
+    if not rows:
+        return []
+    lines = [
+        f"## Best against best: {arm} at its own optimum lr against {ref} at its own (same seeds, 95% t intervals)",
+        "",
+        (
+            f"Δ best = {arm} at its own lr - {ref}; Δ at {ref}'s lr = the study's protocol; {arm}'s gain = Δ best - "
+            f"Δ at {ref}'s lr (negative: its own lr trains it better)."
+        ),
+        "",
+        f"| rung | tokens / param | lr {arm} (own, {ref}'s) | Δ best | Δ at {ref}'s lr | {arm} gain | pairs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in rows:
+        lrs = f"{c['lr_arm_best']:.3g}, {c['lr_arm_own']:.3g}"
+        numbers = [_signed(c[k], c[f"{k}_ci95"]) for k in ("delta_best", "delta_own", "arm_gain")]
+        lines.append(f"| {c['size']} | {c['tokens_per_param']:g} | {lrs} | {' | '.join(numbers)} | {c['n_pairs']} |")
+    return [*lines, "", *(f"- {line}" for line in best_lines(rows, arm)), ""]
+
+
+def best_lines(rows: list[dict[str, Any]], arm: str) -> list[str]:
+    """One sentence per cell: Δ with each arm at its own optimum, and its verdict."""
+    out = []
+    for c in rows:
+        ci = c["delta_best_ci95"]
+        said = "n/a" if not ci else ("wins" if ci[1] < 0 else "loses" if ci[0] > 0 else "undecided")
+        out.append(
+            f"best against best at {c['size']} @ {c['tokens_per_param']:g} tokens/param: {arm} "
+            f"{_signed(c['delta_best'], ci)} ({said}, {c['n_pairs']} seeds)"
         )
     return out

@@ -170,10 +170,13 @@ def analyse_length(
     (analysis.laws.lr_check, length.json ``lr_check``, at ``shared_lr``, default the grid's middle lr);
     everything else then reads the shared lr's runs. ``compare_to``: the same study's records with every budget at one
     shared lr, while ``df`` ran each budget at its own: both lr protocols side by side (length.json ``lr_protocols``,
-    analysis.laws.length_protocols)."""
+    analysis.laws.length_protocols). Runs of ``df`` under ``lr_protocol`` per_arm beside runs under the paper's
+    protocol are the arm at its own optimum for some cells: best against best (length.json ``best_against_best``,
+    analysis.laws.length_protocols.split_best); everything else reads the paper's protocol's runs."""
     from ..io.report import write_report
     from ..laws.cell_multiplier import cell_multipliers
     from ..laws.frontier import FRONTIER_B, FRONTIER_B_MAX, frontier_with_laws
+    from ..laws.length_protocols import best_against_best, split_best
     from ..laws.lr_check import has_lr_grid, lr_check
     from ..render.figures import frontier_figure, length_figure
     from ..render.frontier_text import frontier_markdown
@@ -181,6 +184,7 @@ def analyse_length(
     from ..render.multiplier_text import cell_markdown
 
     out.mkdir(parents=True, exist_ok=True)
+    df, best = split_best(df)
     check = lr_check(df, arm, reference, shared_lr) if has_lr_grid(df) else None
     if check is not None:  # the study proper is the shared lr's runs
         df = df[[math.isclose(float(x), check["shared_lr"], rel_tol=1e-6) for x in df["lr"]]]
@@ -207,6 +211,8 @@ def analyse_length(
         from ..laws.length_protocols import compare_protocols
 
         doc["lr_protocols"] = compare_protocols(compare_to, df, arm, reference)
+    if best is not None:
+        doc["best_against_best"] = best_against_best(df, best, arm, reference)
     if fit and make_figures:
         figures += frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference, doc["cells"])
     md = length_markdown(table, arm, reference) + cell_markdown(doc["cells"], arm, reference)
@@ -215,6 +221,10 @@ def analyse_length(
         from ..render.length_protocols_text import protocols_markdown
 
         md += protocols_markdown(doc["lr_protocols"])
+    if best is not None:
+        from ..render.length_protocols_text import best_markdown
+
+        md += best_markdown(doc["best_against_best"], arm, reference)
     md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
     return write_report(out, doc, "length.json", {"length_summary.md": "\n".join(md)}, figures)
 
@@ -309,6 +319,10 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
         from ..render.length_protocols_text import growth_lines
 
         lines += growth_lines(doc["lr_protocols"])
+    if doc.get("best_against_best"):
+        from ..render.length_protocols_text import best_lines
+
+        lines += best_lines(doc["best_against_best"], doc["arm"])
     return (
         lines
         + fit_lines(doc.get("fit"), doc["arm"])
