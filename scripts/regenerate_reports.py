@@ -283,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated report directories (relative to docs/results), e.g. cpu_map")
     ap.add_argument("--keep", metavar="DIR", help="regenerate into DIR (kept) instead of a temporary directory")
     args = ap.parse_args(argv)
-    reports, not_regenerable = planned_reports(set(args.only.split(",")) if args.only else None)
+    only = {d.strip().strip("/") for d in args.only.split(",") if d.strip()} if args.only else None
+    reports, not_regenerable = planned_reports(only)
+    unknown = sorted((only or set()) - {r.out or "README.md" for r in reports} - set(not_regenerable))
+    if unknown:
+        known = sorted({r.out or "README.md" for r in planned_reports()[0]})
+        ap.error(f"--only {','.join(unknown)}: no report there; the reports: {', '.join(known)}")
     scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="attnres_regen_"))
     for stale in (*PACKAGES, "runs", "out"):  # a kept directory of an earlier run: start afresh
         shutil.rmtree(scratch / stale, ignore_errors=True)

@@ -72,3 +72,12 @@ def test_compare_files_by_kind(tmp_path: Path, suffix: str, first: str):
     new.write_bytes(_json(1 + 1e-12) if suffix == ".json" else b"| m | 1.235 |\n")
     assert compare(new, old).startswith(first)
     assert compare(old, old) == "identical"
+
+
+def test_only_a_directory_without_a_report_is_an_error_naming_the_reports(capsys):
+    with pytest.raises(SystemExit) as stop:
+        regenerate_reports().main(["--only", "cpu_map,cpu_ladder"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--only cpu_ladder: no report there; the reports: " in err
+    assert "cpu_map," in err

@@ -835,8 +835,7 @@ def lr_figure(
         return []
     variants = list(pd.unique(table["variant"]))
     sizes = list(pd.unique(table["size"]))  # ordered by parameters (lr_optima_with_draws)
-    cmap = plt.get_cmap("viridis")
-    size_col = {s: cmap(0.1 + 0.8 * i / max(len(sizes) - 1, 1)) for i, s in enumerate(sizes)}
+    size_col, size_ls = _lr_styles(sizes)
     fig, axes = plt.subplots(1, len(variants), figsize=(4.6 * len(variants) + 0.4, 3.9), squeeze=False, sharey=True)
     finite = runs.loc[np.isfinite(runs["val_loss"]), "val_loss"]
     y_lo, y_hi = float(finite.min()), float(finite.max())
@@ -848,7 +847,7 @@ def lr_figure(
                 continue
             d = runs[(runs["variant"] == v) & (runs["size"] == s)]
             lr_out = ((tuned or {}).get(str(v)) or {}).get(str(s))
-            _lr_curve(ax, row.iloc[0], d, size_col[s], y_hi + pad, lr_out, label=s)
+            _lr_curve(ax, row.iloc[0], d, size_col[s], y_hi + pad, lr_out, label=s, ls=size_ls[s])
         grid_all = np.unique(np.concatenate([np.asarray(g, float) for g in table.loc[table["variant"] == v, "grid"]]))
         _lr_axis(ax, grid_all)
         ax.set_title(label_of(v, labels))
@@ -859,8 +858,9 @@ def lr_figure(
         for handle, label in zip(*ax.get_legend_handles_labels()):
             shown.setdefault(label, handle)
     order = [s for s in sizes if s in shown]
+    title = "size @ tokens / param" if any("@" in str(s) for s in sizes) else "size"
     axes[0][-1].legend(
-        [shown[s] for s in order], order, title="size", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False
+        [shown[s] for s in order], order, title=title, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False
     )
     written = "; ◇ lr written (power-law trend over sizes)" if rule == "trend" and tuned else ""
     fig.suptitle(
@@ -873,13 +873,38 @@ def lr_figure(
     return save(fig, stem)
 
 
-def _lr_curve(ax: plt.Axes, r: pd.Series, d: pd.DataFrame, col: Any, y_top: float, lr_out: float | None, label: str):
+def _lr_styles(sizes: list[Any]) -> tuple[dict[Any, Any], dict[Any, str]]:
+    """Each curve's colour and line style: one colour per size on a viridis scale; for a multi-budget study's
+    ``<size>@<tokens per param>`` curves one colour per size (tab10) and one line style per budget (dotted for the
+    smallest, solid for the largest), so that rungs and budgets read apart."""
+    budget = {s: str(s).split("@", 1)[1] for s in sizes if "@" in str(s)}
+    if not budget:
+        cmap = plt.get_cmap("viridis")
+        return {s: cmap(0.1 + 0.8 * i / max(len(sizes) - 1, 1)) for i, s in enumerate(sizes)}, dict.fromkeys(sizes, "-")
+    bases = list(dict.fromkeys(str(s).split("@", 1)[0] for s in sizes))
+    budgets = sorted(set(budget.values()), key=float)
+    styles = [*((":", "--", "-.")[i % 3] for i in range(len(budgets) - 1)), "-"]
+    palette = plt.get_cmap("tab10")
+    col = {s: palette(bases.index(str(s).split("@", 1)[0]) % 10) for s in sizes}
+    return col, {s: styles[budgets.index(budget[s])] if s in budget else "-" for s in sizes}
+
+
+def _lr_curve(
+    ax: plt.Axes,
+    r: pd.Series,
+    d: pd.DataFrame,
+    col: Any,
+    y_top: float,
+    lr_out: float | None,
+    label: str,
+    ls: str = "-",
+):
     """One size's lr curve on ``ax``: the grid's mean loss, its runs (faint dots; diverged ones as crosses at
     ``y_top``), the fitted optimum ``r`` as a star with its interval, ``lr_out`` (the lr written, where it differs)
     as an open diamond, and "edge" under an optimum on the grid's edge."""
     grid = np.asarray(r["grid"], float)
     mean = np.array([np.nan if m is None else m for m in r["mean_loss"]], float)
-    ax.plot(grid, mean, "-o", color=col, ms=3.5, lw=1.3, label=label)
+    ax.plot(grid, mean, marker="o", ls=ls, color=col, ms=3.5, lw=1.3, label=label)
     ok = d[np.isfinite(d["val_loss"])]
     ax.scatter(ok["lr"], ok["val_loss"], s=9, color=col, alpha=0.35, lw=0)
     div = d[~np.isfinite(d["val_loss"])]
@@ -904,8 +929,10 @@ def _lr_axis(ax: plt.Axes, grid_all: np.ndarray) -> None:
     """A log lr axis labelled at no more than ~6 of the grid's lrs (near-equal ones once), every grid lr a minor
     tick."""
     ax.set_xscale("log")
-    step = max(1, int(np.ceil(len(grid_all) / 6)))  # at most ~6 labels: no overlap at this width
-    ticks = _thin_ratio(grid_all[::step], 1.25)  # two grids' near-equal lrs (e.g. 2.28e-3, 2.36e-3): one label
+    # at most ~6 labels, evenly spread in log lr (no overlap at this width; several rungs' grids interleave), and
+    # near-equal lrs of two grids (e.g. 2.28e-3, 2.36e-3) one label
+    span = float(grid_all[-1] / grid_all[0]) if len(grid_all) > 1 and grid_all[0] > 0 else 1.0
+    ticks = _thin_ratio(grid_all, max(1.25, 0.99 * span ** (1 / 5)))
     ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
     ax.xaxis.set_major_formatter(mticker.FixedFormatter([f"{x:.2g}" for x in ticks]))
     ax.xaxis.set_minor_locator(mticker.FixedLocator(grid_all))
