@@ -45,7 +45,7 @@ seed pairs, its t interval in log); m_wall's interval combines m's and r's in lo
 (as analysis.laws.wallclock).
 
 Numbers only: the length report's table and headline lines are analysis.render.multiplier_text's (m_text,
-cell_markdown, cell_lines).
+cell_markdown).
 
 Plain functions on tidy DataFrames; no torch.
 """

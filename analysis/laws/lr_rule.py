@@ -21,7 +21,6 @@ only where the others still determine every coefficient (more cells than coeffic
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -183,11 +182,3 @@ def lr_rule(
     loo = leave_one_out(ln_lr, ln_n, ln_d, ci_ln, terms, weights)
     checked = [r for r in loo if r["inside"] is not None]
     return doc | {"loo": loo, "loo_inside": sum(r["inside"] for r in checked), "loo_n": len(checked)}
-
-
-def rule_lr(doc: dict[str, Any], n: float, d: float) -> float | None:
-    """The rule's lr at N = ``n``, D = ``d`` (None when the rule was not fitted)."""
-    if doc.get("a") is None:
-        return None
-    coef = np.array([np.nan if doc.get(t) is None else doc[t] for t in TERMS], float)
-    return float(math.exp(float(predict(coef, math.log(n), math.log(d)))))

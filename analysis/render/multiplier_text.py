@@ -2,8 +2,8 @@
 returns (fit.json and length.json entries), never from runs.
 
 The rung test and the per-rung multipliers (analysis.laws.heterogeneity: :func:`rung_headline`, :func:`rung_markdown`),
-the per-(rung, budget) token multipliers (analysis.laws.cell_multiplier: :func:`m_text`, :func:`cell_markdown`,
-:func:`cell_lines`), the rollout (analysis.laws.rollout: :func:`rollout_markdown`), the sensitivity to the asymptote E
+the per-(rung, budget) token multipliers (analysis.laws.cell_multiplier: :func:`m_text`, :func:`cell_markdown`),
+the rollout (analysis.laws.rollout: :func:`rollout_markdown`), the sensitivity to the asymptote E
 (analysis.laws.asymptote: :func:`e_sensitivity_markdown`) and the fit over parameters and tokens (analysis.laws.nd_fit:
 :func:`nd_markdown`). Nothing here fits or resamples; every number printed is read from the entry given.
 """
@@ -180,20 +180,6 @@ def cell_markdown(cells: list[dict[str, Any]], arm: str, reference: str) -> list
         lines.append(row)
     notes = sorted({c["note"] for c in cells if c.get("note") and c["note"] not in (">10x", "<0.1x")})
     return [*lines, "", *(f"* not measured: {n}" for n in notes), *([""] if notes else [])]
-
-
-def cell_lines(cells: list[dict[str, Any]], arm: str, reference: str) -> list[str]:
-    """The headline: one line per cell, m with its interval, D*/D_max and m_wall."""
-    lines = []
-    for c in cells:
-        x = c.get("d_star_over_d_max")
-        wall = "" if c.get("m_wall") is None else f", m_wall {c['m_wall']:.3f}x"
-        lines.append(
-            f"{c['size']} at {c['tokens_per_param']:g} tokens/param: {reference} needs m = "
-            f"{m_text(c)} its tokens to reach {arm}'s loss "
-            f"(D*/D_max {'n/a' if x is None else f'{x:.2f}'}{wall})"
-        )
-    return lines
 
 
 # ---- rollout (analysis.laws.rollout) ---------------------------------------------------------------------------------
