@@ -19,7 +19,10 @@ same relative path. What a regeneration cannot reproduce is pinned or masked, an
 A JSON or Markdown file that is not byte-identical is compared token by token (:func:`compare_text`): every byte
 outside its numbers as it is, its numbers as numbers, within 1e-8 relative in JSON (``JSON_RTOL``: full floats,
 whose last digits depend on the machine's BLAS) and within half a unit of the last printed digit in Markdown
-(``0.000`` equals ``-0.000``; ``1.234`` and ``1.235`` differ). A digit inside a JSON string is text.
+(``0.000`` equals ``-0.000``; ``1.234`` and ``1.235`` differ). A digit inside a JSON string is text. A figure drawn
+from numbers that moved in their last digits moves by a fraction of a pixel: a PNG is compared pixel by pixel
+(equal within one intensity level on at most 0.1% of its pixels: anti-aliasing), a PDF by its decompressed
+drawing commands, each coordinate within 1e-3 pt (``PDF_POINTS``).
 
 Per file it prints ``identical`` (every byte), ``identical, <what> masked``, ``equal within ...`` (numbers within the
 tolerance, how many differ) or ``DIFFERENT: line <n>: ...`` with the first differing value, committed and
@@ -166,7 +169,7 @@ def _json_equal(a: bytes, b: bytes) -> bool:
     return (x != x and y != y) or math.isclose(x, y, rel_tol=JSON_RTOL, abs_tol=0.0)
 
 
-def _printed_equal(a: bytes, b: bytes) -> bool:
+def _printed_equal(a: bytes, b: bytes, units: float = 0.5) -> bool:
     """Two printed numbers within half a unit of the coarser one's last digit (``1.5`` = ``1.50``, ``-0.0`` = ``0.0``;
     ``1.234`` != ``1.235``)."""
 
@@ -175,19 +178,20 @@ def _printed_equal(a: bytes, b: bytes) -> bool:
         assert m is not None, text
         return 10.0 ** (int(m[2] or 0) - len(m[1] or b""))
 
-    return abs(float(a) - float(b)) <= 0.5 * max(unit(a), unit(b)) * (1 + 1e-9)
+    return abs(float(a) - float(b)) <= units * max(unit(a), unit(b)) * (1 + 1e-9)
 
 
 def compare_text(new: bytes, old: bytes, kind: str) -> str:
-    """The regenerated text ``new`` against the committed ``old``, ``kind`` ``json`` or ``md``: every byte outside
-    the numbers equal and each number equal within the kind's tolerance (JSON: ``JSON_RTOL``; Markdown: half a unit
-    of the last printed digit). ``equal within <tolerance>: <n> number(s) differ below it`` or ``DIFFERENT: line
+    """The regenerated text ``new`` against the committed ``old``, ``kind`` ``json``, ``md`` or ``pdf`` (its drawing
+    commands, :func:`_pdf_commands`): every byte outside the numbers equal and each number equal within the kind's
+    tolerance (JSON: ``JSON_RTOL``; Markdown: half a unit of the last printed digit; PDF: ``PDF_POINTS``).
+    ``equal within <tolerance>: <n> number(s) differ below it`` or ``DIFFERENT: line
     <n>: <the first differing value or text, committed then regenerated>``."""
-    token, equal, tolerance = (
-        (_JSON_TOKEN, _json_equal, f"{JSON_RTOL:g} relative")
-        if kind == "json"
-        else (_MD_TOKEN, _printed_equal, "the printed digits")
-    )
+    token, equal, tolerance = {
+        "json": (_JSON_TOKEN, _json_equal, f"{JSON_RTOL:g} relative"),
+        "md": (_MD_TOKEN, _printed_equal, "the printed digits"),
+        "pdf": (_MD_TOKEN, _drawn_equal, f"{PDF_POINTS:g} pt"),
+    }[kind]
     a, b = _pieces(new, token), _pieces(old, token)
     close = 0
     for (got_at, got, got_number), (at, want, want_number) in zip(a, b):
@@ -222,6 +226,54 @@ def _lines_differ(new: bytes, new_at: int, old: bytes, old_at: int, width: int =
     return f"DIFFERENT: line {line}: committed {line_at(old, old_at)}, regenerated {line_at(new, new_at)}"
 
 
+PNG_LEVELS = 1  # intensity levels (of 255) a pixel may move by: anti-aliasing of a curve moved by a fraction of a pixel
+PNG_SHARE = 1e-3  # the share of pixels that may
+_PDF_STREAM = re.compile(rb"stream\r?\n(.*?)\r?\nendstream", re.S)
+_PDF_XREF = re.compile(rb"\nxref\n.*", re.S)  # the byte offsets: they move with any stream's compressed length
+
+
+def compare_png(new: bytes, old: bytes) -> str:
+    """Two PNGs pixel by pixel: ``equal within 1 level: <n> pixel(s) differ below it`` where they have one shape and
+    at most ``PNG_SHARE`` of the pixels differ, each by at most ``PNG_LEVELS`` of 255 in every channel; else
+    ``DIFFERENT: <how>``."""
+    import io
+
+    from matplotlib.image import imread
+
+    a, b = imread(io.BytesIO(new), format="png"), imread(io.BytesIO(old), format="png")
+    if a.shape != b.shape:
+        return f"DIFFERENT: {b.shape[1]}x{b.shape[0]} committed, {a.shape[1]}x{a.shape[0]} regenerated"
+    moved = abs(a.astype(float) - b.astype(float)).max(axis=-1) if a.ndim == 3 else abs(a - b)
+    n = int((moved > 0).sum())
+    if moved.max() * 255 > PNG_LEVELS + 1e-6 or n > PNG_SHARE * moved.size:
+        return f"DIFFERENT: {n} pixel(s) differ, by up to {moved.max() * 255:.0f} levels"
+    return f"equal within {PNG_LEVELS} level: {n} pixel(s) differ below it"
+
+
+def _pdf_commands(data: bytes) -> bytes:
+    """A PDF with each compressed stream inflated and the cross-reference table dropped (what a number that moved
+    changes besides the number: compressed lengths and byte offsets)."""
+    import zlib
+
+    def inflate(m: re.Match[bytes]) -> bytes:
+        try:
+            return b"stream\n" + zlib.decompress(m[1]) + b"\nendstream"
+        except zlib.error:
+            return m[0]
+
+    text = PDF_DATE.sub(b"/CreationDate (D:00000000000000Z)", _PDF_STREAM.sub(inflate, data))
+    text = re.sub(rb"(\d+ 0 obj\n)\d+(\nendobj)", rb"\1_\2", text)  # a stream's length as an object of its own
+    return re.sub(rb"/Length \d+", b"/Length _", _PDF_XREF.sub(b"", text))
+
+
+PDF_POINTS = 1e-3  # how far a PDF coordinate may move, in points (1/72000 inch: nothing a reader can see)
+
+
+def _drawn_equal(a: bytes, b: bytes) -> bool:
+    """Two printed PDF numbers within ``PDF_POINTS`` or one unit of the coarser one's last digit."""
+    return abs(float(a) - float(b)) <= PDF_POINTS or _printed_equal(a, b, units=1.0)
+
+
 def compare(new: Path, old: Path) -> str:
     """The regenerated file against the committed: ``identical``, ``identical, <what> masked``, for JSON and
     Markdown ``equal within ...`` (:func:`compare_text`), else ``DIFFERENT`` (``: line <n>: ...`` for those two)."""
@@ -231,6 +283,10 @@ def compare(new: Path, old: Path) -> str:
     undated = b"/CreationDate (D:00000000000000Z)"
     if new.suffix == ".pdf" and PDF_DATE.sub(undated, a) == PDF_DATE.sub(undated, b):
         return "identical, PDF CreationDate masked"
+    if new.suffix == ".png":
+        return compare_png(a, b)
+    if new.suffix == ".pdf":
+        return compare_text(_pdf_commands(a), _pdf_commands(b), "pdf")
     if new.suffix not in (".json", ".md"):
         return "DIFFERENT"
     a, b = _mask_source(a), _mask_source(b)

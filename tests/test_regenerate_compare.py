@@ -61,7 +61,7 @@ def test_markdown_numbers_compare_at_the_digits_printed():
 
 
 @pytest.mark.parametrize(
-    ("suffix", "first"), [(".json", "equal within 1e-08"), (".md", "DIFFERENT"), (".png", "DIFFERENT")]
+    ("suffix", "first"), [(".json", "equal within 1e-08"), (".md", "DIFFERENT"), (".csv", "DIFFERENT")]
 )
 def test_compare_files_by_kind(tmp_path: Path, suffix: str, first: str):
     """A JSON file within tolerance is equal; a Markdown one whose printed digit moved and any other file that is not
@@ -81,3 +81,49 @@ def test_only_a_directory_without_a_report_is_an_error_naming_the_reports(capsys
     err = capsys.readouterr().err
     assert "--only cpu_ladder: no report there; the reports: " in err
     assert "cpu_map," in err
+
+
+def _figure(path: Path, shift: float) -> None:
+    """A line plot whose curve is moved up by ``shift`` (data units of a 0-1 axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    x = [0.0, 0.3, 0.6, 1.0]
+    ax.plot(x, [0.1 + shift, 0.5 + shift, 0.3 + shift, 0.8 + shift])
+    ax.set_ylim(0, 1)
+    fig.savefig(path, dpi=80, metadata={"CreationDate": None} if path.suffix == ".pdf" else None)
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("suffix", [".png", ".pdf"])
+def test_a_figure_whose_curve_moved_by_rounding_is_equal_and_one_that_moved_visibly_is_not(tmp_path, suffix):
+    """A curve moved by 1e-6 of its axis (a fit's last digits) draws the same figure within tolerance (PNG:
+    anti-aliasing levels; PDF: its coordinates within 1e-3 pt); moved by 5% of its axis, it is a different figure."""
+    compare = regenerate_reports().compare
+    old, same, moved = (tmp_path / f"{name}{suffix}" for name in ("old", "same", "moved"))
+    _figure(old, 0.0)
+    _figure(same, 1e-6)
+    _figure(moved, 0.05)
+    assert compare(same, old).startswith(("identical", "equal within"))
+    assert compare(moved, old).startswith("DIFFERENT")
+
+
+def test_png_pixels_within_one_level_on_few_pixels_are_equal(tmp_path):
+    """Anti-aliasing: a few pixels one intensity level apart are equal; two levels, or one level on many pixels,
+    are different."""
+    import numpy as np
+    from matplotlib.image import imsave
+
+    compare_png = regenerate_reports().compare_png
+    base = np.full((100, 100, 3), 128, np.uint8)
+    old, new = tmp_path / "old.png", tmp_path / "new.png"
+    imsave(old, base)
+    cases = ((1, 5, "equal within 1 level: 5 pixel(s)"), (2, 5, "DIFFERENT"), (1, 500, "DIFFERENT"))
+    for change, n_pixels, first in cases:
+        moved = base.copy()
+        moved.reshape(-1, 3)[:n_pixels] += np.uint8(change)
+        imsave(new, moved)
+        assert compare_png(new.read_bytes(), old.read_bytes()).startswith(first)
