@@ -16,6 +16,7 @@ from scipy.optimize import brentq
 from synthetic_records import synthetic_budget_ladder
 
 from analysis.io.runs import load_one_dataset
+from analysis.io.token_budget import tokens_per_param
 from analysis.laws.cell_multiplier import (
     cell_multipliers,
     fit_d_laws,
@@ -140,3 +141,16 @@ def test_a_multiplier_past_ten_times_the_largest_budget_is_not_measured():
     cells = cell_multipliers(one_budget, gain_by_length(one_budget), "block_attnres", "baseline", B=20)
     assert all(c["m"] is None and "no law" in c["note"] for c in cells)
     assert pd.notna(cells[0]["delta"])
+
+
+def test_cells_are_ordered_by_rung_then_budget_whatever_each_cell_holds():
+    """A rung whose cells hold different runs (a study still filling in) keeps its budgets in order."""
+    df = synthetic_budget_ladder(WORTH_K, n_sizes=2, seeds=(0, 1, 2), sigma=0.0005, rng=24)
+    big = df["size"] == df["size"].iloc[-1]
+    short = tokens_per_param(df) < tokens_per_param(df).median()
+    df = df[~(big & short & (df["seed"] == 2))]  # the largest rung's short budget has one pair fewer
+    df["params_non_embedding"] = df["params_non_embedding"].where(~(big & short), df["params_non_embedding"] + 500)
+    table = gain_by_length(df)
+    for _, rung in table.groupby("size", sort=False):
+        assert list(rung["tokens_per_param"]) == sorted(rung["tokens_per_param"])
+    assert table["params_non_embedding"].is_monotonic_increasing

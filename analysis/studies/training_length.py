@@ -51,15 +51,14 @@ def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str 
         return pd.DataFrame()
     table = table[table["n_pairs"] > 0]
     shape = done.groupby(["size", "tokens_per_param"])
+    rung_params = done.groupby("size")["params_non_embedding"].median()  # one order per rung, whatever its cells hold
     rows = [
         {
             "size": str(r.size),
             "n_layers": int(shape.get_group((r.size, r.tokens_per_param))["n_layers"].iloc[0])
             if "n_layers" in done.columns
             else None,
-            "params_non_embedding": float(
-                shape.get_group((r.size, r.tokens_per_param))["params_non_embedding"].median()
-            ),
+            "params_non_embedding": float(rung_params[r.size]),
             "tokens_per_param": float(r.tokens_per_param),
             "ref_loss": r.ref_loss,
             "delta": r.delta,
