@@ -380,3 +380,38 @@ def test_write_config_of_a_multi_budget_study_writes_lr_per_budget(tmp_path: Pat
             assert doc["lr"][v][s] == doc["lr_per_budget"][v][s][8]
             assert doc["ci95"][v][s] == doc["ci95_per_budget"][v][s][8]
     assert "smallest budget" in doc["provenance"]["method"]
+
+
+def test_protocol_costs_read_each_arms_excess_off_its_own_curve(tmp_path: Path) -> None:
+    """Exact parabolas L = L0 + 0.05 u^2, u = ln(lr / lr*): an arm run at another lr loses exactly 0.05 u^2."""
+    from analysis.laws.lr_check import protocol_costs
+    from analysis.laws.lr_optimum import loss_at
+
+    x = np.log(np.array(WIDE_GRID))
+    y = 2.0 + 0.05 * (x - math.log(1e-3)) ** 2
+    assert loss_at(x, y, math.log(3e-4)) == pytest.approx(2.0 + 0.05 * math.log(0.3) ** 2)
+    assert math.isnan(loss_at(x, y, math.log(1.0)))  # off the grid: not extrapolated
+    optima = _rule_optima(("cpu_xs", "cpu_s"))
+    df = budget_lr_study(optima)
+    table, _, _ = _optima(df, seed_sigma=0.002)
+    costs = protocol_costs(table)
+    assert len(costs) == len(optima)
+    for c in costs.itertuples():
+        own = optima[(c.size, c.variant, c.tokens_per_param)]
+        ref = optima[(c.size, "baseline", c.tokens_per_param)]
+        trunk = optima[(c.size, "baseline", 8.0)]
+        assert c.reference_lr == pytest.approx(ref, rel=1e-3)
+        assert c.trunk_lr == pytest.approx(trunk, rel=1e-3)
+        for got, at in ((c.excess_reference, ref), (c.excess_trunk, trunk)):
+            u = math.log(at / own)
+            assert got == pytest.approx(0.05 * u * u, abs=1e-6)
+    assert (costs.loc[costs["variant"] == "baseline", "excess_reference"].abs() < 1e-6).all()
+    df.to_csv(tmp_path / "r.csv", index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnalysisWarning)
+        args = ["lr", "--results", str(tmp_path / "r.csv"), "--out", str(tmp_path / "o"), "--bootstrap", "100"]
+        assert main([*args, "--seed-sigma", "0.002", "--no-figures"]) == 0
+    summary = (tmp_path / "o" / "lr_summary.md").read_text()
+    assert "## What each protocol's lr costs each arm" in summary
+    assert "- per budget: " in summary
+    assert "- one trunk: " in summary

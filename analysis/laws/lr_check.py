@@ -15,6 +15,10 @@ interval where there are two pairs or more); ``delta_best``, the arm's loss at i
 its own, each from its parabola (no interval: one tuning seed gives none; with several seeds the curves are their
 means).
 
+What a protocol's lr costs (:func:`protocol_costs`, on the optimum table of a multi-budget lr study): each arm's loss
+above its own optimum at the reference's optimum for that budget (the paper's protocol) and at the reference's optimum
+for the rung's smallest budget (one trunk for every budget), read off the arm's grid curve.
+
 Numbers only: plain functions on tidy DataFrames; no torch.
 """
 
@@ -27,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.token_budget import tokens_per_param
-from .lr_optimum import quadratic_vertex
+from .lr_optimum import loss_at, quadratic_vertex
 from .paired import comparison_entry, paired_comparison
 
 MOVE_FACTOR = math.sqrt(2.0)
@@ -137,3 +141,36 @@ def _moves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def protocol_costs(table: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
+    """Per row of a multi-budget lr study's optimum table (analysis.studies.lr.lr_optima_with_draws: variant, size,
+    tokens_per_param, lr, loss_at_optimum, grid, mean_loss, on_edge): ``reference_lr`` (the reference's optimum at
+    that size and budget, what the paper's protocol runs every arm at), ``excess_reference`` (the arm's loss there
+    minus its loss at its own optimum, analysis.laws.lr_optimum.loss_at on its grid curve), ``trunk_lr`` (the
+    reference's optimum at the size's smallest budget: one trunk's lr for every budget) and ``excess_trunk``; nan
+    where an lr lies off the arm's grid or the reference has no optimum there. ``on_edge``: the arm's own optimum
+    may lie beyond its grid, so its excesses are lower bounds."""
+    ref = table[table["variant"] == reference]
+    ref_lr = {(r.size, float(r.tokens_per_param)): float(r.lr) for r in ref.itertuples()}
+    smallest = ref.groupby("size")["tokens_per_param"].min()
+    rows = []
+    for r in table.itertuples():
+        x = np.log(np.asarray(r.grid, float))
+        y = np.array([np.nan if v is None else v for v in r.mean_loss], float)
+        at_ref = ref_lr.get((r.size, float(r.tokens_per_param)), math.nan)
+        at_trunk = ref_lr.get((r.size, float(smallest.get(r.size, math.nan))), math.nan)
+        rows.append(
+            {
+                "variant": r.variant,
+                "size": r.size,
+                "tokens_per_param": float(r.tokens_per_param),
+                "lr": float(r.lr),
+                "on_edge": bool(r.on_edge),
+                "reference_lr": at_ref,
+                "excess_reference": loss_at(x, y, math.log(at_ref)) - r.loss_at_optimum if at_ref > 0 else math.nan,
+                "trunk_lr": at_trunk,
+                "excess_trunk": loss_at(x, y, math.log(at_trunk)) - r.loss_at_optimum if at_trunk > 0 else math.nan,
+            }
+        )
+    return pd.DataFrame(rows)

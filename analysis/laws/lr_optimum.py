@@ -64,3 +64,25 @@ def reference_optimum(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> flo
         lambda t: a + b * t + c * t * t, bounds=(xs.min(), xs.max()), method="bounded", options={"xatol": 1e-10}
     )
     return float(res.x)
+
+
+def loss_at(x: np.ndarray, y: np.ndarray, x0: float, window: int = WINDOW) -> float:
+    """The loss at ln lr ``x0`` read off one grid. Inside the window :func:`quadratic_vertex` fits (``window`` steps
+    around the grid minimum): that same parabola, so the loss there is never below the vertex's; elsewhere the
+    least-squares parabola (a line with two points) through the finite points within ``window`` steps of the grid
+    point nearest x0. nan where x0 lies outside the grid or fewer than two points are near it. x sorted ascending;
+    y may hold +inf (diverged) or nan."""
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    finite = np.isfinite(y)
+    if not (np.isfinite(x0) and finite.any() and x[0] - 1e-9 <= x0 <= x[-1] + 1e-9):
+        return float("nan")
+    k = int(np.nanargmin(np.where(finite, y, np.inf)))
+    if not x[max(0, k - window)] - 1e-9 <= x0 <= x[min(len(x) - 1, k + window)] + 1e-9:
+        k = int(np.argmin(np.abs(x - x0)))
+    sel = np.arange(max(0, k - window), min(len(x) - 1, k + window) + 1)
+    sel = sel[finite[sel]]
+    if sel.size < 2:
+        return float("nan")
+    coefs = np.polyfit(x[sel] - x0, y[sel], min(2, sel.size - 1))
+    return float(coefs[-1])

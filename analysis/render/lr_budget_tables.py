@@ -134,12 +134,68 @@ def rule_lines(rules: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+PROTOCOL_TOLERANCE = 0.01  # nats above an arm's own optimum that a protocol's lr may cost it (issue 49's target)
+
+
+def protocol_cost_lines(costs: list[dict[str, Any]], reference: str = "baseline") -> list[str]:
+    """The protocol-cost section (analysis.laws.lr_check.protocol_costs, as records): per arm, rung and budget the
+    loss above the arm's own optimum at the reference's optimum for the budget and at one trunk's lr, then one line
+    per protocol counting the cells within PROTOCOL_TOLERANCE."""
+    if not costs:
+        return []
+
+    def excess(v: float, on_edge: bool) -> str:
+        text = "off the grid" if v is None or not np.isfinite(v) else f"{round(v, 4) or 0.0:+.4f}"  # no -0.0000
+        return text + (" (edge: at least)" if on_edge and text != "off the grid" else "")
+
+    lines = [
+        "## What each protocol's lr costs each arm",
+        "",
+        (
+            f"Loss above the arm's own optimum, read off its grid curve (the parabola of its optimum where the lr lies "
+            f"in that window). Per budget: every arm at {reference}'s optimum for that budget (the paper's protocol, "
+            f"what the per-budget rerun trains at). One trunk: every budget at {reference}'s optimum for the rung's "
+            "smallest budget (decay branches off one trunk share its peak lr)."
+        ),
+        "",
+        "| arm | rung | tokens / param | own optimum | per budget: lr | excess | one trunk: lr | excess |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in costs:
+        lines.append(
+            f"| {c['variant']} | {c['size']} | {c['tokens_per_param']:g} | {_num(c['lr'])} | {_num(c['reference_lr'])} "
+            f"| {excess(c['excess_reference'], c['on_edge'])} | {_num(c['trunk_lr'])} "
+            f"| {excess(c['excess_trunk'], c['on_edge'])} |"
+        )
+    return [*lines, "", *(f"- {line}" for line in protocol_verdicts(costs))]
+
+
+def protocol_verdicts(costs: list[dict[str, Any]]) -> list[str]:
+    """One line per protocol (per budget, one trunk): the cells whose excess is within PROTOCOL_TOLERANCE, and the
+    ones over it."""
+    lines = []
+    for key, name in (("excess_reference", "per budget"), ("excess_trunk", "one trunk")):
+        measured = [c for c in costs if c[key] is not None and np.isfinite(c[key])]
+        within = sum(c[key] <= PROTOCOL_TOLERANCE for c in measured)
+        over = ", ".join(
+            f"{c['variant']} {cell_name(c['size'], c['tokens_per_param'])} ({c[key]:+.3f})"
+            for c in measured
+            if c[key] > PROTOCOL_TOLERANCE
+        )
+        lines.append(
+            f"{name}: {within} of {len(measured)} measured cells within {PROTOCOL_TOLERANCE} nats of the arm's "
+            f"optimum" + (f"; over: {over}" if over else "")
+        )
+    return lines
+
+
 def budget_markdown(
     table: pd.DataFrame,
     info: dict[str, Any],
     source: str | None,
     next_runs: list[dict[str, Any]],
     rules: dict[str, dict[str, Any]],
+    costs: list[dict[str, Any]] | None = None,
 ) -> str:
     """lr_summary.md of a multi-budget LR study."""
     lines = ["# Learning-rate tuning per budget", "", f"Source: `{source}`." if source else "", ""]
@@ -160,6 +216,8 @@ def budget_markdown(
         lines += [f"- {line}" for line in next_run_lines(next_runs)]
     if rules:
         lines += ["", *rule_lines(rules)]
+    if costs:
+        lines += ["", *protocol_cost_lines(costs)]
     return "\n".join(lines) + "\n"
 
 

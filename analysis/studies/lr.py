@@ -51,6 +51,7 @@ from results.io import atomic_write_text
 
 from ..io.runs import AnalysisWarning, lr_text
 from ..io.token_budget import tokens_per_param
+from ..laws.lr_check import protocol_costs
 from ..laws.lr_optimum import WINDOW, quadratic_vertex
 from ..laws.lr_rule import lr_rule
 from .study_registry import add_bootstrap, add_results_out, number, register
@@ -742,6 +743,9 @@ def run_lr(
     if multi:
         doc["rules"] = lr_rules(table, draws)
         doc["next_runs"] = next_runs(table, runs, sweep if sweep is not None else study_sweep(runs))
+        reference = "baseline" if (table["variant"] == "baseline").any() else None
+        costs = protocol_costs(table, reference) if reference else pd.DataFrame()
+        doc["protocol_costs"] = json.loads(costs.to_json(orient="records"))
     written = []
     if make_figures and multi:
         written += figures.lr_figure(budget_labels(runs), budget_labels(table), out / "fig_lr")
@@ -752,7 +756,7 @@ def run_lr(
     (out / "lr.json").write_text(json.dumps(doc, indent=1) + "\n")
     source = df.attrs.get("source")
     summary = (
-        budget_markdown(table, info, source, doc["next_runs"], doc["rules"])
+        budget_markdown(table, info, source, doc["next_runs"], doc["rules"], doc["protocol_costs"])
         if multi
         else lr_markdown(table, info, trend, source, doc["tuned_lr"], rule)
     )
@@ -826,7 +830,7 @@ def printed_lines(doc: dict[str, Any]) -> list[str]:
     """What ``python -m analysis lr`` prints before its files: per curve its optimum with the 95% interval and an
     edge flag; with several budgets also the interval's width (hi / lo) and the next lr on an edge, then each
     launch that extends a grid and each arm's lr rule."""
-    from ..render.lr_budget_tables import next_run_lines, ratio_text, rule_sentence
+    from ..render.lr_budget_tables import next_run_lines, protocol_verdicts, ratio_text, rule_sentence
 
     lines = []
     for r in doc["table"].itertuples():
@@ -841,4 +845,5 @@ def printed_lines(doc: dict[str, Any]) -> list[str]:
         )
     lines += [f"next run: {line}" for line in next_run_lines(doc.get("next_runs", []))]
     lines += [rule_sentence(v, rule) for v, rule in doc.get("rules", {}).items()]
+    lines += [f"protocol cost, {line}" for line in protocol_verdicts(doc.get("protocol_costs", []))]
     return lines
