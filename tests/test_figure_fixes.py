@@ -22,7 +22,7 @@ from analysis.laws.fit_options import FitOptions
 from analysis.laws.scaling_ladder import analyse_scaling
 from analysis.render import figures
 from analysis.render.markdown import summary_markdown
-from analysis.render.tables import AT_BOUND
+from analysis.render.tables import AT_BOUND, markdown_table
 from analysis.render.tables import ci as ci_cell
 
 
@@ -211,6 +211,12 @@ def test_interval_cell_marks_a_bounded_end():
     assert ci_cell([0.135, 2.85]) == "[0.135, 2.85]"
     assert ci_cell([0.135, 2.85], at_bound=[False, True]) == f"[0.135, ≥2.85 {AT_BOUND}]"
     assert ci_cell([-2.5, 1.2], 2, at_bound=[True, False]) == f"[≤-2.5 {AT_BOUND}, 1.2]"
+
+
+def test_markdown_table_writes_the_header_a_plain_rule_and_each_row_as_given():
+    rows = ([str(i), c] for i, c in enumerate(["", "x"]))  # any iterable of rows; cells are written as they are
+    assert markdown_table(["a", "b c"], rows) == ["| a | b c |", "|---|---|", "| 0 |  |", "| 1 | x |"]
+    assert markdown_table(["only"], []) == ["| only |", "|---|"]
 
 
 def test_bound_flags_in_the_fit_document_and_summary():

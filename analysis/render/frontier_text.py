@@ -10,6 +10,7 @@ from typing import Any
 
 from ..laws.frontier import crossings
 from ..laws.isoflop import MIN_RUNGS
+from .tables import markdown_table
 
 # ---- the compute-optimal frontier (analysis.laws.frontier) -----------------------------------------------------------
 
@@ -116,18 +117,14 @@ def _tpp(reads: dict[str, Any] | None, i: int) -> str:
 
 def _curve_tables(fr: dict[str, Any], arm: str, reference: str) -> list[str]:
     """The two M(C) tables: N free (with L* per arm) and N inside the measured rungs, every fourth C."""
-    header = (
-        f"| C (PFLOP/s-days) | L* {reference} [95%] | L* {arm} [95%] | N_opt {reference} | N_opt {arm} "
-        f"| {reference} read at D/N | M(C) [95%] |"
-    )
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    header = ["C (PFLOP/s-days)", f"L* {reference} [95%]", f"L* {arm} [95%]", f"N_opt {reference}", f"N_opt {arm}"]
+    rows = []
     ref, mine, M = fr["arms"][reference], fr["arms"][arm], fr["M"]
     for i in range(0, len(fr["C"]), 4):
-        lines.append(
-            f"| {fr['C'][i]:.3g} | {ref['L_star'][i]:.4f} {_ci(ref['ci95_lo'][i], ref['ci95_hi'][i], '.4f')} "
-            f"| {mine['L_star'][i]:.4f} {_ci(mine['ci95_lo'][i], mine['ci95_hi'][i], '.4f')} "
-            f"| {ref['N_opt'][i]:.3g} | {mine['N_opt'][i]:.3g} | {_tpp(fr.get('reads'), i)} | {_m_cell(M, i)} |"
-        )
+        stars = [f"{a['L_star'][i]:.4f} {_ci(a['ci95_lo'][i], a['ci95_hi'][i], '.4f')}" for a in (ref, mine)]
+        n_opt = [f"{ref['N_opt'][i]:.3g}", f"{mine['N_opt'][i]:.3g}"]
+        rows.append([f"{fr['C'][i]:.3g}", *stars, *n_opt, _tpp(fr.get("reads"), i), _m_cell(M, i)])
+    lines = markdown_table([*header, f"{reference} read at D/N", "M(C) [95%]"], rows)
     outside = [a for a in (reference, arm) if fr["arms"][a]["N_opt_outside_rungs"]]
     if outside:
         lines += ["", (f"N_opt lies outside the measured rungs somewhere on the span for {', '.join(outside)}: "
@@ -136,16 +133,13 @@ def _curve_tables(fr: dict[str, Any], arm: str, reference: str) -> list[str]:
     if not within:
         return lines
     lines += ["", "With N kept inside the measured rungs (the best the measured model sizes reach at C):", ""]
-    lines += [
-        f"| C (PFLOP/s-days) | N_opt {reference} | N_opt {arm} | {reference} read at D/N | M(C) [95%] |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for i in range(0, len(fr["C"]), 4):
         n_ref, n_arm = within["arms"][reference]["N_opt"][i], within["arms"][arm]["N_opt"][i]
-        lines.append(
-            f"| {fr['C'][i]:.3g} | {n_ref:.3g} | {n_arm:.3g} | {_tpp(within.get('reads'), i)} "
-            f"| {_m_cell(within['M'], i)} |"
-        )
+        tpp, m = _tpp(within.get("reads"), i), _m_cell(within["M"], i)
+        rows.append([f"{fr['C'][i]:.3g}", f"{n_ref:.3g}", f"{n_arm:.3g}", tpp, m])
+    header = ["C (PFLOP/s-days)", f"N_opt {reference}", f"N_opt {arm}", f"{reference} read at D/N", "M(C) [95%]"]
+    lines += markdown_table(header, rows)
     at_edge = [a for a in (reference, arm) if within["arms"][a]["N_opt_at_largest_rung"]]
     if at_edge:
         lines += ["", (f"N_opt reaches the largest rung on the span for {', '.join(at_edge)}: there the compute-"
@@ -185,19 +179,13 @@ def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> li
     for name, ro in fr["rollout"].items():
         if "error" in ro:
             continue
-        lines += [
-            f"Rollout without the {name.replace('_', ' ')}:",
-            "",
-            "| arm | cell | predicted [95% prediction interval] | measured | inside |",
-            "|---|---|---|---|---|",
-        ]
+        rows = []
         for c in ro["cells"]:
             lo, hi = c["prediction_interval95"]
-            lines.append(
-                f"| {c['arm']} | {c['cell']} | {c['predicted']:.4f} [{lo:.4f}, {hi:.4f}] | {c['measured']:.4f} "
-                f"| {'yes' if c['inside'] else '**no**'} |"
-            )
-        lines.append("")
+            predicted, inside = f"{c['predicted']:.4f} [{lo:.4f}, {hi:.4f}]", "yes" if c["inside"] else "**no**"
+            rows.append([f"{c['arm']}", f"{c['cell']}", predicted, f"{c['measured']:.4f}", inside])
+        header = ["arm", "cell", "predicted [95% prediction interval]", "measured", "inside"]
+        lines += [f"Rollout without the {name.replace('_', ' ')}:", "", *markdown_table(header, rows), ""]
     return lines
 
 
@@ -246,12 +234,8 @@ def isoflop_markdown(a2: dict[str, Any] | None, arm: str, reference: str) -> lis
             f"The levels where at least one arm has {MIN_RUNGS} rungs reaching C (of {len(a2['levels'])} on the span):"
         ),
         "",
-        (
-            f"| C (PFLOP/s-days) | rungs {reference} / {arm} | N_opt {reference} [95%] | L_opt {reference} [95%] "
-            f"| N_opt {arm} [95%] | L_opt {arm} [95%] | M(C) [95%] |"
-        ),
-        "|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for r in a2["levels"]:
         if all(r["arms"][a]["rungs"] < MIN_RUNGS for a in (reference, arm)):
             continue
@@ -265,5 +249,6 @@ def isoflop_markdown(a2: dict[str, Any] | None, arm: str, reference: str) -> lis
                 cells.append(f"{e['L_opt']:.4f} {_interval(e['L_opt_ci95'], '.4f')}")
         m = "n/a" if r["M"] is None else f"{r['M']:.3f}x {_interval(r['M_ci95'], '.3f')}"
         rungs = f"{r['arms'][reference]['rungs']} / {r['arms'][arm]['rungs']}"
-        lines.append(f"| {r['C']:.3g} | {rungs} | {' | '.join(cells)} | {m} |")
-    return [*lines, ""]
+        rows.append([f"{r['C']:.3g}", rungs, *cells, m])
+    header = ["C (PFLOP/s-days)", f"rungs {reference} / {arm}", f"N_opt {reference} [95%]", f"L_opt {reference} [95%]"]
+    return [*lines, *markdown_table([*header, f"N_opt {arm} [95%]", f"L_opt {arm} [95%]", "M(C) [95%]"], rows), ""]

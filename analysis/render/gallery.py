@@ -27,6 +27,7 @@ from ..io.fit_document import FitDocument
 from ..io.paper_data import load_paper
 from ..io.provenance import Provenance, provenance, seed_text
 from ..io.runs import load_results
+from .tables import markdown_table
 
 GALLERY_DATA = Path(__file__).resolve().parents[1] / "data" / "paper_gallery.json"  # analysis/data
 
@@ -144,7 +145,7 @@ def scaling_entry(
     text = load_gallery_text()["fig4"]
     doc = FitDocument.from_json(report / "fit.json")
     paper_m = float(load_paper()["headline"]["M"])
-    rows = ["| arm | m, joint fit [95% CI] | m, same-seed pairs [95% CI] | seeds per size |", "|---|---|---|---|"]
+    cells = []
     seeds = "/".join(map(str, sorted(set((doc.bootstrap.seeds_per_size or {}).values())))) if doc.bootstrap else "?"
     for name, m in doc.multipliers.items():
         if m.m is None:
@@ -153,9 +154,8 @@ def scaling_entry(
         paired = m.paired or {}
         plo, phi = paired.get("m_ci95") or (None, None)
         pm = paired.get("m")
-        rows.append(
-            f"| {name} | {m.m:.3f} {_ci(lo, hi)} | {'-' if pm is None else f'{pm:.3f}'} {_ci(plo, phi)} | {seeds} |"
-        )
+        cells.append([name, f"{m.m:.3f} {_ci(lo, hi)}", f"{'-' if pm is None else f'{pm:.3f}'} {_ci(plo, phi)}", seeds])
+    rows = markdown_table(["arm", "m, joint fit [95% CI]", "m, same-seed pairs [95% CI]", "seeds per size"], cells)
     block = doc.multipliers.get("block_attnres")
     if block is None or block.m is None:
         verdict = "No Block AttnRes multiplier in this fit."
@@ -185,17 +185,15 @@ def table2_entry(report: Path, command: str) -> Entry:
     text = load_gallery_text()["table2"]
     paper = json.loads((report / "fit.json").read_text(encoding="utf-8"))["paper"]
     laws = paper["laws"]
-    rows = [
-        "| variant | A (refit / published) | alpha (refit / published) | M at 5.6 PF-days (refit / published laws) |",
-        "|---|---|---|---|",
-    ]
+    cells = []
     for name, law in laws.items():
         m = paper["M"].get(name, {})
         pub_a, pub_al = law.get("A_published"), law.get("alpha_published")
-        rows.append(
-            f"| {name} | {law['A']:.4f} / {'-' if pub_a is None else pub_a} | {law['alpha']:.4f} / "
-            f"{'-' if pub_al is None else pub_al} | {_num(m.get('refit'))} / {_num(m.get('published_laws'))} |"
-        )
+        a = f"{law['A']:.4f} / {'-' if pub_a is None else pub_a}"
+        alpha = f"{law['alpha']:.4f} / {'-' if pub_al is None else pub_al}"
+        cells.append([name, a, alpha, f"{_num(m.get('refit'))} / {_num(m.get('published_laws'))}"])
+    header = ["variant", "A (refit / published)", "alpha (refit / published)"]
+    rows = markdown_table([*header, "M at 5.6 PF-days (refit / published laws)"], cells)
     doc = FitDocument.from_json(report / "fit.json")
     block = doc.multipliers.get("block_attnres")
     lo, hi = block.paper_M_ci95 if block is not None and block.paper_M_ci95 else (None, None)
@@ -236,12 +234,11 @@ def map_entry(report: Path, runs: pd.DataFrame | None, command: str, arch_grid: 
     architecture grid's demonstration when ``arch_grid`` holds one."""
     text = load_gallery_text()["fig7"]
     mdoc = json.loads((report / "map.json").read_text(encoding="utf-8"))
-    rows = ["| L_b | d_model | pairs | Block - baseline [95% CI] | verdict |", "|---|---|---|---|---|"]
+    cells = []
     for c in mdoc["cells"]:
-        rows.append(
-            f"| {c['n_layers']} | {c['d_model']} | {c['n_pairs']} | {c['delta']:+.4f} "
-            f"{_ci(c['ci_lo'], c['ci_hi'], '{:+.4f}')} | {c['verdict']} |"
-        )
+        delta = f"{c['delta']:+.4f} {_ci(c['ci_lo'], c['ci_hi'], '{:+.4f}')}"
+        cells.append([str(c["n_layers"]), str(c["d_model"]), str(c["n_pairs"]), delta, c["verdict"]])
+    rows = markdown_table(["L_b", "d_model", "pairs", "Block - baseline [95% CI]", "verdict"], cells)
     verdicts = [c["verdict"] for c in mdoc["cells"]]
     wins = [f"L_b {c['n_layers']} x d {c['d_model']}" for c in mdoc["cells"] if c["verdict"] == "wins"]
     loses = [f"L_b {c['n_layers']} x d {c['d_model']}" for c in mdoc["cells"] if c["verdict"] == "loses"]
@@ -322,9 +319,8 @@ def gallery_markdown(entries: list[Entry], page: Path, intro: list[str] | None =
     by_key = {e.key: e for e in entries}
     ordered = [by_key[k] for k in ORDER if k in by_key] + [e for e in entries if e.key not in ORDER]
     lines = ["# The paper's figures and tables, beside ours", "", *(intro or [])]
-    lines += ["", "| paper item | ours |", "|---|---|"]
-    for e in ordered:
-        lines.append(f"| [{e.item}: {e.title}](#{_anchor(e)}) | {_status(e)} |")
+    items = [[f"[{e.item}: {e.title}](#{_anchor(e)})", _status(e)] for e in ordered]
+    lines += ["", *markdown_table(["paper item", "ours"], items)]
     for e in ordered:
         lines += ["", f"## {e.item}: {e.title}", "", f"**Paper** ({e.section}):", ""]
         lines += [f"- {p}" for p in e.paper]

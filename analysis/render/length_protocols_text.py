@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..laws.length_protocols import OWN, SHARED
-from .tables import interval_text
+from .tables import interval_text, markdown_table
 
 
 def _signed(x: float | None, ci: list[float] | None) -> str:
@@ -27,11 +27,9 @@ def protocols_markdown(doc: dict[str, Any]) -> list[str]:
             "at the budget's own lr - at the shared lr (negative: the budget's own lr trains it better)."
         ),
         "",
-        "| rung | tokens / param | "
-        + " | ".join([f"lr shared → own ({ref})", "Δ shared lr", "Δ own lr", "shift", f"{ref} gain", f"{arm} gain"])
-        + " | pairs |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    header = ["rung", "tokens / param", f"lr shared → own ({ref})", "Δ shared lr", "Δ own lr", "shift", f"{ref} gain"]
+    rows = []
     for c in doc["cells"]:
         lrs = f"{c[f'lr_{ref}_{SHARED}']:.3g} → {c[f'lr_{ref}_{OWN}']:.3g}" if c[f"lr_{ref}_{OWN}"] else "n/a"
         numbers = [
@@ -41,16 +39,18 @@ def protocols_markdown(doc: dict[str, Any]) -> list[str]:
             _signed(c[f"gain_{ref}"], c[f"gain_{ref}_ci95"]),
             _signed(c[f"gain_{arm}"], c[f"gain_{arm}_ci95"]),
         ]
-        lines.append(f"| {c['size']} | {c['tokens_per_param']:g} | {lrs} | {' | '.join(numbers)} | {c['n_pairs']} |")
+        rows.append([f"{c['size']}", f"{c['tokens_per_param']:g}", lrs, *numbers, f"{c['n_pairs']}"])
+    lines += markdown_table([*header, f"{arm} gain", "pairs"], rows)
     lines += ["", f"Δ(largest budget) - Δ(smallest) per rung (negative: {arm}'s gain grows with training length):", ""]
-    lines += ["| rung | budgets | shared lr | own lr |", "|---|---|---|---|"]
+    rows = []
     by_rung: dict[str, dict[str, dict[str, Any]]] = {}
     for g in doc["growth"]:
         by_rung.setdefault(g["size"], {})[g["protocol"]] = g
     for size, g in by_rung.items():
         span = next(iter(g.values()))
         cols = [_signed(g[p]["growth"], g[p]["growth_ci95"]) if p in g else "n/a" for p in (SHARED, OWN)]
-        lines.append(f"| {size} | {span['from']:g} → {span['to']:g} | {cols[0]} | {cols[1]} |")
+        rows.append([f"{size}", f"{span['from']:g} → {span['to']:g}", *cols])
+    lines += markdown_table(["rung", "budgets", "shared lr", "own lr"], rows)
     return [*lines, "", *(f"- {line}" for line in growth_lines(doc)), ""]
 
 
@@ -84,13 +84,14 @@ def best_markdown(rows: list[dict[str, Any]], arm: str, ref: str) -> list[str]:
             f"Δ at {ref}'s lr (negative: its own lr trains it better)."
         ),
         "",
-        f"| rung | tokens / param | lr {arm} (own, {ref}'s) | Δ best | Δ at {ref}'s lr | {arm} gain | pairs |",
-        "|---|---|---|---|---|---|---|",
     ]
+    cells = []
     for c in rows:
         lrs = f"{c['lr_arm_best']:.3g}, {c['lr_arm_own']:.3g}"
         numbers = [_signed(c[k], c[f"{k}_ci95"]) for k in ("delta_best", "delta_own", "arm_gain")]
-        lines.append(f"| {c['size']} | {c['tokens_per_param']:g} | {lrs} | {' | '.join(numbers)} | {c['n_pairs']} |")
+        cells.append([f"{c['size']}", f"{c['tokens_per_param']:g}", lrs, *numbers, f"{c['n_pairs']}"])
+    header = ["rung", "tokens / param", f"lr {arm} (own, {ref}'s)", "Δ best", f"Δ at {ref}'s lr", f"{arm} gain"]
+    lines += markdown_table([*header, "pairs"], cells)
     return [*lines, "", *(f"- {line}" for line in best_lines(rows, arm)), ""]
 
 

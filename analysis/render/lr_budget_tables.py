@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.runs import lr_text
+from .tables import markdown_table
 
 
 def _num(x: Any, spec: str = ".3g") -> str:
@@ -45,22 +46,16 @@ def flag_text(r: Any, on_edge: str) -> str:
 def budget_table_lines(table: pd.DataFrame) -> list[str]:
     """The per-(arm, size, budget) table: optimum with its 95% interval, the interval's width (hi / lo), the best
     grid lr, the loss at the optimum, grid points, seeds, and flags (an edge with the lr to run next)."""
-    lines = [
-        (
-            "| arm | size | N | tokens / param | D | optimum [95% CI] | CI width (hi/lo) | best grid lr | "
-            "loss at optimum | grid points | seeds | flags |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["arm", "size", "N", "tokens / param", "D", "optimum [95% CI]", "CI width (hi/lo)", "best grid lr"]
+    header += ["loss at optimum", "grid points", "seeds", "flags"]
+    rows = []
     for r in table.itertuples():
         n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
         lo, hi = r.ci95
-        lines.append(
-            f"| {r.variant} | {r.size} | {n} | {r.tokens_per_param:g} | {r.tokens:,.0f} | {_num(r.lr)} "
-            f"[{_num(lo)}, {_num(hi)}] | {_num(r.ci_ratio, '.2f')} | {_num(r.grid_best_lr)} | "
-            f"{_num(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | {_flags(r)} |"
-        )
-    return lines
+        cells = [f"{r.variant}", f"{r.size}", n, f"{r.tokens_per_param:g}", f"{r.tokens:,.0f}"]
+        cells += [f"{_num(r.lr)} [{_num(lo)}, {_num(hi)}]", _num(r.ci_ratio, ".2f"), _num(r.grid_best_lr)]
+        rows.append([*cells, _num(r.loss_at_optimum), f"{r.n_grid}", f"{r.n_seeds}", _flags(r)])
+    return markdown_table(header, rows)
 
 
 def next_run_lines(runs: list[dict[str, Any]]) -> list[str]:
@@ -113,25 +108,22 @@ def rule_lines(rules: dict[str, dict[str, Any]]) -> list[str]:
             "the rule refitted without a cell predicts it; inside = within that cell's own 95% interval."
         ),
         "",
-        "| arm | cells | a | b | c | left-out cells inside | excluded |",
-        "|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for v, rule in rules.items():
         excluded = ", ".join(f"{cell_name(e['size'], e['tokens_per_param'])} ({e['reason']})" for e in rule["excluded"])
-        lines.append(
-            f"| {v} | {rule['n_cells']} | {_coef(rule, 'a')} | {_coef(rule, 'b')} | {_coef(rule, 'c')} | "
-            f"{rule['loo_inside']} of {rule['loo_n']} | {excluded or 'none'} |"
-        )
-    lines += ["", "| arm | cell | optimum [95% CI] | rule without the cell | inside |", "|---|---|---|---|---|"]
+        coefs = [_coef(rule, t) for t in ("a", "b", "c")]
+        rows.append([v, f"{rule['n_cells']}", *coefs, f"{rule['loo_inside']} of {rule['loo_n']}", excluded or "none"])
+    lines += markdown_table(["arm", "cells", "a", "b", "c", "left-out cells inside", "excluded"], rows)
+    rows = []
     for v, rule in rules.items():
         for c in rule["cells"]:
             lo, hi = c["ci95"]
             inside = "n/a" if c["inside"] is None else ("yes" if c["inside"] else "**no**")
-            lines.append(
-                f"| {v} | {cell_name(c['size'], c['tokens_per_param'])} | {_num(c['lr'])} [{_num(lo)}, {_num(hi)}] "
-                f"| {_num(c['loo_lr'])} | {inside} |"
-            )
-    return lines
+            cell, optimum = cell_name(c["size"], c["tokens_per_param"]), f"{_num(c['lr'])} [{_num(lo)}, {_num(hi)}]"
+            rows.append([v, cell, optimum, _num(c["loo_lr"]), inside])
+    header = ["arm", "cell", "optimum [95% CI]", "rule without the cell", "inside"]
+    return [*lines, "", *markdown_table(header, rows)]
 
 
 PROTOCOL_TOLERANCE = 0.01  # nats above an arm's own optimum that a protocol's lr may cost it (issue 49's target)
@@ -158,16 +150,14 @@ def protocol_cost_lines(costs: list[dict[str, Any]], reference: str = "baseline"
             "smallest budget (decay branches off one trunk share its peak lr)."
         ),
         "",
-        "| arm | rung | tokens / param | own optimum | per budget: lr | excess | one trunk: lr | excess |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    header = ["arm", "rung", "tokens / param", "own optimum", "per budget: lr", "excess", "one trunk: lr", "excess"]
+    rows = []
     for c in costs:
-        lines.append(
-            f"| {c['variant']} | {c['size']} | {c['tokens_per_param']:g} | {_num(c['lr'])} | {_num(c['reference_lr'])} "
-            f"| {excess(c['excess_reference'], c['on_edge'])} | {_num(c['trunk_lr'])} "
-            f"| {excess(c['excess_trunk'], c['on_edge'])} |"
-        )
-    return [*lines, "", *(f"- {line}" for line in protocol_verdicts(costs))]
+        cells = [f"{c['variant']}", f"{c['size']}", f"{c['tokens_per_param']:g}", _num(c["lr"])]
+        cells += [_num(c["reference_lr"]), excess(c["excess_reference"], c["on_edge"]), _num(c["trunk_lr"])]
+        rows.append([*cells, excess(c["excess_trunk"], c["on_edge"])])
+    return [*lines, *markdown_table(header, rows), "", *(f"- {line}" for line in protocol_verdicts(costs))]
 
 
 def protocol_verdicts(costs: list[dict[str, Any]]) -> list[str]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .tables import markdown_table
+
 
 def _lr_cell(b: dict[str, Any]) -> str:
     flag = " (grid edge)" if b["on_edge"] else (" (no curvature)" if b["no_curvature"] else "")
@@ -51,15 +53,13 @@ def lr_check_markdown(check: dict[str, Any], arm: str, reference: str) -> list[s
             f"x{check['move_factor']:.3g}."
         ),
         "",
-        f"| rung | tokens / param | best lr {reference} | best lr {arm} | Δ at the shared lr | Δ at the best lrs |",
-        "|---|---|---|---|---|---|",
     ]
+    rows = []
     for r in check["rows"]:
-        lines.append(
-            f"| {r['size']} | {r['tokens_per_param']:g} | {_lr_cell(r['arms'][reference])} "
-            f"| {_lr_cell(r['arms'][arm])} | {_signed(r['delta_shared'], r['delta_shared_ci95'])} "
-            f"({r['n_pairs']} pairs) | {_signed(r['delta_best'])} |"
-        )
-    lines.append("")
+        cells = [f"{r['size']}", f"{r['tokens_per_param']:g}", _lr_cell(r["arms"][reference]), _lr_cell(r["arms"][arm])]
+        shared = f"{_signed(r['delta_shared'], r['delta_shared_ci95'])} ({r['n_pairs']} pairs)"
+        rows.append([*cells, shared, _signed(r["delta_best"])])
+    header = ["rung", "tokens / param", f"best lr {reference}", f"best lr {arm}", "Δ at the shared lr"]
+    lines += [*markdown_table([*header, "Δ at the best lrs"], rows), ""]
     lines += [f"* {line}" for line in lr_check_lines(check, arm, reference) if " the best lr " in line]
     return [*lines, ""]

@@ -12,7 +12,7 @@ from typing import Any
 from ..laws.fit import ALPHA_BOUNDS
 from ..laws.multipliers import PAIRED_SD_FLOOR
 from .multiplier_text import rung_markdown
-from .tables import AT_BOUND, ablation_markdown, arch_grid_markdown, block_size_markdown
+from .tables import AT_BOUND, ablation_markdown, arch_grid_markdown, block_size_markdown, markdown_table
 from .tables import ci as _ci
 from .tables import fmt as _fmt
 from .tables import loss_cell as _loss_cell
@@ -70,8 +70,8 @@ def _losses(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
         header = ["size", f"C ({doc.get('compute_units', 'PFLOP/s-days')}, {base})"] + [
             v if v == base else f"{v} (Δ vs {base})" for v in variants
         ]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         by = {(r["size"], r["variant"]): r for r in doc["losses"]}
+        rows = []
         for size in doc.get("sizes", []):
             b = by.get((size, base))
             cells = [size, _fmt(b["C"], 3) if b else "–"]
@@ -83,7 +83,8 @@ def _losses(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
                     cells.append(_loss_cell(r))
                 else:
                     cells.append(f"{_loss_cell(r)} ({r['delta_vs_baseline']:+.4f})")
-            lines.append("| " + " | ".join(cells) + " |")
+            rows.append(cells)
+        lines += markdown_table(header, rows)
         n_seeds = sorted({r["n_runs"] for r in doc["losses"]})
         lines += ["", f"Mean ± sd over seeds ({', '.join(map(str, n_seeds))} per cell).", ""]
     return lines
@@ -94,12 +95,11 @@ def _laws(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]:
     lines: list[str] = []
     if variants:
         lines += ["## Fitted laws (paper form, L = A·C^−α, C in PFLOP/s-days)", ""]
-        lines += ["| variant | A [95% CI] | α [95% CI] | sizes | rmse(log L) |", "|---|---|---|---|---|"]
+        rows = []
         for v, f in doc["variants"].items():
-            lines.append(
-                f"| {v} | {f['A']:.4f} {_ci(f['A_ci95'], 4)} | {f['alpha']:.4f} {_ci(f['alpha_ci95'], 3)} | "
-                f"{len(f['sizes'])} | {f['rmse_log']:.2g} |"
-            )
+            A, alpha = f"{f['A']:.4f} {_ci(f['A_ci95'], 4)}", f"{f['alpha']:.4f} {_ci(f['alpha_ci95'], 3)}"
+            rows.append([v, A, alpha, str(len(f["sizes"])), f"{f['rmse_log']:.2g}"])
+        lines += markdown_table(["variant", "A [95% CI]", "α [95% CI]", "sizes", "rmse(log L)"], rows)
         lines.append("")
     return lines
 
@@ -159,23 +159,18 @@ def _multipliers(doc: dict[str, Any], base: str, variants: list[str]) -> list[st
     lines: list[str] = []
     if doc.get("multipliers"):
         lines += [f"## Compute multipliers vs {base}", ""]
-        lines += [
-            (
-                "| variant | paper M at C_max [95% CI] | joint-fit m [95% CI] | P(m ≤ 1) "
-                "| per-size geo-mean m_s [95% CI] | α_v − α_b [95% CI] |"
-            ),
-            "|---|---|---|---|---|---|",
-        ]
+        header = ["variant", "paper M at C_max [95% CI]", "joint-fit m [95% CI]", "P(m ≤ 1)"]
+        header += ["per-size geo-mean m_s [95% CI]", "α_v − α_b [95% CI]"]
+        rows = []
         for v, mm in doc["multipliers"].items():
             ex = mm["exponents"]
             flag = " (differ)" if ex["significant"] else ""
-            lines.append(
-                f"| {v} | {mm['paper_M']:.3f}× {_ci(mm['paper_M_ci95'])} (C = {mm['paper_M_at_C']:.3g}) | "
-                f"{mm['m']:.3f}× {_ci(mm['m_ci95'], at_bound=mm.get('m_ci95_at_bound'))} | "
-                f"{_fmt(mm['p_m_le_1'], 3)} | "
-                f"{mm['per_size_geomean']:.3f}× {_ci(mm['per_size_geomean_ci95'])} | "
-                f"{ex['diff']:+.4f} {_ci(ex['diff_ci95'], 2, at_bound=ex.get('diff_ci95_at_bound'))}{flag} |"
-            )
+            paper = f"{mm['paper_M']:.3f}× {_ci(mm['paper_M_ci95'])} (C = {mm['paper_M_at_C']:.3g})"
+            m = f"{mm['m']:.3f}× {_ci(mm['m_ci95'], at_bound=mm.get('m_ci95_at_bound'))}"
+            geo = f"{mm['per_size_geomean']:.3f}× {_ci(mm['per_size_geomean_ci95'])}"
+            diff = f"{ex['diff']:+.4f} {_ci(ex['diff_ci95'], 2, at_bound=ex.get('diff_ci95_at_bound'))}{flag}"
+            rows.append([v, paper, m, _fmt(mm["p_m_le_1"], 3), geo, diff])
+        lines += markdown_table(header, rows)
         lines.append("")
         lines += _bound_note(doc)
         for v, mm in doc["multipliers"].items():
@@ -251,13 +246,11 @@ def _paired_deltas(doc: dict[str, Any], base: str, variants: list[str]) -> list[
     lines: list[str] = []
     if doc.get("paired_deltas"):
         lines += [f"## Paired differences vs {base} (same seed: same initialisation and data order)", ""]
-        lines += ["| size | variant | pairs | mean Δ | sd of Δ | Δ per seed |", "|---|---|---|---|---|---|"]
+        rows = []
         for r in doc["paired_deltas"]:
-            lines.append(
-                f"| {r['size']} | {r['variant']} | {r['n_pairs']} | {r['mean']:+.4f} | {_fmt(r['sd'], 3)} | "
-                + ", ".join(f"{x:+.4f}" for x in r["diffs"])
-                + " |"
-            )
+            diffs = ", ".join(f"{x:+.4f}" for x in r["diffs"])
+            rows.append([r["size"], r["variant"], str(r["n_pairs"]), f"{r['mean']:+.4f}", _fmt(r["sd"], 3), diffs])
+        lines += markdown_table(["size", "variant", "pairs", "mean Δ", "sd of Δ", "Δ per seed"], rows)
         lines.append("")
     return lines
 
@@ -324,22 +317,18 @@ def _protocols(doc: dict[str, Any], base: str, variants: list[str]) -> list[str]
                 "interval."
             ),
             "",
-            (
-                "| variant | m, shared lr [95% CI] | m, own lr [95% CI] | own / shared [95% CI] | "
-                "paired m, shared lr | paired m, own lr |"
-            ),
-            "|---|---|---|---|---|---|",
         ]
+        header = ["variant", "m, shared lr [95% CI]", "m, own lr [95% CI]", "own / shared [95% CI]"]
+        header += ["paired m, shared lr", "paired m, own lr"]
+        rows = []
         for v, p in doc["protocols"].items():
             paired = [
                 f"{q['paired_m']:.3f}× {_ci(q['paired_m_ci95'])}" if q.get("paired_m") else "n/a"
                 for q in (p["shared_lr"], p["own_lr"])
             ]
-            lines.append(
-                f"| {v} | {p['shared_lr']['m']:.3f}× {_ci(p['shared_lr']['m_ci95'])} | "
-                f"{p['own_lr']['m']:.3f}× {_ci(p['own_lr']['m_ci95'])} | "
-                f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])} | {paired[0]} | {paired[1]} |"
-            )
+            ms = [f"{p[k]['m']:.3f}× {_ci(p[k]['m_ci95'])}" for k in ("shared_lr", "own_lr")]
+            rows.append([v, *ms, f"{p['ratio_own_over_shared']:.3f} {_ci(p['ratio_ci95'])}", *paired])
+        lines += markdown_table(header, rows)
         lines.append("")
     return lines
 

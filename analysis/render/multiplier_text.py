@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from ..laws.heterogeneity import fit_loss_text, rung_time_ratios
+from .tables import markdown_table
 
 # ---- the rung test: one multiplier per rung, and the test of one over all (analysis.laws.heterogeneity) --------------
 
@@ -87,17 +88,18 @@ def rung_markdown(
         lines += [f"### {arm}: one multiplier per rung, and the test of one over all", ""]
         lines += [f"- {line}" for line in rung_headline(mm, arm, (timings or {}).get(arm))]
         huber_text, lsq_text = fit_loss_text(mm["joint"]["huber_delta"]), lsq.get("loss", "least squares")
-        wall = " t_s | m_s · t_s |" if ratios else ""
-        lines += ["", f"| size | C | m_s, {huber_text} [95%] | m_s, {lsq_text} [95%] |{wall}"]
-        lines.append("|---|---|---|---|" + ("---|---|" if ratios else ""))
+        wall = ["t_s", "m_s · t_s"] if ratios else []
+        header = ["size", "C", f"m_s, {huber_text} [95%]", f"m_s, {lsq_text} [95%]", *wall]
+        rows = []
         for r in test["m_of_C"]:
             other = (lsq.get("per_size") or {}).get(r["size"])
             other_text = f"{other['m']:.3f}× {_ci(other['m_ci95'])}" if other else "n/a"
-            row = f"| {r['size']} | {r['C']:.3g} | {r['m']:.3f}× {_ci(r['m_ci95'])} | {other_text} |"
+            row = [f"{r['size']}", f"{r['C']:.3g}", f"{r['m']:.3f}× {_ci(r['m_ci95'])}", other_text]
             if ratios:
                 t = _time_at(r["size"], ratios)
-                row += f" {t:.3f} | {r['m'] * t:.3f}× |" if t is not None else " n/a | n/a |"
-            lines.append(row)
+                row += [f"{t:.3f}", f"{r['m'] * t:.3f}×"] if t is not None else ["n/a", "n/a"]
+            rows.append(row)
+        lines += ["", *markdown_table(header, rows)]
         if lsq:
             pooled = f"| pooled m | | {mm['m']:.3f}× {_ci(mm['m_ci95'])} | {lsq['m']:.3f}× {_ci(lsq['m_ci95'])} |"
             lines.append(pooled + (" | |" if ratios else ""))
@@ -159,25 +161,22 @@ def cell_markdown(cells: list[dict[str, Any]], arm: str, reference: str) -> list
         "",
         what,
         "",
-        "| rung | tokens / param | Δ [95%] | law at the rung | m [95%] | D*/D_max | r | m_wall [95%] |"
-        + (" m, approach 3 [95%] |" if a3 else ""),
-        "|---|---|---|---|---|---|---|---|" + ("---|" if a3 else ""),
     ]
+    header = ["rung", "tokens / param", "Δ [95%]", "law at the rung", "m [95%]", "D*/D_max", "r", "m_wall [95%]"]
+    rows = []
     for c in cells:
         law = c.get("law") or {}
         law_text = "n/a" if "error" in law else f"{law['E']:.3f} + {law['B']:.3g}/D^{law['beta']:.3f}"
         x = c.get("d_star_over_d_max")
         r = c.get("step_time_ratio")
-        row = (
-            f"| {c['size']} | {c['tokens_per_param']:g} | {c['delta']:+.4f} {_interval(c['delta_ci95'], '+.4f')} "
-            f"| {law_text} | {m_text(c)} "
-            f"| {'n/a' if x is None else f'{x:.2f}'} | {'n/a' if r is None else f'{r:.3f}'} "
-            f"| {m_text(c, 'm_wall', 'm_wall_ci95') if c['m_wall'] is not None else 'n/a'} |"
-        )
+        row = [f"{c['size']}", f"{c['tokens_per_param']:g}", f"{c['delta']:+.4f} {_interval(c['delta_ci95'], '+.4f')}"]
+        row += [law_text, m_text(c), "n/a" if x is None else f"{x:.2f}", "n/a" if r is None else f"{r:.3f}"]
+        row.append(m_text(c, "m_wall", "m_wall_ci95") if c["m_wall"] is not None else "n/a")
         if a3:
             e = c.get("approach3") or {}
-            row += f" {m_text(e)} |" if e else " n/a |"
-        lines.append(row)
+            row.append(m_text(e) if e else "n/a")
+        rows.append(row)
+    lines += markdown_table(header + (["m, approach 3 [95%]"] if a3 else []), rows)
     notes = sorted({c["note"] for c in cells if c.get("note") and c["note"] not in (">10x", "<0.1x")})
     return [*lines, "", *(f"* not measured: {n}" for n in notes), *([""] if notes else [])]
 
@@ -198,38 +197,29 @@ def rollout_markdown(ro: dict[str, Any], base: str) -> list[str]:
         "",
         _NOTE,
         "",
-        "| pair | rung | arm | predicted | 95% prediction interval | measured (runs) | inside |",
-        "|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for v, e in ro["variants"].items():
         for p in e["points"]:
             pi = p["prediction_interval95"]
             pi_text = f"{pi[0]:.4f}-{pi[1]:.4f}" if pi else "n/a"
-            lines.append(
-                f"| {v} | {p['size']} | {p['arm']} | {p['predicted']:.4f} | {pi_text} | {p['measured']:.4f} "
-                f"({p['n_runs']}) | {'yes' if p['inside'] else '**no**'} |"
-            )
-    lines += [
-        "",
-        "| variant | rung | predicted Δ vs " + base + " [95%] | measured Δ (pairs) | m fitted [95%] | "
-        "m full ladder [95%] | m_s at the rung |",
-        "|---|---|---|---|---|---|---|",
-    ]
+            measured, inside = f"{p['measured']:.4f} ({p['n_runs']})", "yes" if p["inside"] else "**no**"
+            rows.append([v, f"{p['size']}", f"{p['arm']}", f"{p['predicted']:.4f}", pi_text, measured, inside])
+    header = ["pair", "rung", "arm", "predicted", "95% prediction interval", "measured (runs)", "inside"]
+    lines += [*markdown_table(header, rows), ""]
+    rows = []
     for v, e in ro["variants"].items():
         for dl in e["delta"]:
             ci = dl["predicted_ci95"]
             mci, fci = e.get("m_ci95"), e.get("measured_m_ci95")
             ms = (e.get("measured_m_s") or {}).get(dl["size"])
-            lines.append(
-                f"| {v} | {dl['size']} | {dl['predicted']:+.4f}"
-                + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
-                + f" | {_f(dl['measured'], '+.4f')} ({dl['n_pairs']}) | {e['m']:.3f}"
-                + (f" [{mci[0]:.3f}, {mci[1]:.3f}]" if mci else "")
-                + f" | {_f(e.get('measured_m'), '.3f')}"
-                + (f" [{fci[0]:.3f}, {fci[1]:.3f}]" if fci else "")
-                + f" | {_f(ms, '.3f')} |"
-            )
-    return [*lines, ""]
+            predicted = f"{dl['predicted']:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+            fitted = f"{e['m']:.3f}" + (f" [{mci[0]:.3f}, {mci[1]:.3f}]" if mci else "")
+            full = _f(e.get("measured_m"), ".3f") + (f" [{fci[0]:.3f}, {fci[1]:.3f}]" if fci else "")
+            measured = f"{_f(dl['measured'], '+.4f')} ({dl['n_pairs']})"
+            rows.append([v, f"{dl['size']}", predicted, measured, fitted, full, _f(ms, ".3f")])
+    header = ["variant", "rung", f"predicted Δ vs {base} [95%]", "measured Δ (pairs)", "m fitted [95%]"]
+    return [*lines, *markdown_table([*header, "m full ladder [95%]", "m_s at the rung"], rows), ""]
 
 
 def _f(x: float | None, spec: str) -> str:
@@ -250,16 +240,14 @@ def e_sensitivity_markdown(es: dict[str, Any], base: str) -> list[str]:
         lines += [
             f"**{v}**: m from {lo:.3f} to {hi:.3f} over these E (lowest observed loss {e['L_min']:.4f}).",
             "",
-            "| E | value | E / min L | alpha | m | Huber objective | excess over best |",
-            "|---|---|---|---|---|---|---|",
         ]
+        rows = []
         for r in e["rows"]:
             note = " (at a bound)" if r.get("at_bound") else (" (fell back to E = 0)" if r.get("fallback") else "")
-            lines.append(
-                f"| {r['E_mode']}{note} | {r['E']:.4f} | {r['E_over_min_L']:.3f} | {r['alpha']:.4f} | {r['m']:.3f} | "
-                f"{r['objective']:.3e} | {r['objective_excess']:.2e} |"
-            )
-        lines.append("")
+            cells = [f"{r['E_mode']}{note}", f"{r['E']:.4f}", f"{r['E_over_min_L']:.3f}", f"{r['alpha']:.4f}"]
+            rows.append([*cells, f"{r['m']:.3f}", f"{r['objective']:.3e}", f"{r['objective_excess']:.2e}"])
+        header = ["E", "value", "E / min L", "alpha", "m", "Huber objective", "excess over best"]
+        lines += [*markdown_table(header, rows), ""]
     return lines
 
 

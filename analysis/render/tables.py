@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..io.paper_data import paper_sweep
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table as lines: the header row, the rule (``|---|`` per header cell, no alignment), one line per
+    row. Cells are text already formatted, written as they are: ``| a | b |`` (an empty cell is ``|  |``); a row's
+    cell count is not checked against the header's."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def fmt(x: Any, digits: int = 4) -> str:
@@ -59,11 +67,8 @@ def ablation_markdown(table: list[dict[str, Any]]) -> list[str]:
     """The Table 4 rows (analysis.laws.fixed_shape.ablation_table, or the paper's own rows): loss [95% CI], Δ vs the
     baseline [95% CI] on same-seed pairs, and the paper's loss and Δ where the rows carry them."""
     with_paper = any("paper_loss" in r for r in table)
-    head = "| variant | runs | val loss [95% CI] | Δ vs baseline [95% CI] (pairs) | verdict |"
-    out = [
-        head + (" paper loss | paper Δ |" if with_paper else ""),
-        "|---|---|---|---|---|" + ("---|---|" if with_paper else ""),
-    ]
+    header = ["variant", "runs", "val loss [95% CI]", "Δ vs baseline [95% CI] (pairs)", "verdict"]
+    rows = []
     for r in table:
         loss = loss_ci_cell(r)
         d = r.get("delta_vs_baseline")
@@ -75,8 +80,8 @@ def ablation_markdown(table: list[dict[str, Any]]) -> list[str]:
         cells = [str(r.get("label", r["variant"])), str(r["n_runs"]), loss, delta, r.get("verdict", "–")]
         if with_paper:
             cells += [paper_cell(r.get("paper_loss")), paper_cell(r.get("paper_delta"), "+")]
-        out.append("| " + " | ".join(cells) + " |")
-    return out
+        rows.append(cells)
+    return markdown_table(header + (["paper loss", "paper Δ"] if with_paper else []), rows)
 
 
 def _delta_cell(vs: dict[str, Any] | None) -> str:
@@ -96,12 +101,10 @@ def block_size_markdown(sw: dict[str, Any]) -> list[str]:
         "",
         "Differences are same-seed pairs, arm minus reference (negative: the arm is better), with 95% t intervals.",
         "",
-        (
-            "| block size S | runs | val loss [95% CI] | Δ vs baseline [95% CI] (pairs) | Δ vs Full [95% CI] (pairs) "
-            "| paper loss | paper Δ vs baseline |"
-        ),
-        "|---|---|---|---|---|---|---|",
     ]
+    header = ["block size S", "runs", "val loss [95% CI]", "Δ vs baseline [95% CI] (pairs)"]
+    header += ["Δ vs Full [95% CI] (pairs)", "paper loss", "paper Δ vs baseline"]
+    rows = []
     base_paper = paper_base.val_loss if paper_base is not None else None
     for p in sw["points"]:
         S, pl = p["block_size"], paper.get(p["block_size"])
@@ -113,7 +116,8 @@ def block_size_markdown(sw: dict[str, Any]) -> list[str]:
             paper_cell(pl),
             paper_cell(paper_delta, "+"),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines += markdown_table(header, rows)
     for key, label, pl in (("full", "Full AttnRes", paper.get(1)), ("baseline", "Baseline", base_paper)):
         if sw.get(key):
             lines.append(f"| {label} | {sw[key]['n_runs']} | {loss_ci_cell(sw[key])} | | | {paper_cell(pl)} | |")
@@ -123,17 +127,17 @@ def block_size_markdown(sw: dict[str, Any]) -> list[str]:
 def arch_grid_markdown(table: dict[str, Any]) -> list[str]:
     """The Fig. 7 table: one block of rows per variant (H/L_b, largest first) x d/L_b columns, then Δ vs baseline."""
     xs, ys = table["d_over_lb"], table["heads_over_lb"]
-    head = ["| variant | H/L_b ↓ · d/L_b → | " + " | ".join(num(x) for x in xs) + " |", "|---|---|" + "---|" * len(xs)]
+    header = ["variant", "H/L_b ↓ · d/L_b →", *(num(x) for x in xs)]
 
-    def block(name: str, grid: list[list[float | None]], fmt: str, best: tuple[int, int] | None) -> list[str]:
+    def block(name: str, grid: list[list[float | None]], fmt: str, best: tuple[int, int] | None) -> list[list[str]]:
         out = []
         for i, y in enumerate(ys):
-            cells = []
+            cells = [name if i == 0 else "", num(y)]
             for j in range(len(xs)):
                 v = grid[i][j]
                 text = "–" if v is None else format(v, fmt)
                 cells.append(f"**{text}**" if best == (i, j) else text)
-            out.append(f"| {name if i == 0 else ''} | {num(y)} | " + " | ".join(cells) + " |")
+            out.append(cells)
         return out
 
     lines = [
@@ -141,16 +145,17 @@ def arch_grid_markdown(table: dict[str, Any]) -> list[str]:
         + (f" C = {table['flops_budget']:.3g} FLOPs" if table.get("flops_budget") else "")
         + " (mean over seeds; bold: the variant's best cell).",
         "",
-        *head,
     ]
+    rows = []
     for v in table["variants"]:
         b = table["best"].get(v)
         pos = (ys.index(b["heads_over_lb"]), xs.index(b["d_over_lb"])) if b else None
-        lines += block(v, table["val_loss"][v], ".4f", pos)
+        rows += block(v, table["val_loss"][v], ".4f", pos)
+    lines += markdown_table(header, rows)
     if table.get("delta_vs_baseline"):
-        lines += ["", f"Δ vs {table['baseline']} (negative: lower loss than the baseline in that cell).", "", *head]
-        for v, grid in table["delta_vs_baseline"].items():
-            lines += block(v, grid, "+.4f", None)
+        lines += ["", f"Δ vs {table['baseline']} (negative: lower loss than the baseline in that cell).", ""]
+        deltas = [cells for v, grid in table["delta_vs_baseline"].items() for cells in block(v, grid, "+.4f", None)]
+        lines += markdown_table(header, deltas)
     return lines
 
 

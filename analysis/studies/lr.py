@@ -648,27 +648,18 @@ def lr_markdown(
 ) -> str:
     """The LR study's summary table; ``tuned`` (``lr[variant][size]``) is what the sizes read under ``rule``."""
     from ..render.lr_budget_tables import flag_text
+    from ..render.tables import markdown_table
 
-    lines = [
-        "# Learning-rate tuning",
-        "",
-        f"Source: `{source}`." if source else "",
-        "",
-        (
-            f"| arm | size | N | optimum [95% CI] | lr written (rule {rule}) | best grid lr | loss at optimum | "
-            "grid points | seeds | flags |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["arm", "size", "N", "optimum [95% CI]", f"lr written (rule {rule})", "best grid lr", "loss at optimum"]
+    rows = []
     for r in table.itertuples():
-        flags = flag_text(r, "extend the grid")
         n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
         out_lr = ((tuned or {}).get(str(r.variant)) or {}).get(str(r.size))
-        lines.append(
-            f"| {r.variant} | {r.size} | {n} | {_fmt(r.lr)} [{_fmt(r.ci95[0])}, {_fmt(r.ci95[1])}] | "
-            f"{_fmt(out_lr)} | {_fmt(r.grid_best_lr)} | {_fmt(r.loss_at_optimum)} | {r.n_grid} | {r.n_seeds} | "
-            f"{flags} |"
-        )
+        cells = [f"{r.variant}", f"{r.size}", n, f"{_fmt(r.lr)} [{_fmt(r.ci95[0])}, {_fmt(r.ci95[1])}]", _fmt(out_lr)]
+        cells += [_fmt(r.grid_best_lr), _fmt(r.loss_at_optimum), f"{r.n_grid}", f"{r.n_seeds}"]
+        rows.append([*cells, flag_text(r, "extend the grid")])
+    lines = ["# Learning-rate tuning", "", f"Source: `{source}`." if source else "", ""]
+    lines += markdown_table([*header, "grid points", "seeds", "flags"], rows)
     lines += [
         "",
         (

@@ -23,7 +23,7 @@ from ..laws.scaling_ladder import analyse_scaling
 from ..render import figures
 from ..render.figures import block_size_figure
 from ..render.markdown import summary_markdown
-from ..render.tables import ablation_markdown
+from ..render.tables import ablation_markdown, markdown_table
 from .study_registry import add_bootstrap, register
 
 PFLOPS_DAY = 1e15 * 86400
@@ -118,13 +118,13 @@ def _paper_markdown(cmp: dict[str, Any], labels: dict[str, str]) -> str:
         f"Compute: `{cmp['compute']['formula']}` (T = {cmp['compute']['T']}, head_dim = {cmp['compute']['head_dim']}), "
         "in PFLOP/s-days: " + ", ".join(f"{s} {c:.3f}" for s, c in cmp["C"].items()) + ".",
         "",
-        "| variant | refit A | refit α | paper A | paper α |",
-        "|---|---|---|---|---|",
     ]
+    rows = []
     for v, e in cmp["laws"].items():
         pa = f"{e['A_published']:.3f}" if "A_published" in e else "–"
         pal = f"{e['alpha_published']:.3f}" if "alpha_published" in e else "–"
-        lines.append(f"| {labels.get(v, v)} | {e['A']:.4f} | {e['alpha']:.4f} | {pa} | {pal} |")
+        rows.append([f"{labels.get(v, v)}", f"{e['A']:.4f}", f"{e['alpha']:.4f}", pa, pal])
+    lines += markdown_table(["variant", "refit A", "refit α", "paper A", "paper α"], rows)
     lines += ["", f"Multiplier M at C = {cmp['M_at_C']} PFLOP/s-days (M(C) = C_base(L_variant(C)) / C):", ""]
     for v, e in cmp["M"].items():
         s = f"- {labels.get(v, v)}: refit {e['refit']:.3f}×"

@@ -48,7 +48,7 @@ from ..laws.scaling_ladder import analyse_scaling
 from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.figures import delta_errorbar, save
 from ..render.multiplier_text import rung_headline, rung_markdown
-from ..render.tables import fmt
+from ..render.tables import fmt, markdown_table
 from .study_registry import add_arms, add_bootstrap, register, seed_list
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
@@ -544,22 +544,18 @@ def recipe_markdown(doc: dict[str, Any]) -> str:
         "",
         f"## (a) The baseline: {new} against {ref}",
         "",
-        "| seeds | runs | m | m_wall | paired m | paired m_wall | step-time ratio | FLOPs/step ratio |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, e in doc["baseline_recipe"].items():
-        out.append(_row(_seed_text(sets, name), e, notes, f"(a) {name}"))
-    out += [
-        "",
-        "## (b) Each arm against the baseline, under each recipe",
-        "",
-        "| recipe | seeds | arm | runs | m | m_wall | paired m | paired m_wall | P(m ≤ 1) | step-time ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    columns = ["runs", "m", "m_wall", "paired m", "paired m_wall"]
+    rows = [_row([_seed_text(sets, name)], e, notes, f"(a) {name}") for name, e in doc["baseline_recipe"].items()]
+    out += markdown_table(["seeds", *columns, "step-time ratio", "FLOPs/step ratio"], rows)
+    out += ["", "## (b) Each arm against the baseline, under each recipe", ""]
+    rows = [
+        _row([r, _seed_text(sets, name), arm], e, notes, f"(b) {r} {name} {arm}", p=True)
+        for r, by_set in doc["arms_vs_baseline"].items()
+        for name, fits in by_set.items()
+        for arm, e in fits.items()
     ]
-    for r, by_set in doc["arms_vs_baseline"].items():
-        for name, fits in by_set.items():
-            for arm, e in fits.items():
-                out.append(_row(f"{r} | {_seed_text(sets, name)} | {arm}", e, notes, f"(b) {r} {name} {arm}", p=True))
+    out += markdown_table(["recipe", "seeds", "arm", *columns, "P(m ≤ 1)", "step-time ratio"], rows)
     out += _held_out_section(doc) + _interaction_section(doc)
     out += rung_section(doc)
     out += _step_time_section(doc)
@@ -568,11 +564,9 @@ def recipe_markdown(doc: dict[str, Any]) -> str:
         "",
         "## Cost",
         "",
-        "| runs of | runs | CPU time (h, summed) | wall time (h, summed) | first start to last finish (h) |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {k} | {v['runs']} | {fmt(v['cpu_h'], 3)} | {fmt(v['wall_h'], 3)} | {fmt(v['span_h'], 3)} |"
-            for k, v in cost_.items()
+        *markdown_table(
+            ["runs of", "runs", "CPU time (h, summed)", "wall time (h, summed)", "first start to last finish (h)"],
+            ([k, f"{v['runs']}", *(fmt(v[t], 3) for t in ("cpu_h", "wall_h", "span_h"))] for k, v in cost_.items()),
         ),
     ]
     if doc["excluded_runs"]:
@@ -590,19 +584,15 @@ def _held_out_section(doc: dict[str, Any]) -> list[str]:
     """recipe_summary.md's check of the held-out seeds against the design seeds' intervals (none without one)."""
     if not doc["held_out_check"]:
         return []
-    out = [
-        "",
-        "## Held-out seeds against the design seeds' interval",
-        "",
-        "| comparison | estimator | design m [95%] | held-out m [95%] | held-out m inside? |",
-        "|---|---|---|---|---|",
-    ]
+    out = ["", "## Held-out seeds against the design seeds' interval", ""]
+    rows = []
     for h in doc["held_out_check"]:
         inside = "n/a" if h["inside"] is None else ("yes" if h["inside"] else "**no**")
         design = _m_cell({"m": h["design_m"], "m_ci95": h["design_m_ci95"]}, with_half=False)
         held = _m_cell({"m": h["held_out_m"], "m_ci95": h["held_out_m_ci95"]}, with_half=False)
-        out.append(f"| {h['comparison']} | {h['estimator']} | {design} | {held} | {inside} |")
-    return out
+        rows.append([f"{h['comparison']}", f"{h['estimator']}", design, held, inside])
+    header = ["comparison", "estimator", "design m [95%]", "held-out m [95%]", "held-out m inside?"]
+    return [*out, *markdown_table(header, rows)]
 
 
 def _interaction_section(doc: dict[str, Any]) -> list[str]:
@@ -612,24 +602,19 @@ def _interaction_section(doc: dict[str, Any]) -> list[str]:
     if not doc["interaction"]:
         out.append(f"n/a: no arm ran under both recipes beside the {base}.")
     for arm in dict.fromkeys(r["arm"] for r in doc["interaction"]):
-        out += [
-            f"{arm} − {base}; interaction = Δ {new} − Δ {ref} (negative: {arm} gains more under {new}).",
-            "",
-            f"| L_b | d_model | seeds | {base} loss {ref} / {new} | Δ {ref} | Δ {new} | interaction |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        rows = []
         for r in (x for x in doc["interaction"] if x["arm"] == arm):
             bl = r["baseline_loss"]
-            out.append(
-                f"| {r['n_layers']} | {r['d_model']} | {','.join(map(str, r['seeds'])) or 'none'} | "
-                f"{_loss(bl[ref])} / {_loss(bl[new])} | {_delta(r['delta'][ref])} | {_delta(r['delta'][new])} | "
-                f"{_signed(r['interaction'], r['interaction_ci95'])} {r['interaction_verdict']} |"
-            )
-        out.append("")
+            cells = [f"{r['n_layers']}", f"{r['d_model']}", ",".join(map(str, r["seeds"])) or "none"]
+            cells += [f"{_loss(bl[ref])} / {_loss(bl[new])}", _delta(r["delta"][ref]), _delta(r["delta"][new])]
+            rows.append([*cells, f"{_signed(r['interaction'], r['interaction_ci95'])} {r['interaction_verdict']}"])
+        header = ["L_b", "d_model", "seeds", f"{base} loss {ref} / {new}", f"Δ {ref}", f"Δ {new}", "interaction"]
+        what = f"{arm} − {base}; interaction = Δ {new} − Δ {ref} (negative: {arm} gains more under {new})."
+        out += [what, "", *markdown_table(header, rows), ""]
     return out
 
 
-def _row(head: str, e: dict[str, Any], notes: list[str], what: str, p: bool = False) -> str:
+def _row(head: list[str], e: dict[str, Any], notes: list[str], what: str, p: bool = False) -> list[str]:
     """One multiplier row: joint and paired m, each with its m_wall (and P(m <= 1) when ``p``), then the time
     ratios; what is n/a gets a note saying why."""
     t = e.get("timing") or {}
@@ -647,7 +632,7 @@ def _row(head: str, e: dict[str, Any], notes: list[str], what: str, p: bool = Fa
     cells.append(_ratio(t.get("step_time_ratio"), t.get("step_time_ratio_ci95")))
     if not p:
         cells.append(_ratio(t.get("flops_per_step_ratio")))
-    return f"| {head} | " + " | ".join(cells) + " |"
+    return [*head, *cells]
 
 
 def _signed(x: float | None, interval: list[float] | None) -> str:
@@ -682,21 +667,16 @@ def _step_time_section(doc: dict[str, Any]) -> list[str]:
         + "; ".join(f"{c}: {t.get('time_source', 'cpu_time_s')}" for c, t in columns)
         + ".",
         "",
-        "| rung | " + " | ".join(c for c, _ in columns) + " |",
-        "|---|" + "---|" * len(columns),
     ]
+    rows = []
     for rung in rungs:
-        cells = []
+        cells = [f"{rung}"]
         for _, t in columns:
             p = next((p for p in t["per_rung"] if p["rung"] == rung), None)
             cells.append(f"{p['step_time_ratio']:.3f} ({p['n_ref']}+{p['n_arm']} runs)" if p else "n/a")
-        out.append(f"| {rung} | " + " | ".join(cells) + " |")
-    out.append(
-        "| pooled | "
-        + " | ".join(_ratio(t.get("step_time_ratio"), t.get("step_time_ratio_ci95")) for _, t in columns)
-        + " |"
-    )
-    return out
+        rows.append(cells)
+    rows.append(["pooled", *(_ratio(t.get("step_time_ratio"), t.get("step_time_ratio_ci95")) for _, t in columns)])
+    return [*out, *markdown_table(["rung", *(c for c, _ in columns)], rows)]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import pandas as pd
 
 from ..io.token_budget import tokens_per_param
 from ..laws.paired import paired_comparison
-from ..render.tables import interval_text
+from ..render.tables import interval_text, markdown_table
 from .study_registry import add_arms, add_bootstrap, add_results_out, register
 
 
@@ -74,18 +74,13 @@ def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str 
 
 
 def length_markdown(table: pd.DataFrame, arm: str, reference: str) -> list[str]:
-    lines = [
-        f"## {arm} - {reference} per rung and training length (same-seed pairs, 95% t intervals)",
-        "",
-        "| rung | tokens / param | reference loss | Δ | 95% interval | pairs | verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for r in table.itertuples():
-        lines.append(
-            f"| {r.size} | {r.tokens_per_param:g} | {r.ref_loss:.4f} | {r.delta:+.4f} | {interval_text(r.delta_ci95)} "
-            f"| {r.n_pairs} | {r.verdict} |"
-        )
-    return [*lines, ""]
+        loss = [f"{r.ref_loss:.4f}", f"{r.delta:+.4f}", interval_text(r.delta_ci95)]
+        rows.append([f"{r.size}", f"{r.tokens_per_param:g}", *loss, f"{r.n_pairs}", f"{r.verdict}"])
+    header = ["rung", "tokens / param", "reference loss", "Δ", "95% interval", "pairs", "verdict"]
+    title = f"## {arm} - {reference} per rung and training length (same-seed pairs, 95% t intervals)"
+    return [title, "", *markdown_table(header, rows), ""]
 
 
 def budget_points(df: pd.DataFrame) -> pd.DataFrame:
