@@ -668,11 +668,8 @@ def lr_figure(
     tuned: dict[str, dict[str, float]] | None = None,
     rule: str = "per_size",
 ) -> list[Path]:
-    """Validation loss vs learning rate (log x), one panel per arm, one curve per size (mean over seeds; single
-    runs as faint dots), the fitted optimum as a star with its 95% interval as a bar; diverged runs as crosses on
-    the panel's top edge; an optimum on a grid edge is labelled "edge". ``tuned`` (``lr[variant][size]``, the lrs
-    written under ``rule``), where it differs from the optimum, as an open diamond on the size's curve.
-    ``runs``: analysis.studies.lr.lr_runs output."""
+    """Validation loss vs learning rate (log x), one panel per arm, one curve per size (:func:`_lr_curve`); ``runs``:
+    analysis.studies.lr.lr_runs output; ``tuned`` (``lr[variant][size]``): the lrs written under ``rule``."""
     if table.empty:
         warnings.warn("LR figure skipped: no tuned curves", AnalysisWarning, stacklevel=2)
         return []
@@ -728,8 +725,8 @@ def _lr_curve(
     ax: plt.Axes, r: pd.Series, d: pd.DataFrame, col: Any, y_top: float, lr_out: float | None, label: str, ls: str = "-"
 ):
     """One size's lr curve: the grid's mean loss, its runs (faint dots; diverged ones as crosses at ``y_top``), the
-    fitted optimum ``r`` as a star with its interval, ``lr_out`` (the lr written, where it differs) as an open
-    diamond, and "edge" under an optimum on the grid's edge."""
+    fitted optimum ``r`` as a star with its 95% interval, ``lr_out`` (the lr written, where it differs from the
+    optimum) as an open diamond, and "edge" under an optimum on the grid's edge."""
     grid = np.asarray(r["grid"], float)
     mean = np.array([np.nan if m is None else m for m in r["mean_loss"]], float)
     ax.plot(grid, mean, marker="o", ls=ls, color=col, ms=3.5, lw=1.3, label=label)

@@ -407,7 +407,6 @@ def gallery_entries(src: GallerySources) -> list[Entry]:
         try:
             entries.append(build())
         except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError) as e:
-            text, why = load_gallery_text()[key], f"no result yet ({type(e).__name__}: {e})."
-            prov = Provenance(COMMANDS.get(key, ""))
-            entries.append(Entry(key, text["item"], text["title"], text["section"], text["paper"], why, [], [], prov))
+            why = f"no result yet ({type(e).__name__}: {e})."
+            entries.append(_entry(key, why, [], [], None, COMMANDS.get(key, "")))
     return entries
