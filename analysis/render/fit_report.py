@@ -28,8 +28,9 @@ from .tables import ablation_markdown, arch_grid_markdown
 @dataclass(frozen=True)
 class Sections:
     """The optional sections of ``python -m analysis fit``, each off by default: ``wallclock`` (the wall-clock
-    multiplier beside each compute one), ``rollout`` (how many largest rungs to hold out and predict), ``e_sensitivity``
-    (the fractions of the lowest loss at which E is pinned), ``nd`` (the fit over parameters and tokens)."""
+    multiplier beside each compute one), ``rollout`` (how many largest rungs to hold out and predict; 0: none),
+    ``e_sensitivity`` (the fractions of the lowest loss at which E is pinned; None: none), ``nd`` (the fit over
+    parameters and tokens)."""
 
     wallclock: bool = False
     rollout: int = 0
