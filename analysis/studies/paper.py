@@ -43,38 +43,19 @@ def paper_results(paper: dict[str, Any] | None = None) -> pd.DataFrame:
     """Table 2 as a results table (docs/results_schema.md columns that the fit uses), one seed per cell."""
     paper = paper or load_paper()
     t = paper["table2"]
+    residual = {"baseline": "baseline", "block_attnres": "block", "full_attnres": "full"}
     rows = []
     for values in t["rows"]:
         r = dict(zip(t["columns"], values))
         N, D = r["act_params_M"] * 1e6, r["tokens_B"] * 1e9
         C = paper_compute(N, D, r["L_b"], r["H"], paper)
-        for variant in t["variants"]:
-            rows.append(
-                {
-                    "run_id": f"paper-{variant}-{r['size']}",
-                    "study": "paper_scaling",
-                    "variant": variant,
-                    "residual": {"baseline": "baseline", "block_attnres": "block", "full_attnres": "full"}.get(
-                        variant, "mhc"
-                    ),
-                    "size": r["size"],
-                    "seed": 0,
-                    "status": "completed",
-                    "n_layers": r["L_b"],
-                    "d_model": r["d_model"],
-                    "n_heads": r["H"],
-                    "d_ff": r["d_ff"],
-                    "params_non_embedding": N,
-                    "tokens": D,
-                    "lr": r["lr"],
-                    "batch_size": r["batch_size"],
-                    "flops": C * PFLOPS_DAY,
-                    "pflops_days": C,
-                    "val_loss": r[variant],
-                    "run_dir": "",
-                    "error": "",
-                }
-            )
+        shape = {"n_layers": r["L_b"], "d_model": r["d_model"], "n_heads": r["H"], "d_ff": r["d_ff"]}
+        run = shape | {"params_non_embedding": N, "tokens": D, "lr": r["lr"], "batch_size": r["batch_size"]}
+        run |= {"flops": C * PFLOPS_DAY, "pflops_days": C}
+        for v in t["variants"]:
+            head = {"run_id": f"paper-{v}-{r['size']}", "study": "paper_scaling", "variant": v}
+            head |= {"residual": residual.get(v, "mhc"), "size": r["size"], "seed": 0, "status": "completed"}
+            rows.append(head | run | {"val_loss": r[v], "run_dir": "", "error": ""})
     df = pd.DataFrame(rows)
     df.attrs["source"] = "analysis/data/paper.json (AttnRes Table 2)"
     return df
@@ -203,9 +184,6 @@ def headline_numbers(doc: FitDocument) -> str:
     return "\n".join(lines)
 
 
-# ---- python -m analysis <command> -----------------------------------------------------------------------------------
-
-
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     add_bootstrap(p)
@@ -222,6 +200,4 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     printed=lambda doc: [headline_numbers(doc)],
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
-    """``paper``: the paper's own numbers refitted, with the headline."""
-
     return run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)
