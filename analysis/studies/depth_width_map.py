@@ -1,8 +1,8 @@
 """Where does Block AttnRes start to beat the baseline? The depth-by-width map (``python -m analysis map``): per cell
 (L_b blocks of width d_model, both arms on the same tokens and seeds) the same-seed difference
 ``delta = val_loss(arm) - val_loss(baseline)`` with a 95% Student-t interval over the pairs (honest at few pairs;
-:func:`interval_coverage` checks it), per width where the mean delta crosses zero along depth with a resampled
-interval, the table and the Fig. 7-style heat map (cells without pairs drawn as missing, never interpolated)."""
+its coverage: tests/test_depth_width_map.py), per width where the mean delta crosses zero along depth with a
+resampled interval, the table and the Fig. 7-style heat map (cells without pairs drawn as missing)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..io.runs import AnalysisWarning, load_one_dataset
 from ..laws.paired import paired_comparison
@@ -38,21 +37,6 @@ class MapOptions:
     seed: int = 0
 
 
-def interval_coverage(
-    n_pairs: int, sd: float = 0.02, n_sim: int = 20000, level: float = 0.95, df: float | None = None, seed: int = 0
-) -> float:
-    """The share of simulated cells whose t interval holds the true delta 0: ``n_pairs`` differences drawn normal with
-    ``sd`` (or Student-t with ``df`` degrees of freedom scaled to ``sd``)."""
-    rng = np.random.default_rng(seed)
-    if df is None:
-        x = rng.normal(0.0, sd, size=(n_sim, n_pairs))
-    else:
-        x = rng.standard_t(df, size=(n_sim, n_pairs)) * sd / math.sqrt(df / (df - 2))
-    m, s = x.mean(axis=1), x.std(axis=1, ddof=1)
-    half = stats.t.ppf(0.5 + level / 2, n_pairs - 1) * s / math.sqrt(n_pairs)
-    return float(np.mean(np.abs(m) <= half))
-
-
 def pairs(df: pd.DataFrame, opts: MapOptions = MapOptions()) -> pd.DataFrame:
     """Same-seed pairs of completed runs, one row per (n_layers, d_model, seed) holding both arms: ``baseline_loss``,
     ``arm_loss``, ``delta``, ``params`` and ``tokens``. Two runs of one arm, cell and seed: ValueError."""
@@ -70,9 +54,7 @@ def pairs(df: pd.DataFrame, opts: MapOptions = MapOptions()) -> pd.DataFrame:
             )
     out = base.merge(arm, on=keys, how="inner")
     out["delta"] = out["arm_loss"] - out["baseline_loss"]
-    out = out.rename(columns={"params_non_embedding": "params"})
-    for c in ("n_layers", "d_model", "seed"):
-        out[c] = out[c].astype(int)
+    out = out.rename(columns={"params_non_embedding": "params"}).astype(dict.fromkeys(keys, int))
     return out.sort_values(keys).reset_index(drop=True)
 
 
@@ -95,23 +77,12 @@ def cell_table(
         n = r.n_pairs if r is not None else 0
         lo, hi = r.delta_ci95 if n > 1 and r.delta_ci95 else (math.nan, math.nan)
         params = int(c["params"].iloc[0]) if len(c) else None
-        rows.append(
-            {
-                "n_layers": n_layers,
-                "d_model": d_model,
-                "n_pairs": n,
-                "seeds": list(r.seeds) if n else [],
-                "delta": float(r.delta) if n else math.nan,
-                "sd": float(r.delta_sd) if n > 1 else math.nan,
-                "ci_lo": lo,
-                "ci_hi": hi,
-                "half_width": (hi - lo) / 2 if np.isfinite(lo) else math.nan,
-                "verdict": r.verdict if n else "missing",
-                "baseline_loss": float(r.ref_loss) if n else math.nan,
-                "params": params,
-                "tokens_per_param": float(c["tokens"].iloc[0]) / params if params else math.nan,
-            }
-        )
+        row = {"n_layers": n_layers, "d_model": d_model, "n_pairs": n, "seeds": list(r.seeds) if n else []}
+        row |= {"delta": float(r.delta) if n else math.nan, "sd": float(r.delta_sd) if n > 1 else math.nan}
+        row |= {"ci_lo": lo, "ci_hi": hi, "half_width": (hi - lo) / 2 if np.isfinite(lo) else math.nan}
+        row |= {"verdict": r.verdict if n else "missing", "baseline_loss": float(r.ref_loss) if n else math.nan}
+        tpp = float(c["tokens"].iloc[0]) / params if params else math.nan
+        rows.append(row | {"params": params, "tokens_per_param": tpp})
     return pd.DataFrame(rows)
 
 
@@ -142,16 +113,8 @@ def boundaries(df: pd.DataFrame, opts: MapOptions = MapOptions()) -> pd.DataFram
             [_crossing(depths, np.array([rng.choice(g, len(g)).mean() for g in groups])) for _ in range(opts.B)]
         )
         lo, hi = np.quantile(boot, [(1 - opts.level) / 2, (1 + opts.level) / 2])
-        rows.append(
-            {
-                "d_model": int(d_model),
-                "depths": [int(x) for x in depths],
-                "crossing": point,
-                "ci_lo": float(lo),
-                "ci_hi": float(hi),
-                "p_no_crossing": float(np.mean(np.isinf(boot))),
-            }
-        )
+        row = {"d_model": int(d_model), "depths": [int(x) for x in depths], "crossing": point}
+        rows.append(row | {"ci_lo": float(lo), "ci_hi": float(hi), "p_no_crossing": float(np.mean(np.isinf(boot)))})
     return pd.DataFrame(rows)
 
 

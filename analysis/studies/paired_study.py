@@ -70,20 +70,15 @@ def analyse_paired(runs: pd.DataFrame, opts: PairedOptions = PairedOptions()) ->
         levels = list(pd.unique(runs[opts.condition]))
         if pd.api.types.is_numeric_dtype(runs[opts.condition]):
             levels = sorted(levels)
-    at_every = set.intersection(
-        *(set(runs["variant"] if lv is None else runs.loc[runs[opts.condition] == lv, "variant"]) for lv in levels)
-    )
-    arms = list(opts.arms) or sorted(at_every - {opts.reference})
     at = {lv: runs if lv is None else runs[runs[opts.condition] == lv] for lv in levels}
+    at_every = set.intersection(*(set(part["variant"]) for part in at.values()))
+    arms = list(opts.arms) or sorted(at_every - {opts.reference})
     effects = [
         paired_comparison(part, opts.reference, arms, opts.cells, level=opts.level).assign(condition=lv)
         for lv, part in at.items()
     ]
-    effects_table = (
-        pd.concat([e for e in effects if not e.empty], ignore_index=True)
-        if any(not e.empty for e in effects)
-        else pd.DataFrame()
-    )
+    effects = [e for e in effects if not e.empty]
+    effects_table = pd.concat(effects, ignore_index=True) if effects else pd.DataFrame()
     if effects_table.empty:
         raise ValueError(f"no cell holds both {opts.reference} and one of {', '.join(arms) or '(no arm)'} on one seed")
     interactions = []
@@ -238,16 +233,8 @@ def plot_paired(doc: dict[str, Any], path: str | Path) -> Path:
         for i, lv in enumerate(doc["levels"]):
             rows = effects[(effects["arm"] == arm) & _is(effects["condition"], lv)]
             x = [keys.index(list(k)) + (i - (len(doc["levels"]) - 1) / 2) * width for k in rows[cells].to_numpy()]
-            delta_errorbar(
-                ax,
-                x,
-                rows["delta"].to_numpy(float),
-                list(rows["delta_ci95"]),
-                fmt="o",
-                capsize=3,
-                color=f"C{i}",
-                label=None if lv is None else str(lv),
-            )
+            style = {"fmt": "o", "capsize": 3, "color": f"C{i}", "label": None if lv is None else str(lv)}
+            delta_errorbar(ax, x, rows["delta"].to_numpy(float), list(rows["delta_ci95"]), **style)
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set_xticks(
             range(len(keys)), ["\n".join(f"{c} {_plain(v)}" for c, v in zip(cells, k)) for k in keys], fontsize=8
@@ -277,9 +264,8 @@ def write_paired(doc: dict[str, Any], out: Path) -> list[Path]:
     table = doc["interactions"] if doc["condition"] is not None and not doc["interactions"].empty else doc["effects"]
     table.to_csv(out / FILES[0], index=False)
     written = [out / FILES[0], plot_paired(doc, out / FILES[3])]
-    return [
-        out / f for f in write_report(out, document(doc), FILES[1], {FILES[2]: paired_markdown(doc)}, written)["files"]
-    ]
+    files = write_report(out, document(doc), FILES[1], {FILES[2]: paired_markdown(doc)}, written)["files"]
+    return [out / f for f in files]
 
 
 def _columns(text: str) -> tuple[str, ...]:

@@ -68,7 +68,7 @@ def refit_laws(paper: dict[str, Any] | None = None) -> dict[str, PowerLaw]:
 
 
 def paper_comparison(paper: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Refit laws next to the published ones, and M at the paper's 5.6 PFLOP/s-days from both."""
+    """Refit laws next to the published ones, and M at the paper's headline compute from both."""
     paper = paper or load_paper()
     laws = refit_laws(paper)
     pub = {v: PowerLaw(p["A"], p["alpha"]) for v, p in paper["fitted_laws"].items()}
@@ -127,42 +127,23 @@ def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma:
     options = FitOptions(B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma)
     parts = analyse_scaling(df, options, source=df.attrs["source"]).parts
     parts["paper"] = paper_comparison(paper)
-    f6 = paper["fig6"]
-    parts["block_size_sweep"] = {
-        "size": f6["size"],
-        "points": [
-            {"block_size": s, "val_loss": l, "val_loss_sd": None, "n_runs": 1}
-            for s, l in zip(f6["block_size"], f6["loss"])
-        ],
-        "baseline": {"val_loss": f6["baseline"], "val_loss_sd": None, "n_runs": 1},
-        "full": None,  # S = 1 is Full AttnRes, already a point
-    }
+    f6, one = paper["fig6"], {"val_loss_sd": None, "n_runs": 1}  # one published loss per point
+    points = [{"block_size": s, "val_loss": loss} | one for s, loss in zip(f6["block_size"], f6["loss"])]
+    # S = 1 is Full AttnRes, already a point
+    sweep = {"size": f6["size"], "points": points, "baseline": {"val_loss": f6["baseline"]} | one, "full": None}
+    parts["block_size_sweep"] = sweep
     base_loss = next(r["loss"] for r in paper["table4"]["rows"] if r["variant"] == "baseline")
     parts["ablations"] = [
-        {
-            "variant": r["label"],
-            "val_loss": r["loss"],
-            "val_loss_sd": None,
-            "n_runs": 1,
-            "delta_vs_baseline": None if r["variant"] == "baseline" else r["loss"] - base_loss,
-        }
+        {"variant": r["label"], "val_loss": r["loss"]}
+        | one
+        | {"delta_vs_baseline": None if r["variant"] == "baseline" else r["loss"] - base_loss}
         for r in paper["table4"]["rows"]
     ]
     doc = FitDocument.from_dict(parts)
-    written = []
-    written += figures.scaling_figure(
-        df,
-        doc,
-        out / "fig4_scaling",
-        labels=labels,
-        variants=FIG4_VARIANTS,
-        title="AttnRes paper, Fig. 4 refit (Table 2 losses)",
-    )
-    written += block_size_figure(
-        doc.block_size_sweep,
-        out / "fig6_block_size",
-        title="AttnRes paper, Fig. 6: block size (436M model, 32 sublayers)",
-    )
+    title = "AttnRes paper, Fig. 4 refit (Table 2 losses)"
+    written = figures.scaling_figure(df, doc, out / "fig4_scaling", labels=labels, variants=FIG4_VARIANTS, title=title)
+    title = "AttnRes paper, Fig. 6: block size (436M model, 32 sublayers)"
+    written += block_size_figure(doc.block_size_sweep, out / "fig6_block_size", title=title)
     written += figures.architecture_grid_figure(paper["fig7"], out / "fig7_architecture")
     table4 = ["# AttnRes paper, Table 4 (436M model)", "", *ablation_markdown(doc.ablations)]
     (out / "table4_ablations.md").write_text("\n".join(table4) + "\n")

@@ -554,10 +554,7 @@ def _step_time_section(doc: dict[str, Any]) -> list[str]:
     a = doc["baseline_recipe"].get(name, {})
     if "timing" in a:
         columns.append((f"{doc['baseline']} {doc['recipe']} ÷ {doc['reference_recipe']}", a["timing"]))
-    for r, by_set in doc["arms_vs_baseline"].items():
-        for arm, e in by_set.get(name, {}).items():
-            if "timing" in e:
-                columns.append((f"{arm} ÷ {doc['baseline']}, {r}", e["timing"]))
+    columns += [(f"{arm} ÷ {doc['baseline']}, {r}", e["timing"]) for r, arm, e in _headline_fits(doc) if "timing" in e]
     if not columns:
         return []
     rungs = list(dict.fromkeys(p["rung"] for _, t in columns for p in t["per_rung"]))
@@ -709,11 +706,15 @@ def read_studies(paths: list[str] | list[Path]) -> pd.DataFrame:
     if len(frames) == 1:
         return frames[0]
     df = pd.concat(frames, ignore_index=True)
-    df.attrs = {
-        "source": "; ".join(str(f.attrs.get("source")) for f in frames),
-        "base_dir": frames[0].attrs.get("base_dir"),
-    }
+    df.attrs = {"source": "; ".join(str(f.attrs.get("source")) for f in frames)}
+    df.attrs["base_dir"] = frames[0].attrs.get("base_dir")
     return df
+
+
+def _headline_fits(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(recipe, arm, its fit) of comparison (b) on the headline seed set."""
+    name = doc["headline_seed_set"]
+    return [(r, arm, e) for r, by_set in doc["arms_vs_baseline"].items() for arm, e in by_set.get(name, {}).items()]
 
 
 def headline_lines(doc: dict[str, Any]) -> list[str]:
@@ -721,18 +722,15 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
     lines = []
     for set_name, e in doc["baseline_recipe"].items():
         lines.append(f"(a) {doc['baseline']} {doc['recipe']} vs {doc['reference_recipe']}, {set_name}: {_line(e)}")
-    for r, by_set in doc["arms_vs_baseline"].items():
-        for arm, e in by_set.get(name, {}).items():
-            lines.append(f"(b) {arm} vs {doc['baseline']} under {r}, {name}: {_line(e)}")
+    lines += [f"(b) {arm} vs {doc['baseline']} under {r}, {name}: {_line(e)}" for r, arm, e in _headline_fits(doc)]
     for row in doc["interaction"]:
         lines.append(
             f"(c) {row['arm']} L_b {row['n_layers']}: interaction "
             f"{_signed(row['interaction'], row['interaction_ci95'])} {row['interaction_verdict']}"
         )
-    for r, by_set in doc["arms_vs_baseline"].items():
-        for arm, e in by_set.get(name, {}).items():
-            if e.get("rungs"):
-                lines += [f"(b) under {r}, {name}: {line}" for line in rung_headline(e["rungs"], arm)]
+    for r, arm, e in _headline_fits(doc):
+        if e.get("rungs"):
+            lines += [f"(b) under {r}, {name}: {line}" for line in rung_headline(e["rungs"], arm)]
     checks = [h for h in doc["held_out_check"] if h["inside"] is not None]
     if checks:
         inside = sum(h["inside"] for h in checks)
@@ -772,18 +770,10 @@ def run_recipe(
 def rung_section(doc: dict[str, Any]) -> list[str]:
     """Per recipe and arm on the headline seed set, the multiplier per rung and the test of one over the rungs."""
     name = doc["headline_seed_set"]
-    parts = {
-        f"{arm} under {r} ({name} seeds)": e["rungs"]
-        for r, by_set in doc["arms_vs_baseline"].items()
-        for arm, e in by_set.get(name, {}).items()
-        if e.get("rungs")
-    }
+    parts = {f"{arm} under {r} ({name} seeds)": e["rungs"] for r, arm, e in _headline_fits(doc) if e.get("rungs")}
     if not parts:
         return []
     return ["", "## Multiplier per rung, and the test of one over all", "", *rung_markdown(parts)]
-
-
-# ---- python -m analysis <command> -----------------------------------------------------------------------------------
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:

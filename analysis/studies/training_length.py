@@ -124,10 +124,11 @@ def analyse_length(
     from ..io.report import write_report
     from ..laws.cell_multiplier import cell_multipliers
     from ..laws.frontier import FRONTIER_B, FRONTIER_B_MAX, frontier_with_laws
-    from ..laws.length_protocols import best_against_best, split_best
+    from ..laws.length_protocols import best_against_best, compare_protocols, split_best
     from ..laws.lr_check import has_lr_grid, lr_check
     from ..render.figures import frontier_figure, length_figure
     from ..render.frontier_text import frontier_markdown
+    from ..render.length_protocols_text import best_markdown, protocols_markdown
     from ..render.lr_check_text import lr_check_markdown
     from ..render.multiplier_text import cell_markdown
 
@@ -156,8 +157,6 @@ def analyse_length(
         doc["frontier"], d_law = frontier_with_laws(df, arm, reference, B=B, seed=seed, B_max=B_max)
     doc["cells"] = cell_multipliers(df, table, arm, reference, B=bootstrap, seed=seed, approach3=d_law)
     if compare_to is not None:
-        from ..laws.length_protocols import compare_protocols
-
         doc["lr_protocols"] = compare_protocols(compare_to, df, arm, reference)
     if best is not None:
         doc["best_against_best"] = best_against_best(df, best, arm, reference)
@@ -165,13 +164,8 @@ def analyse_length(
         figures += frontier_figure(table, doc["frontier"], out / "fig_frontier", arm, reference, doc["cells"])
     md = length_markdown(table, arm, reference) + cell_markdown(doc["cells"], arm, reference)
     md += lr_check_markdown(check, arm, reference) if check is not None else []
-    if compare_to is not None:
-        from ..render.length_protocols_text import protocols_markdown
-
-        md += protocols_markdown(doc["lr_protocols"])
+    md += protocols_markdown(doc["lr_protocols"]) if compare_to is not None else []
     if best is not None:
-        from ..render.length_protocols_text import best_markdown
-
         md += best_markdown(doc["best_against_best"], arm, reference)
     md += fit_markdown(doc.get("fit"), arm, reference) + frontier_markdown(doc.get("frontier"), arm, reference)
     return write_report(out, doc, "length.json", {"length_summary.md": "\n".join(md)}, figures)
@@ -186,13 +180,8 @@ def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
         return []
     if "error" in fit:
         return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
-    p = fit.get("rung_test_p")
-    one = (
-        ""
-        if p is None
-        else f"; one multiplier over the points {'rejected' if fit.get('one_multiplier') is False else 'not rejected'}"
-        f" (p = {p:.2g})"
-    )
+    p, rejected = fit.get("rung_test_p"), "rejected" if fit.get("one_multiplier") is False else "not rejected"
+    one = "" if p is None else f"; one multiplier over the points {rejected} (p = {p:.2g})"
     lines = [
         (
             f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}{one}: "
@@ -241,6 +230,7 @@ def fit_markdown(fit: dict[str, Any] | None, arm: str, reference: str) -> list[s
 def headline_lines(doc: dict[str, Any]) -> list[str]:
     """One line per (rung, budget) with its Δ and multiplier, then the lr, fit and frontier sections' lines."""
     from ..render.frontier_text import frontier_lines
+    from ..render.length_protocols_text import best_lines, growth_lines
     from ..render.lr_check_text import lr_check_lines
     from ..render.multiplier_text import m_text
 
@@ -260,14 +250,8 @@ def headline_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(line)
     if doc.get("lr_check"):
         lines += lr_check_lines(doc["lr_check"], doc["arm"], doc["reference"])
-    if doc.get("lr_protocols"):
-        from ..render.length_protocols_text import growth_lines
-
-        lines += growth_lines(doc["lr_protocols"])
-    if doc.get("best_against_best"):
-        from ..render.length_protocols_text import best_lines
-
-        lines += best_lines(doc["best_against_best"], doc["arm"])
+    lines += growth_lines(doc["lr_protocols"]) if doc.get("lr_protocols") else []
+    lines += best_lines(doc["best_against_best"], doc["arm"]) if doc.get("best_against_best") else []
     return (
         lines
         + fit_lines(doc.get("fit"), doc["arm"])
