@@ -20,12 +20,7 @@ def _gallery_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="the page (default: <results>/README.md)")
 
 
-@register(
-    "gallery",
-    help="the paper's figures and tables beside ours, one Markdown page",
-    arguments=_gallery_arguments,
-    printed=lambda doc: doc["entries"],
-)
+@register("gallery", arguments=_gallery_arguments, printed=lambda doc: doc["entries"])
 def _gallery(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     from pathlib import Path
 

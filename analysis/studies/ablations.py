@@ -60,9 +60,4 @@ def analyse_ablations(df: pd.DataFrame, out: Path, baseline: str = BASELINE) -> 
     return write_report(out, doc, "ablations.json", {"table4_ablations.md": "\n".join(md)}, figures)
 
 
-register_fixed_shape(
-    "ablations",
-    analyse_ablations,
-    help="ablations and peers (Table 4): same-seed differences with 95%% t intervals, beside the paper's",
-    files="table4_ablations.md, ablations.json, fig_table4_ablations.png",
-)
+register_fixed_shape("ablations", analyse_ablations, "table4_ablations.md, ablations.json, fig_table4_ablations.png")

@@ -65,10 +65,4 @@ def analyse_block_size(df: pd.DataFrame, out: Path, baseline: str = BASELINE, fu
     return write_report(out, doc, "block_size.json", {"block_size_summary.md": md}, figures)
 
 
-register_fixed_shape(
-    "block_size",
-    analyse_block_size,
-    help="block size (Fig. 6): same-seed differences with 95%% t intervals, beside the paper's",
-    files="block_size_summary.md, block_size.json, fig6_block_size.png",
-    aliases=("block-size",),
-)
+register_fixed_shape("block_size", analyse_block_size, "block_size_summary.md, block_size.json, fig6_block_size.png")

@@ -20,7 +20,7 @@ import pandas as pd
 from ..io.runs import AnalysisWarning, load_one_dataset
 from ..laws.paired import paired_comparison
 from ..render.figures import save
-from .study_registry import add_arms, add_bootstrap, add_results_out, register
+from .study_registry import add_arms, add_bootstrap, add_results_out, options_from, register
 
 ARM = "block_attnres"
 BASELINE = "baseline"
@@ -236,14 +236,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 @register(
     "map",
-    help="the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map",
     arguments=_arguments,
     files="map_summary.md, map.json, fig7_map.png",
     study_kind="map",
     printed=lambda doc: [cell_line(c) for c in doc["cells"]],
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    opts = MapOptions(arm=args.arm, baseline=args.baseline, B=args.bootstrap, seed=args.seed)
+    opts = options_from(MapOptions, args, B=args.bootstrap)
     return analyse_map(load_one_dataset(args.results), Path(args.out), opts)
 
 

@@ -57,9 +57,6 @@ class LrOptimum:
     grid: list[float] = field(default_factory=list)
     mean_loss: list[float | None] = field(default_factory=list)  # per grid point; None where every run diverged
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def _edge(y: np.ndarray) -> str | None:
     """Where the best grid point sits: 'low' (the lowest completed lr), 'high' (the top of the grid), 'divergence'
@@ -93,12 +90,8 @@ def lr_runs(df: pd.DataFrame) -> pd.DataFrame:
     dropped = d[~keep]
     if len(dropped):
         names = ", ".join(f"{r.run_id} ({r.status})" for r in dropped.itertuples())
-        warnings.warn(
-            f"LR analysis: {len(dropped)} run(s) neither completed nor diverged, or without lr/val_loss, "
-            f"left out: {names}",
-            AnalysisWarning,
-            stacklevel=2,
-        )
+        why = f"{len(dropped)} run(s) neither completed nor diverged, or without lr/val_loss"
+        warnings.warn(f"LR analysis: {why}, left out: {names}", AnalysisWarning, stacklevel=2)
     d = d[keep].copy()
     d.loc[d["status"] == "diverged", "val_loss"] = np.inf
     d["seed"] = pd.to_numeric(d["seed"], errors="coerce").astype(int)
@@ -256,7 +249,7 @@ def _optimum_row(
         pd.to_numeric(g.get("params_non_embedding"), errors="coerce").median() if "params_non_embedding" in g else None
     )
     k = int(np.argmin(np.where(np.isfinite(y), y, np.inf))) if np.isfinite(y).any() else 0
-    row = LrOptimum(
+    optimum = LrOptimum(
         size=cell[0],
         variant=cell[1],
         lr=float(np.exp(x_opt)) if np.isfinite(x_opt) else float("nan"),
@@ -273,7 +266,8 @@ def _optimum_row(
         interval_method=method,
         grid=[float(v) for v in lrs],
         mean_loss=[None if not np.isfinite(v) else float(v) for v in y],
-    ).to_dict()
+    )
+    row = asdict(optimum)
     if len(cell) > 2:  # a multi-budget study's curve
         lo, hi = ci
         next_lr = {"low": float(lrs.min()) / 2, "high": float(lrs.max()) * 2}.get(edge or "")
@@ -361,7 +355,7 @@ def not_located(r: Any) -> str | None:
     return None
 
 
-def lr_rules(table: pd.DataFrame, draws: np.ndarray, *, weighted: bool = True) -> dict[str, dict[str, Any]]:
+def lr_rules(table: pd.DataFrame, draws: np.ndarray) -> dict[str, dict[str, Any]]:
     """Per arm of a multi-budget table, the lr rule ``ln lr* = a + b ln N + c ln D`` over the located optima
     (analysis.laws.lr_rule), with ``cells`` (each with ``loo_lr``, the rule without it) and ``excluded`` (why)."""
     out = {}
@@ -375,20 +369,13 @@ def lr_rules(table: pd.DataFrame, draws: np.ndarray, *, weighted: bool = True) -
             np.log(cells["tokens"].to_numpy(float)),
             np.log(np.array(cells["ci95"].tolist(), float).reshape(-1, 2)),
             draws[:, idx],
-            weighted=weighted,
         )
         loo = rule["loo"] or [{"predicted_ln_lr": None, "inside": None}] * len(idx)
-        rule["cells"] = [
-            {
-                "size": str(r.size),
-                "tokens_per_param": float(r.tokens_per_param),
-                "lr": float(r.lr),
-                "ci95": [float(x) for x in r.ci95],
-                "loo_lr": None if o["predicted_ln_lr"] is None else math.exp(o["predicted_ln_lr"]),
-                "inside": o["inside"],
-            }
-            for r, o in zip(cells.itertuples(), loo)
-        ]
+        rule["cells"] = []
+        for r, o in zip(cells.itertuples(), loo):
+            cell = {"size": str(r.size), "tokens_per_param": float(r.tokens_per_param), "lr": float(r.lr)}
+            loo_lr = None if o["predicted_ln_lr"] is None else math.exp(o["predicted_ln_lr"])
+            rule["cells"].append(cell | {"ci95": [float(x) for x in r.ci95], "loo_lr": loo_lr, "inside": o["inside"]})
         rule["excluded"] = [
             {"size": str(table.at[i, "size"]), "tokens_per_param": float(table.at[i, "tokens_per_param"]), "reason": w}
             for i, w in why.items()
@@ -429,15 +416,8 @@ def next_runs(table: pd.DataFrame, runs: pd.DataFrame, sweep: str | None) -> lis
             f"python -m experiments.train -m +sweep={sweep} seed={','.join(map(str, seeds))} {size_arg} "
             f"model={r.variant} size.lr={key[2]}"
         )
-        out[key] = {
-            "variant": key[0],
-            "size": key[1],
-            "lr": float(r.next_lr),
-            "edge": r.edge,
-            "budgets": [float(r.tokens_per_param)],
-            "seeds": seeds,
-            "command": command if sweep else None,
-        }
+        run = {"variant": key[0], "size": key[1], "lr": float(r.next_lr), "edge": r.edge}
+        out[key] = run | {"budgets": [float(r.tokens_per_param)], "seeds": seeds, "command": command if sweep else None}
     return list(out.values())
 
 
@@ -493,8 +473,7 @@ def tuned_document(
             ),
         }
     }
-    for key in ("lr", "lr_per_size", "lr_trend", "ci95", "on_edge"):
-        doc[key] = {}
+    doc |= {key: {} for key in ("lr", "lr_per_size", "lr_trend", "ci95", "on_edge")}
     for r in table.itertuples():
         v, s = str(r.variant), str(r.size)
         t = trend.get(v)
@@ -526,10 +505,8 @@ def write_tuned_config(doc: dict[str, Any], path: str | Path, command: str) -> P
     import yaml
 
     path = Path(path)
-    text = TUNED_HEADER.format(command=command) + yaml.safe_dump(
-        doc, sort_keys=False, default_flow_style=None, width=110
-    )
-    atomic_write_text(path, text)
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110)
+    atomic_write_text(path, TUNED_HEADER.format(command=command) + body)
     return path
 
 
@@ -602,15 +579,14 @@ def run_lr(
     multi = "tokens_per_param" in table.columns
     trend = lr_trend(at_smallest_budget(table) if multi else table)
     runs = lr_runs(df)
-    named = {
-        k: sorted({str(x) for x in df.get(k, pd.Series(dtype=str)).dropna() if str(x)}) for k in ("git_commit", "study")
-    }
-    provenance = {"study": ",".join(named["study"]) or None, "source": df.attrs.get("source")}
-    provenance |= {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commits": named["git_commit"],
-    }
-    provenance |= {"n_runs": len(runs), "n_diverged": int((runs["status"] == "diverged").sum())}
+
+    def named(column: str) -> list[str]:
+        return sorted({str(x) for x in df.get(column, pd.Series(dtype=str)).dropna() if str(x)})
+
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    provenance = {"study": ",".join(named("study")) or None, "source": df.attrs.get("source"), "created": created}
+    provenance |= {"git_commits": named("git_commit"), "n_runs": len(runs)}
+    provenance["n_diverged"] = int((runs["status"] == "diverged").sum())
     doc = {"schema_version": 1, "provenance": provenance, "info": info, "trend": trend}
     doc["optima"] = json.loads(table.to_json(orient="records"))
     try:
@@ -673,7 +649,6 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 @register(
     "lr",
-    help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read",
     arguments=_arguments,
     files="lr_summary.md, lr.json, fig_lr.png",
     study_kind="lr",

@@ -29,7 +29,7 @@ from ..io.runs import AnalysisWarning, load_results, select_completed
 from ..laws.paired import LEVEL, cell_heterogeneity, paired_comparison, verdict
 from ..render.figures import delta_errorbar, save
 from ..render.tables import interval_text
-from .study_registry import number, register
+from .study_registry import number, options_from, register
 
 FILES = ("paired.csv", "paired.json", "paired.md", "fig_paired.png")
 
@@ -305,21 +305,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-@register(
-    "paired",
-    help="a condition study: arm - reference per cell and condition, their interaction",
-    arguments=_arguments,
-    headline=lambda doc: doc["headline"],
-    files=", ".join(FILES),
-)
+@register("paired", arguments=_arguments, headline=lambda doc: doc["headline"], files=", ".join(FILES))
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    opts = PairedOptions(
-        reference=args.reference,
-        arms=tuple(args.arms),
-        cells=tuple(args.cells),
-        condition=args.condition,
-        lr_protocol=None if args.lr_protocol == "any" else args.lr_protocol,
-    )
+    opts = options_from(PairedOptions, args, lr_protocol=None if args.lr_protocol == "any" else args.lr_protocol)
     frames = [select_completed(load_results(path))[0] for path in args.results]
     doc = analyse_paired(condition_runs(frames, opts), opts)
     return document(doc) | {"files": [f.name for f in write_paired(doc, args.out)]}

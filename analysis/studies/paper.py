@@ -175,7 +175,6 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 @register(
     "paper",
-    help="refit the paper's published numbers and draw its figures",
     arguments=_arguments,
     files="fit.json, summary.md, table4_ablations.md, the paper's figures",
     printed=lambda doc: [headline_numbers(doc)],

@@ -15,7 +15,7 @@ from ..laws.fit_options import FitOptions
 from ..render.fit_report import Sections, run_fit
 from ..render.multiplier_text import rung_headline
 from ..render.study_headline import fit_headline
-from .study_registry import add_arms, add_bootstrap, add_choice, fractions, number, register, seed_list
+from .study_registry import add_arms, add_bootstrap, add_choice, fractions, number, options_from, register, seed_list
 
 
 def load_any(results: str | None, wandb_project: str | None, wandb_group: str | None) -> pd.DataFrame:
@@ -107,32 +107,17 @@ def _add_fit_sections(f: argparse.ArgumentParser) -> None:
 
 @register(
     "fit",
-    help="fit a results table and write fit.json, summary.md and figures",
     arguments=_arguments,
     headline=fit_headline,
     printed=lambda doc: printed_lines(doc),
-    aliases=("arch_grid",),  # the architecture grid is reported by the fit (fit.json arch_grid, its table and figure)
     files="summary.md, fit.json, figures",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     df = load_any(args.results, args.wandb, args.wandb_group)
     df = select_dataset(df, args.dataset) if args.dataset else df
     df = select_seeds(df, args.seeds) if args.seeds else df
-    options = FitOptions(
-        baseline=args.baseline,
-        study=args.study,
-        compute=args.compute,
-        B=args.bootstrap,
-        seed=args.seed,
-        bootstrap_mode=args.bootstrap_mode,
-        seed_sigma=args.seed_sigma,
-        seed_rho=args.seed_rho,
-        form=args.form,
-        skip_incomplete=args.skip_incomplete,
-        outliers=args.outliers,
-    )
-    sections = Sections(wallclock=args.wallclock, rollout=args.rollout, e_sensitivity=args.e_sensitivity, nd=args.nd)
-    return run_fit(df, args.out, options, make_figures=not args.no_figures, sections=sections)
+    options = options_from(FitOptions, args, B=args.bootstrap)
+    return run_fit(df, args.out, options, make_figures=not args.no_figures, sections=options_from(Sections, args))
 
 
 def printed_lines(doc: FitDocument) -> list[str]:

@@ -35,7 +35,7 @@ from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.figures import delta_errorbar, save
 from ..render.multiplier_text import rung_headline, rung_markdown
 from ..render.tables import fmt, markdown_table
-from .study_registry import add_arms, add_bootstrap, register, seed_list
+from .study_registry import add_arms, add_bootstrap, options_from, register, seed_list
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
 DESIGN_SEEDS = (0, 1, 2)
@@ -646,23 +646,11 @@ def _laws_and_arrow(ax: plt.Axes, a: dict[str, Any], doc: dict[str, Any], C: np.
         ax.plot(grid, PowerLaw(**a[key]).loss(grid), "-", color=color, lw=1.2, label=f"joint fit, {recipe}")
     if arrow:
         L_star = float(PowerLaw(**a["law_arm"]).loss(c_star))
-        ax.annotate(
-            "",
-            xy=(c_star * m, L_star),
-            xytext=(c_star, L_star),
-            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.2},
-        )
-        ax.annotate(
-            f"× {m:.2f}",
-            xy=(c_star * math.sqrt(m), L_star),
-            xytext=(0, 9),
-            textcoords="offset points",
-            color="tab:blue",
-            fontsize=8,
-            ha="center",
-            va="bottom",
-            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
-        )
+        arrow_style = {"arrowstyle": "->", "color": "tab:blue", "lw": 1.2}
+        ax.annotate("", xy=(c_star * m, L_star), xytext=(c_star, L_star), arrowprops=arrow_style)
+        box = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8}
+        style = {"textcoords": "offset points", "color": "tab:blue", "fontsize": 8, "ha": "center", "va": "bottom"}
+        ax.annotate(f"× {m:.2f}", xy=(c_star * math.sqrt(m), L_star), xytext=(0, 9), bbox=box, **style)
 
 
 def plot_baseline(runs: pd.DataFrame, doc: dict[str, Any], path: str | Path) -> Path:
@@ -800,26 +788,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-@register(
-    "recipe",
-    help="a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction",
-    arguments=_arguments,
-    headline=headline_lines,
-    files="recipe_summary.md, recipe.json, figures",
-)
+@register("recipe", arguments=_arguments, headline=headline_lines, files="recipe_summary.md, recipe.json, figures")
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     from ..io.runs import select_seeds
 
     df = read_studies(args.results)
     df = select_seeds(df, args.seeds) if args.seeds else df
-    opts = RecipeOptions(
-        reference_recipe=args.reference_recipe,
-        recipe=args.recipe,
-        baseline=args.baseline,
-        lr_protocol=args.lr_protocol,
-        design_seeds=tuple(args.design_seeds),
-        held_out_seeds=tuple(args.held_out_seeds),
-        fit=FitOptions(B=args.bootstrap, seed=args.seed),
-    )
+    seeds = {"design_seeds": tuple(args.design_seeds), "held_out_seeds": tuple(args.held_out_seeds)}
+    opts = options_from(RecipeOptions, args, **seeds, fit=FitOptions(B=args.bootstrap, seed=args.seed))
     timing = read_studies(args.timing) if args.timing else None
     return run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)

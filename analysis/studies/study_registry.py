@@ -7,6 +7,7 @@ line and aliases as plain data for ``python -m analysis --help`` (tests/test_ana
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
@@ -56,6 +57,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         "block size (Fig. 6): same-seed differences with 95%% t intervals, beside the paper's",
         ("block-size",),
     ),
+    # the architecture grid is reported by the fit (fit.json arch_grid, its table and figure)
     "fit": ("fit a results table and write fit.json, summary.md and figures", ("arch_grid",)),
     "gallery": ("the paper's figures and tables beside ours, one Markdown page", ()),
     "length": (
@@ -80,16 +82,19 @@ def command_of(argv: Sequence[str]) -> str | None:
 def register(
     name: str,
     *,
-    help: str,
     arguments: Arguments,
+    help: str | None = None,
     headline: Headline | None = None,
-    aliases: tuple[str, ...] = (),
+    aliases: tuple[str, ...] | None = None,
     files: str = "",
     study_kind: str | None = None,
     printed: Headline | None = None,
 ) -> Callable[[Report], Report]:
-    """Register the decorated report function as ``python -m analysis <name>``; a name, alias or study kind taken
-    twice is a ValueError naming both."""
+    """Register the decorated report function as ``python -m analysis <name>`` (its help and aliases by default
+    :data:`COMMANDS`'); a name, alias or study kind taken twice is a ValueError naming both."""
+    plain_help, plain_aliases = COMMANDS.get(name, ("", ()))
+    help = plain_help if help is None else help
+    aliases = plain_aliases if aliases is None else aliases
 
     def add(report: Report) -> Report:
         taken = {n: s.name for s in STUDIES.values() for n in (s.name, *s.aliases)}
@@ -172,9 +177,7 @@ def fixed_shape_arguments(p: argparse.ArgumentParser) -> None:
     add_arms(p)
 
 
-def register_fixed_shape(
-    name: str, analyse: Callable[..., Any], *, help: str, files: str, aliases: tuple[str, ...] = ()
-) -> None:
+def register_fixed_shape(name: str, analyse: Callable[..., Any], files: str) -> None:
     """Register ``analyse(records, out, baseline)``, a study at one shape (ablations, block size), as the reporter
     of study kind ``name``; the CLI prints its document's ``verdict``."""
 
@@ -186,7 +189,7 @@ def register_fixed_shape(
         return analyse(load_one_dataset(args.results), Path(args.out), args.baseline)
 
     kind = {"study_kind": name, "printed": _verdict}
-    register(name, help=help, arguments=fixed_shape_arguments, aliases=aliases, files=files, **kind)(report)
+    register(name, arguments=fixed_shape_arguments, files=files, **kind)(report)
 
 
 def _verdict(doc: Any) -> list[str]:
@@ -202,6 +205,12 @@ def add_bootstrap(p: argparse.ArgumentParser, what: str = "bootstrap replicates"
 def add_choice(p: argparse.ArgumentParser, flag: str, choices: Sequence[str], help: str) -> None:
     """An option with a fixed set of values, the first its default."""
     p.add_argument(flag, default=choices[0], choices=list(choices), help=help)
+
+
+def options_from(cls: Any, args: argparse.Namespace, **given: Any) -> Any:
+    """The options dataclass ``cls`` from the parsed arguments named as its fields, ``given`` taking precedence."""
+    named = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**(named | given))
 
 
 def number(x: float | None, spec: str = ".3f") -> str:

@@ -300,13 +300,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-figures", action="store_true", help="write length.json and length_summary.md only")
 
 
-@register(
-    "length",
-    help="arm - baseline per rung at each training length (tokens per parameter): 95%% t intervals",
-    arguments=_arguments,
-    headline=headline_lines,
-    files="length_summary.md, length.json, figures",
-)
+@register("length", arguments=_arguments, headline=headline_lines, files="length_summary.md, length.json, figures")
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     return analyse_length(
         load_one_dataset(args.results),
