@@ -462,17 +462,12 @@ def tuned_document(
     budgets = table if "tokens_per_param" in table.columns else None
     table = at_smallest_budget(table) if budgets is not None else table
     trend = lr_trend(table) if trend is None else trend
-    doc: dict[str, Any] = {
-        "provenance": {
-            **provenance,
-            "rule": rule,
-            "method": (
-                f"quadratic in ln(lr) over the grid points within {info['window']} steps of the grid minimum; "
-                f"{int(100 * info['ci_level'])}% bootstrap interval (B = {info['B']}, seed {info['seed']})"
-                + ("; lr = the arm's power law a * N^b over sizes at each size's N" if rule == "trend" else "")
-            ),
-        }
-    }
+    method = (
+        f"quadratic in ln(lr) over the grid points within {info['window']} steps of the grid minimum; "
+        f"{int(100 * info['ci_level'])}% bootstrap interval (B = {info['B']}, seed {info['seed']})"
+        + ("; lr = the arm's power law a * N^b over sizes at each size's N" if rule == "trend" else "")
+    )
+    doc: dict[str, Any] = {"provenance": {**provenance, "rule": rule, "method": method}}
     doc |= {key: {} for key in ("lr", "lr_per_size", "lr_trend", "ci95", "on_edge")}
     for r in table.itertuples():
         v, s = str(r.variant), str(r.size)
@@ -536,15 +531,13 @@ def lr_markdown(
         rows.append([*cells, flag_text(r, "extend the grid")])
     lines = ["# Learning-rate tuning", "", f"Source: `{source}`." if source else "", ""]
     lines += markdown_table([*header, "grid points", "seeds", "flags"], rows)
-    lines += [
-        "",
-        (
-            f"Optimum: vertex of a least-squares parabola in ln(lr) through the grid points within {info['window']} "
-            "steps of the grid minimum (kept inside that window); a diverged run counts as worse than every completed "
-            f"one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, B = {info['B']}; single-seed curves "
-            f"use a parametric bootstrap with sigma = {_fmt(info['sigma'])} ({info['sigma_source']})."
-        ),
-    ]
+    method = (
+        f"Optimum: vertex of a least-squares parabola in ln(lr) through the grid points within {info['window']} "
+        "steps of the grid minimum (kept inside that window); a diverged run counts as worse than every completed "
+        f"one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, B = {info['B']}; single-seed curves "
+        f"use a parametric bootstrap with sigma = {_fmt(info['sigma'])} ({info['sigma_source']})."
+    )
+    lines += ["", method]
     if trend:
         lines += ["", "Scaling of the tuned lr with non-embedding parameters N (least squares in log-log):", ""]
         lines += [f"- {v}: lr* = {t['a']:.3g} · N^{t['b']:.3f} over {t['n_sizes']} sizes" for v, t in trend.items()]
@@ -656,18 +649,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     df = load_one_dataset(args.results, ("completed", "diverged"), args.dataset)
-    return run_lr(
-        df,
-        args.out,
-        B=args.bootstrap,
-        seed=args.seed,
-        seed_sigma=args.seed_sigma,
-        write_config=args.write_config,
-        command="python -m analysis " + " ".join(argv),
-        make_figures=not args.no_figures,
-        rule=args.rule,
-        sweep=args.sweep,
-    )
+    same = {k: getattr(args, k) for k in ("seed", "seed_sigma", "write_config", "rule", "sweep")}
+    command = "python -m analysis " + " ".join(argv)
+    return run_lr(df, args.out, B=args.bootstrap, command=command, make_figures=not args.no_figures, **same)
 
 
 def printed_lines(doc: dict[str, Any]) -> list[str]:

@@ -268,31 +268,29 @@ def analyse_recipe(
     ``arms_vs_baseline[<recipe>][<seed set>][<arm>]`` (b, d), ``interaction`` (c), ``held_out_check``, ``cost``, ...
     ``timing``: records of extra runs of the same configurations, read (for every seed set) for the time ratios only."""
     runs, excluded = recipe_runs(df, opts)
-    timed = runs
-    if timing is not None and len(timing):
-        extra = timing_runs(timing, opts)
-        timed = pd.concat([runs, extra], ignore_index=True)
+    timed = (
+        pd.concat([runs, timing_runs(timing, opts)], ignore_index=True) if timing is not None and len(timing) else runs
+    )
     base_dir = df.attrs.get("base_dir")
     arms = sorted(set(runs["variant"]) - {opts.baseline})
     sets = seed_sets(runs, opts)
     a: dict[str, Any] = {}
     b: dict[str, Any] = {r: {} for r in opts.recipes}
+    new, reference = opts.label(opts.recipe), opts.label(opts.reference_recipe)
     for name, seeds in sets.items():
         sub = runs[runs["seed"].isin(seeds)]
-        a[name] = compare(
-            baseline_table(sub, opts),
-            opts.label(opts.reference_recipe),
-            [opts.label(opts.recipe)],
-            opts,
-            base_dir,
-            timed=baseline_table(timed, opts),
-        )[opts.label(opts.recipe)]
+        a[name] = compare(baseline_table(sub, opts), reference, [new], opts, base_dir, baseline_table(timed, opts))[new]
         for r in opts.recipes:
             one = sub[sub["recipe"] == r]
             here = [x for x in arms if (one["variant"] == x).any()]
             b[r][name] = (
                 compare(one, opts.baseline, here, opts, base_dir, timed=timed[timed["recipe"] == r]) if here else {}
             )
+    rungs = [{"size": s} for s in size_order(runs, opts.fit.compute)]
+    if {"n_layers", "d_model"} <= set(runs.columns):
+        for rung in rungs:
+            first = runs[runs["size"] == rung["size"]].iloc[0]
+            rung |= {"n_layers": int(first["n_layers"]), "d_model": int(first["d_model"])}
     parts = {
         "schema_version": SCHEMA_VERSION,
         "source": df.attrs.get("source"),
@@ -304,13 +302,7 @@ def analyse_recipe(
         "compute": opts.fit.compute,
         "n_runs": len(runs),
         "runs_per_recipe": {r: int((runs["recipe"] == r).sum()) for r in opts.recipes},
-        "rungs": [
-            {"size": s, "n_layers": int(g["n_layers"].iloc[0]), "d_model": int(g["d_model"].iloc[0])}
-            for s in size_order(runs, opts.fit.compute)
-            for g in [runs[runs["size"] == s]]
-        ]
-        if {"n_layers", "d_model"} <= set(runs.columns)
-        else [{"size": s} for s in size_order(runs, opts.fit.compute)],
+        "rungs": rungs,
         "seed_sets": sets,
         "headline_seed_set": headline_set(sets),
         "regime": regime_line(runs, opts),
@@ -441,16 +433,8 @@ DEFINITIONS = (
 def recipe_markdown(doc: dict[str, Any]) -> str:
     ref, new, sets = doc["reference_recipe"], doc["recipe"], doc["seed_sets"]
     notes: list[str] = []
-    out = [
-        f"# Recipe study: {new} against {ref}",
-        "",
-        doc["regime"],
-        "",
-        DEFINITIONS,
-        "",
-        f"## (a) The baseline: {new} against {ref}",
-        "",
-    ]
+    out = [f"# Recipe study: {new} against {ref}", "", doc["regime"], "", DEFINITIONS, ""]
+    out += [f"## (a) The baseline: {new} against {ref}", ""]
     columns = ["runs", "m", "m_wall", "paired m", "paired m_wall"]
     rows = [_row([_seed_text(sets, name)], e, notes, f"(a) {name}") for name, e in doc["baseline_recipe"].items()]
     out += markdown_table(["seeds", *columns, "step-time ratio", "FLOPs/step ratio"], rows)
@@ -462,19 +446,10 @@ def recipe_markdown(doc: dict[str, Any]) -> str:
         for arm, e in fits.items()
     ]
     out += markdown_table(["recipe", "seeds", "arm", *columns, "P(m ≤ 1)", "step-time ratio"], rows)
-    out += _held_out_section(doc) + _interaction_section(doc)
-    out += rung_section(doc)
-    out += _step_time_section(doc)
-    cost_ = doc["cost"]
-    out += [
-        "",
-        "## Cost",
-        "",
-        *markdown_table(
-            ["runs of", "runs", "CPU time (h, summed)", "wall time (h, summed)", "first start to last finish (h)"],
-            ([k, f"{v['runs']}", *(fmt(v[t], 3) for t in ("cpu_h", "wall_h", "span_h"))] for k, v in cost_.items()),
-        ),
-    ]
+    out += _held_out_section(doc) + _interaction_section(doc) + rung_section(doc) + _step_time_section(doc)
+    header = ["runs of", "runs", "CPU time (h, summed)", "wall time (h, summed)", "first start to last finish (h)"]
+    rows = [[k, f"{v['runs']}", *(fmt(v[t], 3) for t in ("cpu_h", "wall_h", "span_h"))] for k, v in doc["cost"].items()]
+    out += ["", "## Cost", "", *markdown_table(header, rows)]
     if doc["excluded_runs"]:
         out += ["", "## Runs not read", ""]
         out += [
@@ -558,13 +533,12 @@ def _step_time_section(doc: dict[str, Any]) -> list[str]:
     if not columns:
         return []
     rungs = list(dict.fromkeys(p["rung"] for _, t in columns for p in t["per_rung"]))
+    read = "; ".join(f"{c}: {t.get('time_source', 'cpu_time_s')}" for c, t in columns)
     out = [
         "",
         f"## Step-time ratio per rung ({name} seeds; geometric means)",
         "",
-        "Time read per comparison: "
-        + "; ".join(f"{c}: {t.get('time_source', 'cpu_time_s')}" for c, t in columns)
-        + ".",
+        f"Time read per comparison: {read}.",
         "",
     ]
     rows = []

@@ -302,16 +302,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 @register("length", arguments=_arguments, headline=headline_lines, files="length_summary.md, length.json, figures")
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    return analyse_length(
-        load_one_dataset(args.results),
-        Path(args.out),
-        args.arm,
-        args.baseline,
-        make_figures=not args.no_figures,
-        fit=not args.no_fit,
-        bootstrap=args.bootstrap,
-        seed=args.seed,
-        frontier_bootstrap=args.frontier_bootstrap,
-        shared_lr=args.shared_lr,
-        compare_to=load_one_dataset(args.compare_to) if args.compare_to else None,
-    )
+    df = load_one_dataset(args.results)
+    same = {k: getattr(args, k) for k in ("bootstrap", "seed", "frontier_bootstrap", "shared_lr")}
+    compare_to = load_one_dataset(args.compare_to) if args.compare_to else None
+    given = {"make_figures": not args.no_figures, "fit": not args.no_fit, "compare_to": compare_to}
+    return analyse_length(df, Path(args.out), args.arm, args.baseline, **given, **same)
