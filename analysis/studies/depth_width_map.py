@@ -123,15 +123,12 @@ def _fmt_depth(x: float) -> str:
 
 
 def map_markdown(cells: pd.DataFrame, bounds: pd.DataFrame, opts: MapOptions = MapOptions()) -> list[str]:
-    lines = [
-        (
-            f"Δ = {opts.arm} − {opts.baseline} final validation loss (nats/token), same-seed pairs; 95% Student-t "
-            "interval over the pairs. Negative: Block AttnRes wins."
-        ),
-        "",
-        "| L_b | d_model | N | tokens/param | pairs | baseline loss | Δ | 95% interval | half-width | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    intro = (
+        f"Δ = {opts.arm} − {opts.baseline} final validation loss (nats/token), same-seed pairs; 95% Student-t "
+        "interval over the pairs. Negative: Block AttnRes wins."
+    )
+    header = "| L_b | d_model | N | tokens/param | pairs | baseline loss | Δ | 95% interval | half-width | verdict |"
+    lines = [intro, "", header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in cells.itertuples():
         if r.n_pairs == 0:
             lines.append(f"| {r.n_layers} | {r.d_model} | | | 0 | | | | | not run |")
@@ -142,11 +139,8 @@ def map_markdown(cells: pd.DataFrame, bounds: pd.DataFrame, opts: MapOptions = M
             f"| {r.n_layers} | {r.d_model} | {r.params:,} | {r.tokens_per_param:.1f} | {r.n_pairs} | "
             f"{r.baseline_loss:.4f} | {r.delta:+.4f} | {ci} | {hw} | {r.verdict} |"
         )
-    lines += [
-        "",
-        "**Where Δ crosses zero along depth** (log2-linear between cells; 95% interval from resampled pairs):",
-        "",
-    ]
+    crossing = "**Where Δ crosses zero along depth** (log2-linear between cells; 95% interval from resampled pairs):"
+    lines += ["", crossing, ""]
     if bounds.empty:
         lines.append("No width has pairs at two depths yet.")
     for r in bounds.itertuples():

@@ -593,8 +593,7 @@ def run_lr(
     if multi:
         doc["rules"] = lr_rules(table, draws)
         doc["next_runs"] = next_runs(table, runs, sweep if sweep is not None else study_sweep(runs))
-        reference = "baseline" if (table["variant"] == "baseline").any() else None
-        costs = protocol_costs(table, reference) if reference else pd.DataFrame()
+        costs = protocol_costs(table, "baseline") if (table["variant"] == "baseline").any() else pd.DataFrame()
         doc["protocol_costs"] = json.loads(costs.to_json(orient="records"))
     written = []
     if make_figures and multi:

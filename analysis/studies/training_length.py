@@ -182,13 +182,12 @@ def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
         return [f"compute fit over the (rung, budget) points: n/a ({fit['error']})"]
     p, rejected = fit.get("rung_test_p"), "rejected" if fit.get("one_multiplier") is False else "not rejected"
     one = "" if p is None else f"; one multiplier over the points {rejected} (p = {p:.2g})"
-    lines = [
-        (
-            f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}{one}: "
-            "one curve through every rung and budget, which mixes them; its per-point m_s (fit/summary.md) are not "
-            "the cells' multipliers (the per-cell m above is)"
-        )
-    ]
+    m = (
+        f"{arm}: compute multiplier over the (rung, budget) points m = {fit['m']:.3f}x {_ci(fit['m_ci95'])}{one}: "
+        "one curve through every rung and budget, which mixes them; its per-point m_s (fit/summary.md) are not "
+        "the cells' multipliers (the per-cell m above is)"
+    )
+    lines = [m]
     if fit.get("m_wall") is not None:
         lines.append(
             f"{arm}: wall-clock multiplier m_wall = {fit['m_wall']:.3f}x {_ci(fit.get('m_wall_ci95'))} "
@@ -213,18 +212,14 @@ def fit_lines(fit: dict[str, Any] | None, arm: str) -> list[str]:
 def fit_markdown(fit: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
     if not fit:
         return []
-    head = [
-        f"## Compute fit over the (rung, budget) points: {arm} against {reference}",
-        "",
-        (
-            "Every (rung, budget) is one point of L = E + A C^-alpha: one curve through all rungs and budgets, which "
-            "are not one curve (the family of these runs, not a compute-optimal frontier, and no cell's own "
-            "curve). Its per-point m_s in the full report are distances along that mixed curve and can contradict "
-            "the cells' Δ; the cells' multipliers are the table above. Full report: [fit/summary.md](fit/summary.md)."
-        ),
-        "",
-    ]
-    return [*head, *(f"* {line}" for line in fit_lines(fit, arm)), ""]
+    what = (
+        "Every (rung, budget) is one point of L = E + A C^-alpha: one curve through all rungs and budgets, which "
+        "are not one curve (the family of these runs, not a compute-optimal frontier, and no cell's own "
+        "curve). Its per-point m_s in the full report are distances along that mixed curve and can contradict "
+        "the cells' Δ; the cells' multipliers are the table above. Full report: [fit/summary.md](fit/summary.md)."
+    )
+    title = f"## Compute fit over the (rung, budget) points: {arm} against {reference}"
+    return [title, "", what, "", *(f"* {line}" for line in fit_lines(fit, arm)), ""]
 
 
 def headline_lines(doc: dict[str, Any]) -> list[str]:
