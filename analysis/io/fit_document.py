@@ -110,9 +110,8 @@ class MultiplierCurve(_Part):
 
 
 class JointLaw(_Part):
-    """The joint fit L = E + A_arm C^-alpha of baseline and variant (E and alpha shared; E = 0 for power_law).
-    ``*_at_bound``: [lo, hi], that end set by a search bound (analysis.laws.bootstrap.ends_at_bound); absent from
-    documents written before the flags existed."""
+    """The joint fit L = E + A_arm C^-alpha of baseline and variant (E and alpha shared; E = 0 for power_law);
+    ``*_at_bound``: [lo, hi], that end set by a search bound (analysis.laws.bootstrap.ends_at_bound)."""
 
     _fields = """form:str E:float A_base:float A_variant:float alpha:float m:float objective:float C_ref:float
         fallback:str saturating_attempt:dict[str,Any]|None alpha_ci95:Interval E_ci95:Interval
@@ -157,8 +156,7 @@ class OutlierReport(_Part):
 
 
 class LossReference(_Part):
-    """Mean final val loss of a group of runs (a sweep point, a reference arm); ``vs_baseline``: a reference arm's
-    same-seed difference from the baseline (analysis.laws.paired.paired_delta)."""
+    """Mean final val loss of a group of runs (a reference arm), and its same-seed difference from the baseline."""
 
     _fields = """val_loss:float val_loss_sd:float n_runs:int size:str val_loss_ci95:Interval seeds:list[int]|None
         vs_baseline:dict[str,Any]|None"""

@@ -138,15 +138,10 @@ _CONFIG_PATHS = {
 
 
 def _config_get(config: dict[str, Any], path: str) -> Any:
-    for flat in (path, path.replace(".", "/")):
-        if flat in config:
-            return config[flat]
     node: Any = config
     for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+        node = node.get(part) if isinstance(node, dict) else None
+    return next((config[flat] for flat in (path, path.replace(".", "/")) if flat in config), node)
 
 
 PFLOPS_DAY = 1e15 * 86400  # FLOPs in one PFLOP/s-day
@@ -439,10 +434,8 @@ def cell_text(keys: Sequence[str], values: Sequence[Any]) -> str:
     for k, v in zip(keys, values):
         if k in ("tokens_per_param", "tpp", "budget"):
             words.append(f"@ {float(v):g} tokens/param")
-        elif k in ("size", "variant", "arm"):
-            words.append(str(v))
         else:
-            words.append(f"{k}={v}")
+            words.append(str(v) if k in ("size", "variant", "arm") else f"{k}={v}")
     return " ".join(words)
 
 
@@ -454,12 +447,10 @@ def _seed_list(seeds: Iterable[Any]) -> str:
 
 
 def check_one_lr_per_cell(df: pd.DataFrame, keys: Sequence[str], what: str = "the comparison") -> None:
-    """Raise a one-line ValueError when one cell of ``df`` (one value of the ``keys`` columns, the arm's column
-    last) holds runs trained at more than one lr: they would be pooled as if they were seeds of one run. The message
-    names the cell (:func:`cell_text`, then the arm) and each lr with its seeds, the lr with the most runs first:
-    ``deep_L16 @ 128 tokens/param, baseline: runs at 2 lrs (4.553e-3: seeds 0,1,2,20,21,22; 2.2765e-3: seed 104);
-    select one lr ...``. Lrs equal to 6 significant digits are one lr; rows without an lr, and a table without an
-    ``lr`` column, are not checked. ``what`` names the analysis that would have pooled them."""
+    """Raise a one-line ValueError when one cell of ``df`` (one value of the ``keys`` columns, the arm's last) holds
+    runs at more than one lr (equal to 6 significant digits: one lr), which ``what`` would pool as seeds of one run,
+    e.g. ``deep_L16 @ 128 tokens/param, baseline: runs at 2 lrs (4.553e-3: seeds 0,1,2; 2.2765e-3: seed 104); ...``,
+    the lr with the most runs first. Rows without an lr are not checked."""
     if "lr" not in df.columns or df.empty:
         return
     lr = pd.to_numeric(df["lr"], errors="coerce")
