@@ -98,9 +98,8 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError("reading from W&B needs the wandb package (pip install wandb)") from e
         api = wandb.Api()
-    filters = {"group": group} if group else None
     rows = []
-    for run in api.runs(project, filters=filters):
+    for run in api.runs(project, filters={"group": group} if group else None):
         summary = getattr(run.summary, "_json_dict", None)
         summary = dict(summary if summary is not None else run.summary)
         config = dict(getattr(run, "config", {}) or {})
@@ -351,9 +350,8 @@ def runs_of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def keep_most_common(rows: pd.DataFrame, column: str, what: str, stacklevel: int = 2) -> pd.DataFrame:
-    """The rows holding ``column``'s most frequent value (ties: the first in sorted order). When the column holds
-    several values, warns "<what> (<all values>); using <kept>" (``stacklevel`` as the caller would pass to
-    warnings.warn itself)."""
+    """The rows holding ``column``'s most frequent value (ties: the first in sorted order), with a warning "<what>
+    (<all values>); using <kept>" when there are several (``stacklevel``: as the caller's own warnings.warn)."""
     counts = rows[column].value_counts()
     if len(counts) <= 1:
         return rows
