@@ -1,9 +1,6 @@
-"""The compute multiplier of one variant against the baseline on a scaling ladder, by every estimator
-(docs/analysis.md): the paper-form M(C), the joint fit's m, the per-size m_s and the same-seed paired multiplier,
-each with its bootstrap interval. analysis.laws.scaling_ladder assembles them into fit.json's ``multipliers``.
-
-The fits are analysis.laws.fit's, the resampling analysis.laws.bootstrap's; this module only combines them.
-"""
+"""The compute multiplier of one variant against the baseline on a scaling ladder by every estimator (paper-form
+M(C), the joint fit's m, the per-size m_s, the paired multiplier), each with its bootstrap interval: fit.json's
+``multipliers.<variant>`` (docs/analysis.md, "Methods")."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ def _chunked(fn, B: int, *arrays: np.ndarray) -> dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class _Pair:
-    """The rows of one comparison, baseline runs first: compute, loss, which rows are the variant's, their sizes,
-    and the sizes (by compute) at which the variant ran."""
+    """One comparison's rows, baseline first: compute, loss, variant mask, sizes, and the variant's sizes in order."""
 
     C: np.ndarray
     L: np.ndarray
@@ -71,10 +67,9 @@ def pair_fit(
     draws: tuple[np.ndarray, np.ndarray] | None = None,
     pair_sd: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The multiplier of ``variant`` vs ``baseline`` with its intervals. ``draws`` = (L, W) replicates of the rows
-    [baseline runs, variant runs] in that order (default: drawn here from the pair's own random stream); the
-    replicates of m are returned under ``_m_boot`` (not part of fit.json). ``pair_sd``: the paired-difference sd
-    per size that weights the paired multiplier (:func:`pooled_pair_sd`)."""
+    """The multiplier of ``variant`` vs ``baseline`` with its intervals (m's replicates under ``_m_boot``, not part
+    of fit.json). ``draws``: (L, W) replicates of [baseline rows, variant rows] (default: the pair's own stream);
+    ``pair_sd``: the per-size paired sd weighting the paired multiplier (:func:`pooled_pair_sd`)."""
     d = pd.concat([df[df["variant"] == baseline], df[df["variant"] == variant]], ignore_index=True)
     pair = _Pair.of(d, variant, compute)
     point = _point_estimates(pair, form, delta)
@@ -95,8 +90,7 @@ def pair_fit(
 
 
 def _point_estimates(pair: _Pair, form: str, delta: float) -> dict[str, Any]:
-    """The point estimates of every estimator: both arms' paper-form laws and M(C), the joint fit, the arms' own
-    exponents under its E, and the per-size m_s from the baseline curve inverted at each variant run's loss."""
+    """Every estimator's point estimate: paper-form M(C), the joint fit, the arms' own exponents under its E, m_s."""
     C, L, isv = pair.C, pair.L, pair.isv
     base_law = fit_power_law(C[~isv], L[~isv])
     var_law = fit_power_law(C[isv], L[isv])
@@ -126,14 +120,9 @@ def _point_estimates(pair: _Pair, form: str, delta: float) -> dict[str, Any]:
 
 
 def headline_gap(pair: _Pair, point: dict[str, Any]) -> dict[str, Any] | None:
-    """Why the joint fit's m lies outside the range of the per-size m_s, where it does (else None).
-
-    The two estimators read the same variant runs through different baseline curves: m_s inverts the baseline's
-    own curve (its exponent alpha_b under the joint fit's E), m the joint fit's baseline curve (the shared alpha,
-    fitted to both arms at once), and m also reads the variant through its fitted curve rather than its runs. So
-    ln m - ln geo(m_s) = ln(geo_joint / geo) + ln(m / geo_joint), geo_joint being the geo-mean of the m_s
-    re-read on the joint fit's baseline curve: the first term is the curves' (the exponents'), the second the
-    variant's runs lying off their joint-fit curve on average (the Huber fit does not pass through the means)."""
+    """Where the joint fit's m lies outside the per-size m_s' range (else None): ln m - ln geo(m_s) split into
+    the baseline curves' share (``factor_curves``) and the variant's runs off their fitted curve
+    (``factor_off_curve``), docs/analysis.md "Per-size check"."""
     joint = point["joint"]
     m_s = list(point["per_size"].values())
     lo, hi = min(m_s), max(m_s)
@@ -160,7 +149,7 @@ def headline_gap(pair: _Pair, point: dict[str, Any]) -> dict[str, Any] | None:
 def _replicates(
     pair: _Pair, point: dict[str, Any], Ls: np.ndarray, Ws: np.ndarray, plan: bs.ResamplePlan, delta: float
 ) -> dict[str, Any]:
-    """Every estimator on each bootstrap replicate (Ls, Ws: replicate losses and cell weights of the pair's rows)."""
+    """Every estimator on each bootstrap replicate (Ls, Ws: the pair's rows' losses and weights)."""
     isv, lnc = pair.isv, point["lnc"]
     jb = _chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, point["joint"].form, delta), plan.B, Ls, Ws)
     lnC = np.log(pair.C)
@@ -236,6 +225,7 @@ def _multiplier_entry(
             "n_runs": int(mask.sum()),
         }
     C_grid, M_grid, M_curve = point["C_grid"], point["M_grid"], boot["M_curve"]
+    M_ci = [bs.interval(M_grid[i], M_curve[:, i], plan, log=True) for i in range(len(C_grid))]
     return {
         "baseline": baseline,
         "paper_M": point["paper_M"],
@@ -244,8 +234,8 @@ def _multiplier_entry(
         "paper_M_curve": {
             "C": C_grid.tolist(),
             "M": M_grid.tolist(),
-            "ci95_lo": [bs.interval(M_grid[i], M_curve[:, i], plan, log=True)[0] for i in range(len(C_grid))],
-            "ci95_hi": [bs.interval(M_grid[i], M_curve[:, i], plan, log=True)[1] for i in range(len(C_grid))],
+            "ci95_lo": [c[0] for c in M_ci],
+            "ci95_hi": [c[1] for c in M_ci],
         },
         "m": joint.m,
         "m_ci95": m_ci,
@@ -282,9 +272,7 @@ PAIRED_SD_FLOOR = 0.005  # nats: a paired-difference sd below this is not truste
 
 
 def pooled_pair_sd(paired_deltas: list[dict[str, Any]]) -> dict[str, float]:
-    """Per size: the sd of same-seed differences pooled over every variant (degrees of freedom n - 1 each).
-    Three pairs give a poor sd (its 95% range is 0.16-1.9x the true one); pooling the arms of a size steadies the
-    weights and gives every arm the same ones."""
+    """Per size: the sd of same-seed differences pooled over every variant (n - 1 degrees of freedom each)."""
     acc: dict[str, list[float]] = {}
     for r in paired_deltas:
         if r["sd"] is not None and r["n_pairs"] > 1:
@@ -305,18 +293,10 @@ def _paired_multiplier(
     law_boot: tuple[np.ndarray, np.ndarray],
     pair_sd: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The multiplier from same-seed differences: at each size, the mean paired difference Delta = L_v - L_b
-    (same initialisation seed and data order) read through the baseline law L = E + A C^-alpha at the size's mean
-    baseline loss: ln m_s = -ln(1 + Delta / (L_b - E)) / alpha - ln(C_v / C_b) (to first order -Delta / (alpha
-    (L_b - E)), the local slope). Pairing cancels what the two runs of a seed share, so m_s
-    can be far tighter than the joint fit where the arms' trajectories stay together, and no tighter where they
-    diverge. Sizes are pooled in ln m by random effects (DerSimonian-Laird): each size's pair-noise variance
-    v_s = max(sd_s, PAIRED_SD_FLOOR)^2 / n / (alpha (L_b - E))^2, sd_s from ``pair_sd`` (the size's paired sd pooled
-    over arms; this arm's own where absent; equal weights when a size has none), plus tau^2, the sizes' spread beyond
-    it (Cochran's Q, reported with I^2). The interval: the same bootstrap replicates as the joint fit (cells, alpha,
-    E) with the weights held at their point values, plus a normal between-size term of variance tau^2 sum(w^2).
-    The constant-multiplier assumption of the shared-exponent joint fit applies; a small heterogeneity p says the
-    sizes disagree with it."""
+    """The paired multiplier (docs/analysis.md, "Paired multiplier"): per size ln m_s = -ln(1 + Delta / (L_b - E))
+    / alpha - ln(C_v / C_b) from the mean same-seed difference Delta, pooled over sizes by random effects
+    (DerSimonian-Laird, pair-noise sd from ``pair_sd``, floored at PAIRED_SD_FLOOR), its interval from the joint
+    fit's replicates plus the between-size term."""
     per_size, ln_point, ln_boot, weight = _paired_sizes(d, pair, (Ls, Ws), plan, (law, law_boot), pair_sd)
     if not per_size:
         return {"m": None, "m_ci95": None, "p_m_le_1": None, "per_size": {}}
@@ -331,9 +311,8 @@ def _paired_sizes(
     laws: tuple[tuple[float, float], tuple[np.ndarray, np.ndarray]],
     pair_sd: dict[str, float] | None,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, np.ndarray], dict[str, float | None]]:
-    """Per size with same-seed pairs: its entry (m_s, interval, mean and sd of the differences), ln m_s and its
-    replicates, and its weight (pairs / sd^2; None without an sd). ``draws``: the replicates (losses, weights);
-    ``laws``: the baseline's (alpha, E) and their replicates."""
+    """Per size with same-seed pairs: its entry, ln m_s, its replicates and its weight (pairs / sd^2; None without
+    an sd). ``laws``: the baseline's (alpha, E) and their replicates."""
     Ls, Ws = draws
     (alpha, E), (alpha_boot, E_boot) = laws
     isv, L, C, sizes = pair.isv, pair.L, pair.C, pair.sizes
@@ -379,9 +358,7 @@ def _pool_sizes(
 ) -> dict[str, Any]:
     """The sizes' m_s pooled in ln m by random effects, with the interval and the heterogeneity test."""
     alpha, E = law
-    # Random-effects pooling (DerSimonian-Laird): v_s, the pair-noise variance of ln m_s; tau^2, the spread of the
-    # sizes' own multipliers beyond it (zero when they agree). Without tau^2 a pooled m would claim the precision of
-    # its tightest sizes even where the sizes disagree.
+    # v_s: the pair-noise variance of ln m_s; tau^2: the sizes' spread beyond it (zero when they agree)
     slope = {s: alpha * (per_size[s]["L_base"] - E) for s in per_size}
     equal = any(w is None for w in weight.values())
     v = {s: (1.0 if equal else 1.0 / weight[s]) / slope[s] ** 2 for s in per_size}
