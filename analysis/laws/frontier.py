@@ -17,8 +17,8 @@ from threadpoolctl import threadpool_limits
 from ..io.token_budget import tokens_per_param
 from . import bootstrap as bs
 from .fit import HUBER_DELTA
-from .isoflop import _num, isoflop_profiles
-from .nd_fit import fit_theta, log_loss, refit_theta
+from .isoflop import finite_or_none, isoflop_profiles
+from .nd_fit import fit_theta, law_terms, law_text, log_loss, refit_theta
 from .rollout import Z95
 
 N_GRID = 1201  # points of the ln N grid the frontier is minimised on
@@ -239,8 +239,8 @@ def _band(point: np.ndarray, boot: np.ndarray, plan: bs.ResamplePlan, log: bool)
     for j in range(len(point)):
         ok = np.isfinite(point[j])
         c = bs.interval(float(point[j]), boot[:, j], plan, log=log) if ok else [float("nan")] * 2
-        lo.append(_num(c[0]))
-        hi.append(_num(c[1]))
+        lo.append(finite_or_none(c[0]))
+        hi.append(finite_or_none(c[1]))
     return lo, hi
 
 
@@ -273,7 +273,7 @@ def _curves(
     lo, hi = _band(M, Mb, plan, log=True)
     top = len(C) - 1
     out["M"] = {
-        "M": [_num(m) for m in M],
+        "M": [finite_or_none(m) for m in M],
         "ci95_lo": lo,
         "ci95_hi": hi,
         "undefined_replicates": int((~np.isfinite(Mb)).any(axis=1).sum()),
@@ -304,13 +304,13 @@ def _reads(d: pd.DataFrame, C: np.ndarray, M: np.ndarray, grid: np.ndarray, base
     n_lo, n_hi = d["N"].min(), d["N"].max()
     n_all = np.concatenate([n_arm, n_ref[ok]])
     return {
-        "reference_N": [_num(x) for x in n_ref],
-        "reference_tokens_per_param": [_num(x) for x in tpp_ref],
+        "reference_N": [finite_or_none(x) for x in n_ref],
+        "reference_tokens_per_param": [finite_or_none(x) for x in tpp_ref],
         "arm_N": n_arm.tolist(),
         "arm_tokens_per_param": tpp_arm.tolist(),
-        "largest_tokens_per_param_read": _num(np.nanmax(np.concatenate([tpp_arm, tpp_ref]))),
+        "largest_tokens_per_param_read": finite_or_none(np.nanmax(np.concatenate([tpp_arm, tpp_ref]))),
         "largest_tokens_per_param_measured": float(d["tokens_per_param"].max()),
-        "smallest_tokens_per_param_read": _num(np.nanmin(np.concatenate([tpp_arm, tpp_ref]))),
+        "smallest_tokens_per_param_read": finite_or_none(np.nanmin(np.concatenate([tpp_arm, tpp_ref]))),
         "smallest_tokens_per_param_measured": float(d["tokens_per_param"].min()),
         "N_reach": float(max(n_all.max() / n_hi, n_lo / n_all.min(), 1.0)),
     }
@@ -324,12 +324,6 @@ def frontier_curves(
     free = _curves(d, C, _lnN_grid(d), (reference, arm), point, boot, plan)
     within = _curves(d, C, _lnN_grid(d, 0.0), (reference, arm), point, boot, plan)
     return {"C": C.tolist(), **free, "within_rungs": within}
-
-
-def _law_text(law: ArmLaw) -> str:
-    a, alpha, b, beta, e = (float(t) for t in law.theta)
-    A, B = math.exp(a + alpha * math.log(law.N0)), math.exp(b + beta * math.log(law.D0))
-    return f"L = {math.exp(e):.4g} + {A:.4g}/N^{alpha:.4g} + {B:.4g}/D^{beta:.4g}"
 
 
 def rollout_cells(
@@ -434,7 +428,7 @@ def frontier_with_laws(
         "n_runs": len(d),
         "rungs": sorted(d["rung"].unique(), key=lambda r: float(d.loc[d["rung"] == r, "N"].iloc[0])),
         "budgets": sorted(float(t) for t in d["tokens_per_param"].unique()),
-        "laws": {a: _law_text(point[a]) for a in arms},
+        "laws": {a: law_text(law_terms(point[a].theta, point[a].N0, point[a].D0)) for a in arms},
         "compute_model": {a: {"c0": point[a].k[0], "c1": point[a].k[1]} for a in arms},
         "exponents": exponent_test(point, boot, plan, (reference, arm)),
     }

@@ -1,17 +1,7 @@
-"""The training-length study under two lr protocols, side by side: every budget at one shared peak lr (one WSD trunk
-per run, the lr tuned at the smallest budget) against every budget at its own tuned lr (conf/tuned_lr/*.yaml
-``lr_per_budget``). Per (rung, budget) cell: the arm's same-seed Δ under each protocol, how much the Δ moved
-(per seed, Δ_own - Δ_shared), and how much each arm's own loss gained from its budget's lr (per seed, L_own -
-L_shared; negative: the budget's own lr trains better); per rung: Δ at the largest budget minus Δ at the smallest,
-under each protocol, which says whether "the arm's gain grows with training length" survives the fair lrs. And
-best against best (:func:`best_against_best`): where the arm also ran at its own optimum for a budget (the study's
-``lr_protocol`` per_arm runs, :func:`split_best`), its Δ there against the reference at the reference's own optimum.
-
-Everything is a same-seed comparison on the seeds both tables hold (analysis.laws.paired, 95% t intervals), so
-the two studies must share seeds. ``python -m analysis length --compare-to <the other protocol's results>``
-(analysis.studies.training_length); its text: analysis.render.length_protocols_text.
-
-Numbers only: plain functions on tidy DataFrames; no torch.
+"""The training-length study under two lr protocols side by side (every budget at one shared lr against every
+budget at its own tuned lr): per (rung, budget) the arm's same-seed Δ under each, its shift and each arm's gain from
+its budget's lr; per rung Δ(largest budget) - Δ(smallest) under each; and best against best
+(:func:`best_against_best`). Same-seed comparisons (analysis.laws.paired, 95% t intervals). Numbers only.
 """
 
 from __future__ import annotations
@@ -45,14 +35,9 @@ def _num(x: Any) -> float | None:
 def compare_protocols(
     shared: pd.DataFrame, own: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline"
 ) -> dict[str, Any]:
-    """Side by side per cell and per rung (module docstring). ``shared``, ``own``: the two studies' records
-    (columns variant, size, seed, val_loss, lr, status, params_non_embedding and what tokens per parameter is
-    computed from). Returns
-    ``cells`` (one dict per (rung, budget) both hold for both arms: ``delta_shared``, ``delta_own`` with their
-    ``_ci95``, ``shift`` = Δ_own - Δ_shared with ``shift_ci95``, ``gain_<arm>``/``gain_<reference>`` = L_own -
-    L_shared with ``_ci95``, each arm's lr under each protocol, ``n_pairs``) and ``growth`` (per rung: Δ(largest
-    budget) - Δ(smallest) under each protocol with its interval). One arm's runs of one cell at two lrs within one
-    protocol are a ValueError (analysis.laws.paired.paired_comparison)."""
+    """The two studies' records ``shared`` and ``own`` side by side: ``cells`` (per (rung, budget) both hold:
+    ``delta_<protocol>``, ``shift`` = Δ_own - Δ_shared, ``gain_<arm>`` = L_own - L_shared, each with ``_ci95``, the
+    lrs, ``n_pairs``) and ``growth`` (:func:`_growth`)."""
     a, b = _completed(shared, SHARED), _completed(own, OWN)
     both = pd.concat([a, b], ignore_index=True)
     both = both[both["variant"].isin([arm, reference])]
@@ -120,9 +105,8 @@ BEST = "best"  # the arm at its own optimum (the condition value of best_against
 
 
 def split_best(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """A study's runs under the paper's protocol, and those under ``lr_protocol`` per_arm (an arm at its own tuned
-    lr) where the study holds both (else None): the per-arm runs are the best-against-best cells, never pooled with
-    the study proper."""
+    """A study's runs under the paper's protocol, and its ``lr_protocol`` per_arm runs where it holds both (else
+    None)."""
     if "lr_protocol" not in df.columns:
         return df, None
     per_arm = (df["lr_protocol"] == "per_arm").to_numpy()
@@ -134,13 +118,9 @@ def split_best(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
 def best_against_best(
     own: pd.DataFrame, best: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline"
 ) -> list[dict[str, Any]]:
-    """Each arm at its own optimum, per (rung, budget) cell that ``best`` holds: ``best`` has the ``arm``'s runs at
-    its own optimum lr for that budget (e.g. ``lr_protocol=per_arm`` with a per-budget tuned-lr file), ``own`` the
-    per-budget study (the ``reference`` at its own optimum, the ``arm`` at the reference's lr). One dict per cell,
-    on the seeds all three runs share: ``delta_best`` = arm at its optimum - reference at its optimum and
-    ``delta_own`` = arm at the reference's lr - reference, each with its 95% t interval (``_ci95``), ``arm_gain`` =
-    Δ_best - Δ_own (the arm's loss at its own lr - at the reference's, per seed; negative: its own lr trains it
-    better) with ``arm_gain_ci95``, the two lrs of the arm and the reference's, and ``n_pairs``."""
+    """Per (rung, budget) cell of ``best`` (the arm at its own optimum lr), against ``own`` (the reference at its
+    optimum, the arm at the reference's lr), on the seeds all three share: ``delta_best``, ``delta_own`` and
+    ``arm_gain`` = Δ_best - Δ_own, each with ``_ci95``, the lrs and ``n_pairs``."""
     mine = _completed(best, BEST)
     mine = mine[mine["variant"] == arm]
     if mine.empty:

@@ -29,8 +29,9 @@ from .heterogeneity import rung_test
 _CHUNK = 400  # replicates per batched call: bounds memory of the (replicates x alphas x points) arrays
 
 
-def _chunked(fn, B: int, *arrays: np.ndarray) -> dict[str, np.ndarray]:
-    parts = [fn(*(a[i : i + _CHUNK] for a in arrays)) for i in range(0, B, _CHUNK)]
+def chunked(fn, B: int, *arrays: np.ndarray, chunk: int = _CHUNK) -> dict[str, np.ndarray]:
+    """``fn`` on ``chunk`` replicates of ``arrays`` at a time, its arrays concatenated."""
+    parts = [fn(*(a[i : i + chunk] for a in arrays)) for i in range(0, B, chunk)]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
@@ -151,7 +152,7 @@ def _replicates(
 ) -> dict[str, Any]:
     """Every estimator on each bootstrap replicate (Ls, Ws: the pair's rows' losses and weights)."""
     isv, lnc = pair.isv, point["lnc"]
-    jb = _chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, point["joint"].form, delta), plan.B, Ls, Ws)
+    jb = chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, point["joint"].form, delta), plan.B, Ls, Ws)
     lnC = np.log(pair.C)
     ab, sb = wls_line(lnC, np.log(Ls), Ws * ~isv)
     av, sv = wls_line(lnC, np.log(Ls), Ws * isv)

@@ -1,23 +1,7 @@
-"""Rollout: does the ladder's law predict the next rung? Fit without the largest rung(s), predict each arm's loss and
-the multiplier there, and set the measurement beside the prediction (fit.json ``rollout``, ``fig_rollout.png``).
-
-The fit is the headline joint fit (analysis.laws.fit.fit_joint: ``L_arm = E + A_arm C^-alpha``, E and alpha shared,
-Huber on log-loss, the same form rule) on the rungs kept, one per variant against the baseline, as the ladder fit
-itself. Its bootstrap (analysis.laws.bootstrap: the paired cluster bootstrap over seeds within a rung, or the parametric
-one) gives replicates of each arm's predicted loss at the held-out rung's compute; the prediction interval adds the
-scatter the fit leaves, so that it is one for a measurement, not for the curve:
-
-    ln L_pred ± sqrt(d_fit² + (1.96 s)²)   (each end apart, in log)
-
-d_fit is the distance from the point to that end of the fit's 95% percentile interval (scaled by the bootstrap's
-small-sample factor), s the rms log residual of the fitted rungs' cell means (one arm at one rung, averaged over its
-seeds: what is measured at the held-out rung) about the fit, with the fit's four parameters taken from the degrees of
-freedom. The multiplier's prediction is the fit's m (one number over compute) with its bootstrap interval; beside it,
-the full ladder's m and the held-out rung's own m_s (fit.json ``multipliers``). docs/analysis.md, "Rollout".
-
-Numbers only: summary.md's section is analysis.render.multiplier_text.rollout_markdown.
-
-Plain functions on tidy DataFrames (analysis.io.runs); no torch.
+"""Rollout (fit.json ``rollout``): the ladder's joint fit (analysis.laws.fit.fit_joint) without its largest
+rung(s) predicts each arm's mean loss there, with the fit's bootstrap interval widened in log by 1.96 x the fitted
+cell means' rms log residual (ln L_pred ± sqrt(d_fit² + (1.96 s)²), each end apart), beside the measurement; and
+the predicted Δ and m beside the measured ones. docs/analysis.md ("--rollout").
 """
 
 from __future__ import annotations
@@ -32,17 +16,10 @@ from ..io.runs import size_order
 from . import bootstrap as bs
 from .fit import fit_joint, fit_joint_batch
 from .fit_options import FitOptions
+from .multipliers import chunked
 
 Z95 = 1.959963984540054
 _CHUNK = 250  # bootstrap replicates per batched call (bounds the saturating search's memory)
-
-
-def _batch(lnc: np.ndarray, Ls: np.ndarray, isv: np.ndarray, Ws: np.ndarray, form: str, delta: float) -> dict:
-    parts = [
-        fit_joint_batch(lnc, Ls[i : i + _CHUNK], isv, Ws[i : i + _CHUNK], form, delta)
-        for i in range(0, len(Ls), _CHUNK)
-    ]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def _log_interval(point: float, boot: np.ndarray, plan: bs.ResamplePlan, extra_sd: float) -> list[float] | None:
@@ -61,13 +38,9 @@ def rollout(
     held_out: int = 1,
     measured: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """fit.json ``rollout``: the ladder ``runs`` (completed, arms as fitted:
-    analysis.laws.scaling_ladder.ScalingFit.runs) fitted without its ``held_out`` largest rungs (by compute), each
-    variant against the baseline; each arm's predicted mean loss at every held-out rung with its fit interval and
-    prediction interval, the measured mean beside it and whether it lies inside; the predicted same-seed difference
-    variant - baseline beside the measured one; the fit's m with its interval. ``measured``: the full ladder's
-    fit.json ``multipliers`` (dicts), whose m and held-out m_s are set beside the prediction. A ValueError when fewer
-    than three rungs would remain."""
+    """fit.json ``rollout``: the ladder ``runs`` (arms as fitted) without their ``held_out`` largest rungs, each
+    variant against the baseline: predicted and measured losses, Δ and m at the held-out rungs. ``measured``: the
+    full ladder's ``multipliers``, set beside. A ValueError when fewer than three rungs would remain."""
     opt = options if options is not None else FitOptions()
     base, compute = opt.baseline, opt.compute
     sizes = size_order(runs, compute)
@@ -104,9 +77,7 @@ def _point(
     plan: bs.ResamplePlan,
     s_res: float,
 ) -> dict[str, Any]:
-    """One held-out (size, arm): the law's prediction ``pred`` at its compute ``C_at`` with the fit's interval (the
-    replicates ``boot``) and the prediction interval (the fit's plus the cell-level scatter ``s_res``), beside the
-    measured mean of its ``rows``."""
+    """One held-out (size, arm): ``pred`` at ``C_at`` with its fit and prediction intervals, beside ``rows``' mean."""
     pi = _log_interval(pred, boot, plan, s_res)
     meas = float(rows["val_loss"].mean())
     return {
@@ -148,7 +119,8 @@ def _rollout_pair(
     )
     Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "rollout:" + v))
     Ls = np.maximum(Ls, 1e-9)
-    jb = _batch(np.log(C / jf.C_ref), Ls, isv, Ws, jf.form, delta)
+    lnc = np.log(C / jf.C_ref)
+    jb = chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, jf.form, delta), len(Ls), Ls, Ws, chunk=_CHUNK)
     points, deltas = [], []
     for size in size_order(test, compute):
         at = test[test["size"] == size]
