@@ -12,7 +12,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from threadpoolctl import threadpool_limits
 
-from .fit import ALPHA_BOUNDS, HUBER_DELTA, JointFit, PowerLaw, _joint_result, huber
+from analysis.laws.fit import ALPHA_BOUNDS, HUBER_DELTA, JointFit, PowerLaw, _joint_result, huber
 
 _TOL = 1e-14  # ftol = xtol = gtol: well below any difference the tests resolve, above machine epsilon
 _TOLS = {"ftol": _TOL, "xtol": _TOL, "gtol": _TOL}
