@@ -40,3 +40,10 @@ class FitOptions:
 
     def replace(self, **changes: Any) -> FitOptions:
         return dataclasses.replace(self, **changes)
+
+    def plan(self, df: Any, residual_sigma: float | None) -> bs.ResamplePlan:
+        """The resampling of ``df`` these options ask for (bootstrap.plan_resampling)."""
+        return bs.plan_resampling(
+            df, B=self.B, seed=self.seed, mode=self.bootstrap_mode, sigma=self.seed_sigma, rho=self.seed_rho,
+            residual_sigma=residual_sigma,
+        )  # fmt: skip

@@ -348,17 +348,8 @@ def rollout_cells(
             d_lo, d_hi = math.log(pred / lo), math.log(hi / pred)
             pi = [pred * math.exp(-math.hypot(d_lo, Z95 * s)), pred * math.exp(math.hypot(d_hi, Z95 * s))]
             measured = float(g["val_loss"].mean())
-            rows.append(
-                {
-                    "arm": a,
-                    "cell": str(cell),
-                    "n_runs": len(g),
-                    "predicted": pred,
-                    "prediction_interval95": pi,
-                    "measured": measured,
-                    "inside": bool(pi[0] <= measured <= pi[1]),
-                }
-            )
+            row = {"arm": a, "cell": str(cell), "n_runs": len(g), "predicted": pred, "prediction_interval95": pi}
+            rows.append(row | {"measured": measured, "inside": bool(pi[0] <= measured <= pi[1])})
     return rows
 
 
@@ -371,13 +362,8 @@ def exponent_test(point: dict[str, ArmLaw], boot: dict[str, list[ArmLaw]], plan,
         diff = float(point[arm].theta[i] - point[reference].theta[i])
         reps = np.array([ba.theta[i] - br.theta[i] for br, ba in zip(boot[reference], boot[arm])])
         lo, hi = bs.interval(diff, reps, plan)
-        out[name] = {
-            "reference": float(point[reference].theta[i]),
-            "arm": float(point[arm].theta[i]),
-            "difference": diff,
-            "ci95": [lo, hi],
-            "differ": bool(lo > 0 or hi < 0),
-        }
+        out[name] = {"reference": float(point[reference].theta[i]), "arm": float(point[arm].theta[i])}
+        out[name] |= {"difference": diff, "ci95": [lo, hi], "differ": bool(lo > 0 or hi < 0)}
     out["differ"] = any(out[k]["differ"] for k in ("alpha", "beta"))
     return out
 

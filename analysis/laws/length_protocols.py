@@ -32,6 +32,18 @@ def _num(x: Any) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
+def _negated(ci: list[float] | None) -> list[float] | None:
+    return [-ci[1], -ci[0]] if ci else None
+
+
+def _deltas(r: Any, names: dict[str, str]) -> dict[str, Any]:
+    """A paired_comparison row's cell and seeds, and per condition ``p`` its Δ as ``delta_<name>`` (with _ci95)."""
+    row = {"size": str(r.size), "tokens_per_param": float(r.tokens_per_param), "seeds": r.seeds}
+    for name, p in names.items():
+        row |= {f"delta_{name}": _num(getattr(r, f"delta_{p}")), f"delta_{name}_ci95": getattr(r, f"delta_{p}_ci95")}
+    return row
+
+
 def compare_protocols(
     shared: pd.DataFrame, own: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline"
 ) -> dict[str, Any]:
@@ -49,14 +61,9 @@ def compare_protocols(
     cells = []
     for r in table.itertuples():
         key = (r.size, r.tokens_per_param)
-        row: dict[str, Any] = {"size": str(r.size), "tokens_per_param": float(r.tokens_per_param), "seeds": r.seeds}
-        for p in (SHARED, OWN):
-            row[f"delta_{p}"] = _num(getattr(r, f"delta_{p}"))
-            row[f"delta_{p}_ci95"] = getattr(r, f"delta_{p}_ci95")
+        row = _deltas(r, {SHARED: SHARED, OWN: OWN})
         # paired_comparison's interaction is Δ_first - Δ_second = Δ_shared - Δ_own: the shift is its negative
-        row["shift"] = -float(r.interaction)
-        row["shift_ci95"] = [-r.interaction_ci95[1], -r.interaction_ci95[0]] if r.interaction_ci95 else None
-        row["n_pairs"] = int(r.n_pairs)
+        row |= {"shift": -float(r.interaction), "shift_ci95": _negated(r.interaction_ci95), "n_pairs": int(r.n_pairs)}
         for v, g in gains.items():
             hit = g[(g["size"] == key[0]) & (g["tokens_per_param"] == key[1])]
             row[f"gain_{v}"] = _num(float(hit["delta"].iloc[0])) if len(hit) else None
@@ -87,17 +94,9 @@ def _growth(a: pd.DataFrame, b: pd.DataFrame, arm: str, reference: str) -> list[
             if t.empty:
                 continue
             r = t.iloc[0]
-            out.append(
-                {
-                    "size": str(size),
-                    "protocol": p,
-                    "from": float(lo),
-                    "to": float(hi),
-                    "growth": float(r["interaction"]),
-                    "growth_ci95": r["interaction_ci95"],
-                    "n_pairs": int(r["n_pairs"]),
-                }
-            )
+            row = {"size": str(size), "protocol": p, "from": float(lo), "to": float(hi)}
+            row |= {"growth": float(r["interaction"]), "growth_ci95": r["interaction_ci95"]}
+            out.append(row | {"n_pairs": int(r["n_pairs"])})
     return out
 
 
@@ -134,22 +133,10 @@ def best_against_best(
     table = paired_comparison(both, reference, [arm], CELLS, "protocol")
     out = []
     for r in table.itertuples():
-        out.append(
-            {
-                "size": str(r.size),
-                "tokens_per_param": float(r.tokens_per_param),
-                "seeds": r.seeds,
-                "delta_best": _num(getattr(r, f"delta_{BEST}")),
-                "delta_best_ci95": getattr(r, f"delta_{BEST}_ci95"),
-                "delta_own": _num(getattr(r, f"delta_{OWN}")),
-                "delta_own_ci95": getattr(r, f"delta_{OWN}_ci95"),
-                # the interaction is Δ_first - Δ_second = Δ_own - Δ_best: the arm's gain is its negative
-                "arm_gain": -float(r.interaction),
-                "arm_gain_ci95": [-r.interaction_ci95[1], -r.interaction_ci95[0]] if r.interaction_ci95 else None,
-                "lr_arm_best": _lr_of(mine, r.size, r.tokens_per_param, arm),
-                "lr_arm_own": _lr_of(o, r.size, r.tokens_per_param, arm),
-                "lr_reference": _lr_of(o, r.size, r.tokens_per_param, reference),
-                "n_pairs": int(r.n_pairs),
-            }
-        )
+        row = _deltas(r, {"best": BEST, "own": OWN})
+        # the interaction is Δ_first - Δ_second = Δ_own - Δ_best: the arm's gain is its negative
+        row |= {"arm_gain": -float(r.interaction), "arm_gain_ci95": _negated(r.interaction_ci95)}
+        lrs = {"lr_arm_best": (mine, arm), "lr_arm_own": (o, arm), "lr_reference": (o, reference)}
+        row |= {k: _lr_of(runs, r.size, r.tokens_per_param, v) for k, (runs, v) in lrs.items()}
+        out.append(row | {"n_pairs": int(r.n_pairs)})
     return out

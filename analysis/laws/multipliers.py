@@ -77,16 +77,14 @@ def pair_fit(
     Ls, Ws = draws if draws is not None else bs.draw(d, plan, bs.rng_for(plan, "pair:" + variant))
     Ls = np.maximum(Ls, 1e-9)
     boot = _replicates(pair, point, Ls, Ws, plan, delta)
-    paired = _paired_multiplier(
-        d,
-        pair,
-        Ls,
-        Ws,
-        plan,
-        law=(float(point["sl"]["alpha_b"]), point["joint"].E),
-        law_boot=(boot["slb"]["alpha_b"], boot["jb"]["E"]),
-        pair_sd=pair_sd,
-    )
+    # the paired multiplier (docs/analysis.md, "Paired multiplier"): per size from the same-seed differences through
+    # the baseline's law (alpha_b, E), pooled over sizes by random effects
+    law = (float(point["sl"]["alpha_b"]), point["joint"].E)
+    laws = (law, (boot["slb"]["alpha_b"], boot["jb"]["E"]))
+    per_size, ln_point, ln_boot, weight = _paired_sizes(d, pair, (Ls, Ws), plan, laws, pair_sd)
+    paired = {"m": None, "m_ci95": None, "p_m_le_1": None, "per_size": {}}
+    if per_size:
+        paired = _pool_sizes(per_size, ln_point, ln_boot, weight, plan, law)
     return _multiplier_entry(baseline, pair, point, boot, paired, plan, delta)
 
 
@@ -204,16 +202,12 @@ def _multiplier_entry(
         np.isfinite(diff_ci[0]) and ((diff_ci[0] > 0 and not diff_bound[0]) or (diff_ci[1] < 0 and not diff_bound[1]))
     )
     finite_m = np.isfinite(jb["m"]) & (jb["m"] > 0)
-    joint_d = joint.to_dict()
-    joint_d["alpha_ci95"] = bs.interval(joint.alpha, jb["alpha"], plan)
+    joint_d = joint.to_dict() | {"alpha_ci95": bs.interval(joint.alpha, jb["alpha"], plan)}
     joint_d["alpha_ci95_at_bound"] = bs.ends_at_bound(joint.alpha, jb["alpha"], at_bound, plan, joint_d["alpha_ci95"])
+    joint_d["E_ci95"] = bs.interval(joint.E, jb["E"], plan) if joint.form == "saturating" else None
     if joint.form == "saturating":
-        joint_d["E_ci95"] = bs.interval(joint.E, jb["E"], plan)
         joint_d["E_ci95_at_bound"] = bs.ends_at_bound(joint.E, jb["E"], at_bound, plan, joint_d["E_ci95"])
-    else:
-        joint_d["E_ci95"] = None
-    joint_d["draws_at_bound"] = int(at_bound.sum())
-    joint_d["huber_delta"] = delta
+    joint_d |= {"draws_at_bound": int(at_bound.sum()), "huber_delta": delta}
     m_ci = bs.interval(joint.m, jb["m"], plan, log=True)
     per_size = {}
     for s in pair.order:
@@ -283,27 +277,6 @@ def pooled_pair_sd(paired_deltas: list[dict[str, Any]]) -> dict[str, float]:
     return {s: math.sqrt(v / k) for s, (v, k) in acc.items() if k > 0}
 
 
-def _paired_multiplier(
-    d: pd.DataFrame,
-    pair: _Pair,
-    Ls: np.ndarray,
-    Ws: np.ndarray,
-    plan: bs.ResamplePlan,
-    *,
-    law: tuple[float, float],
-    law_boot: tuple[np.ndarray, np.ndarray],
-    pair_sd: dict[str, float] | None = None,
-) -> dict[str, Any]:
-    """The paired multiplier (docs/analysis.md, "Paired multiplier"): per size ln m_s = -ln(1 + Delta / (L_b - E))
-    / alpha - ln(C_v / C_b) from the mean same-seed difference Delta, pooled over sizes by random effects
-    (DerSimonian-Laird, pair-noise sd from ``pair_sd``, floored at PAIRED_SD_FLOOR), its interval from the joint
-    fit's replicates plus the between-size term."""
-    per_size, ln_point, ln_boot, weight = _paired_sizes(d, pair, (Ls, Ws), plan, (law, law_boot), pair_sd)
-    if not per_size:
-        return {"m": None, "m_ci95": None, "p_m_le_1": None, "per_size": {}}
-    return _pool_sizes(per_size, ln_point, ln_boot, weight, plan, law)
-
-
 def _paired_sizes(
     d: pd.DataFrame,
     pair: _Pair,
@@ -312,8 +285,9 @@ def _paired_sizes(
     laws: tuple[tuple[float, float], tuple[np.ndarray, np.ndarray]],
     pair_sd: dict[str, float] | None,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, np.ndarray], dict[str, float | None]]:
-    """Per size with same-seed pairs: its entry, ln m_s, its replicates and its weight (pairs / sd^2; None without
-    an sd). ``laws``: the baseline's (alpha, E) and their replicates."""
+    """Per size with same-seed pairs: its entry, ln m_s = -ln(1 + Delta / (L_b - E)) / alpha - ln(C_v / C_b) from
+    the mean difference Delta, its replicates and its weight (pairs / max(sd, PAIRED_SD_FLOOR)^2, sd from
+    ``pair_sd``; None without an sd). ``laws``: the baseline's (alpha, E) and their replicates."""
     Ls, Ws = draws
     (alpha, E), (alpha_boot, E_boot) = laws
     isv, L, C, sizes = pair.isv, pair.L, pair.C, pair.sizes
@@ -357,7 +331,8 @@ def _pool_sizes(
     plan: bs.ResamplePlan,
     law: tuple[float, float],
 ) -> dict[str, Any]:
-    """The sizes' m_s pooled in ln m by random effects, with the interval and the heterogeneity test."""
+    """The sizes' m_s pooled in ln m by random effects (DerSimonian-Laird), with the interval (the replicates plus
+    a normal between-size term of variance tau^2 sum(w^2)) and the heterogeneity test."""
     alpha, E = law
     # v_s: the pair-noise variance of ln m_s; tau^2: the sizes' spread beyond it (zero when they agree)
     slope = {s: alpha * (per_size[s]["L_base"] - E) for s in per_size}

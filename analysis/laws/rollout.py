@@ -80,19 +80,10 @@ def _point(
     """One held-out (size, arm): ``pred`` at ``C_at`` with its fit and prediction intervals, beside ``rows``' mean."""
     pi = _log_interval(pred, boot, plan, s_res)
     meas = float(rows["val_loss"].mean())
-    return {
-        "size": size,
-        "arm": arm,
-        "C": C_at,
-        "predicted": pred,
-        "fit_ci95": _log_interval(pred, boot, plan, 0.0),
-        "prediction_interval95": pi,
-        "measured": meas,
-        "measured_sd": float(rows["val_loss"].std(ddof=1)) if len(rows) > 1 else None,
-        "n_runs": len(rows),
-        "error": meas - pred,
-        "inside": bool(pi is not None and pi[0] <= meas <= pi[1]),
-    }
+    sd = float(rows["val_loss"].std(ddof=1)) if len(rows) > 1 else None
+    out = {"size": size, "arm": arm, "C": C_at, "predicted": pred, "fit_ci95": _log_interval(pred, boot, plan, 0.0)}
+    out |= {"prediction_interval95": pi, "measured": meas, "measured_sd": sd, "n_runs": len(rows)}
+    return out | {"error": meas - pred, "inside": bool(pi is not None and pi[0] <= meas <= pi[1])}
 
 
 def _rollout_pair(
@@ -103,20 +94,13 @@ def _rollout_pair(
     isv = (d["variant"] == v).to_numpy()
     jf = fit_joint(C, L, isv, form=opt.form, delta=delta)
     # the scatter the fit leaves at the level of a cell mean (one arm, one rung, its seeds averaged)
-    cells = d.assign(_pred=np.where(isv, jf.variant_law().loss(C), jf.base_law().loss(C)))
+    fitted = np.where(isv, jf.variant_law().loss(C), jf.base_law().loss(C))
+    cells = d.assign(_pred=fitted)
     means = cells.groupby(["variant", "size"])[["val_loss", "_pred"]].mean()
     r = np.log(means["val_loss"].to_numpy(float)) - np.log(means["_pred"].to_numpy(float))
     dof = max(len(r) - 4, 1)
     s_res = float(math.sqrt(float((r**2).sum()) / dof))
-    plan = bs.plan_resampling(
-        d,
-        B=opt.B,
-        seed=opt.seed,
-        mode=opt.bootstrap_mode,
-        sigma=opt.seed_sigma,
-        rho=opt.seed_rho,
-        residual_sigma=float(np.std(L - np.where(isv, jf.variant_law().loss(C), jf.base_law().loss(C)), ddof=1)),
-    )
+    plan = opt.plan(d, float(np.std(L - fitted, ddof=1)))
     Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "rollout:" + v))
     Ls = np.maximum(Ls, 1e-9)
     lnc = np.log(C / jf.C_ref)
@@ -139,15 +123,9 @@ def _rollout_pair(
             boot_d = pred_arm[v] - pred_arm[base]
             ok = boot_d[np.isfinite(boot_d)]
             ci = bs.interval(pred_d, ok, plan) if ok.size else None
-            deltas.append(
-                {
-                    "size": size,
-                    "predicted": pred_d,
-                    "predicted_ci95": ci,
-                    "measured": float((pairs["val_loss_y"] - pairs["val_loss_x"]).mean()) if len(pairs) else None,
-                    "n_pairs": len(pairs),
-                }
-            )
+            measured = float((pairs["val_loss_y"] - pairs["val_loss_x"]).mean()) if len(pairs) else None
+            delta_row = {"size": size, "predicted": pred_d, "predicted_ci95": ci, "measured": measured}
+            deltas.append(delta_row | {"n_pairs": len(pairs)})
     m_ok = jb["m"][np.isfinite(jb["m"]) & (jb["m"] > 0)]
     entry: dict[str, Any] = {
         "joint": {k: getattr(jf, k) for k in ("form", "E", "A_base", "A_variant", "alpha", "m", "C_ref", "fallback")},
@@ -159,9 +137,7 @@ def _rollout_pair(
         "delta": deltas,
     }
     if full:
-        entry["measured_m"] = full.get("m")
-        entry["measured_m_ci95"] = full.get("m_ci95")
-        entry["measured_m_s"] = {
-            s: (full.get("per_size") or {}).get(s, {}).get("m") for s in {p["size"] for p in points}
-        }
+        entry |= {"measured_m": full.get("m"), "measured_m_ci95": full.get("m_ci95")}
+        held = {p["size"] for p in points}
+        entry["measured_m_s"] = {s: (full.get("per_size") or {}).get(s, {}).get("m") for s in held}
     return entry

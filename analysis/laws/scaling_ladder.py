@@ -77,17 +77,10 @@ def _loss_table(df: pd.DataFrame, variants: list[str], baseline: str, compute: s
             if d.empty:
                 continue
             mean = float(d["val_loss"].mean())
-            rows.append(
-                {
-                    "size": size,
-                    "variant": v,
-                    "C": float(d[compute].mean()),
-                    "val_loss": mean,
-                    "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
-                    "n_runs": len(d),
-                    "delta_vs_baseline": mean - float(base[size]) if size in base.index and v != baseline else None,
-                }
-            )
+            sd = float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None
+            delta = mean - float(base[size]) if size in base.index and v != baseline else None
+            row = {"size": size, "variant": v, "C": float(d[compute].mean()), "val_loss": mean, "val_loss_sd": sd}
+            rows.append(row | {"n_runs": len(d), "delta_vs_baseline": delta})
     return rows
 
 
@@ -177,16 +170,9 @@ def _check_cells(df: pd.DataFrame, flags: list[list[str]]) -> list[dict[str, Any
         if len(g) >= 2:
             sd = float(g["val_loss"].std(ddof=1))
             if sd > health.CELL_SD_BOUND:
-                disagree.append(
-                    {
-                        "variant": variant,
-                        "size": size,
-                        "sd": sd,
-                        "n_runs": len(g),
-                        "val_losses": [float(v) for v in g["val_loss"]],
-                        "bound": health.CELL_SD_BOUND,
-                    }
-                )
+                losses = [float(v) for v in g["val_loss"]]
+                cell = {"variant": variant, "size": size, "sd": sd, "n_runs": len(g), "val_losses": losses}
+                disagree.append(cell | {"bound": health.CELL_SD_BOUND})
     return disagree
 
 
@@ -201,16 +187,9 @@ def _paired_deltas(df: pd.DataFrame, variants: list[str], baseline: str, compute
             d = df[(df["variant"] == v) & (df["size"] == size)].groupby("seed")["val_loss"].mean()
             diffs = [float(d[sd] - base[(size, sd)]) for sd in d.index if (size, sd) in base.index]
             if diffs:
-                rows.append(
-                    {
-                        "size": size,
-                        "variant": v,
-                        "n_pairs": len(diffs),
-                        "mean": float(np.mean(diffs)),
-                        "sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
-                        "diffs": diffs,
-                    }
-                )
+                sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None
+                row = {"size": size, "variant": v, "n_pairs": len(diffs), "mean": float(np.mean(diffs)), "sd": sd}
+                rows.append(row | {"diffs": diffs})
     return rows
 
 
@@ -270,15 +249,7 @@ def analyse_scaling(
         df = df[df["flags"] == ""].reset_index(drop=True)
     variants = check_ladder(df, opt.baseline, opt.skip_incomplete)
     df = df[df["variant"].isin(variants)].reset_index(drop=True)
-    plan = bs.plan_resampling(
-        df,
-        B=opt.B,
-        seed=opt.seed,
-        mode=opt.bootstrap_mode,
-        sigma=opt.seed_sigma,
-        rho=opt.seed_rho,
-        residual_sigma=_residual_sigma(df, variants, opt.compute),
-    )
+    plan = opt.plan(df, _residual_sigma(df, variants, opt.compute))
     if plan.mode == "parametric" and opt.seed_sigma is None:
         warnings.warn(
             f"parametric bootstrap with sigma = {plan.sigma:.3g}: {plan.sigma_source}", AnalysisWarning, stacklevel=2

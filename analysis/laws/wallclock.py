@@ -115,18 +115,9 @@ def _rung_ratios(rung: str, ref: np.ndarray, arm: np.ndarray, logs: np.ndarray, 
     """One rung's geometric-mean seconds per FLOP and per step of each arm (row indices ``ref``, ``arm``), ratios."""
     s_ref, s_arm = math.exp(logs[ref].mean()), math.exp(logs[arm].mean())
     st_ref, st_arm = math.exp(log_step[ref].mean()), math.exp(log_step[arm].mean())
-    return {
-        "rung": rung,
-        "n_ref": len(ref),
-        "n_arm": len(arm),
-        "s_ref": s_ref,
-        "s_arm": s_arm,
-        "s_ref_over_s_arm": s_ref / s_arm,
-        "step_time_ref": st_ref,
-        "step_time_arm": st_arm,
-        "step_time_ratio": st_arm / st_ref,
-        "flops_per_step_ratio": (st_arm / s_arm) / (st_ref / s_ref),
-    }
+    out = {"rung": rung, "n_ref": len(ref), "n_arm": len(arm), "s_ref": s_ref, "s_arm": s_arm}
+    out |= {"s_ref_over_s_arm": s_ref / s_arm, "step_time_ref": st_ref, "step_time_arm": st_arm}
+    return out | {"step_time_ratio": st_arm / st_ref, "flops_per_step_ratio": (st_arm / s_arm) / (st_ref / s_ref)}
 
 
 def _bootstrap(
