@@ -211,15 +211,8 @@ def cell_multipliers(
         D_range = (float(D_by_budget.min()), float(D_by_budget.max()))
         for r in cells.itertuples():
             D = float(D_by_budget[r.tokens_per_param])
-            entry: dict[str, Any] = {
-                "size": str(rung),
-                "tokens_per_param": float(r.tokens_per_param),
-                "D": D,
-                "D_range": list(D_range),
-                "delta": r.delta,
-                "delta_ci95": r.delta_ci95,
-                "n_pairs": int(r.n_pairs),
-            }
+            entry: dict[str, Any] = {"size": str(rung), "tokens_per_param": float(r.tokens_per_param), "D": D}
+            entry |= {"D_range": list(D_range), "delta": r.delta, "delta_ci95": r.delta_ci95, "n_pairs": int(r.n_pairs)}
             if "error" in law:
                 entry |= {"law": {"error": law["error"]}, "m": None, "m_ci95": None, "m_ci95_beyond": [False, False]}
                 entry["note"] = f"no law at this rung ({law['error']})"

@@ -86,18 +86,10 @@ def lr_check(
         if len(best) < 2:
             continue
         d = at.get((size, tpp), missing)
-        rows.append(
-            {
-                "size": str(size),
-                "tokens_per_param": float(tpp),
-                "params_non_embedding": float(g["params_non_embedding"].median()),
-                "arms": best,
-                "delta_shared": d["delta"],
-                "delta_shared_ci95": d["delta_ci95"],
-                "n_pairs": d["n_pairs"],
-                "delta_best": best[arm]["loss_at_best"] - best[reference]["loss_at_best"],
-            }
-        )
+        N = float(g["params_non_embedding"].median())
+        row = {"size": str(size), "tokens_per_param": float(tpp), "params_non_embedding": N, "arms": best}
+        row |= {"delta_shared": d["delta"], "delta_shared_ci95": d["delta_ci95"], "n_pairs": d["n_pairs"]}
+        rows.append(row | {"delta_best": best[arm]["loss_at_best"] - best[reference]["loss_at_best"]})
     rows.sort(key=lambda r: (r["params_non_embedding"], r["tokens_per_param"]))
     return {"shared_lr": shared, "lrs": lrs, "move_factor": MOVE_FACTOR, "rows": rows, "moves": _moves(rows)}
 
@@ -110,16 +102,9 @@ def _moves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             best = {f"{r['tokens_per_param']:g}": r["arms"][v]["best_lr"] for r in mine}
             grid = {r["arms"][v]["grid_best_lr"] for r in mine}
             span = max(best.values()) / min(best.values())
-            out.append(
-                {
-                    "arm": v,
-                    "size": size,
-                    "best_lr": best,
-                    "span": span,
-                    "moves": bool(len(grid) > 1 or span > MOVE_FACTOR),
-                    "any_on_edge": any(r["arms"][v]["on_edge"] for r in mine),
-                }
-            )
+            row = {"arm": v, "size": size, "best_lr": best, "span": span}
+            row["moves"] = bool(len(grid) > 1 or span > MOVE_FACTOR)
+            out.append(row | {"any_on_edge": any(r["arms"][v]["on_edge"] for r in mine)})
     return out
 
 
@@ -136,17 +121,12 @@ def protocol_costs(table: pd.DataFrame, reference: str = "baseline") -> pd.DataF
         y = np.array([np.nan if v is None else v for v in r.mean_loss], float)
         at_ref = ref_lr.get((r.size, float(r.tokens_per_param)), math.nan)
         at_trunk = ref_lr.get((r.size, float(smallest.get(r.size, math.nan))), math.nan)
-        rows.append(
-            {
-                "variant": r.variant,
-                "size": r.size,
-                "tokens_per_param": float(r.tokens_per_param),
-                "lr": float(r.lr),
-                "on_edge": bool(r.on_edge),
-                "reference_lr": at_ref,
-                "excess_reference": loss_at(x, y, math.log(at_ref)) - r.loss_at_optimum if at_ref > 0 else math.nan,
-                "trunk_lr": at_trunk,
-                "excess_trunk": loss_at(x, y, math.log(at_trunk)) - r.loss_at_optimum if at_trunk > 0 else math.nan,
-            }
-        )
+        row = {"variant": r.variant, "size": r.size, "tokens_per_param": float(r.tokens_per_param), "lr": float(r.lr)}
+        row |= {"on_edge": bool(r.on_edge), "reference_lr": at_ref, "excess_reference": _excess(x, y, at_ref, r)}
+        rows.append(row | {"trunk_lr": at_trunk, "excess_trunk": _excess(x, y, at_trunk, r)})
     return pd.DataFrame(rows)
+
+
+def _excess(x: np.ndarray, y: np.ndarray, lr: float, row: Any) -> float:
+    """The loss at ``lr`` on the grid curve (x, y) over the row's own optimum (nan unless lr > 0)."""
+    return loss_at(x, y, math.log(lr)) - row.loss_at_optimum if lr > 0 else math.nan

@@ -204,16 +204,10 @@ def comparison_entry(row: Any) -> dict[str, Any]:
 def _pair(arm: pd.Series, reference: pd.Series, level: float) -> dict[str, Any]:
     d = paired_delta(arm, reference, level)
     seeds = d["pair_seeds"]
-    return {
-        "seeds": seeds,
-        "n_pairs": d["n_pairs"],
-        "ref_loss": float(reference.loc[seeds].mean()) if seeds else math.nan,
-        "arm_loss": float(arm.loc[seeds].mean()) if seeds else math.nan,
-        "delta": d["delta"],
-        "delta_sd": d["delta_sd"],
-        "delta_ci95": d["delta_ci95"],
-        "verdict": verdict(d["delta_ci95"], d["n_pairs"]),
-    }
+    ref_loss, arm_loss = (float(s.loc[seeds].mean()) if seeds else math.nan for s in (reference, arm))
+    row = {"seeds": seeds, "n_pairs": d["n_pairs"], "ref_loss": ref_loss, "arm_loss": arm_loss}
+    row |= {k: d[k] for k in ("delta", "delta_sd", "delta_ci95")}
+    return row | {"verdict": verdict(d["delta_ci95"], d["n_pairs"])}
 
 
 def _interaction(
