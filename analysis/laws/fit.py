@@ -165,6 +165,7 @@ def profile_saturating(
     lnL = np.log(Lb)
     E_max = np.where(W > 0, L, np.inf).min(-1)[..., None]  # E may not exceed the smallest observed loss
     Wb = W[..., None, :]
+    is_v = np.arange(len(lnc)) >= nb
     u = np.broadcast_to(Wl, x.shape)
     for _ in range(irls_iter):
         ux = u * x
@@ -176,13 +177,7 @@ def profile_saturating(
         Sxxb, Sxxv = uxx[..., :nb].sum(-1), uxx[..., nb:].sum(-1)
         hb, hv = uxL[..., :nb].sum(-1), uxL[..., nb:].sum(-1)
         E, Ab, Av = nnls3(S1, Sxb, Sxv, Sxxb, Sxxv, uL.sum(-1), hb, hv, E_max)
-        Lhat = E[..., None] + x * np.concatenate(
-            [
-                np.broadcast_to(Ab[..., None], (*Ab.shape, nb)),
-                np.broadcast_to(Av[..., None], (*Av.shape, x.shape[-1] - nb)),
-            ],
-            -1,
-        )
+        Lhat = E[..., None] + x * np.where(is_v, Av[..., None], Ab[..., None])
         r = lnL - np.log(np.maximum(Lhat, _TINY))
         u = Wl * _irls_weights(r, delta)
     obj = (Wb * huber(r, delta)).sum(-1)
@@ -324,28 +319,16 @@ def _joint_objective(
 
 
 def _polish(
-    theta0: np.ndarray,
-    lnc: np.ndarray,
-    lnL: np.ndarray,
-    isv: np.ndarray,
-    w: np.ndarray,
-    delta: float,
-    bounds: list[tuple[float | None, float | None]],
+    theta0: np.ndarray, args: tuple[Any, ...], bounds: list[tuple[float | None, float | None]]
 ) -> tuple[np.ndarray, float]:
-    f0, _ = _joint_objective(theta0, lnc, lnL, isv, w, delta)
+    """L-BFGS-B then :func:`_newton` on :func:`_joint_objective` (``args``: lnc, lnL, isv, w, delta) from theta0."""
+    f0, _ = _joint_objective(theta0, *args)
     # L-BFGS-B calls BLAS on 4x4 problems: a BLAS thread pool only adds hand-off latency (docs/analysis.md).
     with threadpool_limits(limits=1, user_api="blas"):
-        res = minimize(
-            _joint_objective,
-            theta0,
-            args=(lnc, lnL, isv, w, delta),
-            jac=True,
-            method="L-BFGS-B",
-            bounds=bounds,
-            options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-10},
-        )
+        options = {"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-10}
+        res = minimize(_joint_objective, theta0, args=args, jac=True, method="L-BFGS-B", bounds=bounds, options=options)
     if np.isfinite(res.fun) and res.fun <= f0:
-        return _newton(np.asarray(res.x, float), float(res.fun), (lnc, lnL, isv, w, delta), bounds)
+        return _newton(np.asarray(res.x, float), float(res.fun), args, bounds)
     return theta0, f0
 
 
@@ -431,7 +414,8 @@ def fit_joint(
         E_max = float(L[w > 0].min())
         amp = [math.log(max(float(s[k]), 1e-300)) for k in ("A_b", "A_v")]
         theta0 = np.array([float(s["E"]), *amp, float(s["alpha"])])
-        theta, obj = _polish(theta0, lnc, lnL, isv, w, delta, [(0.0, E_max), (None, None), (None, None), alpha_bounds])
+        bounds = [(0.0, E_max), (None, None), (None, None), alpha_bounds]
+        theta, obj = _polish(theta0, (lnc, lnL, isv, w, delta), bounds)
         E, a_b, a_v, alpha = (float(t) for t in theta)
         obj *= delta * delta
         sat = _joint_result("saturating", E, a_b, a_v, alpha, obj, C_ref)
@@ -460,7 +444,7 @@ def _fit_pinned(
     polished on the Huber log-loss of L."""
     p = fit_power_batch(lnc, np.log(L - E), isv, w, delta)
     theta0 = np.array([E, float(p["a_b"]), float(p["a_v"]), float(p["alpha"])])
-    theta, obj = _polish(theta0, lnc, np.log(L), isv, w, delta, [(E, E), (None, None), (None, None), (None, None)])
+    theta, obj = _polish(theta0, (lnc, np.log(L), isv, w, delta), [(E, E), (None, None), (None, None), (None, None)])
     _, a_b, a_v, alpha = (float(t) for t in theta)
     return _joint_result("power_law" if E == 0 else "pinned", E, a_b, a_v, alpha, obj * delta * delta, C_ref)
 

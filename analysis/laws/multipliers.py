@@ -131,18 +131,10 @@ def headline_gap(pair: _Pair, point: dict[str, Any]) -> dict[str, Any] | None:
     with np.errstate(divide="ignore", invalid="ignore"):
         per = [float(np.exp(np.mean(np.log(on_joint[pair.at(s)])))) for s in pair.order]
         geo_joint = float(np.exp(np.mean(np.log(per))))
-    geo = point["geo"]
-    return {
-        "side": "above" if joint.m > hi else "below",
-        "m_s_min": lo,
-        "m_s_max": hi,
-        "alpha_shared": joint.alpha,
-        "alpha_base": float(point["sl"]["alpha_b"]),
-        "E": joint.E,
-        "m_s_joint_curve_geomean": geo_joint,
-        "factor_curves": geo_joint / geo,  # the baseline curve: joint fit's vs the baseline's own
-        "factor_off_curve": joint.m / geo_joint,  # the variant's fitted curve vs its runs
-    }
+    out = {"side": "above" if joint.m > hi else "below", "m_s_min": lo, "m_s_max": hi, "alpha_shared": joint.alpha}
+    out |= {"alpha_base": float(point["sl"]["alpha_b"]), "E": joint.E, "m_s_joint_curve_geomean": geo_joint}
+    # the baseline curve (the joint fit's vs the baseline's own), and the variant's fitted curve vs its runs
+    return out | {"factor_curves": geo_joint / point["geo"], "factor_off_curve": joint.m / geo_joint}
 
 
 def _replicates(
@@ -172,16 +164,9 @@ def _replicates(
             per_size[s] = np.exp((w * np.where(mask, ln_m, 0.0)).sum(1) / w.sum(1))
         geo = np.exp(np.nanmean(np.log(np.stack(list(per_size.values()), 1)), 1))
         diff = slb["alpha_v"] - slb["alpha_b"]
-    return {
-        "jb": jb,
-        "at_bound": joint_draws_at_bound(jb, Ls, Ws, point["joint"].form),
-        "M_star": M_star,
-        "M_curve": M_curve,
-        "slb": slb,
-        "diff": diff,
-        "per_size": per_size,
-        "geo": geo,
-    }
+    at_bound = joint_draws_at_bound(jb, Ls, Ws, point["joint"].form)
+    out = {"jb": jb, "at_bound": at_bound, "M_star": M_star, "M_curve": M_curve, "slb": slb, "diff": diff}
+    return out | {"per_size": per_size, "geo": geo}
 
 
 def _multiplier_entry(
