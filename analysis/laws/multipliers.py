@@ -104,18 +104,10 @@ def _point_estimates(pair: _Pair, form: str, delta: float) -> dict[str, Any]:
     )
     m_run = inv_base.compute_for_loss(L) / C  # only the variant entries are used
     per_size = {s: float(np.exp(np.mean(np.log(m_run[pair.at(s)])))) for s in pair.order}
-    return {
-        "paper_M": float(multiplier_curve(base_law, var_law, C_star)),
-        "C_star": C_star,
-        "C_grid": C_grid,
-        "M_grid": multiplier_curve(base_law, var_law, C_grid),
-        "joint": joint,
-        "lnc": lnc,
-        "sl": sl,
-        "alpha_diff": float(sl["alpha_v"] - sl["alpha_b"]),
-        "per_size": per_size,
-        "geo": float(np.exp(np.mean(np.log(list(per_size.values()))))),
-    }
+    paper = {"paper_M": float(multiplier_curve(base_law, var_law, C_star)), "C_star": C_star, "C_grid": C_grid}
+    out = paper | {"M_grid": multiplier_curve(base_law, var_law, C_grid), "joint": joint, "lnc": lnc, "sl": sl}
+    out |= {"alpha_diff": float(sl["alpha_v"] - sl["alpha_b"]), "per_size": per_size}
+    return out | {"geo": float(np.exp(np.mean(np.log(list(per_size.values())))))}
 
 
 def headline_gap(pair: _Pair, point: dict[str, Any]) -> dict[str, Any] | None:
@@ -204,6 +196,9 @@ def _multiplier_entry(
             "L_variant": float(pair.L[mask].mean()),
             "n_runs": int(mask.sum()),
         }
+    exponents = {"E_used": joint.E, "alpha_base": float(point["sl"]["alpha_b"])}
+    exponents |= {"alpha_variant": float(point["sl"]["alpha_v"]), "diff": point["alpha_diff"], "diff_ci95": diff_ci}
+    exponents |= {"diff_ci95_at_bound": diff_bound, "significant": significant}
     C_grid, M_grid, M_curve = point["C_grid"], point["M_grid"], boot["M_curve"]
     M_ci = [bs.interval(M_grid[i], M_curve[:, i], plan, log=True) for i in range(len(C_grid))]
     return {
@@ -222,15 +217,7 @@ def _multiplier_entry(
         "m_ci95_at_bound": bs.ends_at_bound(joint.m, jb["m"], at_bound, plan, m_ci, log=True),
         "p_m_le_1": bs.share_at_most(joint.m, jb["m"], plan, 1.0),
         "joint": joint_d,
-        "exponents": {
-            "E_used": joint.E,
-            "alpha_base": float(point["sl"]["alpha_b"]),
-            "alpha_variant": float(point["sl"]["alpha_v"]),
-            "diff": point["alpha_diff"],
-            "diff_ci95": diff_ci,
-            "diff_ci95_at_bound": diff_bound,
-            "significant": significant,
-        },
+        "exponents": exponents,
         "headline": "curve" if significant else "m",
         "per_size": per_size,
         "per_size_geomean": point["geo"],

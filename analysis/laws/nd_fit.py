@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -64,15 +65,8 @@ def _grid_objective(lnN, lnD, lnL, w, delta, grid: np.ndarray) -> np.ndarray:
 
 def _grid(L_min: float) -> np.ndarray:
     ln = math.log(L_min)
-    pts = [
-        (ln + math.log(fa), ea, ln + math.log(fb), eb, ln + math.log(fe))
-        for ea in _GRID_EXP
-        for eb in _GRID_EXP
-        for fa in _GRID_AMP
-        for fb in _GRID_AMP
-        for fe in _GRID_FRAC
-    ]
-    return np.array(pts)
+    grid = product(_GRID_EXP, _GRID_EXP, _GRID_AMP, _GRID_AMP, _GRID_FRAC)
+    return np.array([(ln + math.log(fa), ea, ln + math.log(fb), eb, ln + math.log(fe)) for ea, eb, fa, fb, fe in grid])
 
 
 def _solve(lnN, lnD, lnL, w, delta, starts: np.ndarray) -> tuple[np.ndarray, float]:

@@ -90,19 +90,11 @@ def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str
     Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "variant:" + name))
     a, s = wls_line(np.log(C), np.log(np.maximum(Ls, 1e-12)), Ws)
     resid = np.log(d["val_loss"].to_numpy(float)) - np.log(law.loss(C))
-    return {
-        "A": law.A,
-        "A_ci95": bs.interval(law.A, np.exp(a), plan, log=True),
-        "alpha": law.alpha,
-        "alpha_ci95": bs.interval(law.alpha, -s, plan),
-        "E": None,  # the paper form has no E; the joint fit's E is under multipliers.<name>.joint
-        "law": law.describe(4),
-        "sizes": size_order(d, compute),
-        "n_runs": len(d),
-        "C_min": float(C.min()),
-        "C_max": float(C.max()),
-        "rmse_log": float(np.sqrt(np.mean(resid**2))),
-    }
+    out = {"A": law.A, "A_ci95": bs.interval(law.A, np.exp(a), plan, log=True), "alpha": law.alpha}
+    out["alpha_ci95"] = bs.interval(law.alpha, -s, plan)
+    out["E"] = None  # the paper form has no E; the joint fit's E is under multipliers.<name>.joint
+    out |= {"law": law.describe(4), "sizes": size_order(d, compute), "n_runs": len(d), "C_min": float(C.min())}
+    return out | {"C_max": float(C.max()), "rmse_log": float(np.sqrt(np.mean(resid**2)))}
 
 
 def flag_runs(
@@ -342,7 +334,6 @@ def _headline(multiplier: dict[str, Any]) -> dict[str, Any]:
 def _precision(doc: dict[str, Any], baseline: str) -> dict[str, Any]:
     """How well the study resolves its answer: the baseline's seed sd per size, whether its mean loss falls with
     compute, its law's rmse(log L) over runs and size means, and each multiplier's 95% half-width over m."""
-
     base = [r for r in doc["losses"] if r["variant"] == baseline]  # ordered by compute
     means = [r["val_loss"] for r in base]
     f = doc["variants"].get(baseline, {})

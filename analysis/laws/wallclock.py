@@ -92,14 +92,9 @@ def time_ratio(
     ln_t = float(np.mean([math.log(p["s_ref_over_s_arm"]) for p in per_rung]))
     ln_step = float(np.mean([math.log(p["step_time_ratio"]) for p in per_rung]))
     ln_fps = float(np.mean([math.log(p["flops_per_step_ratio"]) for p in per_rung]))
-    out.update(
-        s_ref_over_s_arm=math.exp(ln_t),
-        step_time_ratio=math.exp(ln_step),
-        flops_per_step_ratio=math.exp(ln_fps),
-        per_rung=per_rung,
-        rungs=rungs,
-        n_runs={"reference": int((~is_arm).sum()), "arm": int(is_arm.sum())},
-    )
+    out |= {"s_ref_over_s_arm": math.exp(ln_t), "step_time_ratio": math.exp(ln_step), "per_rung": per_rung}
+    out |= {"flops_per_step_ratio": math.exp(ln_fps), "rungs": rungs}
+    out["n_runs"] = {"reference": int((~is_arm).sum()), "arm": int(is_arm.sum())}
     if min(len(i) for i in index.values()) >= 2:
         boot_t, boot_step = _bootstrap(logs, log_step, rungs, index, o)
         scale = math.sqrt(float(np.mean([len(i) / (len(i) - 1) for i in index.values()])))
