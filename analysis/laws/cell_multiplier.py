@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..io.runs import completed_runs
 from ..io.token_budget import tokens_per_param
 from .paired import t_interval
 
@@ -200,7 +201,7 @@ def cell_multipliers(
     """One entry per row of ``table`` (size, tokens_per_param, delta, delta_ci95, n_pairs) from ``df``'s completed
     runs: the cell, D, ``D_range``, ``law``, m with its interval and limits, the step-time ratio and ``m_wall``, and
     with ``approach3`` (a law in rung_law's form) the same m under it."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     done = done.assign(tokens_per_param=tokens_per_param(done))
     out = []
     for rung, cells in table.groupby("size", sort=False):

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+from ..io.runs import completed_runs
 from ..io.token_budget import tokens_per_param
 from . import bootstrap as bs
 from .fit import HUBER_DELTA
@@ -35,7 +36,7 @@ ROLLOUT_B = 400  # the rollouts' replicates (prediction intervals of cell means:
 def frontier_runs(df: pd.DataFrame, arm: str, reference: str) -> pd.DataFrame:
     """The two arms' completed runs with ``N``, ``D``, ``C`` (pflops_days), ``rung`` (the size) and ``cell`` =
     ``size`` = ``<rung>@<tokens per param>`` (the bootstrap's stratum)."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     done = done[done["variant"].isin([arm, reference])]
     tpp = tokens_per_param(done)
     out = pd.DataFrame(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..io.runs import completed_runs
 from ..io.token_budget import tokens_per_param
 from .paired import paired_comparison
 
@@ -19,7 +20,7 @@ CELLS = ("size", "tokens_per_param")
 
 
 def _completed(df: pd.DataFrame, protocol: str) -> pd.DataFrame:
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     return done.assign(tokens_per_param=tokens_per_param(done), protocol=protocol)
 
 

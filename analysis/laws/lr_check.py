@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..io.runs import completed_runs
 from ..io.token_budget import tokens_per_param
 from .lr_optimum import loss_at, quadratic_vertex
 from .paired import comparison_entry, paired_comparison
@@ -22,7 +23,7 @@ MOVE_FACTOR = math.sqrt(2.0)
 
 def has_lr_grid(df: pd.DataFrame) -> bool:
     """Whether some arm, rung, budget and seed of the completed runs ran at several lrs."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     if "lr" not in done.columns or done.empty:
         return False
     keys = done.assign(tpp=tokens_per_param(done))
@@ -65,7 +66,7 @@ def lr_check(
 ) -> dict[str, Any]:
     """length.json ``lr_check``: ``shared_lr``, ``rows`` (per rung and budget: each arm's :func:`best_lr`,
     ``delta_shared`` with its interval, ``delta_best``) and ``moves`` (per arm and rung)."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     done = done[done["variant"].isin([arm, reference])].assign(tpp=tokens_per_param(done))
     lrs = sorted({float(x) for x in done["lr"]})
     shared = float(shared_lr) if shared_lr is not None else shared_lr_of(lrs)

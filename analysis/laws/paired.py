@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..io.runs import AnalysisWarning, check_one_lr_per_cell
+from ..io.runs import AnalysisWarning, check_one_lr_per_cell, completed_runs
 
 LEVEL = 0.95
 
@@ -79,7 +79,7 @@ def verdict(interval: list[float] | None, n_pairs: int) -> str:
 
 def same_shape(df: pd.DataFrame, size: str, protocol: str | None, seeds: set[int]) -> pd.DataFrame:
     """The completed runs of ``df`` at ``size``, lr ``protocol`` (when recorded) and a seed in ``seeds``."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     pool = done[(done["size"] == size) & done["seed"].isin(list(seeds))]
     if protocol is not None and "lr_protocol" in pool.columns:
         pool = pool[pool["lr_protocol"].fillna("baseline") == protocol]

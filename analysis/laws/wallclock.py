@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..io.runs import completed_runs
+
 TIME_COLUMNS = ("cpu_time_s", "flops", "steps")
 LEVEL = 0.95
 
@@ -43,9 +45,7 @@ def _time_column(df: pd.DataFrame, reference: str, arm: str, o: WallclockOptions
     if o.time != "auto":
         return df, o.time, TIME_SOURCES.get(o.time, o.time)
     if {"step_cpu_s", "steps", o.arm_column, o.rung} <= set(df.columns):
-        d = df[df[o.arm_column].isin([reference, arm])]
-        if "status" in d.columns:
-            d = d[d["status"] == "completed"]
+        d = completed_runs(df[df[o.arm_column].isin([reference, arm])])
         step = pd.to_numeric(d["step_cpu_s"], errors="coerce")
         strata = set(zip(d[o.arm_column], d[o.rung].astype(str)))
         timed = d[step > 0]
@@ -72,9 +72,7 @@ def time_ratio(
     if missing:
         out["error"] = f"no column(s) {', '.join(missing)} in the records"
         return out
-    d = df[df[o.arm_column].isin([reference, arm])]
-    if "status" in d.columns:
-        d = d[d["status"] == "completed"]
+    d = completed_runs(df[df[o.arm_column].isin([reference, arm])])
     t, f, n = (pd.to_numeric(d[c], errors="coerce") for c in (o.time, "flops", "steps"))
     d = d[(t > 0) & (f > 0) & (n > 0)]
     logs = np.log(d[o.time].to_numpy(float) / d["flops"].to_numpy(float))  # ln s per run

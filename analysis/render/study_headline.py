@@ -19,10 +19,10 @@ def regime_sentence(results: Path, why: str | None = None) -> str:
     """One sentence on the regime a study's completed runs measured (depths, widths, heads, context, tokens per
     parameter), where that sits against the paper's claim (the PAPER_* ranges), and ``why`` the study measures
     there."""
-    from ..io.runs import load_results
+    from ..io.runs import completed_runs, load_results
 
     df = load_results(results)
-    df = df[df["status"] == "completed"] if "status" in df.columns else df
+    df = completed_runs(df)
     if df.empty:
         return "regime: no completed runs"
 

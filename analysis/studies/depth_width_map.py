@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..io.runs import AnalysisWarning, load_one_dataset
+from ..io.runs import AnalysisWarning, completed_runs, load_one_dataset
 from ..laws.paired import paired_comparison
 from ..render.figures import save
 from .study_registry import add_arms, add_bootstrap, add_results_out, options_from, register
@@ -40,7 +40,7 @@ class MapOptions:
 def pairs(df: pd.DataFrame, opts: MapOptions = MapOptions()) -> pd.DataFrame:
     """Same-seed pairs of completed runs, one row per (n_layers, d_model, seed) holding both arms: ``baseline_loss``,
     ``arm_loss``, ``delta``, ``params`` and ``tokens``. Two runs of one arm, cell and seed: ValueError."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     keys = ["n_layers", "d_model", "seed"]
     cols = [*keys, "val_loss", "params_non_embedding", "tokens"]
     base = done[done["variant"] == opts.baseline][cols].rename(columns={"val_loss": "baseline_loss"})
@@ -65,7 +65,7 @@ def cell_table(
     ``half_width``, ``verdict``, ``baseline_loss``, ``params``, ``tokens_per_param``; ``cells`` adds design cells
     without a pair (missing)."""
     p = pairs(df, opts)  # the map's duplicate check, and each cell's size and tokens
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     keys = ["n_layers", "d_model"]
     table = paired_comparison(done, opts.baseline, [opts.arm], keys, level=opts.level)
     by_cell = {(int(r.n_layers), int(r.d_model)): r for r in table.itertuples()} if not table.empty else {}

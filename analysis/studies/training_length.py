@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..io.runs import load_one_dataset
+from ..io.runs import completed_runs, load_one_dataset
 from ..io.token_budget import tokens_per_param
 from ..laws.paired import paired_comparison
 from ..render.tables import interval_text, markdown_table
@@ -27,7 +27,7 @@ def gain_by_length(df: pd.DataFrame, arm: str = "block_attnres", reference: str 
     """One row per (rung, budget) where both arms completed a run of one seed: laws.paired.paired_comparison's
     ``ref_loss``, ``delta`` (arm - reference), ``delta_ci95``, ``n_pairs``, ``pair_seeds`` and ``verdict``, with the
     rung's ``n_layers`` and ``params_non_embedding``, ordered by N and budget."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     done = done.assign(tokens_per_param=tokens_per_param(done))
     table = paired_comparison(done, reference, [arm], ("size", "tokens_per_param"))
     if table.empty or not (table["n_pairs"] > 0).any():
@@ -81,7 +81,7 @@ def fit_points(
 
     points = budget_points(df)
     points = points[points["variant"].isin([arm, reference])]
-    done = points[points["status"] == "completed"] if "status" in points.columns else points
+    done = completed_runs(points)
     fewest = done.groupby("variant")["size"].nunique().reindex([arm, reference]).fillna(0).min()
     options = FitOptions(baseline=reference, B=bootstrap, seed=seed, skip_incomplete=True)
     # the rollout fits the points but the largest, which needs 3 left: a 3-point table is fitted without it
