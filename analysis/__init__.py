@@ -1,5 +1,2 @@
-"""attnres analysis: result records -> scaling-law fits, compute multipliers with intervals, figures.
-
-Reads only the result-record contract (docs/results_schema.md); needs pandas, scipy and matplotlib but never
-torch.  Entry point: ``python -m analysis {fit,paper} --help``.  Schema of the outputs: docs/analysis.md.
-"""
+"""attnres analysis: result records (docs/results_schema.md) -> scaling-law fits, compute multipliers with intervals,
+figures (docs/analysis.md); pandas, scipy and matplotlib, never torch. Entry point: ``python -m analysis --help``."""

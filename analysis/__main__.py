@@ -1,9 +1,6 @@
 """Command line: ``python -m analysis <command> ...`` (also ``attnres-analysis``), one command per study registered
-in analysis.studies.study_registry (``python -m analysis --help`` lists them), plus ``gallery``.
-
-Importing this module imports nothing heavy, nor does ``--help`` alone (the commands' list comes from the registry's
-plain table, ``COMMANDS``); a command's parser imports the studies (pandas, scipy, matplotlib).
-"""
+in analysis.studies.study_registry, plus ``gallery``. Neither importing this module nor ``--help`` imports a study
+(pandas, scipy, matplotlib): the top-level help reads the registry's plain table ``COMMANDS``."""
 
 from __future__ import annotations
 
@@ -23,14 +20,8 @@ def _gallery_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="the page (default: <results>/README.md)")
 
 
-@register(
-    "gallery",
-    help="the paper's figures and tables beside ours, one Markdown page",
-    arguments=_gallery_arguments,
-    printed=lambda doc: doc["entries"],
-)
+@register("gallery", arguments=_gallery_arguments, printed=lambda doc: doc["entries"])
 def _gallery(args: argparse.Namespace, argv: Sequence[str]) -> Any:
-    """``gallery``: the page of every paper item beside ours, from committed results."""
     from pathlib import Path
 
     from .render.gallery import GallerySources, gallery_entries, write_gallery
@@ -44,9 +35,8 @@ def _gallery(args: argparse.Namespace, argv: Sequence[str]) -> Any:
 
 
 def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    """The CLI's parser for ``argv``: one subcommand per registered study, with its arguments, where ``argv`` names a
-    command (every study loaded); else (``--help``, no command, an unknown one) the same subcommands from the plain
-    table without their arguments, so that the top-level help and its errors import no study."""
+    """One subcommand per study, with its arguments (every study loaded) where ``argv`` names a command; else from
+    the plain table without arguments, so that the top-level help and its errors import no study."""
     p = argparse.ArgumentParser(
         prog="python -m analysis",
         description="Scaling-law fits, compute multipliers with intervals, and figures from attnres result records "
@@ -72,10 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(argv: Sequence[str] | None = None) -> tuple[int, Any]:
-    """One command, in this process, as ``python -m analysis <argv>`` runs it (the same files and printout):
-    returns (its exit status, the document its study's report built: a :class:`~analysis.io.fit_document.FitDocument`
-    for ``fit`` and ``paper``, the page's path for ``gallery``, the report's dict or table for the others; None after
-    an error). ``sweeps.study`` reports a study through it and takes the headline from that document."""
+    """One command in this process, as ``python -m analysis <argv>`` runs it: (its exit status, the document its
+    report built; None after an error). ``sweeps.study`` reports a study through it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser(argv).parse_args(argv)
     study = next(s for s in STUDIES.values() if args.command in (s.name, *s.aliases))

@@ -1,10 +1,6 @@
-"""Router statistics of one MoE run: load balance and balancing bias over training, from the run's ``router.csv``
-(written by experiments.training.callbacks.RunRecorder: one row per logged step, MoE layer and expert).
-
-    python -m analysis.router runs/<study>/<run>        # prints the summary, writes <run>/fig_router.png
-
-``load_balance`` gives one row per (step, layer): the most and least loaded expert relative to the mean, the
-dropped (token, expert) pairs (0 for a dropless router) and the bias range. ``plot_router`` draws it.
+"""Router statistics of one MoE run (load balance, balancing bias) from its ``router.csv`` (written by
+experiments.training.callbacks.RunRecorder: one row per logged step, MoE layer and expert).
+``python -m analysis.router runs/<study>/<run>`` prints the summary and writes ``<run>/fig_router.png``.
 """
 
 from __future__ import annotations
@@ -27,9 +23,7 @@ COLUMNS = ("step", "layer", "expert", "tokens", "expected", "bias")
 
 
 def read_router(path: str | Path) -> pd.DataFrame:
-    """router.csv as a DataFrame with COLUMNS; a row that does not parse (a torn tail line) is dropped. A file
-    without these columns raises ValueError naming the file."""
-    path = Path(path)
+    """router.csv with COLUMNS, rows that do not parse (a torn tail line) dropped; ValueError for another file."""
     df = pd.read_csv(path, on_bad_lines="skip")
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
@@ -40,19 +34,19 @@ def read_router(path: str | Path) -> pd.DataFrame:
 
 def load_balance(router: pd.DataFrame) -> pd.DataFrame:
     """One row per (step, layer): ``load_max_over_mean`` and ``load_min_over_mean`` (tokens of the most and least
-    loaded expert over the mean tokens per expert; 1 and 1 under perfect balance), ``dropped`` (N k minus the
-    (token, expert) pairs routed), ``bias_min`` and ``bias_max``."""
+    loaded expert over the mean; 1 under perfect balance), ``dropped`` (N k minus the (token, expert) pairs
+    routed; 0 for a dropless router), ``bias_min`` and ``bias_max``."""
     g = router.groupby(["step", "layer"])
-    out = pd.DataFrame(
+    tokens, bias = g["tokens"], g["bias"]
+    return pd.DataFrame(
         {
-            "load_max_over_mean": g["tokens"].max() / g["tokens"].mean(),
-            "load_min_over_mean": g["tokens"].min() / g["tokens"].mean(),
-            "dropped": g["expected"].sum() - g["tokens"].sum(),
-            "bias_min": g["bias"].min(),
-            "bias_max": g["bias"].max(),
+            "load_max_over_mean": tokens.max() / tokens.mean(),
+            "load_min_over_mean": tokens.min() / tokens.mean(),
+            "dropped": g["expected"].sum() - tokens.sum(),
+            "bias_min": bias.min(),
+            "bias_max": bias.max(),
         }
-    )
-    return out.reset_index()
+    ).reset_index()
 
 
 def summary(router: pd.DataFrame) -> dict[str, float | int]:
@@ -88,20 +82,15 @@ def plot_router(router: pd.DataFrame, path: str | Path, title: str = "") -> Path
         ax.plot(d["step"], d["load_max_over_mean"], color=color, marker=marker, lw=1.2, label=f"layer {layer}")
         ax.plot(d["step"], d["load_min_over_mean"], color=color, marker=marker, lw=1.2, ls="--")
     ax.axhline(1.0, color="0.4", lw=0.8)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("tokens per expert / mean (max solid, min dashed)")
-    ax.set_ylim(bottom=0)
+    ax.set(xlabel="optimizer step", ylabel="tokens per expert / mean (max solid, min dashed)", ylim=(0, None))
     if len(layers) <= 12:
         ax.legend(fontsize=7, ncol=2, loc="upper right")
     dropped = bal["dropped"].abs().max()
     ax.set_title(f"load balance per MoE layer (dropped pairs, max over steps: {dropped:g})", fontsize=9)
-    bias = router[router["step"] == last_step].pivot(index="layer", columns="expert", values="bias")
-    lim = float(np.nanmax(np.abs(bias.to_numpy()))) or 1e-3  # all-zero bias: a symmetric, non-empty scale
-    im = axb.imshow(bias.to_numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-    axb.set_xlabel("expert")
-    axb.set_ylabel("MoE layer")
-    axb.set_xticks(range(bias.shape[1]))
-    axb.set_yticks(range(bias.shape[0]))
+    bias = router[router["step"] == last_step].pivot(index="layer", columns="expert", values="bias").to_numpy()
+    lim = float(np.nanmax(np.abs(bias))) or 1e-3  # all-zero bias: a symmetric, non-empty scale
+    im = axb.imshow(bias, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+    axb.set(xlabel="expert", ylabel="MoE layer", xticks=range(bias.shape[1]), yticks=range(bias.shape[0]))
     axb.set_title(f"balancing bias at step {last_step}", fontsize=9)
     fig.colorbar(im, ax=axb, fraction=0.05)
     if title:
@@ -114,11 +103,8 @@ def write_run_figure(run_dir: str | Path) -> Path | None:
     """``<run_dir>/fig_router.png`` from ``<run_dir>/router.csv``; None when the run has no router statistics (a
     dense run) or none that parse."""
     run_dir = Path(run_dir)
-    path = run_dir / ROUTER_FILE
-    if not path.is_file():
-        return None
-    router = read_router(path)
-    if router.empty:
+    router = read_router(run_dir / ROUTER_FILE) if (run_dir / ROUTER_FILE).is_file() else None
+    if router is None or router.empty:
         return None
     return plot_router(router, run_dir / FIGURE_FILE, title=run_dir.name)
 
@@ -126,13 +112,12 @@ def write_run_figure(run_dir: str | Path) -> Path | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Router statistics of one MoE run (its router.csv).")
     parser.add_argument("run_dir", type=Path)
-    args = parser.parse_args(argv)
-    path = args.run_dir / ROUTER_FILE
-    if not path.is_file():
-        raise SystemExit(f"[attnres] {path}: no router.csv (not an MoE run, or it logged no step yet)")
-    for key, value in summary(read_router(path)).items():
+    run_dir = parser.parse_args(argv).run_dir
+    if not (run_dir / ROUTER_FILE).is_file():
+        raise SystemExit(f"[attnres] {run_dir / ROUTER_FILE}: no router.csv (not an MoE run, or it logged no step yet)")
+    for key, value in summary(read_router(run_dir / ROUTER_FILE)).items():
         print(f"{key}: {value:g}")
-    print(f"-> {write_run_figure(args.run_dir)}")
+    print(f"-> {write_run_figure(run_dir)}")
 
 
 if __name__ == "__main__":

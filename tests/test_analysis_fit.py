@@ -1,10 +1,11 @@
 """Scaling-law fits (analysis.laws.fit): exact recovery on noiseless ladders, NNLS exactness, known multipliers, and the
-fast fits against the plain scipy reference (analysis.laws.reference_fit) on many synthetic problems."""
+fast fits against the plain scipy reference (tests/reference_fit.py) on many synthetic problems."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference_fit import huber_objective, reference_joint, reference_power_law
 from scipy.optimize import nnls
 from synthetic_records import synthetic_ladder
 
@@ -20,7 +21,6 @@ from analysis.laws.fit import (
     nnls3,
     wls_line,
 )
-from analysis.laws.reference_fit import huber_objective, reference_joint, reference_power_law
 
 CPU_C = np.geomspace(2e-6, 2e-4, 5)  # CPU-ladder compute: tiny numbers in PFLOP/s-days
 
@@ -122,7 +122,7 @@ def test_bad_inputs_are_clear_errors() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The fast fits against the scipy reference (analysis.laws.reference_fit)
+# The fast fits against the scipy reference (tests/reference_fit.py)
 # ----------------------------------------------------------------------------------------------------------------
 
 # Synthetic ladders (5 sizes x 2 arms x 2 seeds, true m = 1.25): sigma is the seed noise in nats on losses of ~2-4.

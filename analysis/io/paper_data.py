@@ -20,13 +20,6 @@ def load_paper() -> dict[str, Any]:
 def paper_sweep() -> BlockSizeSweep:
     """The paper's Fig. 6 (analysis/data/paper.json: one model, no seeds), as a sweep."""
     f6 = load_paper()["fig6"]
-    return BlockSizeSweep.from_dict(
-        {
-            "size": f6["size"],
-            "n_sublayers": 32,
-            "points": [
-                {"block_size": s, "val_loss": loss, "n_runs": 1} for s, loss in zip(f6["block_size"], f6["loss"])
-            ],
-            "baseline": {"val_loss": f6["baseline"], "n_runs": 1},
-        }
-    )
+    points = [{"block_size": s, "val_loss": loss, "n_runs": 1} for s, loss in zip(f6["block_size"], f6["loss"])]
+    baseline = {"val_loss": f6["baseline"], "n_runs": 1}
+    return BlockSizeSweep.from_dict({"size": f6["size"], "n_sublayers": 32, "points": points, "baseline": baseline})

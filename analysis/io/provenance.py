@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .runs import completed_runs
+
 ACTIVE_GAP_S = 1800.0  # a pause longer than this between runs is not counted as the study's wall time
 
 
@@ -19,7 +21,7 @@ class Provenance:
     seeds: tuple[int, ...] = ()
     commits: tuple[str, ...] = ()
     cpu_hours: float = 0.0
-    wall_s: float = 0.0  # the runs' start-to-finish spans, pauses over ACTIVE_GAP_S left out
+    wall_s: float = 0.0  # active_wall_s
 
     def markdown(self) -> str:
         if self.n_runs == 0:
@@ -37,7 +39,7 @@ def seed_text(seeds: tuple[int, ...]) -> str:
 
 def provenance(df: pd.DataFrame, command: str) -> Provenance:
     """The command plus what the completed runs of ``df`` (a results table) record."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     if done.empty:
         return Provenance(command)
     seeds = tuple(sorted({int(s) for s in done["seed"].dropna()}))
@@ -56,11 +58,10 @@ def active_wall_s(df: pd.DataFrame) -> float:
         for a, b in zip(pd.to_datetime(df["started_at"], utc=True), pd.to_datetime(df["finished_at"], utc=True))
         if not (pd.isna(a) or pd.isna(b))
     )
-    total, start, end = 0.0, None, None
-    for a, b in spans:
-        if start is None or end is None or a > end + ACTIVE_GAP_S:
-            total += 0.0 if start is None or end is None else end - start
-            start, end = a, b
-        else:
-            end = max(end, b)
-    return total + (0.0 if start is None or end is None else end - start)
+    total, (start, end) = 0.0, spans[0] if spans else (0.0, 0.0)
+    for a, b in spans[1:]:
+        if a > end + ACTIVE_GAP_S:
+            total += end - start
+            start = a
+        end = max(end, b)
+    return total + (end - start)

@@ -22,7 +22,7 @@ def _clean(obj: Any) -> Any:
         return [_clean(v) for v in obj]
     if isinstance(obj, (np.bool_, bool)):
         return bool(obj)
-    if isinstance(obj, (np.integer,)):
+    if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         return float(obj) if math.isfinite(obj) else None
@@ -37,10 +37,9 @@ def write_json(doc: dict[str, Any], path: Path) -> None:
 def write_report(
     out: Path, doc: dict[str, Any], json_name: str, markdown: Mapping[str, str], written: Iterable[Path] = ()
 ) -> dict[str, Any]:
-    """A study's report under ``out``: each Markdown file (name -> text) and ``doc`` as JSON (``json_name``), with
-    ``doc["files"]`` the sorted names, relative to ``out``, of everything the report holds (``written``: the
-    figures, tables and folders the study already wrote under ``out``; a folder is listed with a trailing ``/``).
-    Returns ``doc``."""
+    """Write each Markdown file (name -> text) and ``doc`` (as ``json_name``) under ``out``, with ``doc["files"]``
+    the sorted names of everything the report holds, ``written`` (what the study already wrote under ``out``; a
+    folder with a trailing ``/``) included. Returns ``doc``."""
     out.mkdir(parents=True, exist_ok=True)
     for name, text in markdown.items():
         (out / name).write_text(text)

@@ -1,14 +1,11 @@
-"""Load and validate result records (docs/results_schema.md): a results table, a study/run directory, or W&B.
-
-Everything downstream works on one tidy DataFrame with one row per run.  Nothing here imports torch; W&B is
-imported lazily inside :func:`load_wandb` only.
-"""
+"""Load and validate result records (docs/results_schema.md) from a results table, a study/run directory or W&B,
+as one tidy DataFrame with one row per run. No torch; W&B is imported by :func:`load_wandb` only."""
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +17,17 @@ from results import ledger, record
 # The columns a scaling fit cannot do without; the schema has many more (tolerated, some used by figures).
 FIT_COLUMNS = ("run_id", "variant", "size", "seed", "status", "pflops_days", "val_loss")
 # What makes two runs the same cell of a study (beyond data and seed noise): a second run of one cell is not a seed.
-CELL_COLUMNS = (
-    "study",
-    "variant",
-    "size",
-    "seed",
-    "lr_protocol",
-    "block_size",
-    "d_over_lb",
-    "heads_over_lb",
-    "seq_len",
-    "optimizer",
-    "lr_schedule",
-    "budget",
-)
+CELL_COLUMNS = ("study", "variant", "size", "seed", "lr_protocol", "block_size", "d_over_lb", "heads_over_lb")
+CELL_COLUMNS += ("seq_len", "optimizer", "lr_schedule", "budget")
 
 
 class AnalysisWarning(UserWarning):
     """Something was skipped or assumed; the message says what."""
 
 
-def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
-    df = df.copy()
+def _frame(rows: list[dict[str, Any]], source: str, base_dir: str) -> pd.DataFrame:
+    """The records as a DataFrame, typed by results.record's columns; ``attrs`` remember its source and base_dir."""
+    df = pd.DataFrame(rows)
     for col in record.STR_COLUMNS:
         if col in df.columns:
             df[col] = df[col].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
@@ -53,19 +39,15 @@ def _normalise(df: pd.DataFrame, source: str) -> pd.DataFrame:
         if num.notna().all() and (num == num.round()).all():
             df["seed"] = num.astype("int64")
     df.attrs["source"] = source
+    df.attrs["base_dir"] = base_dir
     return df
 
 
 def load_results(path: str | Path) -> pd.DataFrame:
-    """Read result records from a study directory, its results.csv, a results.json, or a tree of run directories.
-
-    A study directory (or its ``results.csv``) is read through the ledger (results.ledger): the record files in
-    ``records/`` are the truth. Unreadable, malformed or outdated records (an older layout: results.record.outdated)
-    are skipped with an AnalysisWarning naming the file (and line), never hiding the other runs; an outdated one's
-    names the migration command. A directory without a ledger is read through every ``results.json`` below it,
-    checked the same way. A table on its own is read as it is (:func:`require_columns` says what a fit lacks).
-    ``df.attrs['base_dir']`` remembers where relative ``run_dir`` values are resolved from.
-    """
+    """Result records from a study directory or its results.csv (through results.ledger: ``records/`` is the
+    truth), a results.json, a tree of run directories (every ``results.json`` below), or a table on its own.
+    Unreadable, malformed or outdated records are skipped with an AnalysisWarning naming the file (an outdated
+    one's, the migration command). ``df.attrs['base_dir']`` is where relative ``run_dir`` values resolve from."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"results path {path} does not exist")
@@ -107,28 +89,17 @@ def load_results(path: str | Path) -> pd.DataFrame:
     return _frame(rows, source, str(study_dir))
 
 
-def _frame(rows: list[dict[str, Any]], source: str, base_dir: str) -> pd.DataFrame:
-    df = pd.DataFrame(rows)
-    df = _normalise(df, source)
-    df.attrs["base_dir"] = base_dir
-    return df
-
-
 def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd.DataFrame:
-    """Read the same result-record fields from a W&B project (``entity/project``) through ``wandb.Api()``.
-
-    Each run's record is taken from its summary (the training code writes the results record there), with the
-    config as a fallback for static fields; missing ``status`` is derived from the W&B run state.
-    """
+    """The same result-record fields from a W&B project (``entity/project``): each run's summary (where training
+    writes its record), the config as a fallback for static fields, ``status`` from the run state when missing."""
     if api is None:
         try:
             import wandb  # lazy: W&B is optional for analysis
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError("reading from W&B needs the wandb package (pip install wandb)") from e
         api = wandb.Api()
-    filters = {"group": group} if group else None
     rows = []
-    for run in api.runs(project, filters=filters):
+    for run in api.runs(project, filters={"group": group} if group else None):
         summary = getattr(run.summary, "_json_dict", None)
         summary = dict(summary if summary is not None else run.summary)
         config = dict(getattr(run, "config", {}) or {})
@@ -136,17 +107,11 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
         prefixed = {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("results/")}
         rec: dict[str, Any] = {}
         for key in record.COLUMNS:
-            for src in (nested, prefixed, summary, config):
-                if key in src and src[key] is not None:
-                    rec[key] = src[key]
-                    break
-            else:
-                # Identity fields also live in the logged Hydra config (nested, or flattened with "/" or ".").
-                for path in _CONFIG_PATHS.get(key, ()):
-                    value = _config_get(config, path)
-                    if value is not None:
-                        rec[key] = value
-                        break
+            values = [src.get(key) for src in (nested, prefixed, summary, config)]
+            values.append(_config_get(config, _CONFIG_PATHS[key]) if key in _CONFIG_PATHS else None)
+            value = next((v for v in values if v is not None), None)
+            if value is not None:
+                rec[key] = value
         rec.setdefault("run_id", getattr(run, "name", None) or getattr(run, "id", ""))
         rec.setdefault("study", getattr(run, "group", None) or "")
         if "status" not in rec:
@@ -155,36 +120,27 @@ def load_wandb(project: str, group: str | None = None, *, api: Any = None) -> pd
         rows.append(rec)
     if not rows:
         raise ValueError(f"W&B project {project!r} (group={group!r}) has no runs")
-    df = _normalise(pd.DataFrame(rows), f"wandb:{project}" + (f"/{group}" if group else ""))
-    df.attrs["base_dir"] = "."
-    return df
+    return _frame(rows, f"wandb:{project}" + (f"/{group}" if group else ""), ".")
 
 
+# Where identity fields sit in the logged Hydra config (nested, or flattened with "/" or ".").
 _CONFIG_PATHS = {
-    "variant": ("model.variant",),
-    "residual": ("model.residual",),
-    "size": ("size.name",),
-    "study": ("study",),
-    "study_kind": ("study_kind",),
-    "seed": ("seed",),
-    "config_hash": ("derived.config_hash",),
-    "flops_per_token": ("derived.flops_per_token",),
-    "flops_budget": ("train.flops_budget",),
-    "d_over_lb": ("size.d_over_lb",),
-    "heads_over_lb": ("size.heads_over_lb",),
+    "variant": "model.variant",
+    "residual": "model.residual",
+    "size": "size.name",
+    "config_hash": "derived.config_hash",
+    "flops_per_token": "derived.flops_per_token",
+    "flops_budget": "train.flops_budget",
+    "d_over_lb": "size.d_over_lb",
+    "heads_over_lb": "size.heads_over_lb",
 }
 
 
 def _config_get(config: dict[str, Any], path: str) -> Any:
-    for flat in (path, path.replace(".", "/")):
-        if flat in config:
-            return config[flat]
     node: Any = config
     for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+        node = node.get(part) if isinstance(node, dict) else None
+    return next((config[flat] for flat in (path, path.replace(".", "/")) if flat in config), node)
 
 
 PFLOPS_DAY = 1e15 * 86400  # FLOPs in one PFLOP/s-day
@@ -192,12 +148,10 @@ PLAIN_STUDY = "table"  # the study name of a plain table that names none
 
 
 def as_plain_scaling(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
-    """A plain results table (no ``study_kind`` column: one written by hand or by another harness, with columns
-    run_id, variant, size, seed, params, tokens, flops or pflops_days, val_loss, status) read as one scaling study:
-    every row gets ``study_kind`` scaling (and ``study`` :data:`PLAIN_STUDY` when it has none); ``pflops_days`` comes
-    from ``flops`` when missing, else from 6 x params x tokens, and ``pflops_days_6nd`` from 6 x params x tokens
-    (``params_non_embedding`` when present, else ``params``). Returns (the table, the one line that says so), or
-    (``df`` unchanged, None) for a table with ``study_kind`` (the harness's records, analysed by kind)."""
+    """A plain results table (no ``study_kind`` column: written by hand or by another harness) read as one scaling
+    study: ``study_kind`` scaling, ``study`` PLAIN_STUDY where none, ``pflops_days`` from ``flops`` where missing,
+    else from 6 N tokens, and ``pflops_days_6nd`` from 6 N tokens (N: ``params_non_embedding``, else ``params``).
+    Returns (the table, the one line that says so), or (``df``, None) for a table with ``study_kind``."""
     if "study_kind" in df.columns or df.empty:
         return df, None
     out = df.copy()
@@ -239,49 +193,32 @@ def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str = "a sca
 
 
 def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """Keep only runs that can be fitted; warn once, naming every excluded run and why.
-
-    In this order: malformed records (results.record.malformed: e.g. an unknown status, a garbled number, a
-    ``completed`` record without a val_loss) are dropped, so that they never stand for their run; then all but the
-    last record of a run_id (a re-run's earlier records); then runs whose last record is not ``completed`` or
-    lacks a positive val_loss or compute. Completed runs of more than one data set (``data_fingerprint``) are an
-    error (:func:`check_one_dataset`), and two runs of one cell (CELL_COLUMNS) get a warning: they would be
-    averaged as if they were seeds.
-    """
+    """The runs that can be fitted, and the excluded ones (each named once in a warning, with why): in this order,
+    malformed records (results.record.malformed), all but the last record of a run_id, runs whose last record is
+    not ``completed`` or lacks a positive val_loss or compute. More than one data set is an error
+    (:func:`check_one_dataset`); two runs of one cell (CELL_COLUMNS) get a warning (:func:`warn_duplicate_cells`)."""
     require_columns(df, [c if c != "pflops_days" else compute for c in FIT_COLUMNS])
-    df = df.copy()
     excluded: list[dict[str, Any]] = []
 
-    def exclude(rows: pd.DataFrame, reason_of) -> None:
-        for _, row in rows.iterrows():
-            excluded.append(
-                {
-                    "run_id": row["run_id"],
-                    "variant": row["variant"],
-                    "size": row["size"],
-                    "seed": _int(row["seed"]),
-                    "status": row["status"],
-                    "reason": reason_of(row),
-                }
-            )
+    def exclude(mask: pd.Series, reason_of: Callable[[pd.Series], str]) -> pd.DataFrame:
+        for _, row in df[mask].iterrows():
+            ids = {k: row[k] for k in ("run_id", "variant", "size", "seed", "status")}
+            excluded.append({**ids, "seed": _int(row["seed"]), "reason": reason_of(row)})
+        return df[~mask]
 
     reasons = df.apply(lambda r: record.malformed(r.to_dict()), axis=1) if len(df) else pd.Series([], dtype=object)
-    bad = reasons.notna()
-    exclude(df[bad], lambda row: f"malformed record ({reasons[row.name]})")
-    df = df[~bad]
-    dup = df.duplicated("run_id", keep="last")
-    exclude(df[dup], lambda row: "duplicate run_id (an earlier record of the same run)")
-    df = df[~dup]
-    bad_status = df["status"].astype(str) != "completed"
-    bad_value = ~bad_status & ~((df["val_loss"] > 0) & (df[compute] > 0))
+    df = exclude(reasons.notna(), lambda row: f"malformed record ({reasons[row.name]})")
+    df = exclude(
+        df.duplicated("run_id", keep="last"), lambda row: "duplicate run_id (an earlier record of the same run)"
+    )
 
     def status_reason(row: pd.Series) -> str:
         error = str(row.get("error", "") or "")
         return f"status={row['status']!r}" + (f": {error}" if error else "")
 
-    exclude(df[bad_status], status_reason)
-    exclude(df[bad_value], lambda row: f"val_loss or {compute} missing or <= 0")
-    df = df[~bad_status & ~bad_value]
+    df = exclude(df["status"].astype(str) != "completed", status_reason)
+    df = exclude(~((df["val_loss"] > 0) & (df[compute] > 0)), lambda row: f"val_loss or {compute} missing or <= 0")
+    df = df.copy()
     if excluded:
         names = "; ".join(
             f"{e['run_id']} ({e['variant']}/{e['size']}/seed {e['seed']}): {e['reason']}" for e in excluded
@@ -296,17 +233,11 @@ def select_completed(df: pd.DataFrame, compute: str = "pflops_days") -> tuple[pd
     return df.reset_index(drop=True), excluded
 
 
-def _datasets(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    if "data_fingerprint" not in df.columns:
-        return {}
-    known = df[df["data_fingerprint"].astype(str) != ""]
-    return {fp: g for fp, g in known.groupby("data_fingerprint")}
-
-
 def check_one_dataset(df: pd.DataFrame) -> None:
     """Raise a ValueError when the runs come from more than one data set (by ``data_fingerprint``): a fit never
     pools them. Runs with an empty fingerprint (data prepared without shard checksums) are not compared."""
-    groups = _datasets(df)
+    fps = df["data_fingerprint"] if "data_fingerprint" in df.columns else pd.Series("", index=df.index)
+    groups = {fp: g for fp, g in df[fps.astype(str) != ""].groupby(fps)}
     if len(groups) <= 1:
         return
     parts = []
@@ -320,16 +251,21 @@ def check_one_dataset(df: pd.DataFrame) -> None:
     )
 
 
+def completed_runs(df: pd.DataFrame, statuses: Sequence[str] = ("completed",)) -> pd.DataFrame:
+    """The rows whose ``status`` is one of ``statuses`` (every row of a table without a status column), unchecked:
+    :func:`select_completed` is the filter of a fit."""
+    return df[df["status"].isin(list(statuses))] if "status" in df.columns else df
+
+
 def load_one_dataset(
     path: str | Path, statuses: tuple[str, ...] = ("completed",), dataset: str | None = None
 ) -> pd.DataFrame:
-    """A study command's results table: ``load_results(path)``, narrowed to one data set when ``dataset`` names one
-    (select_dataset), then checked to hold one data set among its runs of ``statuses`` (every row when the table has
-    no status column; check_one_dataset). Returns the whole table, other statuses included."""
+    """``load_results(path)``, narrowed to ``dataset`` when given (:func:`select_dataset`), and checked to hold one
+    data set among its runs of ``statuses`` (:func:`check_one_dataset`); other statuses are kept."""
     df = load_results(path)
     if dataset:
         df = select_dataset(df, dataset)
-    check_one_dataset(df[df["status"].isin(list(statuses))] if "status" in df.columns else df)
+    check_one_dataset(completed_runs(df, statuses))
     return df
 
 
@@ -337,15 +273,13 @@ def select_dataset(df: pd.DataFrame, which: str) -> pd.DataFrame:
     """The runs of one data set, named by its fingerprint (or a unique prefix) or its ``dataset`` path/name."""
     fp = df.get("data_fingerprint", pd.Series("", index=df.index)).astype(str)
     name = df.get("dataset", pd.Series("", index=df.index)).astype(str)
-    out = df[(fp == which) | (name == which) | ((fp != "") & fp.str.startswith(which))]
-    if out.empty:
+    mask = (fp == which) | (name == which) | ((fp != "") & fp.str.startswith(which))
+    if not mask.any():
         known = sorted({f"{f} ({n})" for f, n in zip(fp, name) if f})
         raise ValueError(
             f"--dataset {which!r} matches no run; data sets present: {', '.join(known) or 'none recorded'}"
         )
-    out = out.copy()
-    out.attrs = dict(df.attrs)
-    return out
+    return _rows(df, mask)
 
 
 def select_seeds(df: pd.DataFrame, seeds: Sequence[int]) -> pd.DataFrame:
@@ -359,7 +293,11 @@ def select_seeds(df: pd.DataFrame, seeds: Sequence[int]) -> pd.DataFrame:
             f"--seeds {','.join(map(str, missing))}: no run has that seed; seeds present: "
             f"{','.join(map(str, present)) or 'none'}"
         )
-    out = df[pd.to_numeric(df["seed"], errors="coerce").isin(wanted)].copy()
+    return _rows(df, pd.to_numeric(df["seed"], errors="coerce").isin(wanted))
+
+
+def _rows(df: pd.DataFrame, mask: pd.Series) -> pd.DataFrame:
+    out = df[mask].copy()
     out.attrs = dict(df.attrs)
     return out
 
@@ -412,9 +350,8 @@ def runs_of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def keep_most_common(rows: pd.DataFrame, column: str, what: str, stacklevel: int = 2) -> pd.DataFrame:
-    """The rows holding ``column``'s most frequent value (ties: the first in sorted order). When the column holds
-    several values, warns "<what> (<all values>); using <kept>" (``stacklevel`` as the caller would pass to
-    warnings.warn itself)."""
+    """The rows holding ``column``'s most frequent value (ties: the first in sorted order), with a warning "<what>
+    (<all values>); using <kept>" when there are several (``stacklevel``: as the caller's own warnings.warn)."""
     counts = rows[column].value_counts()
     if len(counts) <= 1:
         return rows
@@ -426,10 +363,8 @@ def keep_most_common(rows: pd.DataFrame, column: str, what: str, stacklevel: int
 
 
 def scaling_runs(df: pd.DataFrame, study: str | None = None) -> pd.DataFrame:
-    """The rows of one compute ladder: ``study`` when given, else the one study of kind ``scaling``.
-
-    Several ladder studies in one table are ambiguous (which one is "the" scaling law?), so that is an error.
-    """
+    """The rows of one compute ladder: ``study`` when given, else the one study of kind ``scaling`` (several are an
+    error: which one is "the" scaling law?)."""
     if "study" not in df.columns:
         if study is not None:
             raise ValueError(f"--study {study!r} given but the results table has no 'study' column")
@@ -458,18 +393,12 @@ def size_order(df: pd.DataFrame, compute: str = "pflops_days") -> list[str]:
 def resolve_run_dir(row: pd.Series, base_dir: str | Path | None) -> Path | None:
     """Locate a run's directory from its ``run_dir`` (absolute, or relative to the results table or the cwd)."""
     raw = str(row.get("run_dir", "") or "")
-    candidates = []
-    if raw:
-        p = Path(raw)
-        candidates.append(p)
-        if not p.is_absolute() and base_dir is not None:
-            candidates.append(Path(base_dir) / p)
+    candidates = [Path(raw)] if raw else []
+    if base_dir is not None and raw and not Path(raw).is_absolute():
+        candidates.append(Path(base_dir) / raw)
     if base_dir is not None and str(row.get("run_id", "")):
         candidates.append(Path(base_dir) / str(row["run_id"]))  # run directories are named by run_id
-    for c in candidates:
-        if c.is_dir():
-            return c
-    return None
+    return next((c for c in candidates if c.is_dir()), None)
 
 
 OWN_LR = "@own_lr"  # arm-name suffix of runs trained at their own tuned lr (lr_protocol=per_arm)
@@ -503,10 +432,8 @@ def cell_text(keys: Sequence[str], values: Sequence[Any]) -> str:
     for k, v in zip(keys, values):
         if k in ("tokens_per_param", "tpp", "budget"):
             words.append(f"@ {float(v):g} tokens/param")
-        elif k in ("size", "variant", "arm"):
-            words.append(str(v))
         else:
-            words.append(f"{k}={v}")
+            words.append(str(v) if k in ("size", "variant", "arm") else f"{k}={v}")
     return " ".join(words)
 
 
@@ -518,12 +445,10 @@ def _seed_list(seeds: Iterable[Any]) -> str:
 
 
 def check_one_lr_per_cell(df: pd.DataFrame, keys: Sequence[str], what: str = "the comparison") -> None:
-    """Raise a one-line ValueError when one cell of ``df`` (one value of the ``keys`` columns, the arm's column
-    last) holds runs trained at more than one lr: they would be pooled as if they were seeds of one run. The message
-    names the cell (:func:`cell_text`, then the arm) and each lr with its seeds, the lr with the most runs first:
-    ``deep_L16 @ 128 tokens/param, baseline: runs at 2 lrs (4.553e-3: seeds 0,1,2,20,21,22; 2.2765e-3: seed 104);
-    select one lr ...``. Lrs equal to 6 significant digits are one lr; rows without an lr, and a table without an
-    ``lr`` column, are not checked. ``what`` names the analysis that would have pooled them."""
+    """Raise a one-line ValueError when one cell of ``df`` (one value of the ``keys`` columns, the arm's last) holds
+    runs at more than one lr (equal to 6 significant digits: one lr), which ``what`` would pool as seeds of one run,
+    e.g. ``deep_L16 @ 128 tokens/param, baseline: runs at 2 lrs (4.553e-3: seeds 0,1,2; 2.2765e-3: seed 104); ...``,
+    the lr with the most runs first. Rows without an lr are not checked."""
     if "lr" not in df.columns or df.empty:
         return
     lr = pd.to_numeric(df["lr"], errors="coerce")

@@ -1,7 +1,5 @@
 """The architecture grid (study kind ``arch_grid``, paper Fig. 7): final val loss per variant over the (H/L_b rows,
-d/L_b columns) grid at fixed compute; fit.json's ``arch_grid``, which ``python -m analysis fit`` (alias
-``arch_grid``) writes with its Markdown table and figure (analysis.render.fit_report; the table:
-analysis.render.tables.arch_grid_markdown, the figure: analysis.render.figures.arch_grid_figure). Numbers only."""
+d/L_b columns) grid at fixed compute: fit.json's ``arch_grid``. Numbers only."""
 
 from __future__ import annotations
 
@@ -13,33 +11,17 @@ import pandas as pd
 
 from ..io.runs import AnalysisWarning, runs_of_kind
 
-# The record columns read as numbers here (a table read from CSV holds strings until then).
-_NUMERIC = (
-    "d_over_lb",
-    "heads_over_lb",
-    "flops_budget",
-    "n_layers",
-    "d_model",
-    "n_heads",
-    "d_ff",
-    "params_non_embedding",
-    "tokens",
-    "flops",
-)
 _SHAPE_COLUMNS = ("size", "n_layers", "d_model", "n_heads", "d_ff", "params_non_embedding")
+# The record columns read as numbers here (a table read from CSV holds strings until then).
+_NUMERIC = ("d_over_lb", "heads_over_lb", "flops_budget", *_SHAPE_COLUMNS[1:], "tokens", "flops")
 
 
 def arch_grid_table(
     df_all: pd.DataFrame, baseline: str = "baseline", study: str | None = None
 ) -> dict[str, Any] | None:
-    """Fig. 7 data: final val loss per variant over the (H/L_b rows, d/L_b columns) grid of the study of kind
-    ``arch_grid`` (or of the study named ``study``).
-
-    Cells are the runs' nominal grid coordinates (record columns ``d_over_lb``, ``heads_over_lb``: the size's
-    targets); the shapes they were rounded to are kept per cell under ``cells``. Seeds are averaged. Rows run from
-    the largest H/L_b to the smallest, as in the paper's figure. Several compute budgets in one study are
-    ambiguous: the most common one is used, with a warning.
-    """
+    """Fig. 7 data of the study of kind ``arch_grid`` (or named ``study``): seed-mean losses per variant on the
+    runs' nominal (``heads_over_lb`` rows, largest first; ``d_over_lb`` columns) grid, the shapes rounded to under
+    ``cells``; the most common compute budget only (with a warning)."""
     if "study" not in df_all.columns:
         return None
     rows = df_all[df_all["study"] == study] if study is not None else runs_of_kind(df_all, "arch_grid")
@@ -60,11 +42,7 @@ def arch_grid_table(
     delta = None
     if baseline in loss:
         b = np.array(loss[baseline], dtype=float)
-        delta = {
-            v: [[None if np.isnan(c) else float(c) for c in r] for r in np.array(loss[v], dtype=float) - b]
-            for v in variants
-            if v != baseline
-        }
+        delta = {v: _nested(np.array(loss[v], dtype=float) - b) for v in variants if v != baseline}
     return {
         "study": study,
         "baseline": baseline if baseline in loss else None,
@@ -82,8 +60,7 @@ def arch_grid_table(
 
 
 def _grid_runs(rows: pd.DataFrame, study: str) -> tuple[pd.DataFrame, list[float]] | None:
-    """The study's runs that lie on the grid, at its most common compute budget, with numeric columns, and the
-    budgets found; None (with a warning) when none is left."""
+    """The study's runs on the grid at its most common budget (numeric columns) and the budgets; None if none."""
     missing = [c for c in ("d_over_lb", "heads_over_lb") if c not in rows.columns]
     if missing:
         warnings.warn(
@@ -121,27 +98,28 @@ def _grid_runs(rows: pd.DataFrame, study: str) -> tuple[pd.DataFrame, list[float
     return rows, budgets
 
 
+def _nested(grid: np.ndarray) -> list[list[float | None]]:
+    return [[None if np.isnan(c) else float(c) for c in r] for r in grid]
+
+
 def _variant_grids(
     rows: pd.DataFrame, variants: list[str], xs: list[float], ys: list[float]
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Per variant: mean loss, its sd over seeds and the run count per cell (rows: ys, columns: xs), and its best
-    cell."""
+    """Per variant: mean loss, seed sd and run count per cell (rows: ys, columns: xs), and its best cell."""
     loss: dict[str, list[list[float | None]]] = {}
     sd: dict[str, list[list[float | None]]] = {}
     n_runs: dict[str, list[list[int]]] = {}
     best: dict[str, Any] = {}
     for v in variants:
         d = rows[rows["variant"] == v]
-        grid = np.full((len(ys), len(xs)), np.nan)
-        sgrid = np.full((len(ys), len(xs)), np.nan)
+        grid, sgrid = np.full((len(ys), len(xs)), np.nan), np.full((len(ys), len(xs)), np.nan)
         ngrid = np.zeros((len(ys), len(xs)), int)
         for (x, y), g in d.groupby(["d_over_lb", "heads_over_lb"]):
             i, j = ys.index(float(y)), xs.index(float(x))
             grid[i, j] = g["val_loss"].mean()
             sgrid[i, j] = g["val_loss"].std(ddof=1) if len(g) > 1 else np.nan
             ngrid[i, j] = len(g)
-        loss[v] = [[None if np.isnan(c) else float(c) for c in r] for r in grid]
-        sd[v] = [[None if np.isnan(c) else float(c) for c in r] for r in sgrid]
+        loss[v], sd[v] = _nested(grid), _nested(sgrid)
         n_runs[v] = ngrid.tolist()
         if np.isfinite(grid).any():
             i, j = np.unravel_index(np.nanargmin(grid), grid.shape)
@@ -150,8 +128,7 @@ def _variant_grids(
 
 
 def _cells(rows: pd.DataFrame, baseline: str) -> list[dict[str, Any]]:
-    """Per grid cell: the shape its coordinates were rounded to (the baseline's run, else the first) and the
-    tokens each variant trained on."""
+    """Per grid cell: the shape it was rounded to (the baseline's run, else the first) and each variant's tokens."""
     shape_cols = [c for c in _SHAPE_COLUMNS if c in rows.columns]
     cells = []
     for (x, y), g in rows.groupby(["d_over_lb", "heads_over_lb"], sort=True):

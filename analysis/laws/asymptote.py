@@ -1,14 +1,6 @@
-"""The multiplier's sensitivity to the asymptote E (fit.json ``e_sensitivity``): m of the joint fit
-``L_arm = E + A_arm C^-alpha`` with E fitted, with E = 0, and with E pinned at fractions of the lowest observed loss.
-
-A ladder over a small compute range rarely determines E; m = (A_b / A_v)^(1/alpha) moves with it (Marin #4447
-found exponents 0.058 and 0.091 for a free and a pinned asymptote). One table per variant says how far: every row
-is the same Huber log-loss fit (analysis.laws.fit), only E's treatment differs, and the objective beside m says which E
-the data prefer. docs/analysis.md, "Sensitivity to the asymptote".
-
-Numbers only: summary.md's tables are analysis.render.multiplier_text.e_sensitivity_markdown.
-
-Plain functions on tidy DataFrames; no torch.
+"""The multiplier's sensitivity to the asymptote E (fit.json ``e_sensitivity``): m of the joint fit with E fitted,
+as the ladder fit chose, E = 0 and E pinned at fractions of the lowest observed loss, each with its Huber objective.
+docs/analysis.md ("--e-sensitivity"). Numbers only.
 """
 
 from __future__ import annotations
@@ -27,10 +19,8 @@ FRACTIONS = (0.5, 0.8, 0.9, 0.95)  # E pinned at these fractions of the pair's l
 def e_sensitivity(
     runs: pd.DataFrame, options: FitOptions | None = None, fractions: tuple[float, ...] = FRACTIONS
 ) -> dict[str, Any]:
-    """For each variant against the baseline (``runs``: a fitted ladder's runs, arms as fitted): rows ``E_mode``
-    (``fitted``: the saturating fit, never falling back, with ``at_bound`` saying whether E or alpha ended on a
-    bound; ``auto``: the form the ladder fit chose; ``0``; ``<f> x min L``), each with E, alpha, m and the Huber
-    objective (and its excess over the row's best)."""
+    """Per variant against the baseline (``runs``: arms as fitted): rows ``E_mode`` (``fitted``, ``auto``, ``0``,
+    ``<f> x min L``) with E, alpha, m, the Huber objective and its excess over the best row."""
     opt = options if options is not None else FitOptions()
     base, compute = opt.baseline, opt.compute
     out: dict[str, Any] = {"fractions": list(fractions), "variants": {}}
@@ -61,12 +51,6 @@ def e_sensitivity(
 
 
 def _row(mode: str, fit: Any, L_min: float) -> dict[str, Any]:
-    return {
-        "E_mode": mode,
-        "E": fit.E,
-        "E_over_min_L": fit.E / L_min,
-        "form": fit.form,
-        "alpha": fit.alpha,
-        "m": fit.m,
-        "objective": fit.objective,
+    return {"E_mode": mode, "E": fit.E, "E_over_min_L": fit.E / L_min, "form": fit.form} | {
+        k: getattr(fit, k) for k in ("alpha", "m", "objective")
     }

@@ -1,10 +1,6 @@
-"""Resampling for confidence intervals: paired, size-stratified cluster bootstrap over seeds, or a parametric
-seed-noise bootstrap when every (size, seed) cell holds a single run.
-
-The resampling unit is a training run (never a checkpoint).  A *cell* is one (size, seed): the baseline and the
-variant trained with that seed share data order and initialisation, so both arms of a cell are drawn together.
-Replicates are returned as arrays ``L (B, n)`` and ``W (B, n)`` over the original points -- a resampled cell
-becomes an integer weight -- so the batched fits in :mod:`analysis.laws.fit` refit all replicates in one call.
+"""Resampling for confidence intervals (docs/analysis.md, "Intervals"): the paired, size-stratified cluster
+bootstrap over (size, seed) cells (both arms of a cell drawn together), or a parametric seed-noise bootstrap.
+Replicates are arrays ``L (B, n)`` and ``W (B, n)`` over the original runs (a resampled cell is an integer weight).
 """
 
 from __future__ import annotations
@@ -45,12 +41,9 @@ def plan_resampling(
     rho: float = 0.0,
     residual_sigma: float | None = None,
 ) -> ResamplePlan:
-    """Choose how to resample ``df`` (columns size, seed, variant, val_loss).
-
-    auto: the paired cluster bootstrap when every size has >= 2 seeds, else the parametric one.  The parametric
-    sigma is, in order: the one given; the pooled within-(variant, size) seed standard deviation where some cell
-    groups have >= 2 seeds; the residual standard deviation of the fits (``residual_sigma``; includes misfit).
-    """
+    """How to resample ``df`` (columns size, seed, variant, val_loss). auto: the cluster bootstrap when every size
+    has >= 2 seeds, else the parametric one, its sigma the given one, else the pooled seed sd, else
+    ``residual_sigma``."""
     if mode not in ("auto", "cluster", "parametric"):
         raise ValueError(f"bootstrap mode={mode!r} is unknown; allowed values: auto, cluster, parametric")
     if B < 1:
@@ -120,15 +113,20 @@ def draw(df: pd.DataFrame, plan: ResamplePlan, rng: np.random.Generator) -> tupl
     return L0 + noise, np.ones((plan.B, n))
 
 
+def _log(samples: np.ndarray, est: float) -> tuple[np.ndarray, float]:
+    """ln of the positive samples (nan elsewhere) and of ``est`` (nan unless > 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.log(np.where(samples > 0, samples, np.nan))
+    return s, (np.log(est) if est > 0 else np.nan)
+
+
 def interval(
     est: float, samples: np.ndarray, plan: ResamplePlan, log: bool = False, level: float = CI_LEVEL
 ) -> list[float]:
     """Percentile interval of ``samples`` (deviations from ``est`` scaled by plan.scale), optionally in log space."""
     s = np.asarray(samples, float)
     if log:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.log(np.where(s > 0, s, np.nan))
-        est = np.log(est) if est > 0 else np.nan
+        s, est = _log(s, est)
     s = s[np.isfinite(s)]
     if s.size == 0 or not np.isfinite(est):
         return [float("nan"), float("nan")]
@@ -146,20 +144,15 @@ def ends_at_bound(
     ci: list[float],
     log: bool = False,
 ) -> list[bool]:
-    """[lo, hi]: whether each end of ``ci`` (:func:`interval` of the same ``samples``) is set by an optimizer bound
-    rather than by the data: True where some replicate flagged in ``at_bound`` lies at or beyond that end (after the
-    same scaling). The percentile there then reads the bound (a replicate whose fit ran into it would have gone
-    further), so that end is unbounded. A quantity derived from such replicates (a difference, a ratio) is judged
-    the same way, on its own values."""
+    """[lo, hi]: whether each end of ``ci`` (:func:`interval` of ``samples``) is set by an optimizer bound: some
+    replicate flagged in ``at_bound`` lies at or beyond it (after the same scaling)."""
     flags = [False, False]
     s = np.asarray(samples, float)
     mask = np.asarray(at_bound, bool)
     if not mask.any() or ci is None or any(c is None or not np.isfinite(c) for c in ci):
         return flags
     if log:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.log(np.where(s > 0, s, np.nan))
-        est = np.log(est) if est > 0 else np.nan
+        s, est = _log(s, est)
         lo, hi = np.log(ci[0]), np.log(ci[1])
     else:
         lo, hi = ci
@@ -173,11 +166,9 @@ def ends_at_bound(
 
 def share_at_most(est: float, samples: np.ndarray, plan: ResamplePlan, threshold: float = 1.0) -> float:
     """P(m <= threshold) over the (scaled, log-space) bootstrap distribution of a positive quantity."""
-    s = np.asarray(samples, float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ls = np.log(np.where(s > 0, s, np.nan))
+    ls, l_est = _log(np.asarray(samples, float), est)
     ls = ls[np.isfinite(ls)]
     if ls.size == 0 or not est > 0:
         return float("nan")
-    adj = np.log(est) + plan.scale * (ls - np.log(est))
+    adj = l_est + plan.scale * (ls - l_est)
     return float(np.mean(adj <= np.log(threshold)))

@@ -1,53 +1,9 @@
-"""Per-cell token multipliers of a multi-budget study (the length report's multiplier per (rung, budget)): at each
-cell, how many times its tokens the reference needs, at that rung's N, to reach the arm's loss.
-
-At a rung (one N) the reference's loss against its tokens D is fitted by the rung's own law
-
-    L_ref(D) = E_r + B_r D^-beta_r          (least squares over the rung's reference runs, every budget and seed)
-
-and the cell's multiplier is m = D* / D where L_ref(D*) - L_ref(D) = Delta, Delta the same-seed difference arm -
-reference at the cell (analysis.laws.paired). The law supplies only the shape of the reference's curve through its
-own measured loss at the cell (E_r cancels: the anchor is the measurement), so
-
-    ln m = -ln(1 + Delta / s) / beta_r,      s = B_r D^-beta_r (what the reference still gains from D to infinity):
-
-Delta < 0 (the arm wins) gives m > 1 and Delta > 0 gives m < 1 under every law, and an arm's loss below the
-reference's asymptote at that N (1 + Delta / s <= 0) needs D* = infinity.
-
-Why the rung's own law and not the approach-3 law L(N, D) = E + A N^-alpha + B D^-beta (analysis.laws.nd_fit) read
-at the rung's N: approach 3 gives every rung one D-term B D^-beta, and on the deep ladder its N-dependence misses
-(the frontier's rollouts: fitted without the largest rung it predicts none of that rung's cells; without the
-largest budget, the reference's cells at that budget lie above it), so its D-term at one rung is a compromise
-between rungs. The rung's own fit is the reference's curve at that N through that rung's budgets only. Its cost:
-three parameters (with three budgets the curve passes through their three means), so where D* lies past the
-largest budget m extrapolates three points; every cell says how far (D* / D_max). Approach 3's m is reported beside
-it as a check (``approach3``) where the frontier was fitted.
-
-Not measured (``m`` None, with a ``note``): a rung with fewer than MIN_BUDGETS budgets (no law), a law with no
-D-dependence (B_r = 0: the reference's loss does not fall with D), and D* outside [D_min / 10, 10 D_max] (D_min,
-D_max: the rung's smallest and largest measured budgets; printed ">10x" or "<0.1x").
-
-Interval: Delta from its t distribution (mean, standard error, n - 1 degrees of freedom: the distribution behind its
-printed 95% t interval), the law's (s, beta_r) from a cluster bootstrap of the rung's reference runs over seeds (a
-seed's runs at every budget drawn together: they share one trunk, docs/runs.md), independent; the 2.5% and 97.5%
-quantiles of ln m, with Delta integrated exactly and the law averaged over its replicates j:
-
-    P(ln m <= q) = mean_j P(Delta >= s_j (e^(-beta_j q) - 1)).
-
-Since ln m has the sign of -Delta under every law, P(ln m <= 0) = P(Delta >= 0): m's interval lies above 1 exactly
-where Delta's t interval lies below 0, and below 1 where it lies above 0. The law's bootstrap is not widened for
-few seeds (analysis.laws.bootstrap's sqrt(n / (n - 1))): Delta's t carries the small-sample width. An end outside
-[D_min / 10, 10 D_max] is None (beyond).
-
-Wall clock: at one N, m times the tokens is m times the steps, so m_wall = m / r, r the cell's step-time ratio arm
-/ reference (the records' steady-state ``step_cpu_s``, else ``cpu_time_s / steps``; geometric mean over the cell's
-seed pairs, its t interval in log); m_wall's interval combines m's and r's in log, each end apart, as independent
-(as analysis.laws.wallclock).
-
-Numbers only: the length report's table and headline lines are analysis.render.multiplier_text's (m_text,
-cell_markdown).
-
-Plain functions on tidy DataFrames; no torch.
+"""Per-cell token multipliers of a multi-budget study: at each (rung, budget) cell, m = D* / D, the tokens the
+reference needs at that rung's N to reach the arm's loss, read off the rung's own law L_ref(D) = E_r + B_r
+D^-beta_r anchored at the cell: ln m = -ln(1 + Delta / s) / beta_r, s = B_r D^-beta_r, Delta the same-seed
+difference. Interval: Delta's t distribution with the law's seed-cluster bootstrap, independent (P(ln m <= q) =
+mean_j P(Delta >= s_j (e^(-beta_j q) - 1))); m_wall = m / the cell's step-time ratio. docs/analysis.md,
+"Per-cell multipliers and the frontier's checks". Numbers only.
 """
 
 from __future__ import annotations
@@ -60,6 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..io.runs import completed_runs
 from ..io.token_budget import tokens_per_param
 from .paired import t_interval
 
@@ -88,10 +45,9 @@ def _sums(beta: np.ndarray, lnx: np.ndarray, L: np.ndarray, W: np.ndarray):
 
 
 def fit_d_laws(D: np.ndarray, L: np.ndarray, W: np.ndarray) -> dict[str, np.ndarray]:
-    """L = E + B D^-beta by weighted least squares, once per row of ``W`` (R, n: each run's weight, e.g. a
-    bootstrap's counts; a row of ones is the plain fit), beta in BETA_RANGE (a grid in ln beta, then a golden-section
-    polish), B >= 0. Returns arrays of R: ``E``, ``B`` (in D's units), ``beta``, ``s_scale``, ``D0`` (B D^-beta =
-    s_scale (D / D0)^-beta, the overflow-free form) and ``flat`` (B = 0: no D-dependence)."""
+    """L = E + B D^-beta by weighted least squares once per row of ``W`` (R, n), beta in BETA_RANGE (ln beta grid,
+    then golden section), B >= 0. Arrays of R: ``E``, ``B``, ``beta``, ``s_scale``, ``D0`` (B D^-beta = s_scale
+    (D / D0)^-beta) and ``flat`` (B = 0)."""
     D, L, W = np.asarray(D, float), np.asarray(L, float), np.atleast_2d(np.asarray(W, float))
     D0 = float(np.exp(np.mean(np.log(D))))
     lnx = np.log(D / D0)
@@ -112,8 +68,8 @@ def fit_d_laws(D: np.ndarray, L: np.ndarray, W: np.ndarray) -> dict[str, np.ndar
 
 
 def log_multiplier(delta: Any, s: Any, beta: Any) -> np.ndarray:
-    """ln m = -ln(1 + delta / s) / beta (broadcast): +inf where the arm's loss lies at or below the reference's
-    asymptote (1 + delta / s <= 0), and for a flat law (s = 0) +inf / 0 / -inf as delta is < 0, 0, > 0."""
+    """ln m = -ln(1 + delta / s) / beta (broadcast): +inf where 1 + delta / s <= 0; for s = 0, +inf / 0 / -inf as
+    delta is < 0, 0, > 0."""
     delta, s, beta = np.broadcast_arrays(*(np.asarray(v, float) for v in (delta, s, beta)))
     with np.errstate(divide="ignore", invalid="ignore"):
         u = np.where(s > 0, delta / np.where(s > 0, s, 1.0), np.sign(delta) * np.inf)
@@ -124,8 +80,8 @@ def log_multiplier(delta: Any, s: Any, beta: Any) -> np.ndarray:
 def log_multiplier_interval(
     delta: float, se: float, dof: int, s: np.ndarray, beta: np.ndarray, bounds: tuple[float, float]
 ) -> tuple[list[float], list[bool]]:
-    """The 95% interval of ln m with delta ~ delta + se t(dof) and the law's (s_j, beta_j) replicates, independent
-    (module docstring), clipped to ``bounds`` (ln m's floor and cap), and for each end whether it lies beyond them."""
+    """The 95% interval of ln m, delta ~ delta + se t(dof), over the law's (s_j, beta_j) replicates, clipped to
+    ``bounds``, and whether each end lies beyond them."""
     s, beta = np.asarray(s, float), np.asarray(beta, float)
     flat = s <= 0
     beta = np.where(flat, 1.0, beta)
@@ -150,8 +106,8 @@ def log_multiplier_interval(
 
 
 def rung_law(ref: pd.DataFrame, B: int = B_LAW, seed: int = 0) -> dict[str, Any]:
-    """The reference's law at one rung from its runs ``ref`` (columns tokens, val_loss, seed, tokens_per_param):
-    the point fit and ``B`` cluster-bootstrap replicates over seeds (``boot``: fit_d_laws' arrays), or ``error``."""
+    """The reference's law at one rung (its runs ``ref``): ``point``, ``B`` seed-cluster replicates (``boot``),
+    ``n_seeds``; or ``error``."""
     budgets = ref["tokens_per_param"].nunique()
     if budgets < MIN_BUDGETS:
         return {"error": f"{budgets} budget(s) at this rung: the law L = E + B D^-beta needs {MIN_BUDGETS}"}
@@ -171,8 +127,8 @@ def _headroom(law: dict[str, Any], D: float) -> float | np.ndarray:
 
 
 def step_time_ratio(cell: pd.DataFrame, arm: str, reference: str) -> dict[str, Any]:
-    """The step-time ratio arm / reference at one cell (its completed runs): the geometric mean over its seed pairs
-    of ``step_cpu_s`` (else ``cpu_time_s / steps``) with its t interval in log; None where untimed."""
+    """The step-time ratio arm / reference at one cell: the geometric mean over seed pairs of ``step_cpu_s`` (else
+    ``cpu_time_s / steps``) with its t interval in log; None where untimed."""
 
     def per_step(rows: pd.DataFrame) -> pd.Series:
         step = pd.to_numeric(rows.get("step_cpu_s"), errors="coerce") if "step_cpu_s" in rows else None
@@ -194,8 +150,7 @@ def step_time_ratio(cell: pd.DataFrame, arm: str, reference: str) -> dict[str, A
 
 
 def _divide(m: float | None, m_ci: list[float] | None, beyond: list[bool], r: dict[str, Any]) -> tuple[Any, Any]:
-    """m / r with its interval: the two intervals combined in log, each end apart, as independent; an end of m's
-    beyond its limits gives None."""
+    """m / r with its interval (combined in log as independent, each end apart; an end beyond m's limits: None)."""
     if m is None or r["ratio"] is None:
         return None, None
     mw = m / r["ratio"]
@@ -211,8 +166,8 @@ def _divide(m: float | None, m_ci: list[float] | None, beyond: list[bool], r: di
 def multiplier_at_cell(
     delta: float, delta_ci: list[float] | None, n_pairs: int, D: float, D_range: tuple[float, float], law: dict
 ) -> dict[str, Any]:
-    """m, its interval and D* / D_max at one cell (tokens ``D``, the rung's measured ``D_range``) under ``law``
-    (point and ``boot`` replicates: rung_law's, or approach 3's in the same form); ``note`` says why m is None."""
+    """m, its interval and D* / D_max at one cell (tokens ``D``, the rung's ``D_range``) under ``law`` (rung_law's
+    form); ``note`` says why m is None."""
     floor, cap = D_range[0] / MAX_EXTRAPOLATION / D, MAX_EXTRAPOLATION * D_range[1] / D
     out: dict[str, Any] = {"m": None, "m_ci95": None, "m_ci95_beyond": [False, False], "note": None}
     out |= {"d_star_over_d_max": None, "m_floor": floor, "m_cap": cap}
@@ -243,13 +198,10 @@ def cell_multipliers(
     seed: int = 0,
     approach3: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """One entry per row of ``table`` (analysis.studies.training_length.gain_by_length: size, tokens_per_param,
-    delta, delta_ci95, n_pairs) from the completed runs of ``df``: the cell's keys and Delta, its tokens D, the
-    rung's measured range ``D_range``, ``law`` (the rung's E, B, beta, or its ``error``), ``m``, ``m_ci95``,
-    ``note``, ``d_star_over_d_max``, ``m_cap``, the step-time ratio and ``m_wall`` with intervals, and with
-    ``approach3`` (the reference's approach-3 law as {"point": {...}, "boot": {...}} in fit_d_laws' keys) the same
-    m under it (``approach3``)."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    """One entry per row of ``table`` (size, tokens_per_param, delta, delta_ci95, n_pairs) from ``df``'s completed
+    runs: the cell, D, ``D_range``, ``law``, m with its interval and limits, the step-time ratio and ``m_wall``, and
+    with ``approach3`` (a law in rung_law's form) the same m under it."""
+    done = completed_runs(df)
     done = done.assign(tokens_per_param=tokens_per_param(done))
     out = []
     for rung, cells in table.groupby("size", sort=False):
@@ -260,15 +212,8 @@ def cell_multipliers(
         D_range = (float(D_by_budget.min()), float(D_by_budget.max()))
         for r in cells.itertuples():
             D = float(D_by_budget[r.tokens_per_param])
-            entry: dict[str, Any] = {
-                "size": str(rung),
-                "tokens_per_param": float(r.tokens_per_param),
-                "D": D,
-                "D_range": list(D_range),
-                "delta": r.delta,
-                "delta_ci95": r.delta_ci95,
-                "n_pairs": int(r.n_pairs),
-            }
+            entry: dict[str, Any] = {"size": str(rung), "tokens_per_param": float(r.tokens_per_param), "D": D}
+            entry |= {"D_range": list(D_range), "delta": r.delta, "delta_ci95": r.delta_ci95, "n_pairs": int(r.n_pairs)}
             if "error" in law:
                 entry |= {"law": {"error": law["error"]}, "m": None, "m_ci95": None, "m_ci95_beyond": [False, False]}
                 entry["note"] = f"no law at this rung ({law['error']})"

@@ -1,28 +1,16 @@
-"""Scaling-law fits: pure functions on arrays (no I/O, no pandas).
+"""Scaling-law fits: pure functions on arrays (no I/O, no pandas); docs/analysis.md, "Methods".
 
-Two forms, both with compute C in PFLOP/s-days:
-
-* **Paper form** (AttnRes §5.1): per variant ``L = A * C**(-alpha)``, ordinary least squares of log L on
-  log C.  The multiplier curve ``M(C) = C_base(L_variant(C)) / C`` is what the paper reports at its largest
-  compute point.
-* **Headline form** (docs/analysis.md): a joint fit ``L_arm = E + A_arm * C**(-alpha)`` of baseline and
-  variant with E and alpha shared, Huber(delta=1e-3) on log-loss residuals.  Solved by variable projection:
-  a grid over alpha, non-negative least squares for (E, A_base, A_variant) at each alpha (Huber by IRLS),
-  then an L-BFGS-B polish of all four parameters.  m = (A_base / A_variant) ** (1 / alpha).  When E lands on
-  a bound (or alpha on a grid edge) it falls back to E = 0, the shared-exponent pure power law.
-
-Internally C is divided by a reference compute C_ref (geometric mean of the fitted points) so that
-``(C / C_ref) ** -alpha`` stays O(1) even for CPU-sized runs at ~1e-6 PFLOP/s-days; reported A values are
-converted back to the original units (A at C = 1 PFLOP/s-day).
-
-Every ``*_batch`` function works on a leading batch axis (bootstrap replicates) with per-point weights, so a
-bootstrap is one vectorised call instead of B scipy calls.
+Paper form: per variant ``L = A C^-alpha`` by least squares in log-log. Headline form: the joint fit
+``L_arm = E + A_arm C^-alpha`` (E, alpha shared), Huber on log-loss, by variable projection (alpha grid, NNLS with
+IRLS) and an L-BFGS-B + Newton polish; m = (A_base / A_variant)^(1 / alpha). C is normalised by C_ref (the points'
+geometric mean) inside; reported A values are at C = 1 PFLOP/s-day. ``*_batch`` functions take a leading replicate
+axis with per-point weights (the bootstrap in one vectorised call).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,11 +20,6 @@ from threadpoolctl import threadpool_limits
 HUBER_DELTA = 1e-3
 ALPHA_BOUNDS = (1e-3, 3.0)  # exponent search range of the saturating fit; an optimum on an edge means "no fit"
 _TINY = 1e-300
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Power laws and the paper-form fit
-# ----------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -110,18 +93,9 @@ def huber(r: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
     return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
 
 
-def _huber_grad(r: np.ndarray, delta: float) -> np.ndarray:
-    return np.clip(r, -delta, delta)
-
-
 def _irls_weights(r: np.ndarray, delta: float) -> np.ndarray:
-    # Huber as iteratively reweighted least squares: weight 1 inside delta, delta/|r| outside.
+    """Huber as IRLS: weight 1 inside delta, delta / |r| outside."""
     return np.minimum(1.0, delta / np.maximum(np.abs(r), _TINY))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Batched building blocks of the joint fit
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def nnls3(
@@ -135,18 +109,9 @@ def nnls3(
     hv: np.ndarray,
     E_max: np.ndarray | float = np.inf,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exact batched NNLS for (E, A_b, A_v) >= 0 with normal matrix
-
-        [[S1,  Sxb,  Sxv ],
-         [Sxb, Sxxb, 0   ],
-         [Sxv, 0,    Sxxv]]   and right-hand side (h0, hb, hv).
-
-    The NNLS optimum is the unconstrained least-squares solution on its support, so enumerating all 8
-    supports and keeping the best feasible one is exact -- and vectorises over millions of tiny problems,
-    which scipy.optimize.nnls (one problem per call) cannot.  ``E <= E_max`` is enforced by rejecting
-    candidates beyond it (supports with E on the upper bound are not enumerated; such fits are flagged as
-    degenerate by the caller anyway).
-    """
+    """Exact batched NNLS for (E, A_b, A_v) >= 0, normal matrix [[S1, Sxb, Sxv], [Sxb, Sxxb, 0], [Sxv, 0, Sxxv]],
+    right-hand side (h0, hb, hv): the best feasible of the 8 supports' unconstrained solutions (candidates with
+    E > E_max are rejected; E on that bound is not enumerated)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         shape = np.broadcast_shapes(np.shape(S1), np.shape(h0))
         zero = np.zeros(shape)
@@ -187,13 +152,9 @@ def profile_saturating(
     delta: float = HUBER_DELTA,
     irls_iter: int = 12,
 ) -> dict[str, np.ndarray]:
-    """Variable projection of the saturating joint fit at fixed exponents.
-
-    lnc: (n,) log(C / C_ref); L, W: (..., n) losses and point weights; isv: (n,) True for variant points;
-    alphas: (..., G) exponents.  For each alpha the (E, A_b, A_v) that minimise the Huber log-loss are found by
-    IRLS on the linearised problem (log L - log Lhat ~ (L - Lhat) / L) with exact NNLS at each step.
-    Returns E, A_b, A_v (normalised C units) and the Huber objective, each (..., G).
-    """
+    """The saturating joint fit at fixed exponents ``alphas`` (..., G): per alpha, (E, A_b, A_v) by IRLS on the
+    linearised Huber log-loss with exact NNLS. lnc, isv: (n,); L, W: (..., n). Returns E, A_b, A_v (normalised C
+    units) and the objective, each (..., G)."""
     # Baseline points first, so per-arm sums are slices rather than masked reductions.
     order = np.argsort(isv, kind="stable")
     nb = int((~isv).sum())
@@ -204,6 +165,7 @@ def profile_saturating(
     lnL = np.log(Lb)
     E_max = np.where(W > 0, L, np.inf).min(-1)[..., None]  # E may not exceed the smallest observed loss
     Wb = W[..., None, :]
+    is_v = np.arange(len(lnc)) >= nb
     u = np.broadcast_to(Wl, x.shape)
     for _ in range(irls_iter):
         ux = u * x
@@ -215,13 +177,7 @@ def profile_saturating(
         Sxxb, Sxxv = uxx[..., :nb].sum(-1), uxx[..., nb:].sum(-1)
         hb, hv = uxL[..., :nb].sum(-1), uxL[..., nb:].sum(-1)
         E, Ab, Av = nnls3(S1, Sxb, Sxv, Sxxb, Sxxv, uL.sum(-1), hb, hv, E_max)
-        Lhat = E[..., None] + x * np.concatenate(
-            [
-                np.broadcast_to(Ab[..., None], (*Ab.shape, nb)),
-                np.broadcast_to(Av[..., None], (*Av.shape, x.shape[-1] - nb)),
-            ],
-            -1,
-        )
+        Lhat = E[..., None] + x * np.where(is_v, Av[..., None], Ab[..., None])
         r = lnL - np.log(np.maximum(Lhat, _TINY))
         u = Wl * _irls_weights(r, delta)
     obj = (Wb * huber(r, delta)).sum(-1)
@@ -240,10 +196,8 @@ def search_saturating(
     delta: float = HUBER_DELTA,
     irls_iter: int = 12,
 ) -> dict[str, np.ndarray]:
-    """Grid search over alpha (log-spaced coarse grid, then ``rounds`` zooms around each best point).
-
-    Batched over the leading axes of L and W.  Returns E, A_b, A_v (normalised units), alpha and objective.
-    """
+    """Grid search over alpha (log-spaced, then ``rounds`` zooms around the best point), batched over L's and W's
+    leading axes. Returns E, A_b, A_v (normalised units), alpha and objective."""
     lo, hi = alpha_bounds
     batch = L.shape[:-1]
     grid = np.broadcast_to(np.geomspace(lo, hi, n_coarse), (*batch, n_coarse))
@@ -274,20 +228,13 @@ def fit_power_batch(
     max_iter: int = 100,
     tol: float = 1e-12,
 ) -> dict[str, np.ndarray]:
-    """Shared-exponent pure power law in log space, batched: log L = a_arm - alpha * lnc.
-
-    A linear model with per-arm intercepts and one slope (closed form, as in ANCOVA), made robust with
-    Huber IRLS when ``delta`` is given.  Returns a_b, a_v (log A in normalised units), alpha, objective.
-    """
+    """Shared-exponent power law log L = a_arm - alpha lnc, batched: per-arm intercepts and one slope in closed
+    form, Huber by IRLS when ``delta`` is given. Returns a_b, a_v (log A, normalised units), alpha, objective."""
     b = ~isv
-    omega = np.ones(lnL.shape)
 
     def solve(u: np.ndarray) -> tuple[np.ndarray, ...]:
         with np.errstate(divide="ignore", invalid="ignore"):
-            out = []
-            num = 0.0
-            den = 0.0
-            means = []
+            num, den, means = 0.0, 0.0, []
             for mask in (b, isv):
                 um = u * mask
                 sw = um.sum(-1)
@@ -298,9 +245,8 @@ def fit_power_batch(
                 den = den + (um * dx * dx).sum(-1)
                 means.append((mx, my))
             slope = num / den
-            for mx, my in means:
-                out.append(my - slope * mx)
-        return out[0], out[1], -slope
+            a = [my - slope * mx for mx, my in means]
+        return a[0], a[1], -slope
 
     a_b, a_v, alpha = solve(W)
     if delta is not None:
@@ -331,11 +277,6 @@ def arm_slopes_batch(
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The joint fit (point estimate)
-# ----------------------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class JointFit:
     """Shared-(E, alpha) fit of baseline and variant; A values in original C units (PFLOP/s-days)."""
@@ -358,18 +299,7 @@ class JointFit:
         return PowerLaw(A=self.A_variant, alpha=self.alpha, E=self.E)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "form": self.form,
-            "E": self.E,
-            "A_base": self.A_base,
-            "A_variant": self.A_variant,
-            "alpha": self.alpha,
-            "m": self.m,
-            "objective": self.objective,
-            "C_ref": self.C_ref,
-            "fallback": self.fallback,
-            "saturating_attempt": self.saturating_attempt,
-        }
+        return asdict(self)
 
 
 def _joint_objective(
@@ -383,34 +313,22 @@ def _joint_objective(
     r = lnL - np.log(Lhat)
     scale = 1.0 / (delta * delta)
     f = float((w * huber(r, delta)).sum() * scale)
-    g_r = -w * _huber_grad(r, delta) / Lhat * scale  # d f / d Lhat
+    g_r = -w * np.clip(r, -delta, delta) / Lhat * scale  # d f / d Lhat
     grad = np.array([g_r.sum(), (g_r * T * ~isv).sum(), (g_r * T * isv).sum(), -(g_r * T * lnc).sum()])
     return f, grad
 
 
 def _polish(
-    theta0: np.ndarray,
-    lnc: np.ndarray,
-    lnL: np.ndarray,
-    isv: np.ndarray,
-    w: np.ndarray,
-    delta: float,
-    bounds: list[tuple[float | None, float | None]],
+    theta0: np.ndarray, args: tuple[Any, ...], bounds: list[tuple[float | None, float | None]]
 ) -> tuple[np.ndarray, float]:
-    f0, _ = _joint_objective(theta0, lnc, lnL, isv, w, delta)
+    """L-BFGS-B then :func:`_newton` on :func:`_joint_objective` (``args``: lnc, lnL, isv, w, delta) from theta0."""
+    f0, _ = _joint_objective(theta0, *args)
     # L-BFGS-B calls BLAS on 4x4 problems: a BLAS thread pool only adds hand-off latency (docs/analysis.md).
     with threadpool_limits(limits=1, user_api="blas"):
-        res = minimize(
-            _joint_objective,
-            theta0,
-            args=(lnc, lnL, isv, w, delta),
-            jac=True,
-            method="L-BFGS-B",
-            bounds=bounds,
-            options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-10},
-        )
+        options = {"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-10}
+        res = minimize(_joint_objective, theta0, args=args, jac=True, method="L-BFGS-B", bounds=bounds, options=options)
     if np.isfinite(res.fun) and res.fun <= f0:
-        return _newton(np.asarray(res.x, float), float(res.fun), (lnc, lnL, isv, w, delta), bounds)
+        return _newton(np.asarray(res.x, float), float(res.fun), args, bounds)
     return theta0, f0
 
 
@@ -421,10 +339,8 @@ def _newton(
     theta: np.ndarray, f: float, args: tuple[Any, ...], bounds: list[tuple[float | None, float | None]]
 ) -> tuple[np.ndarray, float]:
     """Newton steps from L-BFGS-B's stopping point on the parameters off their bounds (Hessian by central
-    differences of the analytic gradient), each kept only where it lowers the objective: L-BFGS-B stops within its
-    gradient tolerance at a point that depends on the BLAS's rounding, Newton converges to the optimum itself, so
-    that a fit regenerates to about 1e-12 relative on another machine, not 1e-8 (docs/analysis.md). A step larger
-    than ``POLISH_STEP`` (a near-singular Hessian: the optimum is a flat valley) ends the polish instead."""
+    differences of the gradient), each kept only where it lowers the objective, so that a fit does not depend on the
+    BLAS's rounding (docs/analysis.md). A step over ``POLISH_STEP`` (a flat valley) ends the polish."""
     lo = np.array([-np.inf if b[0] is None else b[0] for b in bounds])
     hi = np.array([np.inf if b[1] is None else b[1] for b in bounds])
     margin = 1e-9 * (1 + np.abs(theta))
@@ -460,6 +376,14 @@ def _newton(
     return theta, f
 
 
+def _joint_points(C: Any, L: Any, is_variant: Any, weights: Any) -> tuple[np.ndarray, ...]:
+    """(C, L, isv, w) as arrays, checked, and C_ref = the geometric mean of C."""
+    C, L = np.asarray(C, dtype=float), np.asarray(L, dtype=float)
+    w = np.ones_like(L) if weights is None else np.asarray(weights, dtype=float)
+    _check_points(C, L)
+    return C, L, np.asarray(is_variant, dtype=bool), w, float(np.exp(np.mean(np.log(C))))
+
+
 def fit_joint(
     C: Any,
     L: Any,
@@ -470,22 +394,14 @@ def fit_joint(
     delta: float = HUBER_DELTA,
     alpha_bounds: tuple[float, float] = ALPHA_BOUNDS,
 ) -> JointFit:
-    """Joint baseline/variant fit ``L_arm = E + A_arm C^-alpha`` (see module docstring).
-
-    form: "auto" (saturating, falling back to E = 0 when E hits a bound or alpha a grid edge),
-    "saturating" (never fall back) or "power_law" (E = 0 from the start).
-    """
+    """Joint baseline/variant fit ``L_arm = E + A_arm C^-alpha``. form: "auto" (saturating, falling back to E = 0
+    when E hits a bound or alpha a grid edge), "saturating" (never falls back) or "power_law" (E = 0)."""
     if form not in ("auto", "saturating", "power_law"):
         raise ValueError(f"form={form!r} is unknown; allowed values: auto, saturating, power_law")
-    C = np.asarray(C, dtype=float)
-    L = np.asarray(L, dtype=float)
-    isv = np.asarray(is_variant, dtype=bool)
-    w = np.ones_like(L) if weights is None else np.asarray(weights, dtype=float)
-    _check_points(C, L)
+    C, L, isv, w, C_ref = _joint_points(C, L, is_variant, weights)
     for name, mask in (("baseline", ~isv), ("variant", isv)):
         if np.unique(C[mask & (w > 0)]).size < 2:
             raise ValueError(f"the joint fit needs the {name} at two or more compute values")
-    C_ref = float(np.exp(np.mean(np.log(C))))
     lnc = np.log(C / C_ref)
     lnL = np.log(L)
 
@@ -496,15 +412,10 @@ def fit_joint(
             lnc, L, isv, w, alpha_bounds, n_coarse=160, n_fine=16, rounds=3, delta=delta, irls_iter=20
         )
         E_max = float(L[w > 0].min())
-        theta0 = np.array(
-            [
-                float(s["E"]),
-                math.log(max(float(s["A_b"]), 1e-300)),
-                math.log(max(float(s["A_v"]), 1e-300)),
-                float(s["alpha"]),
-            ]
-        )
-        theta, obj = _polish(theta0, lnc, lnL, isv, w, delta, [(0.0, E_max), (None, None), (None, None), alpha_bounds])
+        amp = [math.log(max(float(s[k]), 1e-300)) for k in ("A_b", "A_v")]
+        theta0 = np.array([float(s["E"]), *amp, float(s["alpha"])])
+        bounds = [(0.0, E_max), (None, None), (None, None), alpha_bounds]
+        theta, obj = _polish(theta0, (lnc, lnL, isv, w, delta), bounds)
         E, a_b, a_v, alpha = (float(t) for t in theta)
         obj *= delta * delta
         sat = _joint_result("saturating", E, a_b, a_v, alpha, obj, C_ref)
@@ -529,12 +440,11 @@ def fit_joint(
 def _fit_pinned(
     lnc: np.ndarray, L: np.ndarray, isv: np.ndarray, w: np.ndarray, E: float, delta: float, C_ref: float
 ) -> JointFit:
-    """The joint fit with E held at ``E``: started from the shared-exponent power law of L - E in log space, then
-    the L-BFGS-B polish of the Huber log-loss (on log L, as every form) with E's bounds at E. E = 0 is the
-    ``power_law`` form."""
+    """The joint fit with E held at ``E`` (E = 0: the ``power_law`` form): the power law of L - E in log space
+    polished on the Huber log-loss of L."""
     p = fit_power_batch(lnc, np.log(L - E), isv, w, delta)
     theta0 = np.array([E, float(p["a_b"]), float(p["a_v"]), float(p["alpha"])])
-    theta, obj = _polish(theta0, lnc, np.log(L), isv, w, delta, [(E, E), (None, None), (None, None), (None, None)])
+    theta, obj = _polish(theta0, (lnc, np.log(L), isv, w, delta), [(E, E), (None, None), (None, None), (None, None)])
     _, a_b, a_v, alpha = (float(t) for t in theta)
     return _joint_result("power_law" if E == 0 else "pinned", E, a_b, a_v, alpha, obj * delta * delta, C_ref)
 
@@ -542,17 +452,11 @@ def _fit_pinned(
 def fit_joint_pinned(
     C: Any, L: Any, is_variant: Any, E: float, weights: Any = None, *, delta: float = HUBER_DELTA
 ) -> JointFit:
-    """The joint fit ``L_arm = E + A_arm C^-alpha`` with the asymptote held at ``E`` (0 <= E < min L): form
-    ``pinned`` (``power_law`` at E = 0, the same fit as :func:`fit_joint`'s). How m depends on the asymptote is read
-    by refitting at several E (analysis.laws.asymptote)."""
-    C = np.asarray(C, dtype=float)
-    L = np.asarray(L, dtype=float)
-    isv = np.asarray(is_variant, dtype=bool)
-    w = np.ones_like(L) if weights is None else np.asarray(weights, dtype=float)
-    _check_points(C, L)
+    """The joint fit with the asymptote held at ``E`` (0 <= E < min L): form ``pinned`` (``power_law`` at E = 0,
+    as :func:`fit_joint`'s)."""
+    C, L, isv, w, C_ref = _joint_points(C, L, is_variant, weights)
     if not 0.0 <= E < float(L[w > 0].min()):
         raise ValueError(f"a pinned E must lie in [0, min L = {float(L[w > 0].min()):.4g}), got {E}")
-    C_ref = float(np.exp(np.mean(np.log(C))))
     return _fit_pinned(np.log(C / C_ref), L, isv, w, float(E), delta, C_ref)
 
 
@@ -563,11 +467,9 @@ def joint_draws_at_bound(
     form: str,
     alpha_bounds: tuple[float, float] = ALPHA_BOUNDS,
 ) -> np.ndarray:
-    """Which replicates of :func:`fit_joint_batch` (``jb``, on losses L and weights W of shape (B, n)) ended on a
-    bound of the saturating search: alpha at either end of ``alpha_bounds`` (within 0.1%) or E at its upper bound,
-    the replicate's smallest loss (within 0.01%). Such a replicate's alpha, E and every number derived from them
-    (m, the arms' own exponents, m_s) are set by the bound, not by the data. E = 0 is a constraint of the model
-    (no saturation), not a search bound, and the power-law form has no bounds: all False there."""
+    """Which replicates of :func:`fit_joint_batch` (``jb`` on L, W of shape (B, n)) ended on a bound of the
+    saturating search: alpha at an end of ``alpha_bounds`` (within 0.1%) or E at the replicate's smallest loss
+    (within 0.01%). All False for the power-law form (E = 0 is the model's constraint, not a bound)."""
     alpha = np.asarray(jb["alpha"], float)
     if form != "saturating":
         return np.zeros(alpha.shape, bool)
@@ -596,24 +498,15 @@ def fit_joint_batch(
     delta: float = HUBER_DELTA,
     alpha_bounds: tuple[float, float] = ALPHA_BOUNDS,
 ) -> dict[str, np.ndarray]:
-    """The joint fit applied to many replicates at once (bootstrap).  ``form`` is fixed ("saturating" or
-    "power_law"): the replicates reuse the model form chosen on the full data.  The saturating branch stops
-    at the zoomed alpha grid (no per-replicate L-BFGS-B polish; the zoomed grid
-    resolves alpha to ~1%, and m much better since A_b, A_v are profiled at each alpha).
-    Returns E, alpha, m, the Huber objective (``sum W huber(log L - log Lhat)``) and the arms' amplitudes A_b, A_v
-    in the normalised units of ``lnc`` (L = E + A (C / C_ref)^-alpha), each of the batch shape."""
+    """The joint fit of many replicates at once, in the ``form`` ("saturating" or "power_law") chosen on the full
+    data; the saturating one stops at the zoomed alpha grid (no polish). Returns E, alpha, m, the Huber objective
+    and A_b, A_v in the normalised units of ``lnc``, each of the batch shape."""
     if form == "power_law":
         p = fit_power_batch(lnc, np.log(L), isv, W, delta)
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             m = np.exp((p["a_b"] - p["a_v"]) / p["alpha"])
-        return {
-            "E": np.zeros_like(p["alpha"]),
-            "alpha": p["alpha"],
-            "m": m,
-            "obj": p["obj"],
-            "A_b": np.exp(p["a_b"]),
-            "A_v": np.exp(p["a_v"]),
-        }
+        E = np.zeros_like(p["alpha"])
+        return {"E": E, "alpha": p["alpha"], "m": m, "obj": p["obj"], "A_b": np.exp(p["a_b"]), "A_v": np.exp(p["a_v"])}
     if form != "saturating":
         raise ValueError(f"form={form!r} is unknown; allowed values: saturating, power_law")
     # Coarser than the point estimate's search (32 + 2 x 10 exponents, 8 IRLS steps): on the unresampled data it

@@ -16,14 +16,9 @@ OUTLIER_MODES = ("keep", "exclude")
 
 @dataclass(frozen=True)
 class FitOptions:
-    """How a scaling ladder is fitted (``python -m analysis fit``'s options; docs/analysis.md has the methods).
-
-    ``study`` picks the ladder among several scaling studies (default: the one there is). ``B``, ``seed``,
-    ``bootstrap_mode`` (auto, paired_cluster or parametric), ``seed_sigma`` and ``seed_rho`` shape the resampling
-    (analysis.laws.bootstrap.plan_resampling); ``form`` (auto, saturating or power_law) and ``delta`` (the Huber
-    threshold) the joint fit; ``skip_incomplete`` drops a variant with too few sizes instead of failing;
-    ``outliers``: ``keep`` fits the runs the outlier rule flags (and refits without them), ``exclude`` leaves them
-    out."""
+    """How a scaling ladder is fitted (``python -m analysis fit``'s options): ``study`` picks the ladder; ``B`` to
+    ``seed_rho`` shape the resampling (bootstrap.plan_resampling), ``form`` and ``delta`` the joint fit;
+    ``skip_incomplete`` drops a variant with too few sizes; ``outliers``: ``keep`` or ``exclude`` flagged runs."""
 
     baseline: str = "baseline"
     study: str | None = None
@@ -40,3 +35,10 @@ class FitOptions:
 
     def replace(self, **changes: Any) -> FitOptions:
         return dataclasses.replace(self, **changes)
+
+    def plan(self, df: Any, residual_sigma: float | None) -> bs.ResamplePlan:
+        """The resampling of ``df`` these options ask for (bootstrap.plan_resampling)."""
+        return bs.plan_resampling(
+            df, B=self.B, seed=self.seed, mode=self.bootstrap_mode, sigma=self.seed_sigma, rho=self.seed_rho,
+            residual_sigma=residual_sigma,
+        )  # fmt: skip

@@ -1,19 +1,7 @@
-"""The numbers of the two fixed-shape studies, which compare arms at one shape, every arm at the same lr protocol
-and seeds (same-seed differences with 95% t intervals: analysis.laws.paired). The reference arms, and any arm a study
-skipped because another study had trained it, are taken from every study in the table at the same shape, lr
-protocol and seeds.
-
-* :func:`ablation_table` -- the ablation study (study kind ``ablations``, paper Table 4): the paper's AttnRes
-  ablations and the peer residual schemes against the baseline; one row per arm: the mean loss over seeds with its
-  95% t interval, its same-seed difference from the baseline with its interval and the paper's loss and difference
-  beside it; rows in the paper's Table 4 order, with the arms the paper does not report after its peers.
-* :func:`block_size_sweep` -- the block-size study (study kind ``block_size``, paper Fig. 6): Block AttnRes' loss
-  per block size S (sublayers per block), from S = 1 (Full AttnRes' maths) to S = 2 L_b (a single block), with its
-  same-seed differences from the baseline and from Full AttnRes.
-
-Their reports (Markdown, figure, verdict) are the studies' own (analysis.studies.ablations,
-analysis.studies.block_size); ``python -m analysis fit`` adds both tables to fit.json (analysis.render.fit_report).
-Numbers only: plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
+"""The numbers of the two fixed-shape studies, every arm at one shape, lr protocol and seed set (same-seed
+differences with 95% t intervals, analysis.laws.paired; reference arms, and arms a study skipped, taken from any
+study in the table at that shape): :func:`ablation_table` (paper Table 4) and :func:`block_size_sweep` (paper
+Fig. 6). Numbers only.
 """
 
 from __future__ import annotations
@@ -32,9 +20,6 @@ FULL = "full_attnres"
 UNREPORTED_PEERS = ("hyper_static", "hyper_dynamic", "laurel")
 
 
-# ---- Table 4: ablations and peers -----------------------------------------------------------------------------------
-
-
 def paper_rows() -> list[dict[str, Any]]:
     """The paper's Table 4 (analysis/data/paper.json): variant, label, loss, in the paper's order."""
     rows: list[dict[str, Any]] = load_paper()["table4"]["rows"]
@@ -42,8 +27,7 @@ def paper_rows() -> list[dict[str, Any]]:
 
 
 def row_order(variants: list[str]) -> list[str]:
-    """``variants`` in the paper's Table 4 order: the baseline, the paper's peers, the peers it does not report,
-    Full AttnRes and its ablations, Block AttnRes and its ablations; any other arm last, in the given order."""
+    """``variants`` in the paper's Table 4 order, UNREPORTED_PEERS after its peers, any other arm last."""
     paper = [r["variant"] for r in paper_rows()]
     last_peer = paper.index("full_attnres")
     order = paper[:last_peer] + list(UNREPORTED_PEERS) + paper[last_peer:]
@@ -99,9 +83,6 @@ def _paper_cells(paper: dict[str, dict[str, Any]], variant: str, baseline: str) 
     return {"paper_loss": row["loss"], "paper_delta": delta}
 
 
-# ---- Fig. 6: block size ---------------------------------------------------------------------------------------------
-
-
 def _reference(pool: pd.DataFrame, study: str, variant: str) -> tuple[pd.DataFrame, dict[str, Any] | None]:
     rows = arm_rows(pool, study, variant)
     if rows.empty:
@@ -116,9 +97,8 @@ def _against(table: pd.DataFrame, arm: str) -> dict[str, Any] | None:
 
 
 def block_size_sweep(df_all: pd.DataFrame, baseline: str = BASELINE, full: str = FULL) -> dict[str, Any] | None:
-    """Fig. 6 data for the study of kind ``block_size`` in ``df_all`` (None without one): its swept runs are those
-    with a ``block_size`` (the record leaves it empty for other residual schemes); ``baseline`` and ``full`` name
-    the reference arms. Fields: docs/analysis.md ("block_size_sweep")."""
+    """Fig. 6 data for the study of kind ``block_size`` in ``df_all`` (None without one): its runs with a
+    ``block_size`` against the reference arms ``baseline`` and ``full``. Fields: docs/analysis.md."""
     if "study" not in df_all.columns or "block_size" not in df_all.columns:
         return None
     rows = runs_of_kind(df_all, "block_size")

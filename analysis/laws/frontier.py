@@ -1,49 +1,8 @@
-"""The compute-optimal frontier of a multi-budget study (several rungs, each at several tokens per parameter), per
-arm, and the compute multiplier along it.
-
-Per arm, Chinchilla's approach 3 (analysis.laws.nd_fit: L(N, D) = E + A N^-alpha + B D^-beta, Huber on log-loss,
-L-BFGS-B from a grid of starts, as Besiroglu et al. 2024). Compute is the records' own (``pflops_days``, what the
-compute fits use): per arm C = k(N) N D, with ln k = c0 + c1 ln N fitted to the arm's records by least squares
-(k / 6 is the FLOPs per token over 6N: the attention and, for Block AttnRes, the depth mixing), so that the
-frontier counts each arm's own cost. Then
-
-    L*(C) = min over N of L(N, C / (k(N) N))          (a dense grid in ln N, N_opt reported),
-    M(C)  = C' / C  where  L*_reference(C') = L*_arm(C):
-
-the reference's compute to reach the arm's frontier loss at C, over the arm's; > 1: the arm is worth M x compute
-there. Where the arm's frontier loss lies below every loss of the reference's frontier (its E), M is unbounded
-(reported as n/a). Over the measured span of C (the records' smallest to largest compute), twice: with N free over
-the rungs' range widened e^N_SPAN each way (the law extrapolated in N where N_opt leaves the rungs), and with N kept
-inside the measured rungs (``within_rungs``: what the measured model sizes reach; at the top of C on a ladder whose
-compute-optimal model is larger than its largest rung, that rung's). M(C) is found by Newton's method on ln C'
-(the frontier's slope in ln C is the law's dL/d ln D at N_opt, the envelope theorem), kept inside a bracket. Each
-curve says where it reads the laws (``reads``): the arm's at C, the reference's at C' = M(C) C, their N_opt and
-tokens per parameter against the measured range; "inside the rungs" is inside them in N only, and at the top of the
-span it reads the reference's law past the largest measured budget.
-
-The bands: the paired cluster bootstrap over seeds (analysis.laws.bootstrap; both arms of a (rung, budget, seed)
-cell drawn together), each replicate refitted from the point estimate, 95% percentile intervals. The top of the span
-is where those intervals are least stable from one bootstrap seed to the next (its ends are extreme quantiles of an
-extrapolation), so the replicates are doubled from FRONTIER_B (:func:`fit_arms_adaptive`) until two bootstrap draws
-would give M's half-width at the top within HALF_WIDTH_TOL of each other (95% of the time), with N free and inside
-the rungs, or FRONTIER_B_MAX is reached. The draws' own error of that half-width is estimated from quarters of the
-replicates: se_B = sd(the quarters' half-widths) / 2 (each quarter has B / 4 replicates), and two draws of B differ
-by at most 1.96 sqrt(2) se_B that often. The report gives the half-width with its se_B.
-
-Equal exponents: the arm's alpha and beta minus the reference's, with intervals from the same paired replicates
-(both arms refitted on one draw); where either excludes 0 the arms' laws are not parallel, M(C) changes with C and
-can cross 1, and the report warns of it with the crossings of 1 on the span. Approach 2 (isoFLOP profiles through
-the rungs reaching each C, analysis.laws.isoflop) stands beside approach 3 where three rungs reach a compute level.
-
-The rollout holds out the largest rung (every budget) and, separately, the largest budget (every rung), fits the
-rest and predicts each held-out cell's mean loss per arm: ln L_pred ± sqrt(d_fit² + (1.96 s)²) per end, d_fit the
-bootstrap interval's distance, s the rms log residual of the fitted cells' means about the fit (dof: cells - 5), as
-analysis.laws.rollout.
-
-Numbers only (the ``laws`` entry excepted: each arm's fitted law as one string): the headline lines and the length
-report's section are analysis.render.frontier_text's.
-
-Plain functions on tidy DataFrames; no torch.
+"""The compute-optimal frontier of a multi-budget study per arm (approach 3, analysis.laws.nd_fit, with each arm's
+compute C = k(N) N D, ln k linear in ln N), the multiplier M(C) = C' / C with L*_reference(C') = L*_arm(C) along
+it (N free over the rungs widened by N_SPAN, and N ``within_rungs``), paired-bootstrap bands (adaptive at the top
+of the span), the equal-exponent test, approach 2 (analysis.laws.isoflop) and two rollouts. docs/analysis.md
+(issues 44 and 49) has the methods. Numbers only (each arm's law as one string excepted).
 """
 
 from __future__ import annotations
@@ -55,11 +14,12 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+from ..io.runs import completed_runs
 from ..io.token_budget import tokens_per_param
 from . import bootstrap as bs
 from .fit import HUBER_DELTA
-from .isoflop import isoflop_profiles
-from .nd_fit import fit_theta, log_loss, refit_theta
+from .isoflop import finite_or_none, isoflop_profiles
+from .nd_fit import fit_theta, law_terms, law_text, log_loss, refit_theta
 from .rollout import Z95
 
 N_GRID = 1201  # points of the ln N grid the frontier is minimised on
@@ -74,9 +34,9 @@ ROLLOUT_B = 400  # the rollouts' replicates (prediction intervals of cell means:
 
 
 def frontier_runs(df: pd.DataFrame, arm: str, reference: str) -> pd.DataFrame:
-    """The completed runs of the two arms with ``N`` (params_non_embedding), ``D`` (tokens), ``C`` (pflops_days),
-    ``rung`` (the size), ``cell`` (``<rung>@<tokens per param>``, the bootstrap's stratum) and ``size`` = ``cell``."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    """The two arms' completed runs with ``N``, ``D``, ``C`` (pflops_days), ``rung`` (the size) and ``cell`` =
+    ``size`` = ``<rung>@<tokens per param>`` (the bootstrap's stratum)."""
+    done = completed_runs(df)
     done = done[done["variant"].isin([arm, reference])]
     tpp = tokens_per_param(done)
     out = pd.DataFrame(
@@ -97,8 +57,7 @@ def frontier_runs(df: pd.DataFrame, arm: str, reference: str) -> pd.DataFrame:
 
 
 class ArmLaw:
-    """One arm's fitted law: theta on N / N0, D / D0 (analysis.laws.nd_fit's parametrisation) and its compute model
-    ln(C / (N D)) = c0 + c1 ln N."""
+    """One arm's law: theta on N / N0, D / D0 (nd_fit's) and compute model ln(C / (N D)) = c0 + c1 ln N."""
 
     def __init__(self, theta: np.ndarray, N0: float, D0: float, k: tuple[float, float]):
         self.theta, self.N0, self.D0, self.k = theta, N0, D0, k
@@ -114,8 +73,7 @@ class ArmLaw:
         return L, N_opt
 
     def frontier_slope(self, lnC: np.ndarray, lnN_grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """L*, N_opt and dL*/d ln C at each ln C: at the optimal N the slope is the law's dL/d ln D there (the
-        envelope theorem; at fixed N, d ln D = d ln C)."""
+        """L*, N_opt and dL*/d ln C (the law's dL/d ln D at N_opt: the envelope theorem) at each ln C."""
         c0, c1 = self.k
         lnN = lnN_grid[None, :]
         lnD = np.asarray(lnC, float)[:, None] - c0 - (1.0 + c1) * lnN
@@ -127,7 +85,7 @@ class ArmLaw:
         return np.exp(lnL[rows, i]), np.exp(lnN_grid[i]), slope
 
     def tokens_per_param(self, C: np.ndarray, N: np.ndarray) -> np.ndarray:
-        """D / N at compute C and size N under the arm's compute model (D = C / (k(N) N))."""
+        """D / N at compute C and size N (D = C / (k(N) N))."""
         c0, c1 = self.k
         lnN = np.log(np.asarray(N, float))
         return np.exp(np.log(np.asarray(C, float)) - c0 - (1.0 + c1) * lnN - lnN)
@@ -158,7 +116,7 @@ def _normalised(d: pd.DataFrame, N0: float, D0: float) -> tuple[np.ndarray, np.n
 def fit_arms(
     d: pd.DataFrame, arms: list[str], B: int, seed: int, delta: float
 ) -> tuple[dict[str, ArmLaw], dict[str, list[ArmLaw]], bs.ResamplePlan]:
-    """Each arm's law (point estimate) and its bootstrap replicates, from one paired draw of ``d``'s cells."""
+    """Each arm's law and its ``B`` replicates, from one paired draw of ``d``'s cells."""
     plan = bs.plan_resampling(d, B=B, seed=seed, mode="auto", residual_sigma=0.01)
     point = point_laws(d, arms, delta)
     return point, replicate_laws(d, arms, point, plan, "frontier", delta), plan
@@ -179,8 +137,7 @@ def point_laws(d: pd.DataFrame, arms: list[str], delta: float) -> dict[str, ArmL
 def replicate_laws(
     d: pd.DataFrame, arms: list[str], point: dict[str, ArmLaw], plan: bs.ResamplePlan, key: str, delta: float
 ) -> dict[str, list[ArmLaw]]:
-    """``plan.B`` paired-bootstrap replicates of each arm's law (both arms refitted on one draw of ``d``'s cells,
-    from the rng of ``key``), each started from the point estimate."""
+    """``plan.B`` paired replicates of each arm's law (one draw from the rng of ``key``), started from ``point``."""
     Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, key))
     boot: dict[str, list[ArmLaw]] = {}
     with threadpool_limits(limits=1, user_api="blas"):
@@ -203,13 +160,10 @@ def replicate_laws(
 def fit_arms_adaptive(
     d: pd.DataFrame, arms: list[str], B: int, B_max: int, seed: int, delta: float
 ) -> tuple[dict[str, ArmLaw], dict[str, list[ArmLaw]], bs.ResamplePlan, list[dict[str, Any]]]:
-    """:func:`fit_arms` with the replicates doubled from ``B`` until, with N free and with N inside the rungs, the
-    draws' error of M's half-width at the top of the span (:func:`top_half_width`) is small enough that two draws
-    of B give half-widths within HALF_WIDTH_TOL (1.96 sqrt(2) se <= HALF_WIDTH_TOL), or ``B_max`` is reached; the
-    history of each step (B, each curve's half-width and se) is returned beside the laws."""
-    plan = bs.plan_resampling(d, B=B, seed=seed, mode="auto", residual_sigma=0.01)
-    point = point_laws(d, arms, delta)
-    boot = replicate_laws(d, arms, point, plan, "frontier", delta)
+    """:func:`fit_arms` with the replicates doubled from ``B`` until two draws would give M's half-width at the top
+    within HALF_WIDTH_TOL (1.96 sqrt(2) se <= HALF_WIDTH_TOL, N free and within the rungs) or ``B_max`` is reached;
+    also returns each step's B, half-widths and se."""
+    point, boot, plan = fit_arms(d, arms, B, seed, delta)
     reference, arm = arms
     C_top = np.array([d["C"].max()])
     grids = {"free": _lnN_grid(d), "within_rungs": _lnN_grid(d, 0.0)}
@@ -235,8 +189,8 @@ def fit_arms_adaptive(
 
 
 def top_half_width(M: np.ndarray, Mb: np.ndarray, plan: bs.ResamplePlan) -> tuple[float | None, float | None]:
-    """M's 95% half-width over M at the last C of ``M`` (replicates ``Mb``: (B, C)), and the draws' own error of it,
-    se = sd(its value from each quarter of the replicates) / 2 (None under 8 replicates or an undefined end)."""
+    """M's 95% half-width over M at the last C (replicates ``Mb``: (B, C)) and its se = sd(the replicates'
+    quarters' half-widths) / 2 (None under 8 replicates or an undefined end)."""
     top = len(M) - 1
     lo, hi = _band(M[top:], Mb[:, top:], plan, log=True)
     half = _half_width(M[top], lo, hi)
@@ -253,9 +207,8 @@ M_REACH = 1e4  # M(C) is sought within C / M_REACH .. C x M_REACH; beyond it, Na
 
 
 def multiplier_at(base: ArmLaw, arm: ArmLaw, C: np.ndarray, lnN_grid: np.ndarray) -> np.ndarray:
-    """M(C) = C' / C with L*_base(C') = L*_arm(C); NaN where the arm's loss lies outside the reference's frontier
-    over C / M_REACH .. C x M_REACH. The root in ln C' by Newton's method on L*_base (its slope from
-    ArmLaw.frontier_slope), kept inside a bracket and bisecting where a step leaves it."""
+    """M(C) = C' / C with L*_base(C') = L*_arm(C) (NaN outside C / M_REACH .. C x M_REACH): Newton's method on
+    ln C', bisecting where a step leaves the bracket."""
     lnC = np.log(np.asarray(C, float))
     target, _ = arm.frontier(C, lnN_grid)
     lo, hi = lnC - math.log(M_REACH), lnC + math.log(M_REACH)
@@ -287,13 +240,9 @@ def _band(point: np.ndarray, boot: np.ndarray, plan: bs.ResamplePlan, log: bool)
     for j in range(len(point)):
         ok = np.isfinite(point[j])
         c = bs.interval(float(point[j]), boot[:, j], plan, log=log) if ok else [float("nan")] * 2
-        lo.append(_num(c[0]))
-        hi.append(_num(c[1]))
+        lo.append(finite_or_none(c[0]))
+        hi.append(finite_or_none(c[1]))
     return lo, hi
-
-
-def _num(x: float) -> float | None:
-    return float(x) if x is not None and np.isfinite(x) else None
 
 
 def _curves(
@@ -305,8 +254,7 @@ def _curves(
     boot: dict[str, list[ArmLaw]],
     plan: bs.ResamplePlan,
 ) -> dict[str, Any]:
-    """L*(C) per arm (``arms``: reference, arm) and M(C) with their bands, minimised over ``grid`` (ln N), and where
-    each law is read: the arm's at C, the reference's at C' = M(C) C (``reads``: N_opt and tokens per parameter)."""
+    """L*(C) per arm (``arms``: reference, arm), M(C) with their bands over ``grid`` (ln N), and ``reads``."""
     reference, arm = arms
     out: dict[str, Any] = {"arms": {}}
     for a in arms:
@@ -326,7 +274,7 @@ def _curves(
     lo, hi = _band(M, Mb, plan, log=True)
     top = len(C) - 1
     out["M"] = {
-        "M": [_num(m) for m in M],
+        "M": [finite_or_none(m) for m in M],
         "ci95_lo": lo,
         "ci95_hi": hi,
         "undefined_replicates": int((~np.isfinite(Mb)).any(axis=1).sum()),
@@ -345,9 +293,8 @@ def _half_width(m: float, lo: Any, hi: Any) -> float | None:
 
 
 def _reads(d: pd.DataFrame, C: np.ndarray, M: np.ndarray, grid: np.ndarray, base: ArmLaw, arm: ArmLaw) -> dict:
-    """Where M(C) reads each law: the arm's at C (its N_opt and D / N), the reference's at C' = M(C) C; with the
-    largest and smallest D / N read against those measured, and N_opt's reach beyond the measured rungs (a factor
-    >= 1)."""
+    """Where M(C) reads each law (the arm's at C, the reference's at C' = M(C) C): N_opt, D / N against the
+    measured range, and N_opt's reach beyond the rungs (a factor >= 1)."""
     _, n_arm = arm.frontier(C, grid)
     Cp = C * np.where(np.isfinite(M), M, np.nan)
     ok = np.isfinite(Cp)
@@ -358,13 +305,13 @@ def _reads(d: pd.DataFrame, C: np.ndarray, M: np.ndarray, grid: np.ndarray, base
     n_lo, n_hi = d["N"].min(), d["N"].max()
     n_all = np.concatenate([n_arm, n_ref[ok]])
     return {
-        "reference_N": [_num(x) for x in n_ref],
-        "reference_tokens_per_param": [_num(x) for x in tpp_ref],
+        "reference_N": [finite_or_none(x) for x in n_ref],
+        "reference_tokens_per_param": [finite_or_none(x) for x in tpp_ref],
         "arm_N": n_arm.tolist(),
         "arm_tokens_per_param": tpp_arm.tolist(),
-        "largest_tokens_per_param_read": _num(np.nanmax(np.concatenate([tpp_arm, tpp_ref]))),
+        "largest_tokens_per_param_read": finite_or_none(np.nanmax(np.concatenate([tpp_arm, tpp_ref]))),
         "largest_tokens_per_param_measured": float(d["tokens_per_param"].max()),
-        "smallest_tokens_per_param_read": _num(np.nanmin(np.concatenate([tpp_arm, tpp_ref]))),
+        "smallest_tokens_per_param_read": finite_or_none(np.nanmin(np.concatenate([tpp_arm, tpp_ref]))),
         "smallest_tokens_per_param_measured": float(d["tokens_per_param"].min()),
         "N_reach": float(max(n_all.max() / n_hi, n_lo / n_all.min(), 1.0)),
     }
@@ -373,20 +320,11 @@ def _reads(d: pd.DataFrame, C: np.ndarray, M: np.ndarray, grid: np.ndarray, base
 def frontier_curves(
     d: pd.DataFrame, arm: str, reference: str, point: dict[str, ArmLaw], boot: dict[str, list[ArmLaw]], plan
 ) -> dict[str, Any]:
-    """On the measured span of C: L*(C) per arm and M(C) with their bands and the half-width of M at the top, with
-    N free over the measured rungs' range widened by N_SPAN (``arms``, ``M``: the law extrapolated in N where N_opt
-    leaves the rungs) and with N kept inside the measured rungs (``within_rungs``: the best the measured model
-    sizes reach at C, no extrapolation in N)."""
+    """:func:`_curves` on the measured span of C with N free (top level) and ``within_rungs``."""
     C = np.geomspace(d["C"].min(), d["C"].max(), C_POINTS)
     free = _curves(d, C, _lnN_grid(d), (reference, arm), point, boot, plan)
     within = _curves(d, C, _lnN_grid(d, 0.0), (reference, arm), point, boot, plan)
     return {"C": C.tolist(), **free, "within_rungs": within}
-
-
-def _law_text(law: ArmLaw) -> str:
-    a, alpha, b, beta, e = (float(t) for t in law.theta)
-    A, B = math.exp(a + alpha * math.log(law.N0)), math.exp(b + beta * math.log(law.D0))
-    return f"L = {math.exp(e):.4g} + {A:.4g}/N^{alpha:.4g} + {B:.4g}/D^{beta:.4g}"
 
 
 def rollout_cells(
@@ -411,38 +349,22 @@ def rollout_cells(
             d_lo, d_hi = math.log(pred / lo), math.log(hi / pred)
             pi = [pred * math.exp(-math.hypot(d_lo, Z95 * s)), pred * math.exp(math.hypot(d_hi, Z95 * s))]
             measured = float(g["val_loss"].mean())
-            rows.append(
-                {
-                    "arm": a,
-                    "cell": str(cell),
-                    "n_runs": len(g),
-                    "predicted": pred,
-                    "prediction_interval95": pi,
-                    "measured": measured,
-                    "inside": bool(pi[0] <= measured <= pi[1]),
-                }
-            )
+            row = {"arm": a, "cell": str(cell), "n_runs": len(g), "predicted": pred, "prediction_interval95": pi}
+            rows.append(row | {"measured": measured, "inside": bool(pi[0] <= measured <= pi[1])})
     return rows
 
 
 def exponent_test(point: dict[str, ArmLaw], boot: dict[str, list[ArmLaw]], plan, arms: tuple[str, str]) -> dict:
-    """Equal exponents between the arms (``arms``: reference, arm): per exponent (alpha of N, beta of D) the
-    difference arm - reference with its 95% interval from the paired bootstrap's replicates (both arms refitted on
-    one draw), and ``differ`` where that interval excludes 0. Exponents that differ make M(C) change with C (it is
-    one number only where they are equal), so it can cross 1."""
+    """Per exponent (alpha, beta): arm - reference with its paired-bootstrap 95% interval, ``differ`` where that
+    excludes 0 (then M(C) changes with C)."""
     reference, arm = arms
     out: dict[str, Any] = {}
     for name, i in (("alpha", 1), ("beta", 3)):
         diff = float(point[arm].theta[i] - point[reference].theta[i])
         reps = np.array([ba.theta[i] - br.theta[i] for br, ba in zip(boot[reference], boot[arm])])
         lo, hi = bs.interval(diff, reps, plan)
-        out[name] = {
-            "reference": float(point[reference].theta[i]),
-            "arm": float(point[arm].theta[i]),
-            "difference": diff,
-            "ci95": [lo, hi],
-            "differ": bool(lo > 0 or hi < 0),
-        }
+        out[name] = {"reference": float(point[reference].theta[i]), "arm": float(point[arm].theta[i])}
+        out[name] |= {"difference": diff, "ci95": [lo, hi], "differ": bool(lo > 0 or hi < 0)}
     out["differ"] = any(out[k]["differ"] for k in ("alpha", "beta"))
     return out
 
@@ -468,13 +390,9 @@ def frontier_with_laws(
     delta: float = HUBER_DELTA,
     B_max: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(length.json ``frontier``, the reference's approach-3 D-term). The document: each arm's approach-3 law, L*(C)
-    per arm, M(C) with its band, the equal-exponent test, approach 2 (analysis.laws.isoflop) and the two rollouts
-    (largest rung held out, largest budget held out); or ``error`` saying why there is none. ``B`` replicates, or
-    with ``B_max`` from ``B`` doubled until the top's half-width is stable (:func:`fit_arms_adaptive`; ``adaptive``:
-    each step). The D-term: point and replicates in analysis.laws.cell_multiplier's form (``{"point": {...},
-    "boot": {...}}``; None without a frontier). The rollouts refit with min(B, ROLLOUT_B) replicates (their
-    prediction intervals need fewer than M(C)'s top)."""
+    """(length.json ``frontier``, or its ``error``; the reference's approach-3 D-term in cell_multiplier's form
+    ``{"point", "boot"}``, None without a frontier). ``B`` replicates, doubled up to ``B_max`` when given
+    (:func:`fit_arms_adaptive`); the rollouts use min(B, ROLLOUT_B)."""
     d = frontier_runs(df, arm, reference)
     arms = [reference, arm]
     cells = d.groupby("variant")["cell"].nunique().reindex(arms).fillna(0)
@@ -497,7 +415,7 @@ def frontier_with_laws(
         "n_runs": len(d),
         "rungs": sorted(d["rung"].unique(), key=lambda r: float(d.loc[d["rung"] == r, "N"].iloc[0])),
         "budgets": sorted(float(t) for t in d["tokens_per_param"].unique()),
-        "laws": {a: _law_text(point[a]) for a in arms},
+        "laws": {a: law_text(law_terms(point[a].theta, point[a].N0, point[a].D0)) for a in arms},
         "compute_model": {a: {"c0": point[a].k[0], "c1": point[a].k[1]} for a in arms},
         "exponents": exponent_test(point, boot, plan, (reference, arm)),
     }

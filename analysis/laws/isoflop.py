@@ -1,28 +1,9 @@
-"""Chinchilla's approach 2 (isoFLOP profiles) on a multi-budget study, beside approach 3 (analysis.laws.frontier).
-
-Per arm, each (rung, budget) cell's mean loss over its seeds is one point at the cell's compute C (the median of its
-runs' ``pflops_days``). Along a rung's budgets L is interpolated linearly in ln C (at one N, ln C = ln D + a
-constant), only inside the rung's measured C: a rung "reaches" a compute level when its smallest and largest budgets
-bracket it. At each of ISO_POINTS compute levels on the measured span (the frontier's span), the rungs that reach it
-give points (ln N, L); with at least MIN_RUNGS of them, the parabola L = a + b x + c x^2 in x = ln N (least squares;
-through three points exactly) gives
-
-    N_opt(C) = exp(-b / 2c),   L_opt(C) = a - b^2 / 4c,
-
-where it opens upwards (c > 0) and its vertex lies inside the reaching rungs' N range; elsewhere the level is not
-fitted and says why (fewer than MIN_RUNGS rungs reach it; the parabola opens downwards; N_opt beyond the rungs, where
-the profile does not bracket its minimum). Then M(C) = C'/C with L_opt_ref(C') = L_opt_arm(C), C' interpolated in
-ln C between two neighbouring fitted levels of the reference (no interpolation across a level that is not fitted, no
-extrapolation): NaN where the arm's L_opt lies outside the reference's fitted stretch.
-
-Bands: the paired cluster bootstrap over seeds per rung (analysis.laws.bootstrap with the rung as the stratum: both
-arms and every budget of a (rung, seed) drawn together, since a seed's budgets share one trunk), every replicate
-re-averaged, re-interpolated and refitted; 95% percentile intervals (scaled as the cluster intervals are), over the
-replicates where the quantity is defined (``undefined`` counts the others).
-
-Numbers only: the headline line and the length report's table are analysis.render.frontier_text's.
-
-Plain functions on tidy DataFrames (analysis.laws.frontier.frontier_runs); no torch.
+"""Chinchilla's approach 2 (isoFLOP profiles) on a multi-budget study, beside approach 3 (analysis.laws.frontier):
+per arm each rung's cell-mean loss interpolated in ln C along its budgets (inside its measured C only); at each of
+ISO_POINTS compute levels a parabola in ln N through the rungs reaching it (at least MIN_RUNGS) gives N_opt(C) and
+L_opt(C) where it opens upwards with its vertex inside them; M(C) from the two L_opt curves, interpolated in ln C
+between neighbouring fitted levels. Bands: the paired cluster bootstrap over (rung, seed). docs/analysis.md,
+"Approach 2". Numbers only.
 """
 
 from __future__ import annotations
@@ -39,8 +20,7 @@ MIN_RUNGS = 3  # a parabola needs three rungs
 
 
 def cell_table(d: pd.DataFrame) -> pd.DataFrame:
-    """One row per (variant, rung, cell) of ``d`` (frontier_runs' columns): N, ln C (median over its runs), in order
-    of variant, N, C."""
+    """One row per (variant, rung, cell) of ``d`` (frontier_runs'): median N, C and ln C, by variant, N, C."""
     g = d.groupby(["variant", "rung", "cell"], sort=False)
     t = g.agg(N=("N", "median"), C=("C", "median")).reset_index()
     t["lnC"] = np.log(t["C"])
@@ -75,7 +55,7 @@ def rung_at(cells: pd.DataFrame, means: np.ndarray, arm: str, lnC: float) -> tup
 
 def parabola_optimum(x: list[float], y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Least-squares parabolas in x through each row of ``y`` (R, k): N_opt, L_opt (NaN where not fitted) and a
-    code per row: 0 fitted, 1 opens downwards, 2 vertex above the x range, 3 below it."""
+    code: 0 fitted, or a key of REASONS."""
     xv = np.asarray(x, float)
     x0 = xv.mean()
     X = np.stack([np.ones_like(xv), xv - x0, (xv - x0) ** 2], axis=1)
@@ -97,8 +77,7 @@ REASONS = {
 
 
 def _m_between(levels: np.ndarray, L_ref: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """ln C' - ln C per level where ``target`` (R, K: the arm's L_opt) lies between two neighbouring fitted levels of
-    the reference's L_opt (R, K), linearly interpolated in ln C; NaN elsewhere."""
+    """ln C' - ln C per level where ``target`` (R, K) lies between two neighbouring fitted levels of ``L_ref``."""
     R, K = target.shape
     out = np.full((R, K), np.nan)
     for j in range(K - 1):
@@ -118,9 +97,8 @@ def _band(est: float, reps: np.ndarray, plan: bs.ResamplePlan, log: bool) -> lis
 
 
 def isoflop_profiles(d: pd.DataFrame, arm: str, reference: str, B: int = 400, seed: int = 0) -> dict[str, Any]:
-    """length.json ``frontier.approach2``: per compute level (ISO_POINTS over ``d``'s span of C) each arm's
-    reaching rungs, N_opt and L_opt with intervals (or the reason they are not fitted), and M(C) with its interval;
-    ``fitted_levels`` counts the levels where both arms' profiles are fitted."""
+    """length.json ``frontier.approach2``: per compute level each arm's reaching rungs, N_opt and L_opt with
+    intervals (or why not fitted), and M(C) with its interval."""
     cells = cell_table(d)
     strata = d.assign(size=d["rung"])  # a (rung, seed) is the cluster: both arms, every budget
     plan = bs.plan_resampling(strata, B=B, seed=seed, mode="auto", residual_sigma=0.01)
@@ -140,14 +118,14 @@ def isoflop_profiles(d: pd.DataFrame, arm: str, reference: str, B: int = 400, se
             else:
                 N_opt[:, k], L_opt[:, k], code = parabola_optimum(x, y)
                 entry["note"] = REASONS.get(int(code[0]))
-                entry |= {"N_opt": _num(N_opt[0, k]), "N_opt_ci95": _band(N_opt[0, k], N_opt[1:, k], plan, True)}
-                entry |= {"L_opt": _num(L_opt[0, k]), "L_opt_ci95": _band(L_opt[0, k], L_opt[1:, k], plan, False)}
+                for name, v, log in (("N_opt", N_opt, True), ("L_opt", L_opt, False)):
+                    entry |= {name: finite_or_none(v[0, k]), f"{name}_ci95": _band(v[0, k], v[1:, k], plan, log)}
             rows[k]["arms"][a] = entry
         opt[a] = {"N_opt": N_opt, "L_opt": L_opt}
     lnM = _m_between(levels, opt[reference]["L_opt"], opt[arm]["L_opt"])
     for k, row in enumerate(rows):
         m = float(np.exp(lnM[0, k]))
-        row |= {"M": _num(m), "M_ci95": _band(m, np.exp(lnM[1:, k]), plan, True)}
+        row |= {"M": finite_or_none(m), "M_ci95": _band(m, np.exp(lnM[1:, k]), plan, True)}
         row["M_undefined_replicates"] = int(np.isnan(lnM[1:, k]).sum()) if np.isfinite(m) else None
     fitted = [r for r in rows if all(r["arms"][a].get("L_opt") is not None for a in (reference, arm))]
     return {
@@ -163,5 +141,6 @@ def isoflop_profiles(d: pd.DataFrame, arm: str, reference: str, B: int = 400, se
     }
 
 
-def _num(x: float) -> float | None:
+def finite_or_none(x: float) -> float | None:
+    """float(x), or None where x is None or not finite."""
     return float(x) if x is not None and np.isfinite(x) else None

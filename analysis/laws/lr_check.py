@@ -1,25 +1,8 @@
-"""The lr check of a multi-budget study (``python -m analysis length`` on records with several lrs per arm and
-rung, analysis.studies.training_length): per budget, each arm's best lr, whether it moves with the budget, and the
-arm's gain at each arm's best lr beside its gain at the shared lr. Its text: analysis.render.lr_check_text.
-
-Per (arm, rung, budget): the mean val loss over seeds at each lr of the grid, a parabola in ln lr through the grid
-points within laws.lr_optimum.WINDOW steps of the grid minimum (laws.lr_optimum.quadratic_vertex); its vertex is the
-best lr and its value there the loss at the best lr. ``on_edge`` where the grid minimum is the lowest or the highest lr
-(the optimum may lie beyond the grid: the best lr and its loss are then the grid point's), ``no_curvature`` where the
-parabola opens downward. The optimum *moves* with the budget when the best grid point differs between budgets or the
-fitted optima span more than a factor MOVE_FACTOR (half a step of a factor-2 grid). The shared lr is the one both arms
-ran at in the study proper: the middle lr of the grid (its geometric median), unless given.
-
-Gains (arm - reference, negative: the arm wins): ``delta_shared``, the same-seed difference at the shared lr (95% t
-interval where there are two pairs or more); ``delta_best``, the arm's loss at its best lr minus the reference's at
-its own, each from its parabola (no interval: one tuning seed gives none; with several seeds the curves are their
-means).
-
-What a protocol's lr costs (:func:`protocol_costs`, on the optimum table of a multi-budget lr study): each arm's loss
-above its own optimum at the reference's optimum for that budget (the paper's protocol) and at the reference's optimum
-for the rung's smallest budget (one trunk for every budget), read off the arm's grid curve.
-
-Numbers only: plain functions on tidy DataFrames; no torch.
+"""The lr check of a multi-budget study (length.json ``lr_check``): per (arm, rung, budget) the best lr (the vertex
+of laws.lr_optimum's parabola in ln lr; ``on_edge``, ``no_curvature`` flagged), whether it moves with the budget
+(the best grid point changes or the optima span more than MOVE_FACTOR), and the arm's gain at each arm's best lr
+beside the same-seed gain at the shared lr; and what a protocol's lr costs (:func:`protocol_costs`).
+docs/analysis.md, "The lr check". Numbers only.
 """
 
 from __future__ import annotations
@@ -30,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..io.runs import completed_runs
 from ..io.token_budget import tokens_per_param
 from .lr_optimum import loss_at, quadratic_vertex
 from .paired import comparison_entry, paired_comparison
@@ -39,8 +23,7 @@ MOVE_FACTOR = math.sqrt(2.0)
 
 def has_lr_grid(df: pd.DataFrame) -> bool:
     """Whether some arm, rung, budget and seed of the completed runs ran at several lrs."""
-
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     if "lr" not in done.columns or done.empty:
         return False
     keys = done.assign(tpp=tokens_per_param(done))
@@ -81,11 +64,9 @@ def best_lr(curve: pd.Series) -> dict[str, Any]:
 def lr_check(
     df: pd.DataFrame, arm: str = "block_attnres", reference: str = "baseline", shared_lr: float | None = None
 ) -> dict[str, Any]:
-    """length.json ``lr_check``: ``shared_lr``, ``rows`` (one per rung and budget: each arm's :func:`best_lr`,
-    ``delta_shared`` with its interval and pairs, ``delta_best``) and ``moves`` (per arm and rung: the best lr per
-    budget, their span and whether the optimum moves)."""
-
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    """length.json ``lr_check``: ``shared_lr``, ``rows`` (per rung and budget: each arm's :func:`best_lr`,
+    ``delta_shared`` with its interval, ``delta_best``) and ``moves`` (per arm and rung)."""
+    done = completed_runs(df)
     done = done[done["variant"].isin([arm, reference])].assign(tpp=tokens_per_param(done))
     lrs = sorted({float(x) for x in done["lr"]})
     shared = float(shared_lr) if shared_lr is not None else shared_lr_of(lrs)
@@ -106,18 +87,10 @@ def lr_check(
         if len(best) < 2:
             continue
         d = at.get((size, tpp), missing)
-        rows.append(
-            {
-                "size": str(size),
-                "tokens_per_param": float(tpp),
-                "params_non_embedding": float(g["params_non_embedding"].median()),
-                "arms": best,
-                "delta_shared": d["delta"],
-                "delta_shared_ci95": d["delta_ci95"],
-                "n_pairs": d["n_pairs"],
-                "delta_best": best[arm]["loss_at_best"] - best[reference]["loss_at_best"],
-            }
-        )
+        N = float(g["params_non_embedding"].median())
+        row = {"size": str(size), "tokens_per_param": float(tpp), "params_non_embedding": N, "arms": best}
+        row |= {"delta_shared": d["delta"], "delta_shared_ci95": d["delta_ci95"], "n_pairs": d["n_pairs"]}
+        rows.append(row | {"delta_best": best[arm]["loss_at_best"] - best[reference]["loss_at_best"]})
     rows.sort(key=lambda r: (r["params_non_embedding"], r["tokens_per_param"]))
     return {"shared_lr": shared, "lrs": lrs, "move_factor": MOVE_FACTOR, "rows": rows, "moves": _moves(rows)}
 
@@ -130,27 +103,16 @@ def _moves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             best = {f"{r['tokens_per_param']:g}": r["arms"][v]["best_lr"] for r in mine}
             grid = {r["arms"][v]["grid_best_lr"] for r in mine}
             span = max(best.values()) / min(best.values())
-            out.append(
-                {
-                    "arm": v,
-                    "size": size,
-                    "best_lr": best,
-                    "span": span,
-                    "moves": bool(len(grid) > 1 or span > MOVE_FACTOR),
-                    "any_on_edge": any(r["arms"][v]["on_edge"] for r in mine),
-                }
-            )
+            row = {"arm": v, "size": size, "best_lr": best, "span": span}
+            row["moves"] = bool(len(grid) > 1 or span > MOVE_FACTOR)
+            out.append(row | {"any_on_edge": any(r["arms"][v]["on_edge"] for r in mine)})
     return out
 
 
 def protocol_costs(table: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
-    """Per row of a multi-budget lr study's optimum table (analysis.studies.lr.lr_optima_with_draws: variant, size,
-    tokens_per_param, lr, loss_at_optimum, grid, mean_loss, on_edge): ``reference_lr`` (the reference's optimum at
-    that size and budget, what the paper's protocol runs every arm at), ``excess_reference`` (the arm's loss there
-    minus its loss at its own optimum, analysis.laws.lr_optimum.loss_at on its grid curve), ``trunk_lr`` (the
-    reference's optimum at the size's smallest budget: one trunk's lr for every budget) and ``excess_trunk``; nan
-    where an lr lies off the arm's grid or the reference has no optimum there. ``on_edge``: the arm's own optimum
-    may lie beyond its grid, so its excesses are lower bounds."""
+    """Per row of a multi-budget lr study's optimum table: ``reference_lr`` (the reference's optimum there) and
+    ``trunk_lr`` (at the size's smallest budget), each with the arm's excess loss at it over its own optimum
+    (``excess_reference``, ``excess_trunk``; nan off the arm's grid)."""
     ref = table[table["variant"] == reference]
     ref_lr = {(r.size, float(r.tokens_per_param)): float(r.lr) for r in ref.itertuples()}
     smallest = ref.groupby("size")["tokens_per_param"].min()
@@ -160,17 +122,12 @@ def protocol_costs(table: pd.DataFrame, reference: str = "baseline") -> pd.DataF
         y = np.array([np.nan if v is None else v for v in r.mean_loss], float)
         at_ref = ref_lr.get((r.size, float(r.tokens_per_param)), math.nan)
         at_trunk = ref_lr.get((r.size, float(smallest.get(r.size, math.nan))), math.nan)
-        rows.append(
-            {
-                "variant": r.variant,
-                "size": r.size,
-                "tokens_per_param": float(r.tokens_per_param),
-                "lr": float(r.lr),
-                "on_edge": bool(r.on_edge),
-                "reference_lr": at_ref,
-                "excess_reference": loss_at(x, y, math.log(at_ref)) - r.loss_at_optimum if at_ref > 0 else math.nan,
-                "trunk_lr": at_trunk,
-                "excess_trunk": loss_at(x, y, math.log(at_trunk)) - r.loss_at_optimum if at_trunk > 0 else math.nan,
-            }
-        )
+        row = {"variant": r.variant, "size": r.size, "tokens_per_param": float(r.tokens_per_param), "lr": float(r.lr)}
+        row |= {"on_edge": bool(r.on_edge), "reference_lr": at_ref, "excess_reference": _excess(x, y, at_ref, r)}
+        rows.append(row | {"trunk_lr": at_trunk, "excess_trunk": _excess(x, y, at_trunk, r)})
     return pd.DataFrame(rows)
+
+
+def _excess(x: np.ndarray, y: np.ndarray, lr: float, row: Any) -> float:
+    """The loss at ``lr`` on the grid curve (x, y) over the row's own optimum (nan unless lr > 0)."""
+    return loss_at(x, y, math.log(lr)) - row.loss_at_optimum if lr > 0 else math.nan

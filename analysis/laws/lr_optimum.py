@@ -1,13 +1,6 @@
-"""The optimum of loss against ln lr on one grid: the vertex of a parabola fitted near the grid minimum.
-
-    loss(x) = a + b (x - x_k) + c (x - x_k)^2,    x = ln(lr),
-
-fitted by least squares to the grid points within ``WINDOW`` steps of the grid minimum x_k (loss against log-lr is
-parabolic only near its minimum: the high-lr side steepens towards divergence); the optimum is the vertex
-x* = x_k - b / (2c), kept inside the fitted window (:func:`quadratic_vertex`). A scipy reference
-(:func:`reference_optimum`, a bounded scalar minimisation of the same quadratic) checks the closed-form vertex in the
-tests. Used by the lr study (analysis.studies.lr) and the lr check of a multi-budget study (analysis.laws.lr_check).
-Numbers only: arrays in, numbers out.
+"""The optimum of loss against x = ln lr on one grid: the vertex of the least-squares parabola through the grid
+points within ``WINDOW`` steps of the grid minimum (:func:`quadratic_vertex`), kept inside that window; a scipy
+reference for the tests (:func:`reference_optimum`) and the loss read off a grid at any lr (:func:`loss_at`).
 """
 
 from __future__ import annotations
@@ -20,12 +13,9 @@ WINDOW = 2  # grid steps on each side of the grid minimum used by the quadratic 
 
 
 def quadratic_vertex(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> tuple[float, float, float, int, int]:
-    """(x*, y(x*), c, lo, hi) of the least-squares parabola through the points ``lo..hi`` around the minimum of y.
-
-    x must be sorted ascending; y may hold +inf for grid points whose runs diverged (they bound the window
-    but are not fitted). x* is the vertex when c > 0 and lies inside [x_lo, x_hi], else the window's best grid
-    point clipped to that range. With fewer than 3 finite points the best grid point is returned with c = nan.
-    """
+    """(x*, y(x*), c, lo, hi) of the least-squares parabola through the finite points ``lo..hi`` around the minimum
+    of y (x ascending): the vertex clipped to the window where c > 0, else the best grid point (c = nan under three
+    finite points)."""
     x = np.asarray(x, float)
     y = np.asarray(y, float)
     finite = np.isfinite(y)
@@ -47,8 +37,7 @@ def quadratic_vertex(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> tupl
 
 
 def reference_optimum(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> float:
-    """scipy reference for :func:`quadratic_vertex` (tests): fit the same parabola with scipy.optimize.curve_fit
-    and minimise it with a bounded scalar search over the fitted window."""
+    """scipy reference for :func:`quadratic_vertex`: curve_fit's parabola minimised over the window."""
     from scipy.optimize import curve_fit, minimize_scalar
 
     x = np.asarray(x, float)
@@ -67,11 +56,9 @@ def reference_optimum(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> flo
 
 
 def loss_at(x: np.ndarray, y: np.ndarray, x0: float, window: int = WINDOW) -> float:
-    """The loss at ln lr ``x0`` read off one grid. Inside the window :func:`quadratic_vertex` fits (``window`` steps
-    around the grid minimum): that same parabola, so the loss there is never below the vertex's; elsewhere the
-    least-squares parabola (a line with two points) through the finite points within ``window`` steps of the grid
-    point nearest x0. nan where x0 lies outside the grid or fewer than two points are near it. x sorted ascending;
-    y may hold +inf (diverged) or nan."""
+    """The loss at ln lr ``x0`` off one grid: the parabola (a line with two points) through the finite points within
+    ``window`` steps of the grid minimum where x0 lies there, else of the grid point nearest x0; nan outside the
+    grid or with under two points."""
     x = np.asarray(x, float)
     y = np.asarray(y, float)
     finite = np.isfinite(y)

@@ -1,22 +1,7 @@
-"""The lr rule of one arm: ``ln lr* = a + b ln N + c ln D`` over the optima of its (size, budget) cells (N the
-non-embedding parameters, D the training tokens), with a bootstrap interval on each coefficient and a
-leave-one-cell-out check. Numbers only: arrays in, a dict out (analysis.studies.lr builds the cells and renders it).
-
-Fit: weighted least squares, each cell weighted by 1 / se^2, se = the width of its 95% interval on ln lr / (2 z_0.975)
-(a cell whose optimum is pinned down tightly counts more); where some cell has no finite, positive-width interval,
-plain least squares for every cell (said in ``method``).
-
-Terms: ``b`` only where the cells span more than one N, ``c`` only where they span more than one D, and ``c`` is
-dropped where ln D is collinear with the other columns (one budget per size: D = budget x N); a dropped term is None
-(not identified by these cells). The fit needs a slope (b or c) and at least as many cells as coefficients.
-
-Interval (95% percentile): in replicate j every cell's optimum is its j-th bootstrap draw (the draws its own interval
-came from, analysis.studies.lr), and the rule is refitted with the same weights; replicates where some cell has no
-draw are left out.
-
-Leave-one-cell-out: for each cell, the rule refitted without it (same terms) predicts that cell's optimum; the check
-counts the cells whose prediction lies inside the cell's own interval (``loo_inside`` of ``loo_n``). A cell is checked
-only where the others still determine every coefficient (more cells than coefficients, full rank).
+"""The lr rule of one arm: ``ln lr* = a + b ln N + c ln D`` over its cells' optima, by least squares weighted by
+1 / se^2 (se from each cell's interval on ln lr), with bootstrap intervals (each cell at its j-th draw) and a
+leave-one-cell-out check. A term the cells do not vary (or collinear ln D) is not fitted (None). Arrays in, a dict
+out; docs/analysis.md, "Several budgets: the optimum per budget and the lr rule".
 """
 
 from __future__ import annotations
@@ -31,8 +16,7 @@ TERMS = ("a", "b", "c")  # intercept, ln N, ln D
 
 
 def rule_terms(ln_n: np.ndarray, ln_d: np.ndarray) -> tuple[str, ...]:
-    """The coefficients these cells identify: ``a`` always, ``b`` where N varies, ``c`` where D varies and is not
-    collinear with ln N and the intercept."""
+    """``a``, with ``b`` where N varies and ``c`` where D varies and is not collinear with the others."""
     terms = ["a"]
     if len(ln_n) == 0:
         return ("a",)
@@ -53,9 +37,8 @@ def _design(ln_n: np.ndarray, ln_d: np.ndarray, terms: tuple[str, ...]) -> np.nd
 def fit_rule(
     ln_lr: np.ndarray, ln_n: np.ndarray, ln_d: np.ndarray, terms: tuple[str, ...], weights: np.ndarray | None = None
 ) -> np.ndarray | None:
-    """(a, b, c) of the (weighted) least-squares fit with only ``terms`` free (the others nan); None where the cells do
-    not determine them (fewer cells than terms, or a rank-deficient design). ``ln_lr`` may be 2-D (replicates x
-    cells): one fit per row, returned as rows."""
+    """(a, b, c) of the (weighted) least-squares fit of ``terms`` (the others nan; rows for a 2-D ``ln_lr``), None
+    where the cells do not determine them."""
     X = _design(np.asarray(ln_n, float), np.asarray(ln_d, float), terms)
     if X.shape[0] < X.shape[1] or np.linalg.matrix_rank(X) < X.shape[1]:
         return None
@@ -76,8 +59,7 @@ def predict(coef: np.ndarray, ln_n: float | np.ndarray, ln_d: float | np.ndarray
 
 
 def interval_weights(ci_ln: np.ndarray, level: float = LEVEL) -> np.ndarray | None:
-    """1 / se^2 per cell from its interval on ln lr (rows [lo, hi]); None where some interval is not finite with a
-    positive width (then the fit is unweighted)."""
+    """1 / se^2 per cell from its interval on ln lr; None where some interval is not finite and of positive width."""
     ci_ln = np.asarray(ci_ln, float)
     width = ci_ln[:, 1] - ci_ln[:, 0]
     if not (np.isfinite(width).all() and (width > 0).all()):
@@ -104,8 +86,7 @@ def leave_one_out(
     terms: tuple[str, ...],
     weights: np.ndarray | None,
 ) -> list[dict[str, Any]]:
-    """Per cell: ``predicted_ln_lr`` of the rule refitted without it (None where the other cells do not determine
-    ``terms``) and ``inside`` (the prediction inside the cell's interval ``ci_ln``; None when not checked)."""
+    """Per cell: ``predicted_ln_lr`` by the rule refitted without it and ``inside`` its interval (None: unchecked)."""
     out = []
     n = len(ln_lr)
     for i in range(n):
@@ -132,14 +113,9 @@ def lr_rule(
     weighted: bool = True,
     level: float = LEVEL,
 ) -> dict[str, Any]:
-    """The rule over n cells: ``ln_lr``, ``ln_n``, ``ln_d`` (n,), ``ci_ln`` (n, 2) each cell's interval on ln lr,
-    ``draws`` (B, n) each cell's bootstrap draws of its ln lr* (nan: no draw).
-
-    Returns ``terms`` (the coefficients fitted), ``a``, ``b``, ``c`` (None: not identified) and ``a_ci95``, ``b_ci95``,
-    ``c_ci95`` (None without draws), ``weighted`` (whether the fit used the intervals' weights), ``method`` (in
-    words), ``n_cells``, ``n_boot`` (replicates used), ``residuals`` (per cell, ln lr* minus the rule), ``loo`` (per
-    cell, :func:`leave_one_out`), ``loo_inside`` and ``loo_n`` (cells checked); ``error`` (and no coefficients) where
-    the cells do not determine the rule (fewer cells than coefficients, or no slope: one N and one D)."""
+    """The rule over n cells (``ln_lr``, ``ln_n``, ``ln_d``: (n,); ``ci_ln``: (n, 2); ``draws``: (B, n), nan for no
+    draw): ``terms``, ``a``, ``b``, ``c`` with ``_ci95``, ``weighted``, ``method``, ``n_cells``, ``n_boot``,
+    ``residuals``, ``loo``, ``loo_inside``, ``loo_n``; or ``error`` where the cells do not determine it."""
     ln_lr, ln_n, ln_d = (np.asarray(v, float) for v in (ln_lr, ln_n, ln_d))
     ci_ln = np.asarray(ci_ln, float).reshape(-1, 2)
     terms = rule_terms(ln_n, ln_d)

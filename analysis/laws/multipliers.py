@@ -1,9 +1,6 @@
-"""The compute multiplier of one variant against the baseline on a scaling ladder, by every estimator
-(docs/analysis.md): the paper-form M(C), the joint fit's m, the per-size m_s and the same-seed paired multiplier,
-each with its bootstrap interval. analysis.laws.scaling_ladder assembles them into fit.json's ``multipliers``.
-
-The fits are analysis.laws.fit's, the resampling analysis.laws.bootstrap's; this module only combines them.
-"""
+"""The compute multiplier of one variant against the baseline on a scaling ladder by every estimator (paper-form
+M(C), the joint fit's m, the per-size m_s, the paired multiplier), each with its bootstrap interval: fit.json's
+``multipliers.<variant>`` (docs/analysis.md, "Methods")."""
 
 from __future__ import annotations
 
@@ -32,15 +29,15 @@ from .heterogeneity import rung_test
 _CHUNK = 400  # replicates per batched call: bounds memory of the (replicates x alphas x points) arrays
 
 
-def _chunked(fn, B: int, *arrays: np.ndarray) -> dict[str, np.ndarray]:
-    parts = [fn(*(a[i : i + _CHUNK] for a in arrays)) for i in range(0, B, _CHUNK)]
+def chunked(fn, B: int, *arrays: np.ndarray, chunk: int = _CHUNK) -> dict[str, np.ndarray]:
+    """``fn`` on ``chunk`` replicates of ``arrays`` at a time, its arrays concatenated."""
+    parts = [fn(*(a[i : i + chunk] for a in arrays)) for i in range(0, B, chunk)]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 @dataclass(frozen=True)
 class _Pair:
-    """The rows of one comparison, baseline runs first: compute, loss, which rows are the variant's, their sizes,
-    and the sizes (by compute) at which the variant ran."""
+    """One comparison's rows, baseline first: compute, loss, variant mask, sizes, and the variant's sizes in order."""
 
     C: np.ndarray
     L: np.ndarray
@@ -71,32 +68,28 @@ def pair_fit(
     draws: tuple[np.ndarray, np.ndarray] | None = None,
     pair_sd: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The multiplier of ``variant`` vs ``baseline`` with its intervals. ``draws`` = (L, W) replicates of the rows
-    [baseline runs, variant runs] in that order (default: drawn here from the pair's own random stream); the
-    replicates of m are returned under ``_m_boot`` (not part of fit.json). ``pair_sd``: the paired-difference sd
-    per size that weights the paired multiplier (:func:`pooled_pair_sd`)."""
+    """The multiplier of ``variant`` vs ``baseline`` with its intervals (m's replicates under ``_m_boot``, not part
+    of fit.json). ``draws``: (L, W) replicates of [baseline rows, variant rows] (default: the pair's own stream);
+    ``pair_sd``: the per-size paired sd weighting the paired multiplier (:func:`pooled_pair_sd`)."""
     d = pd.concat([df[df["variant"] == baseline], df[df["variant"] == variant]], ignore_index=True)
     pair = _Pair.of(d, variant, compute)
     point = _point_estimates(pair, form, delta)
     Ls, Ws = draws if draws is not None else bs.draw(d, plan, bs.rng_for(plan, "pair:" + variant))
     Ls = np.maximum(Ls, 1e-9)
     boot = _replicates(pair, point, Ls, Ws, plan, delta)
-    paired = _paired_multiplier(
-        d,
-        pair,
-        Ls,
-        Ws,
-        plan,
-        law=(float(point["sl"]["alpha_b"]), point["joint"].E),
-        law_boot=(boot["slb"]["alpha_b"], boot["jb"]["E"]),
-        pair_sd=pair_sd,
-    )
+    # the paired multiplier (docs/analysis.md, "Paired multiplier"): per size from the same-seed differences through
+    # the baseline's law (alpha_b, E), pooled over sizes by random effects
+    law = (float(point["sl"]["alpha_b"]), point["joint"].E)
+    laws = (law, (boot["slb"]["alpha_b"], boot["jb"]["E"]))
+    per_size, ln_point, ln_boot, weight = _paired_sizes(d, pair, (Ls, Ws), plan, laws, pair_sd)
+    paired = {"m": None, "m_ci95": None, "p_m_le_1": None, "per_size": {}}
+    if per_size:
+        paired = _pool_sizes(per_size, ln_point, ln_boot, weight, plan, law)
     return _multiplier_entry(baseline, pair, point, boot, paired, plan, delta)
 
 
 def _point_estimates(pair: _Pair, form: str, delta: float) -> dict[str, Any]:
-    """The point estimates of every estimator: both arms' paper-form laws and M(C), the joint fit, the arms' own
-    exponents under its E, and the per-size m_s from the baseline curve inverted at each variant run's loss."""
+    """Every estimator's point estimate: paper-form M(C), the joint fit, the arms' own exponents under its E, m_s."""
     C, L, isv = pair.C, pair.L, pair.isv
     base_law = fit_power_law(C[~isv], L[~isv])
     var_law = fit_power_law(C[isv], L[isv])
@@ -111,29 +104,16 @@ def _point_estimates(pair: _Pair, form: str, delta: float) -> dict[str, Any]:
     )
     m_run = inv_base.compute_for_loss(L) / C  # only the variant entries are used
     per_size = {s: float(np.exp(np.mean(np.log(m_run[pair.at(s)])))) for s in pair.order}
-    return {
-        "paper_M": float(multiplier_curve(base_law, var_law, C_star)),
-        "C_star": C_star,
-        "C_grid": C_grid,
-        "M_grid": multiplier_curve(base_law, var_law, C_grid),
-        "joint": joint,
-        "lnc": lnc,
-        "sl": sl,
-        "alpha_diff": float(sl["alpha_v"] - sl["alpha_b"]),
-        "per_size": per_size,
-        "geo": float(np.exp(np.mean(np.log(list(per_size.values()))))),
-    }
+    paper = {"paper_M": float(multiplier_curve(base_law, var_law, C_star)), "C_star": C_star, "C_grid": C_grid}
+    out = paper | {"M_grid": multiplier_curve(base_law, var_law, C_grid), "joint": joint, "lnc": lnc, "sl": sl}
+    out |= {"alpha_diff": float(sl["alpha_v"] - sl["alpha_b"]), "per_size": per_size}
+    return out | {"geo": float(np.exp(np.mean(np.log(list(per_size.values())))))}
 
 
 def headline_gap(pair: _Pair, point: dict[str, Any]) -> dict[str, Any] | None:
-    """Why the joint fit's m lies outside the range of the per-size m_s, where it does (else None).
-
-    The two estimators read the same variant runs through different baseline curves: m_s inverts the baseline's
-    own curve (its exponent alpha_b under the joint fit's E), m the joint fit's baseline curve (the shared alpha,
-    fitted to both arms at once), and m also reads the variant through its fitted curve rather than its runs. So
-    ln m - ln geo(m_s) = ln(geo_joint / geo) + ln(m / geo_joint), geo_joint being the geo-mean of the m_s
-    re-read on the joint fit's baseline curve: the first term is the curves' (the exponents'), the second the
-    variant's runs lying off their joint-fit curve on average (the Huber fit does not pass through the means)."""
+    """Where the joint fit's m lies outside the per-size m_s' range (else None): ln m - ln geo(m_s) split into
+    the baseline curves' share (``factor_curves``) and the variant's runs off their fitted curve
+    (``factor_off_curve``), docs/analysis.md "Per-size check"."""
     joint = point["joint"]
     m_s = list(point["per_size"].values())
     lo, hi = min(m_s), max(m_s)
@@ -143,26 +123,18 @@ def headline_gap(pair: _Pair, point: dict[str, Any]) -> dict[str, Any] | None:
     with np.errstate(divide="ignore", invalid="ignore"):
         per = [float(np.exp(np.mean(np.log(on_joint[pair.at(s)])))) for s in pair.order]
         geo_joint = float(np.exp(np.mean(np.log(per))))
-    geo = point["geo"]
-    return {
-        "side": "above" if joint.m > hi else "below",
-        "m_s_min": lo,
-        "m_s_max": hi,
-        "alpha_shared": joint.alpha,
-        "alpha_base": float(point["sl"]["alpha_b"]),
-        "E": joint.E,
-        "m_s_joint_curve_geomean": geo_joint,
-        "factor_curves": geo_joint / geo,  # the baseline curve: joint fit's vs the baseline's own
-        "factor_off_curve": joint.m / geo_joint,  # the variant's fitted curve vs its runs
-    }
+    out = {"side": "above" if joint.m > hi else "below", "m_s_min": lo, "m_s_max": hi, "alpha_shared": joint.alpha}
+    out |= {"alpha_base": float(point["sl"]["alpha_b"]), "E": joint.E, "m_s_joint_curve_geomean": geo_joint}
+    # the baseline curve (the joint fit's vs the baseline's own), and the variant's fitted curve vs its runs
+    return out | {"factor_curves": geo_joint / point["geo"], "factor_off_curve": joint.m / geo_joint}
 
 
 def _replicates(
     pair: _Pair, point: dict[str, Any], Ls: np.ndarray, Ws: np.ndarray, plan: bs.ResamplePlan, delta: float
 ) -> dict[str, Any]:
-    """Every estimator on each bootstrap replicate (Ls, Ws: replicate losses and cell weights of the pair's rows)."""
+    """Every estimator on each bootstrap replicate (Ls, Ws: the pair's rows' losses and weights)."""
     isv, lnc = pair.isv, point["lnc"]
-    jb = _chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, point["joint"].form, delta), plan.B, Ls, Ws)
+    jb = chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, point["joint"].form, delta), plan.B, Ls, Ws)
     lnC = np.log(pair.C)
     ab, sb = wls_line(lnC, np.log(Ls), Ws * ~isv)
     av, sv = wls_line(lnC, np.log(Ls), Ws * isv)
@@ -184,16 +156,9 @@ def _replicates(
             per_size[s] = np.exp((w * np.where(mask, ln_m, 0.0)).sum(1) / w.sum(1))
         geo = np.exp(np.nanmean(np.log(np.stack(list(per_size.values()), 1)), 1))
         diff = slb["alpha_v"] - slb["alpha_b"]
-    return {
-        "jb": jb,
-        "at_bound": joint_draws_at_bound(jb, Ls, Ws, point["joint"].form),
-        "M_star": M_star,
-        "M_curve": M_curve,
-        "slb": slb,
-        "diff": diff,
-        "per_size": per_size,
-        "geo": geo,
-    }
+    at_bound = joint_draws_at_bound(jb, Ls, Ws, point["joint"].form)
+    out = {"jb": jb, "at_bound": at_bound, "M_star": M_star, "M_curve": M_curve, "slb": slb, "diff": diff}
+    return out | {"per_size": per_size, "geo": geo}
 
 
 def _multiplier_entry(
@@ -214,16 +179,12 @@ def _multiplier_entry(
         np.isfinite(diff_ci[0]) and ((diff_ci[0] > 0 and not diff_bound[0]) or (diff_ci[1] < 0 and not diff_bound[1]))
     )
     finite_m = np.isfinite(jb["m"]) & (jb["m"] > 0)
-    joint_d = joint.to_dict()
-    joint_d["alpha_ci95"] = bs.interval(joint.alpha, jb["alpha"], plan)
+    joint_d = joint.to_dict() | {"alpha_ci95": bs.interval(joint.alpha, jb["alpha"], plan)}
     joint_d["alpha_ci95_at_bound"] = bs.ends_at_bound(joint.alpha, jb["alpha"], at_bound, plan, joint_d["alpha_ci95"])
+    joint_d["E_ci95"] = bs.interval(joint.E, jb["E"], plan) if joint.form == "saturating" else None
     if joint.form == "saturating":
-        joint_d["E_ci95"] = bs.interval(joint.E, jb["E"], plan)
         joint_d["E_ci95_at_bound"] = bs.ends_at_bound(joint.E, jb["E"], at_bound, plan, joint_d["E_ci95"])
-    else:
-        joint_d["E_ci95"] = None
-    joint_d["draws_at_bound"] = int(at_bound.sum())
-    joint_d["huber_delta"] = delta
+    joint_d |= {"draws_at_bound": int(at_bound.sum()), "huber_delta": delta}
     m_ci = bs.interval(joint.m, jb["m"], plan, log=True)
     per_size = {}
     for s in pair.order:
@@ -235,7 +196,11 @@ def _multiplier_entry(
             "L_variant": float(pair.L[mask].mean()),
             "n_runs": int(mask.sum()),
         }
+    exponents = {"E_used": joint.E, "alpha_base": float(point["sl"]["alpha_b"])}
+    exponents |= {"alpha_variant": float(point["sl"]["alpha_v"]), "diff": point["alpha_diff"], "diff_ci95": diff_ci}
+    exponents |= {"diff_ci95_at_bound": diff_bound, "significant": significant}
     C_grid, M_grid, M_curve = point["C_grid"], point["M_grid"], boot["M_curve"]
+    M_ci = [bs.interval(M_grid[i], M_curve[:, i], plan, log=True) for i in range(len(C_grid))]
     return {
         "baseline": baseline,
         "paper_M": point["paper_M"],
@@ -244,23 +209,15 @@ def _multiplier_entry(
         "paper_M_curve": {
             "C": C_grid.tolist(),
             "M": M_grid.tolist(),
-            "ci95_lo": [bs.interval(M_grid[i], M_curve[:, i], plan, log=True)[0] for i in range(len(C_grid))],
-            "ci95_hi": [bs.interval(M_grid[i], M_curve[:, i], plan, log=True)[1] for i in range(len(C_grid))],
+            "ci95_lo": [c[0] for c in M_ci],
+            "ci95_hi": [c[1] for c in M_ci],
         },
         "m": joint.m,
         "m_ci95": m_ci,
         "m_ci95_at_bound": bs.ends_at_bound(joint.m, jb["m"], at_bound, plan, m_ci, log=True),
         "p_m_le_1": bs.share_at_most(joint.m, jb["m"], plan, 1.0),
         "joint": joint_d,
-        "exponents": {
-            "E_used": joint.E,
-            "alpha_base": float(point["sl"]["alpha_b"]),
-            "alpha_variant": float(point["sl"]["alpha_v"]),
-            "diff": point["alpha_diff"],
-            "diff_ci95": diff_ci,
-            "diff_ci95_at_bound": diff_bound,
-            "significant": significant,
-        },
+        "exponents": exponents,
         "headline": "curve" if significant else "m",
         "per_size": per_size,
         "per_size_geomean": point["geo"],
@@ -282,9 +239,7 @@ PAIRED_SD_FLOOR = 0.005  # nats: a paired-difference sd below this is not truste
 
 
 def pooled_pair_sd(paired_deltas: list[dict[str, Any]]) -> dict[str, float]:
-    """Per size: the sd of same-seed differences pooled over every variant (degrees of freedom n - 1 each).
-    Three pairs give a poor sd (its 95% range is 0.16-1.9x the true one); pooling the arms of a size steadies the
-    weights and gives every arm the same ones."""
+    """Per size: the sd of same-seed differences pooled over every variant (n - 1 degrees of freedom each)."""
     acc: dict[str, list[float]] = {}
     for r in paired_deltas:
         if r["sd"] is not None and r["n_pairs"] > 1:
@@ -292,35 +247,6 @@ def pooled_pair_sd(paired_deltas: list[dict[str, Any]]) -> dict[str, float]:
             a[0] += (r["n_pairs"] - 1) * r["sd"] ** 2
             a[1] += r["n_pairs"] - 1
     return {s: math.sqrt(v / k) for s, (v, k) in acc.items() if k > 0}
-
-
-def _paired_multiplier(
-    d: pd.DataFrame,
-    pair: _Pair,
-    Ls: np.ndarray,
-    Ws: np.ndarray,
-    plan: bs.ResamplePlan,
-    *,
-    law: tuple[float, float],
-    law_boot: tuple[np.ndarray, np.ndarray],
-    pair_sd: dict[str, float] | None = None,
-) -> dict[str, Any]:
-    """The multiplier from same-seed differences: at each size, the mean paired difference Delta = L_v - L_b
-    (same initialisation seed and data order) read through the baseline law L = E + A C^-alpha at the size's mean
-    baseline loss: ln m_s = -ln(1 + Delta / (L_b - E)) / alpha - ln(C_v / C_b) (to first order -Delta / (alpha
-    (L_b - E)), the local slope). Pairing cancels what the two runs of a seed share, so m_s
-    can be far tighter than the joint fit where the arms' trajectories stay together, and no tighter where they
-    diverge. Sizes are pooled in ln m by random effects (DerSimonian-Laird): each size's pair-noise variance
-    v_s = max(sd_s, PAIRED_SD_FLOOR)^2 / n / (alpha (L_b - E))^2, sd_s from ``pair_sd`` (the size's paired sd pooled
-    over arms; this arm's own where absent; equal weights when a size has none), plus tau^2, the sizes' spread beyond
-    it (Cochran's Q, reported with I^2). The interval: the same bootstrap replicates as the joint fit (cells, alpha,
-    E) with the weights held at their point values, plus a normal between-size term of variance tau^2 sum(w^2).
-    The constant-multiplier assumption of the shared-exponent joint fit applies; a small heterogeneity p says the
-    sizes disagree with it."""
-    per_size, ln_point, ln_boot, weight = _paired_sizes(d, pair, (Ls, Ws), plan, (law, law_boot), pair_sd)
-    if not per_size:
-        return {"m": None, "m_ci95": None, "p_m_le_1": None, "per_size": {}}
-    return _pool_sizes(per_size, ln_point, ln_boot, weight, plan, law)
 
 
 def _paired_sizes(
@@ -331,9 +257,9 @@ def _paired_sizes(
     laws: tuple[tuple[float, float], tuple[np.ndarray, np.ndarray]],
     pair_sd: dict[str, float] | None,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, np.ndarray], dict[str, float | None]]:
-    """Per size with same-seed pairs: its entry (m_s, interval, mean and sd of the differences), ln m_s and its
-    replicates, and its weight (pairs / sd^2; None without an sd). ``draws``: the replicates (losses, weights);
-    ``laws``: the baseline's (alpha, E) and their replicates."""
+    """Per size with same-seed pairs: its entry, ln m_s = -ln(1 + Delta / (L_b - E)) / alpha - ln(C_v / C_b) from
+    the mean difference Delta, its replicates and its weight (pairs / max(sd, PAIRED_SD_FLOOR)^2, sd from
+    ``pair_sd``; None without an sd). ``laws``: the baseline's (alpha, E) and their replicates."""
     Ls, Ws = draws
     (alpha, E), (alpha_boot, E_boot) = laws
     isv, L, C, sizes = pair.isv, pair.L, pair.C, pair.sizes
@@ -377,11 +303,10 @@ def _pool_sizes(
     plan: bs.ResamplePlan,
     law: tuple[float, float],
 ) -> dict[str, Any]:
-    """The sizes' m_s pooled in ln m by random effects, with the interval and the heterogeneity test."""
+    """The sizes' m_s pooled in ln m by random effects (DerSimonian-Laird), with the interval (the replicates plus
+    a normal between-size term of variance tau^2 sum(w^2)) and the heterogeneity test."""
     alpha, E = law
-    # Random-effects pooling (DerSimonian-Laird): v_s, the pair-noise variance of ln m_s; tau^2, the spread of the
-    # sizes' own multipliers beyond it (zero when they agree). Without tau^2 a pooled m would claim the precision of
-    # its tightest sizes even where the sizes disagree.
+    # v_s: the pair-noise variance of ln m_s; tau^2: the sizes' spread beyond it (zero when they agree)
     slope = {s: alpha * (per_size[s]["L_base"] - E) for s in per_size}
     equal = any(w is None for w in weight.values())
     v = {s: (1.0 if equal else 1.0 / weight[s]) / slope[s] ** 2 for s in per_size}

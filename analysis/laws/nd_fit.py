@@ -1,27 +1,15 @@
-"""Fits over parameters and tokens (fit.json ``nd_fit``, ``python -m analysis fit --nd``): Chinchilla's approach 3,
-
-    L(N, D) = E + A / N^alpha + B / D^beta,
-
-per arm, N = ``params_non_embedding`` (Kaplan's N), D = ``tokens``. As in Hoffmann et al. 2022 and its replication
-(Besiroglu et al. 2024, arXiv 2404.10102): the log-sum-exp parametrisation log L = LSE(a - alpha ln N, b - beta ln D,
-e), Huber loss (delta = 1e-3, laws.fit.HUBER_DELTA) on log-loss residuals, L-BFGS-B (scipy) from the best points
-of a grid of starts, and a bootstrap for the intervals: the seeds of each (size, tokens) cell resampled (the paired
-cluster bootstrap of analysis.laws.bootstrap), else seed noise (its parametric one). E is bounded by the lowest observed
-loss (OLMo-core's practice): an asymptote above a measured loss is not a law of these runs. N and D are divided by
-their geometric means while fitting (conditioning); A and B are reported in the original units.
-
-A ladder at one tokens-per-parameter ratio (D proportional to N) cannot separate A/N^alpha from B/D^beta: the fit
-says so and is not made. It needs a table with several budgets per rung (``train.budgets``: the records' ``budget``).
-
-Numbers only: summary.md's section is analysis.render.multiplier_text.nd_markdown.
-
-Plain functions on tidy DataFrames; no torch.
+"""Fits over parameters and tokens (fit.json ``nd_fit``): Chinchilla's approach 3, L(N, D) = E + A / N^alpha +
+B / D^beta per arm, as replicated by Besiroglu et al. 2024: log-sum-exp parametrisation, Huber on log-loss,
+L-BFGS-B from the best points of a grid of starts, E <= the lowest observed loss, a seed bootstrap within each
+(size, tokens) cell. N, D are normalised by their geometric means while fitting. D proportional to N is refused.
+docs/analysis.md ("--nd").
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -38,10 +26,8 @@ MIN_RATIO_SPREAD = 0.5  # ln(D/N) must span at least this (a factor 1.65) for th
 
 @dataclass(frozen=True)
 class NDOptions:
-    """How the (N, D) fit runs: ``B`` bootstrap replicates from random ``seed`` (``bootstrap_mode`` and
-    ``seed_sigma`` as laws.bootstrap.plan_resampling), the Huber threshold ``delta``, the columns of N and D, and
-    ``n_starts`` grid points polished by L-BFGS-B for the point estimate (each replicate starts from the point
-    estimate)."""
+    """How the (N, D) fit runs: the bootstrap (as laws.bootstrap.plan_resampling), the Huber ``delta``, the N and D
+    columns, and the ``n_starts`` grid points polished for the point estimate."""
 
     B: int = 400
     seed: int = 0
@@ -79,15 +65,8 @@ def _grid_objective(lnN, lnD, lnL, w, delta, grid: np.ndarray) -> np.ndarray:
 
 def _grid(L_min: float) -> np.ndarray:
     ln = math.log(L_min)
-    pts = [
-        (ln + math.log(fa), ea, ln + math.log(fb), eb, ln + math.log(fe))
-        for ea in _GRID_EXP
-        for eb in _GRID_EXP
-        for fa in _GRID_AMP
-        for fb in _GRID_AMP
-        for fe in _GRID_FRAC
-    ]
-    return np.array(pts)
+    grid = product(_GRID_EXP, _GRID_EXP, _GRID_AMP, _GRID_AMP, _GRID_FRAC)
+    return np.array([(ln + math.log(fa), ea, ln + math.log(fb), eb, ln + math.log(fe)) for ea, eb, fa, fb, fe in grid])
 
 
 def _solve(lnN, lnD, lnL, w, delta, starts: np.ndarray) -> tuple[np.ndarray, float]:
@@ -110,9 +89,8 @@ def _solve(lnN, lnD, lnL, w, delta, starts: np.ndarray) -> tuple[np.ndarray, flo
 def fit_theta(
     lnN: np.ndarray, lnD: np.ndarray, lnL: np.ndarray, w: np.ndarray, delta: float, n_starts: int = 8
 ) -> tuple[np.ndarray, float]:
-    """The point estimate theta = (a, alpha, b, beta, e) of log L = LSE(a - alpha lnN, b - beta lnD, e) on
-    normalised ln N, ln D (weights ``w``, Huber ``delta`` on log-loss), polished by L-BFGS-B from the ``n_starts``
-    best points of the start grid, and its objective (unscaled). E is bounded by the lowest weighted loss."""
+    """theta = (a, alpha, b, beta, e) of log L = LSE(a - alpha lnN, b - beta lnD, e) (normalised lnN, lnD), polished
+    from the ``n_starts`` best grid points, and its objective (unscaled)."""
     grid = _grid(float(np.exp(lnL[w > 0]).min()))
     order = np.argsort(_grid_objective(lnN, lnD, lnL, w, delta, grid))
     return _solve(lnN, lnD, lnL, w, delta, grid[order[:n_starts]])
@@ -132,9 +110,7 @@ def log_loss(theta: np.ndarray, lnN: np.ndarray, lnD: np.ndarray) -> np.ndarray:
 
 
 def nd_fit(runs: pd.DataFrame, options: NDOptions | None = None) -> dict[str, Any]:
-    """fit.json ``nd_fit``: per arm (``variant``) of completed ``runs`` (columns variant, size, seed, val_loss and
-    the N and D columns), the law ``L = E + A/N^alpha + B/D^beta`` with bootstrap intervals, or ``error`` saying
-    why there is none (too few runs, D proportional to N)."""
+    """fit.json ``nd_fit``: per arm of the completed ``runs`` the law with bootstrap intervals, or its ``error``."""
     o = options if options is not None else NDOptions()
     out: dict[str, Any] = {
         "model": "L = E + A / N^alpha + B / D^beta",
@@ -179,8 +155,8 @@ def _fit_arm(d: pd.DataFrame, arm: str, o: NDOptions) -> dict[str, Any]:
     Ls, Ws = bs.draw(cells, plan, bs.rng_for(plan, "nd:" + arm))
     starts = theta[None, :]
     boot = np.array([_solve(lnN, lnD, np.log(np.maximum(Ls[i], 1e-9)), Ws[i], o.delta, starts)[0] for i in range(o.B)])
-    law = _law(theta, N0, D0)
-    boots = [_law(t, N0, D0) for t in boot]
+    law = law_terms(theta, N0, D0)
+    boots = [law_terms(t, N0, D0) for t in boot]
     entry: dict[str, Any] = {
         "n_runs": len(d),
         "tokens_per_param": [float(np.exp(ratio.min())), float(np.exp(ratio.max()))],
@@ -190,7 +166,7 @@ def _fit_arm(d: pd.DataFrame, arm: str, o: NDOptions) -> dict[str, Any]:
         samples = np.array([b[k] for b in boots])
         entry[f"{k}_ci95"] = bs.interval(law[k], samples, plan, log=k in ("A", "B"))
     entry |= {
-        "law": f"L = {law['E']:.4g} + {law['A']:.4g}/N^{law['alpha']:.4g} + {law['B']:.4g}/D^{law['beta']:.4g}",
+        "law": law_text(law),
         "E_at_bound": bool(law["E"] >= L.min() * (1 - 1e-4)),
         "objective": obj,
         "rmse_log": float(np.sqrt(np.mean(resid**2))),
@@ -200,8 +176,12 @@ def _fit_arm(d: pd.DataFrame, arm: str, o: NDOptions) -> dict[str, Any]:
     return entry
 
 
-def _law(theta: np.ndarray, N0: float, D0: float) -> dict[str, float]:
-    # exp(a) (N / N0)^-alpha = [exp(a) N0^alpha] N^-alpha, and the same for D
+def law_text(law: dict[str, float]) -> str:
+    return f"L = {law['E']:.4g} + {law['A']:.4g}/N^{law['alpha']:.4g} + {law['B']:.4g}/D^{law['beta']:.4g}"
+
+
+def law_terms(theta: np.ndarray, N0: float, D0: float) -> dict[str, float]:
+    """E, A, alpha, B, beta in the original units of N and D (theta on N / N0, D / D0)."""
     a, alpha, b, beta, e = (float(t) for t in theta)
     return {
         "E": math.exp(e),

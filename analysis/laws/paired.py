@@ -1,18 +1,6 @@
-"""Seed statistics of the fixed-shape studies (the map, block size, ablations): a Student-t interval for a mean
-over few seeds, and same-seed pairs of two arms.
-
-Two runs of one seed share their data order and, where the residual scheme zero-initialises what it adds, their
-starting weights, so an arm's effect is measured on same-seed differences (``arm - reference``, negative: the arm
-wins). With three to six seeds a normal or bootstrap interval is overconfident; the t interval with n - 1 degrees
-of freedom is the honest one (its coverage is checked by simulation in tests/test_depth_width_map.py).
-
-:func:`paired_comparison` is the one comparison every study reports (reference, arms, cell keys, and a condition
-for an interaction: the same pairs across MoE vs dense MLPs, or one training recipe vs another); the rest of this
-module are its parts (:func:`paired_delta`, :func:`t_interval`, :func:`verdict`) and the selection of a
-fixed-shape study's runs.
-
-Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
-"""
+"""Seed statistics: Student-t intervals for means over few seeds and same-seed differences of two arms (``arm -
+reference``, negative: the arm wins). :func:`paired_comparison` is the one comparison every study reports; the rest
+are its parts and the selection of a fixed-shape study's runs."""
 
 from __future__ import annotations
 
@@ -25,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..io.runs import AnalysisWarning, check_one_lr_per_cell
+from ..io.runs import AnalysisWarning, check_one_lr_per_cell, completed_runs
 
 LEVEL = 0.95
 
@@ -58,8 +46,7 @@ def loss_summary(losses: pd.Series, level: float = LEVEL) -> dict[str, Any]:
 
 
 def paired_delta(arm: pd.Series, reference: pd.Series, level: float = LEVEL) -> dict[str, Any]:
-    """``arm - reference`` on the seeds both hold (each a Series of val loss indexed by seed): the mean difference,
-    its sd, t interval and the pairs' seeds. No common seed: delta None and n_pairs 0."""
+    """``arm - reference`` (Series of val loss by seed) on their common seeds: mean, sd, t interval, seeds."""
     common = sorted(set(arm.index) & set(reference.index))
     d = (arm.loc[common] - reference.loc[common]).to_numpy(float)
     return {
@@ -72,8 +59,7 @@ def paired_delta(arm: pd.Series, reference: pd.Series, level: float = LEVEL) -> 
 
 
 def by_seed(rows: pd.DataFrame, what: str) -> pd.Series:
-    """The val loss of ``rows`` (one arm at one shape) indexed by seed; several runs of one seed are an error naming
-    ``what`` (two studies' copies of one run would otherwise count twice)."""
+    """The val loss of ``rows`` (one arm at one shape) by seed; a ValueError naming ``what`` for a repeated seed."""
     dup = rows["seed"].duplicated(keep=False)
     if dup.any():
         seeds = sorted({int(s) for s in rows.loc[dup, "seed"]})
@@ -82,8 +68,7 @@ def by_seed(rows: pd.DataFrame, what: str) -> pd.Series:
 
 
 def verdict(interval: list[float] | None, n_pairs: int) -> str:
-    """What a difference's 95% interval says about the arm: 'wins' (all of it below 0), 'loses' (all above),
-    'undecided' (it holds 0, or one pair gives no interval), 'missing' (no pair)."""
+    """'wins' (the interval below 0), 'loses' (above), 'undecided' (holds 0, or none) or 'missing' (no pair)."""
     if n_pairs == 0:
         return "missing"
     if interval is None or not all(math.isfinite(x) for x in interval):
@@ -93,9 +78,8 @@ def verdict(interval: list[float] | None, n_pairs: int) -> str:
 
 
 def same_shape(df: pd.DataFrame, size: str, protocol: str | None, seeds: set[int]) -> pd.DataFrame:
-    """The completed runs of ``df`` at ``size``, trained under lr ``protocol`` (when the table records one), with a
-    seed in ``seeds``: the pool a fixed-shape study's rows and its references are drawn from."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    """The completed runs of ``df`` at ``size``, lr ``protocol`` (when recorded) and a seed in ``seeds``."""
+    done = completed_runs(df)
     pool = done[(done["size"] == size) & done["seed"].isin(list(seeds))]
     if protocol is not None and "lr_protocol" in pool.columns:
         pool = pool[pool["lr_protocol"].fillna("baseline") == protocol]
@@ -114,8 +98,7 @@ def study_shape(rows: pd.DataFrame, what: str) -> tuple[str, str | None, set[int
 
 
 def arm_rows(pool: pd.DataFrame, study: str, variant: str) -> pd.DataFrame:
-    """One arm's runs at a fixed-shape study's shape: the study's own when it trained the arm, else those of the
-    other studies in ``pool`` (the arm was trained there first, and a relaunch of the study skipped it)."""
+    """One arm's runs in ``pool``: the study's own when it trained the arm, else the other studies'."""
     rows = pool[pool["variant"] == variant]
     own = rows[rows["study"] == study]
     return own if not own.empty else rows
@@ -131,23 +114,15 @@ def paired_comparison(
     arm_column: str = "variant",
     level: float = LEVEL,
 ) -> pd.DataFrame:
-    """The paired comparison every study reports: each arm's same-seed difference from ``reference`` in final val
-    loss (``arm - reference``, negative: the arm wins), per cell, with its t interval and verdict.
+    """Each arm's same-seed difference from ``reference`` in final val loss, per cell of the ``cells`` columns
+    (none: one cell), with its t interval and verdict. One row per cell (ascending) and arm where both ran: the
+    cell's keys, ``arm``, ``seeds``, ``n_pairs``, ``ref_loss``, ``arm_loss``, ``delta``, ``delta_sd``,
+    ``delta_ci95`` (None under two pairs) and ``verdict``.
 
-    ``runs``: completed runs with columns ``arm_column`` (which arm a run is), ``seed``, ``val_loss`` and the
-    ``cells`` columns; a cell is one value of those (the map's ``("n_layers", "d_model")``, a length study's
-    ``("size", "tokens_per_param")``; none: the table is one cell). One row per cell (ascending) and arm (in the
-    order of ``arms``) where both the arm and the reference ran: the cell's keys, ``arm``, ``seeds`` (the pairs',
-    ascending), ``n_pairs``, ``ref_loss`` and ``arm_loss`` (means over those seeds), ``delta``, ``delta_sd``,
-    ``delta_ci95`` (None under two pairs) and ``verdict`` (:func:`verdict`; no common seed: ``missing``).
-
-    ``condition``: a column with exactly two values (first and second in order of appearance, e.g. MoE then dense
-    MLPs, or one training recipe then another); each row then holds, on the seeds all four runs share, per value
-    ``c`` the ``ref_loss_<c>``, ``delta_<c>``, ``delta_<c>_ci95`` and ``verdict_<c>``, and the interaction
-    (per seed: delta_first - delta_second, averaged) as ``interaction``, ``interaction_ci95`` and ``n_pairs``.
-    Several runs of one arm, cell, condition and seed are a ValueError (:func:`by_seed`), and so are one arm's runs
-    of one cell and condition trained at different lrs (analysis.io.runs.check_one_lr_per_cell; a table without an
-    ``lr`` column is not checked): pairs are only taken among runs of one lr."""
+    ``condition``: a column with exactly two values (in order of appearance); each row then holds, on the seeds all
+    four runs share, ``ref_loss_<c>``, ``delta_<c>``, ``delta_<c>_ci95`` and ``verdict_<c>`` per value, and the
+    interaction delta_first - delta_second as ``interaction``, ``interaction_ci95``, ``n_pairs``. A repeated seed,
+    or one arm's runs of a cell and condition at different lrs, is a ValueError."""
     levels: list[Any] = [None]
     if condition is not None:
         levels = list(pd.unique(runs[condition]))
@@ -187,11 +162,9 @@ def cell_heterogeneity(
     *,
     arm_column: str = "variant",
 ) -> dict[str, Any]:
-    """Is ``arm - reference`` the same in every cell? Per cell the same-seed differences (:func:`paired_delta`'s
-    pairs), and the Alexander-Govern test of equal means (scipy.stats.alexandergovern: one-way, without assuming the
-    cells' seed noise equal). Returns ``statistic``, ``p``, ``n_cells`` (the cells with at least two pairs, the only
-    ones the test reads) and ``cells_left_out`` (cells with fewer); ``statistic`` and ``p`` are None under two
-    cells."""
+    """Is ``arm - reference`` the same in every cell? The Alexander-Govern test of equal means over the cells'
+    same-seed differences: ``statistic``, ``p`` (None under two cells), ``n_cells`` (those with two pairs or more)
+    and ``cells_left_out`` (those with one)."""
     differences, left_out = [], []
     for key, cell in runs.groupby(list(cells), sort=True):
         key = key if isinstance(key, tuple) else (key,)
@@ -213,8 +186,7 @@ def cell_heterogeneity(
 
 
 def comparison_entry(row: Any) -> dict[str, Any]:
-    """One row of :func:`paired_comparison` (a Series or a named tuple) as a document part: ``delta``, ``delta_sd``,
-    ``delta_ci95``, ``n_pairs``, ``pair_seeds``, ``verdict``; a missing number is None."""
+    """One row of :func:`paired_comparison` as a document part (a missing number is None)."""
 
     def num(x: Any) -> float | None:
         return None if x is None or pd.isna(x) else float(x)
@@ -232,16 +204,10 @@ def comparison_entry(row: Any) -> dict[str, Any]:
 def _pair(arm: pd.Series, reference: pd.Series, level: float) -> dict[str, Any]:
     d = paired_delta(arm, reference, level)
     seeds = d["pair_seeds"]
-    return {
-        "seeds": seeds,
-        "n_pairs": d["n_pairs"],
-        "ref_loss": float(reference.loc[seeds].mean()) if seeds else math.nan,
-        "arm_loss": float(arm.loc[seeds].mean()) if seeds else math.nan,
-        "delta": d["delta"],
-        "delta_sd": d["delta_sd"],
-        "delta_ci95": d["delta_ci95"],
-        "verdict": verdict(d["delta_ci95"], d["n_pairs"]),
-    }
+    ref_loss, arm_loss = (float(s.loc[seeds].mean()) if seeds else math.nan for s in (reference, arm))
+    row = {"seeds": seeds, "n_pairs": d["n_pairs"], "ref_loss": ref_loss, "arm_loss": arm_loss}
+    row |= {k: d[k] for k in ("delta", "delta_sd", "delta_ci95")}
+    return row | {"verdict": verdict(d["delta_ci95"], d["n_pairs"])}
 
 
 def _interaction(
@@ -265,14 +231,8 @@ def _interaction(
 def rung_interaction(
     conditions: dict[str, pd.DataFrame], arm: str, reference: str, level: float = LEVEL
 ) -> pd.DataFrame:
-    """The arm's same-seed effect per rung under two conditions and its change between them: the
-    :func:`paired_comparison` by condition over the rungs both hold (``n_layers`` = L_b).
-
-    ``conditions``: exactly two {name: completed runs (columns variant, n_layers, d_model, seed, val_loss)}, in
-    order (first, second). One row per rung: ``n_layers``, ``d_model``, ``seeds``, per condition ``ref_loss_<name>``,
-    ``delta_<name>``, ``delta_<name>_ci95``, ``verdict_<name>``, then ``interaction``, ``interaction_ci95`` and
-    ``n_pairs``. A rung whose ``d_model`` differs between the conditions is a ValueError: then the condition is not
-    the only change."""
+    """:func:`paired_comparison` by condition over the rungs (``n_layers``) both of two ``conditions`` ({name: runs},
+    first and second) hold: one row per rung. A rung whose ``d_model`` differs between them is a ValueError."""
     if len(conditions) != 2:
         raise ValueError(f"rung_interaction compares two conditions, got {len(conditions)}: {list(conditions)}")
     (first, a), (second, b) = conditions.items()
@@ -287,5 +247,4 @@ def rung_interaction(
     if runs.empty:
         return pd.DataFrame()
     table = paired_comparison(runs, reference, [arm], ("n_layers", "d_model"), "condition", level=level)
-    table = table.astype({"n_layers": int, "d_model": int}).drop(columns="arm")
-    return table
+    return table.astype({"n_layers": int, "d_model": int}).drop(columns="arm")

@@ -1,23 +1,7 @@
-"""Rollout: does the ladder's law predict the next rung? Fit without the largest rung(s), predict each arm's loss and
-the multiplier there, and set the measurement beside the prediction (fit.json ``rollout``, ``fig_rollout.png``).
-
-The fit is the headline joint fit (analysis.laws.fit.fit_joint: ``L_arm = E + A_arm C^-alpha``, E and alpha shared,
-Huber on log-loss, the same form rule) on the rungs kept, one per variant against the baseline, as the ladder fit
-itself. Its bootstrap (analysis.laws.bootstrap: the paired cluster bootstrap over seeds within a rung, or the parametric
-one) gives replicates of each arm's predicted loss at the held-out rung's compute; the prediction interval adds the
-scatter the fit leaves, so that it is one for a measurement, not for the curve:
-
-    ln L_pred ± sqrt(d_fit² + (1.96 s)²)   (each end apart, in log)
-
-d_fit is the distance from the point to that end of the fit's 95% percentile interval (scaled by the bootstrap's
-small-sample factor), s the rms log residual of the fitted rungs' cell means (one arm at one rung, averaged over its
-seeds: what is measured at the held-out rung) about the fit, with the fit's four parameters taken from the degrees of
-freedom. The multiplier's prediction is the fit's m (one number over compute) with its bootstrap interval; beside it,
-the full ladder's m and the held-out rung's own m_s (fit.json ``multipliers``). docs/analysis.md, "Rollout".
-
-Numbers only: summary.md's section is analysis.render.multiplier_text.rollout_markdown.
-
-Plain functions on tidy DataFrames (analysis.io.runs); no torch.
+"""Rollout (fit.json ``rollout``): the ladder's joint fit (analysis.laws.fit.fit_joint) without its largest
+rung(s) predicts each arm's mean loss there, with the fit's bootstrap interval widened in log by 1.96 x the fitted
+cell means' rms log residual (ln L_pred ± sqrt(d_fit² + (1.96 s)²), each end apart), beside the measurement; and
+the predicted Δ and m beside the measured ones. docs/analysis.md ("--rollout").
 """
 
 from __future__ import annotations
@@ -32,17 +16,10 @@ from ..io.runs import size_order
 from . import bootstrap as bs
 from .fit import fit_joint, fit_joint_batch
 from .fit_options import FitOptions
+from .multipliers import chunked
 
 Z95 = 1.959963984540054
 _CHUNK = 250  # bootstrap replicates per batched call (bounds the saturating search's memory)
-
-
-def _batch(lnc: np.ndarray, Ls: np.ndarray, isv: np.ndarray, Ws: np.ndarray, form: str, delta: float) -> dict:
-    parts = [
-        fit_joint_batch(lnc, Ls[i : i + _CHUNK], isv, Ws[i : i + _CHUNK], form, delta)
-        for i in range(0, len(Ls), _CHUNK)
-    ]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def _log_interval(point: float, boot: np.ndarray, plan: bs.ResamplePlan, extra_sd: float) -> list[float] | None:
@@ -61,13 +38,9 @@ def rollout(
     held_out: int = 1,
     measured: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """fit.json ``rollout``: the ladder ``runs`` (completed, arms as fitted:
-    analysis.laws.scaling_ladder.ScalingFit.runs) fitted without its ``held_out`` largest rungs (by compute), each
-    variant against the baseline; each arm's predicted mean loss at every held-out rung with its fit interval and
-    prediction interval, the measured mean beside it and whether it lies inside; the predicted same-seed difference
-    variant - baseline beside the measured one; the fit's m with its interval. ``measured``: the full ladder's
-    fit.json ``multipliers`` (dicts), whose m and held-out m_s are set beside the prediction. A ValueError when fewer
-    than three rungs would remain."""
+    """fit.json ``rollout``: the ladder ``runs`` (arms as fitted) without their ``held_out`` largest rungs, each
+    variant against the baseline: predicted and measured losses, Δ and m at the held-out rungs. ``measured``: the
+    full ladder's ``multipliers``, set beside. A ValueError when fewer than three rungs would remain."""
     opt = options if options is not None else FitOptions()
     base, compute = opt.baseline, opt.compute
     sizes = size_order(runs, compute)
@@ -104,24 +77,13 @@ def _point(
     plan: bs.ResamplePlan,
     s_res: float,
 ) -> dict[str, Any]:
-    """One held-out (size, arm): the law's prediction ``pred`` at its compute ``C_at`` with the fit's interval (the
-    replicates ``boot``) and the prediction interval (the fit's plus the cell-level scatter ``s_res``), beside the
-    measured mean of its ``rows``."""
+    """One held-out (size, arm): ``pred`` at ``C_at`` with its fit and prediction intervals, beside ``rows``' mean."""
     pi = _log_interval(pred, boot, plan, s_res)
     meas = float(rows["val_loss"].mean())
-    return {
-        "size": size,
-        "arm": arm,
-        "C": C_at,
-        "predicted": pred,
-        "fit_ci95": _log_interval(pred, boot, plan, 0.0),
-        "prediction_interval95": pi,
-        "measured": meas,
-        "measured_sd": float(rows["val_loss"].std(ddof=1)) if len(rows) > 1 else None,
-        "n_runs": len(rows),
-        "error": meas - pred,
-        "inside": bool(pi is not None and pi[0] <= meas <= pi[1]),
-    }
+    sd = float(rows["val_loss"].std(ddof=1)) if len(rows) > 1 else None
+    out = {"size": size, "arm": arm, "C": C_at, "predicted": pred, "fit_ci95": _log_interval(pred, boot, plan, 0.0)}
+    out |= {"prediction_interval95": pi, "measured": meas, "measured_sd": sd, "n_runs": len(rows)}
+    return out | {"error": meas - pred, "inside": bool(pi is not None and pi[0] <= meas <= pi[1])}
 
 
 def _rollout_pair(
@@ -132,23 +94,17 @@ def _rollout_pair(
     isv = (d["variant"] == v).to_numpy()
     jf = fit_joint(C, L, isv, form=opt.form, delta=delta)
     # the scatter the fit leaves at the level of a cell mean (one arm, one rung, its seeds averaged)
-    cells = d.assign(_pred=np.where(isv, jf.variant_law().loss(C), jf.base_law().loss(C)))
+    fitted = np.where(isv, jf.variant_law().loss(C), jf.base_law().loss(C))
+    cells = d.assign(_pred=fitted)
     means = cells.groupby(["variant", "size"])[["val_loss", "_pred"]].mean()
     r = np.log(means["val_loss"].to_numpy(float)) - np.log(means["_pred"].to_numpy(float))
     dof = max(len(r) - 4, 1)
     s_res = float(math.sqrt(float((r**2).sum()) / dof))
-    plan = bs.plan_resampling(
-        d,
-        B=opt.B,
-        seed=opt.seed,
-        mode=opt.bootstrap_mode,
-        sigma=opt.seed_sigma,
-        rho=opt.seed_rho,
-        residual_sigma=float(np.std(L - np.where(isv, jf.variant_law().loss(C), jf.base_law().loss(C)), ddof=1)),
-    )
+    plan = opt.plan(d, float(np.std(L - fitted, ddof=1)))
     Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "rollout:" + v))
     Ls = np.maximum(Ls, 1e-9)
-    jb = _batch(np.log(C / jf.C_ref), Ls, isv, Ws, jf.form, delta)
+    lnc = np.log(C / jf.C_ref)
+    jb = chunked(lambda l, w: fit_joint_batch(lnc, l, isv, w, jf.form, delta), len(Ls), Ls, Ws, chunk=_CHUNK)
     points, deltas = [], []
     for size in size_order(test, compute):
         at = test[test["size"] == size]
@@ -167,15 +123,9 @@ def _rollout_pair(
             boot_d = pred_arm[v] - pred_arm[base]
             ok = boot_d[np.isfinite(boot_d)]
             ci = bs.interval(pred_d, ok, plan) if ok.size else None
-            deltas.append(
-                {
-                    "size": size,
-                    "predicted": pred_d,
-                    "predicted_ci95": ci,
-                    "measured": float((pairs["val_loss_y"] - pairs["val_loss_x"]).mean()) if len(pairs) else None,
-                    "n_pairs": len(pairs),
-                }
-            )
+            measured = float((pairs["val_loss_y"] - pairs["val_loss_x"]).mean()) if len(pairs) else None
+            delta_row = {"size": size, "predicted": pred_d, "predicted_ci95": ci, "measured": measured}
+            deltas.append(delta_row | {"n_pairs": len(pairs)})
     m_ok = jb["m"][np.isfinite(jb["m"]) & (jb["m"] > 0)]
     entry: dict[str, Any] = {
         "joint": {k: getattr(jf, k) for k in ("form", "E", "A_base", "A_variant", "alpha", "m", "C_ref", "fallback")},
@@ -187,9 +137,7 @@ def _rollout_pair(
         "delta": deltas,
     }
     if full:
-        entry["measured_m"] = full.get("m")
-        entry["measured_m_ci95"] = full.get("m_ci95")
-        entry["measured_m_s"] = {
-            s: (full.get("per_size") or {}).get(s, {}).get("m") for s in {p["size"] for p in points}
-        }
+        entry |= {"measured_m": full.get("m"), "measured_m_ci95": full.get("m_ci95")}
+        held = {p["size"] for p in points}
+        entry["measured_m_s"] = {s: (full.get("per_size") or {}).get(s, {}).get("m") for s in held}
     return entry

@@ -1,12 +1,6 @@
-"""The scaling-ladder analysis (study kind ``scaling``): completed runs of one compute ladder -> fit.json's scaling
-parts (docs/analysis.md): each arm's law, each variant's multipliers (laws.multipliers), the per-size losses and
-same-seed differences, the outlier rule's verdict, the lr-protocol comparison and the study's precision. Numbers
-only; the studies that fit a ladder (``fit``: analysis.render.fit_report.run_fit; ``paper``, ``recipe``) call
-:func:`analyse_scaling`.
-
-Every option of the fit is one typed :class:`FitOptions`; :func:`analyse_scaling` returns the document's parts and,
-beside them (never inside), the runs as analysed (:class:`ScalingFit`), which the figures draw.
-"""
+"""The scaling-ladder analysis (study kind ``scaling``): one compute ladder's completed runs -> fit.json's scaling
+parts (docs/analysis.md): each arm's law, each variant's multipliers (laws.multipliers), losses per size, same-seed
+differences, the outlier rule's verdict, the lr-protocol comparison and the study's precision. Numbers only."""
 
 from __future__ import annotations
 
@@ -32,15 +26,14 @@ from .multipliers import pair_fit, pooled_pair_sd
 
 @dataclass
 class ScalingFit:
-    """What :func:`analyse_scaling` returns: ``parts``, the document's scaling parts (plain, JSON-ready), and
-    ``runs``, the runs as analysed (arm names, outlier flags) for the figures; the runs are not part of fit.json."""
+    """:func:`analyse_scaling`'s result: ``parts`` (JSON-ready) and ``runs`` as analysed (for the figures)."""
 
     parts: dict[str, Any]
     runs: pd.DataFrame
 
 
 def check_ladder(df: pd.DataFrame, baseline: str, skip_incomplete: bool = False) -> list[str]:
-    """Variants to fit (baseline first).  Raise if the baseline is absent or any variant has < 3 sizes."""
+    """Variants to fit (baseline first); a ValueError without the baseline or for a variant under MIN_SIZES sizes."""
     variants = list(pd.unique(df["variant"]))
     if baseline not in variants:
         raise ValueError(
@@ -84,17 +77,10 @@ def _loss_table(df: pd.DataFrame, variants: list[str], baseline: str, compute: s
             if d.empty:
                 continue
             mean = float(d["val_loss"].mean())
-            rows.append(
-                {
-                    "size": size,
-                    "variant": v,
-                    "C": float(d[compute].mean()),
-                    "val_loss": mean,
-                    "val_loss_sd": float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None,
-                    "n_runs": len(d),
-                    "delta_vs_baseline": mean - float(base[size]) if size in base.index and v != baseline else None,
-                }
-            )
+            sd = float(d["val_loss"].std(ddof=1)) if len(d) > 1 else None
+            delta = mean - float(base[size]) if size in base.index and v != baseline else None
+            row = {"size": size, "variant": v, "C": float(d[compute].mean()), "val_loss": mean, "val_loss_sd": sd}
+            rows.append(row | {"n_runs": len(d), "delta_vs_baseline": delta})
     return rows
 
 
@@ -104,43 +90,25 @@ def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str
     Ls, Ws = bs.draw(d, plan, bs.rng_for(plan, "variant:" + name))
     a, s = wls_line(np.log(C), np.log(np.maximum(Ls, 1e-12)), Ws)
     resid = np.log(d["val_loss"].to_numpy(float)) - np.log(law.loss(C))
-    return {
-        "A": law.A,
-        "A_ci95": bs.interval(law.A, np.exp(a), plan, log=True),
-        "alpha": law.alpha,
-        "alpha_ci95": bs.interval(law.alpha, -s, plan),
-        "E": None,  # the paper form has no E; the joint fit's E is under multipliers.<name>.joint
-        "law": law.describe(4),
-        "sizes": size_order(d, compute),
-        "n_runs": len(d),
-        "C_min": float(C.min()),
-        "C_max": float(C.max()),
-        "rmse_log": float(np.sqrt(np.mean(resid**2))),
-    }
+    out = {"A": law.A, "A_ci95": bs.interval(law.A, np.exp(a), plan, log=True), "alpha": law.alpha}
+    out["alpha_ci95"] = bs.interval(law.alpha, -s, plan)
+    out["E"] = None  # the paper form has no E; the joint fit's E is under multipliers.<name>.joint
+    out |= {"law": law.describe(4), "sizes": size_order(d, compute), "n_runs": len(d), "C_min": float(C.min())}
+    return out | {"C_max": float(C.max()), "rmse_log": float(np.sqrt(np.mean(resid**2)))}
 
 
 def flag_runs(
     df: pd.DataFrame, base_dir: str | None = None
 ) -> tuple[pd.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
     """The outlier rule (analysis.health) on completed runs: adds a ``flags`` column (comma-separated, "" when
-    clean) and returns (df, flagged runs, cells whose seeds disagree beyond health.CELL_SD_BOUND).
-
-    Curve flags are recomputed from the run's metrics.csv when its directory is found (so every run is judged by
-    the current rule), else taken from the record's ``health`` column; ``off_mates`` compares each run with its
-    (variant, size) cell."""
+    clean) and returns (df, flagged runs, cells whose seeds disagree beyond health.CELL_SD_BOUND)."""
     df = df.copy()
     flags = _curve_flags(df, base_dir)
     disagree = _check_cells(df, flags)
     df["flags"] = [",".join(f) for f in flags]
+    keys = ("run_id", "variant", "size", "seed")
     flagged = [
-        {
-            "run_id": r["run_id"],
-            "variant": r["variant"],
-            "size": r["size"],
-            "seed": r["seed"],
-            "val_loss": float(r["val_loss"]),
-            "flags": r["flags"],
-        }
+        {k: r[k] for k in keys} | {"val_loss": float(r["val_loss"]), "flags": r["flags"]}
         for _, r in df[df["flags"] != ""].iterrows()
     ]
     for f in flagged:
@@ -161,8 +129,7 @@ def flag_runs(
 
 
 def _curve_flags(df: pd.DataFrame, base_dir: str | None) -> list[list[str]]:
-    """Each run's training-curve flags: from its metrics.csv when its directory is found, else its record's
-    ``health``."""
+    """Each run's curve flags: from its metrics.csv when found (the current rule), else its record's ``health``."""
     from ..io.runs import resolve_run_dir
 
     flags: list[list[str]] = []
@@ -183,8 +150,7 @@ def _curve_flags(df: pd.DataFrame, base_dir: str | None) -> list[list[str]]:
 
 
 def _check_cells(df: pd.DataFrame, flags: list[list[str]]) -> list[dict[str, Any]]:
-    """Add ``off_mates`` to the flags of a run far from its (variant, size) cell's seed-mates; return the cells
-    whose seeds disagree beyond health.CELL_SD_BOUND."""
+    """Flag ``off_mates`` the runs far from their cell's seed-mates; return the cells whose seeds disagree."""
     cells = {k: g for k, g in df.groupby(["variant", "size"], sort=False)}
     sigma = health.pooled_seed_sd([g["val_loss"].to_numpy(float) for g in cells.values()])
     index = {idx: i for i, idx in enumerate(df.index)}
@@ -196,16 +162,9 @@ def _check_cells(df: pd.DataFrame, flags: list[list[str]]) -> list[dict[str, Any
         if len(g) >= 2:
             sd = float(g["val_loss"].std(ddof=1))
             if sd > health.CELL_SD_BOUND:
-                disagree.append(
-                    {
-                        "variant": variant,
-                        "size": size,
-                        "sd": sd,
-                        "n_runs": len(g),
-                        "val_losses": [float(v) for v in g["val_loss"]],
-                        "bound": health.CELL_SD_BOUND,
-                    }
-                )
+                losses = [float(v) for v in g["val_loss"]]
+                cell = {"variant": variant, "size": size, "sd": sd, "n_runs": len(g), "val_losses": losses}
+                disagree.append(cell | {"bound": health.CELL_SD_BOUND})
     return disagree
 
 
@@ -220,24 +179,17 @@ def _paired_deltas(df: pd.DataFrame, variants: list[str], baseline: str, compute
             d = df[(df["variant"] == v) & (df["size"] == size)].groupby("seed")["val_loss"].mean()
             diffs = [float(d[sd] - base[(size, sd)]) for sd in d.index if (size, sd) in base.index]
             if diffs:
-                rows.append(
-                    {
-                        "size": size,
-                        "variant": v,
-                        "n_pairs": len(diffs),
-                        "mean": float(np.mean(diffs)),
-                        "sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
-                        "diffs": diffs,
-                    }
-                )
+                sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None
+                row = {"size": size, "variant": v, "n_pairs": len(diffs), "mean": float(np.mean(diffs)), "sd": sd}
+                rows.append(row | {"diffs": diffs})
     return rows
 
 
 def _protocol_comparison(
     df: pd.DataFrame, baseline: str, variant: str, plan: bs.ResamplePlan, compute: str, form: str, delta: float
 ) -> dict[str, Any]:
-    """m of ``variant`` at the baseline's lr (the paper's protocol) and at its own tuned lr, both from the same
-    bootstrap replicates (cells drawn once for all three arms), and their ratio own / shared with its interval."""
+    """m of ``variant`` at the baseline's lr and at its own tuned lr, on one draw of the three arms' cells, and
+    their ratio own / shared with its interval."""
     own = variant + OWN_LR
     u = pd.concat(
         [df[df["variant"] == baseline], df[df["variant"] == variant], df[df["variant"] == own]], ignore_index=True
@@ -270,16 +222,11 @@ def analyse_scaling(
     source: str | None = None,
     base_dir: str | None = None,
 ) -> ScalingFit:
-    """Fit every variant of one compute ladder and compare each to the baseline: fit.json's scaling parts.
-
-    ``df`` holds completed runs of one scaling study (see runs.select_completed / runs.scaling_runs);
-    ``excluded`` lists the runs left out before (fit.json ``excluded_runs``), ``source`` names the input (default:
-    ``df.attrs["source"]``), ``base_dir`` is where run directories are found (their metrics feed the outlier rule).
-    Runs trained with ``lr_protocol=per_arm`` form the arm ``<variant>@own_lr`` (:func:`split_lr_protocols`);
-    a variant present under both protocols also gets ``protocols[variant]``: both multipliers and their ratio.
-    The outlier rule flags runs (:func:`flag_runs`); ``outliers="keep"`` fits them (and adds the fit without them
-    as ``without_flagged``), ``"exclude"`` leaves them out and lists them under ``excluded_runs``.
-    """
+    """fit.json's scaling parts for one scaling study's completed runs ``df``: every variant fitted and compared to
+    the baseline. ``excluded``: runs left out before; ``source``: the input (default ``df.attrs["source"]``);
+    ``base_dir``: where run directories (metrics for the outlier rule) are found. Per-arm-lr runs form
+    ``<variant>@own_lr``; ``outliers="keep"`` fits flagged runs and adds ``without_flagged``, ``"exclude"`` drops
+    them into ``excluded_runs``."""
     opt = options if options is not None else FitOptions()
     if opt.outliers not in (*OUTLIER_MODES, "ignore"):
         raise ValueError(f"outliers={opt.outliers!r}; allowed values: {', '.join(OUTLIER_MODES)}")
@@ -294,15 +241,7 @@ def analyse_scaling(
         df = df[df["flags"] == ""].reset_index(drop=True)
     variants = check_ladder(df, opt.baseline, opt.skip_incomplete)
     df = df[df["variant"].isin(variants)].reset_index(drop=True)
-    plan = bs.plan_resampling(
-        df,
-        B=opt.B,
-        seed=opt.seed,
-        mode=opt.bootstrap_mode,
-        sigma=opt.seed_sigma,
-        rho=opt.seed_rho,
-        residual_sigma=_residual_sigma(df, variants, opt.compute),
-    )
+    plan = opt.plan(df, _residual_sigma(df, variants, opt.compute))
     if plan.mode == "parametric" and opt.seed_sigma is None:
         warnings.warn(
             f"parametric bootstrap with sigma = {plan.sigma:.3g}: {plan.sigma_source}", AnalysisWarning, stacklevel=2
@@ -325,8 +264,7 @@ def _document_head(
     excluded: list[dict[str, Any]],
     source: str | None,
 ) -> dict[str, Any]:
-    """The document's first parts: what was fitted from where, how it was resampled, the losses per size and the
-    same-seed differences (``variants`` and ``multipliers`` start empty: :func:`_fit_arms` fills them)."""
+    """The document's first parts (``variants`` and ``multipliers`` empty: :func:`_fit_arms` fills them)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -350,27 +288,15 @@ def _document_head(
 
 def _outlier_report(mode: str, flagged: list[dict[str, Any]], disagree: list[dict[str, Any]]) -> dict[str, Any]:
     """fit.json ``outliers``: the mode, the flagged runs, the disagreeing cells and the rule's constants."""
-    return {
-        "mode": mode,
-        "flagged": flagged,
-        "cells_disagreeing": disagree,
-        "rule": {
-            "spike_ratio": health.SPIKE_RATIO,
-            "spike_span": health.SPIKE_SPAN,
-            "val_rise": health.VAL_RISE,
-            "plateau_gain": health.PLATEAU_GAIN,
-            "off_mates_sigmas": health.OFF_MATES_SIGMAS,
-            "off_mates_floor": health.OFF_MATES_FLOOR,
-            "cell_sd_bound": health.CELL_SD_BOUND,
-        },
-    }
+    names = ("SPIKE_RATIO", "SPIKE_SPAN", "VAL_RISE", "PLATEAU_GAIN", "OFF_MATES_SIGMAS", "OFF_MATES_FLOOR")
+    rule = {n.lower(): getattr(health, n) for n in (*names, "CELL_SD_BOUND")}
+    return {"mode": mode, "flagged": flagged, "cells_disagreeing": disagree, "rule": rule}
 
 
 def _fit_arms(
     out: dict[str, Any], df: pd.DataFrame, opt: FitOptions, plan: bs.ResamplePlan, variants: list[str]
 ) -> None:
-    """Fill ``variants`` (each arm's law), ``multipliers`` (each variant against the baseline) and ``protocols``
-    (a variant under both lr protocols), in that order: each draws from its own named random stream."""
+    """Fill ``variants``, ``multipliers`` and ``protocols``, in that order (each from its own random stream)."""
     base, compute, form, delta = opt.baseline, opt.compute, opt.form, opt.delta
     for v in variants:
         out["variants"][v] = _variant_fit(df[df["variant"] == v], v, plan, compute)
@@ -401,19 +327,13 @@ def _without_flagged(df: pd.DataFrame, opt: FitOptions) -> dict[str, Any]:
 
 def _headline(multiplier: dict[str, Any]) -> dict[str, Any]:
     """A multiplier's headline numbers: the joint fit's m with its interval and P(m <= 1), and the paired m."""
-    return {
-        "m": multiplier["m"],
-        "m_ci95": multiplier["m_ci95"],
-        "p_m_le_1": multiplier["p_m_le_1"],
-        "paired_m": multiplier["paired"]["m"],
-        "paired_m_ci95": multiplier["paired"]["m_ci95"],
-    }
+    paired = {"paired_m": multiplier["paired"]["m"], "paired_m_ci95": multiplier["paired"]["m_ci95"]}
+    return {k: multiplier[k] for k in ("m", "m_ci95", "p_m_le_1")} | paired
 
 
 def _precision(doc: dict[str, Any], baseline: str) -> dict[str, Any]:
     """How well the study resolves its answer: the baseline's seed sd per size, whether its mean loss falls with
-    every step in compute, the baseline law's rmse(log L) over runs and over size means, and each multiplier's 95%
-    half-width relative to m."""
+    compute, its law's rmse(log L) over runs and size means, and each multiplier's 95% half-width over m."""
     base = [r for r in doc["losses"] if r["variant"] == baseline]  # ordered by compute
     means = [r["val_loss"] for r in base]
     f = doc["variants"].get(baseline, {})

@@ -1,35 +1,7 @@
-"""The wall-clock multiplier beside a compute multiplier: what an arm's gain is worth in time, not FLOPs.
-
-A compute multiplier m says: the reference reaches loss L at compute m·C where the arm reaches it at C. A run's
-time is its compute times its seconds per FLOP, s = cpu_time_s / flops, so the reference needs m·C·s_ref seconds
-and the arm C·s_arm, and
-
-    m_wall = m · s_ref / s_arm.
-
-m_wall > 1: the arm reaches the loss sooner on the clock as well; m > 1 with m_wall < 1: it saves FLOPs and loses
-time (its step costs more than its FLOPs say). ``flops`` is the model's training FLOPs (attnres/flops.py), so work
-it does not count (an optimizer's Newton–Schulz iterations, a depth kernel's overhead) shows up only here.
-
-Pooling: s of one arm is the geometric mean, over the rungs both arms ran, of the geometric mean of its runs' s
-at the rung, so every rung weighs the same whatever its number of runs. The step-time ratio that users know,
-r_step = (cpu_time_s / steps)_arm ÷ (cpu_time_s / steps)_ref, pooled the same way, relates to it exactly as
-
-    m_wall = m ÷ r_step × (FLOPs per step)_arm ÷ (FLOPs per step)_ref.
-
-Time: the records' steady-state ``step_cpu_s`` (x steps) when every (arm, rung) stratum has runs with one (then
-those runs), else every run's whole ``cpu_time_s`` (compilation included, whose cost depends on the compile cache
-more than on the arm): never a mix; ``time_source`` says which. The runs timed may be other runs of the same
-configurations than those fitted (analysis.studies.recipe's ``timing`` tables): time is a property of the configuration.
-
-Interval: the time ratio t = s_ref / s_arm is resampled by a bootstrap over runs, within each (arm, rung)
-stratum, its percentile interval in log t widened by sqrt(mean n/(n-1)) like analysis.laws.bootstrap's cluster
-intervals; it needs two timed runs in every stratum (else "n/a"). The multiplier's own interval comes from its fit
-(its bootstrap draws are not passed here), and the two are combined as independent on the log scale, each end
-apart: ln(m_wall) ± sqrt(d_m² + d_t²), d the distance in log from the point to that end of each interval. CPU time
-varies with machine load rather than with a run's seed, so the independence is close; the combination is
-approximate where either interval is far from symmetric in log. docs/analysis.md, "Wall-clock multiplier".
-
-Plain functions on tidy DataFrames (analysis.io.runs); no torch.
+"""The wall-clock multiplier beside a compute multiplier: m_wall = m · s_ref / s_arm, s a run's seconds per FLOP
+(geometric mean per rung, then over the rungs both arms ran), with the step-time ratio beside it; the time ratio's
+interval from a bootstrap over runs within each (arm, rung), combined with m's in log as independent.
+docs/analysis.md, "Wall-clock multiplier".
 """
 
 from __future__ import annotations
@@ -42,14 +14,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..io.runs import completed_runs
+
 TIME_COLUMNS = ("cpu_time_s", "flops", "steps")
 LEVEL = 0.95
 
 
 @dataclass(frozen=True)
 class WallclockOptions:
-    """How the time ratio is measured: the time column (``cpu_time_s``), the column naming the arm (``variant``)
-    and the rung (``size``), and the bootstrap (``B`` replicates from random ``seed``)."""
+    """How the time ratio is measured: time, arm and rung columns, and the bootstrap's ``B`` and ``seed``."""
 
     time: str = "auto"  # "auto": steady-state step_cpu_s x steps when every run of both arms has it, else cpu_time_s
     arm_column: str = "variant"
@@ -67,16 +40,12 @@ TIME_SOURCES = {
 
 
 def _time_column(df: pd.DataFrame, reference: str, arm: str, o: WallclockOptions) -> tuple[pd.DataFrame, str, str]:
-    """(rows to read, the time column, what it measures). ``auto``: when every (arm, rung) stratum of the two arms
-    holds a completed run with a steady-state ``step_cpu_s``, those runs only, timed by it (compilation, whose cost
-    depends on the compile cache rather than on the arm, does not enter the ratio); else every run by its whole
-    ``cpu_time_s``. Never a mix of the two."""
+    """(rows to read, the time column, what it measures). ``auto``: the runs with a steady-state ``step_cpu_s``
+    where every (arm, rung) stratum has one, else every run's ``cpu_time_s``; never a mix."""
     if o.time != "auto":
         return df, o.time, TIME_SOURCES.get(o.time, o.time)
     if {"step_cpu_s", "steps", o.arm_column, o.rung} <= set(df.columns):
-        d = df[df[o.arm_column].isin([reference, arm])]
-        if "status" in d.columns:
-            d = d[d["status"] == "completed"]
+        d = completed_runs(df[df[o.arm_column].isin([reference, arm])])
         step = pd.to_numeric(d["step_cpu_s"], errors="coerce")
         strata = set(zip(d[o.arm_column], d[o.rung].astype(str)))
         timed = d[step > 0]
@@ -89,38 +58,21 @@ def _time_column(df: pd.DataFrame, reference: str, arm: str, o: WallclockOptions
 def time_ratio(
     df: pd.DataFrame, reference: str, arm: str, options: WallclockOptions = WallclockOptions()
 ) -> dict[str, Any]:
-    """The seconds-per-FLOP and step-time ratios of ``arm`` against ``reference`` from the runs of ``df``.
-
-    Reads completed rows (``status``, when present) of the two arms with a positive time, ``flops`` and ``steps``.
-    Returns ``s_ref_over_s_arm`` (t) with ``s_ref_over_s_arm_ci95``, ``step_time_ratio`` (arm ÷ reference) with
-    its interval, ``flops_per_step_ratio`` (arm ÷ reference), ``per_rung`` (each rung's geometric means and ratios),
-    ``rungs``, ``n_runs``, ``error``: None, or why there is no ratio (a missing column, no rung with timed runs
-    of both arms), and ``note``: None, or why the intervals are None (a stratum with fewer than two timed runs)."""
+    """The seconds-per-FLOP ratio t = ``s_ref_over_s_arm``, ``step_time_ratio`` (arm ÷ reference) with intervals,
+    ``flops_per_step_ratio``, ``per_rung``, ``rungs``, ``n_runs``, ``error`` (why there is no ratio) and ``note``
+    (why no interval), from the two arms' completed, timed runs in ``df``."""
     o = options
     df, time_column, source = _time_column(df, reference, arm, o)
     o = WallclockOptions(time_column, o.arm_column, o.rung, o.B, o.seed)
-    out: dict[str, Any] = {
-        "time_source": source,
-        "reference": reference,
-        "arm": arm,
-        "s_ref_over_s_arm": None,
-        "s_ref_over_s_arm_ci95": None,
-        "step_time_ratio": None,
-        "step_time_ratio_ci95": None,
-        "flops_per_step_ratio": None,
-        "per_rung": [],
-        "rungs": [],
-        "n_runs": {"reference": 0, "arm": 0},
-        "error": None,
-        "note": None,
-    }
+    out: dict[str, Any] = {"time_source": source, "reference": reference, "arm": arm}
+    ratios = ("s_ref_over_s_arm", "s_ref_over_s_arm_ci95", "step_time_ratio", "step_time_ratio_ci95")
+    out |= dict.fromkeys((*ratios, "flops_per_step_ratio")) | {"per_rung": [], "rungs": []}
+    out |= {"n_runs": {"reference": 0, "arm": 0}, "error": None, "note": None}
     missing = [c for c in (o.time, "flops", "steps", o.arm_column, o.rung) if c not in df.columns]
     if missing:
         out["error"] = f"no column(s) {', '.join(missing)} in the records"
         return out
-    d = df[df[o.arm_column].isin([reference, arm])]
-    if "status" in d.columns:
-        d = d[d["status"] == "completed"]
+    d = completed_runs(df[df[o.arm_column].isin([reference, arm])])
     t, f, n = (pd.to_numeric(d[c], errors="coerce") for c in (o.time, "flops", "steps"))
     d = d[(t > 0) & (f > 0) & (n > 0)]
     logs = np.log(d[o.time].to_numpy(float) / d["flops"].to_numpy(float))  # ln s per run
@@ -138,14 +90,9 @@ def time_ratio(
     ln_t = float(np.mean([math.log(p["s_ref_over_s_arm"]) for p in per_rung]))
     ln_step = float(np.mean([math.log(p["step_time_ratio"]) for p in per_rung]))
     ln_fps = float(np.mean([math.log(p["flops_per_step_ratio"]) for p in per_rung]))
-    out.update(
-        s_ref_over_s_arm=math.exp(ln_t),
-        step_time_ratio=math.exp(ln_step),
-        flops_per_step_ratio=math.exp(ln_fps),
-        per_rung=per_rung,
-        rungs=rungs,
-        n_runs={"reference": int((~is_arm).sum()), "arm": int(is_arm.sum())},
-    )
+    out |= {"s_ref_over_s_arm": math.exp(ln_t), "step_time_ratio": math.exp(ln_step), "per_rung": per_rung}
+    out |= {"flops_per_step_ratio": math.exp(ln_fps), "rungs": rungs}
+    out["n_runs"] = {"reference": int((~is_arm).sum()), "arm": int(is_arm.sum())}
     if min(len(i) for i in index.values()) >= 2:
         boot_t, boot_step = _bootstrap(logs, log_step, rungs, index, o)
         scale = math.sqrt(float(np.mean([len(i) / (len(i) - 1) for i in index.values()])))
@@ -158,22 +105,12 @@ def time_ratio(
 
 
 def _rung_ratios(rung: str, ref: np.ndarray, arm: np.ndarray, logs: np.ndarray, log_step: np.ndarray) -> dict[str, Any]:
-    """One rung's geometric-mean seconds per FLOP and per step of each arm (``ref``/``arm``: the rows' indices into
-    ``logs``, ln seconds per FLOP, and ``log_step``, ln seconds per step) and their ratios."""
+    """One rung's geometric-mean seconds per FLOP and per step of each arm (row indices ``ref``, ``arm``), ratios."""
     s_ref, s_arm = math.exp(logs[ref].mean()), math.exp(logs[arm].mean())
     st_ref, st_arm = math.exp(log_step[ref].mean()), math.exp(log_step[arm].mean())
-    return {
-        "rung": rung,
-        "n_ref": len(ref),
-        "n_arm": len(arm),
-        "s_ref": s_ref,
-        "s_arm": s_arm,
-        "s_ref_over_s_arm": s_ref / s_arm,
-        "step_time_ref": st_ref,
-        "step_time_arm": st_arm,
-        "step_time_ratio": st_arm / st_ref,
-        "flops_per_step_ratio": (st_arm / s_arm) / (st_ref / s_ref),
-    }
+    out = {"rung": rung, "n_ref": len(ref), "n_arm": len(arm), "s_ref": s_ref, "s_arm": s_arm}
+    out |= {"s_ref_over_s_arm": s_ref / s_arm, "step_time_ref": st_ref, "step_time_arm": st_arm}
+    return out | {"step_time_ratio": st_arm / st_ref, "flops_per_step_ratio": (st_arm / s_arm) / (st_ref / s_ref)}
 
 
 def _bootstrap(
@@ -201,9 +138,8 @@ def _log_interval(point: float, boot: np.ndarray, scale: float, level: float = L
 
 
 def combine(m: float | None, m_ci95: list[float] | None, timing: dict[str, Any]) -> dict[str, Any]:
-    """``m_wall`` = m · t with its interval from ``m_ci95`` and the time ratio's (``timing``: :func:`time_ratio`),
-    combined as independent in log, each end apart. None where m or t is missing; the interval None where either
-    interval is (or is not finite)."""
+    """``m_wall`` = m · t with its interval (``m_ci95`` and :func:`time_ratio`'s combined in log as independent,
+    each end apart); None where m or t is missing, the interval None where either is."""
     t, t_ci = timing.get("s_ref_over_s_arm"), timing.get("s_ref_over_s_arm_ci95")
     if m is None or t is None or not (m > 0 and math.isfinite(m)):
         return {"m_wall": None, "m_wall_ci95": None}
@@ -224,9 +160,7 @@ def wallclock_multiplier(
     m_ci95: list[float] | None,
     options: WallclockOptions = WallclockOptions(),
 ) -> dict[str, Any]:
-    """The wall-clock multiplier of ``arm`` against ``reference`` for the compute multiplier ``m`` [``m_ci95``]
-    (any estimator's), from the two arms' runs in ``df``: :func:`time_ratio`'s fields plus ``m``, ``m_ci95``,
-    ``m_wall`` and ``m_wall_ci95`` (:func:`combine`; the module docstring defines them)."""
+    """:func:`time_ratio`'s fields plus ``m``, ``m_ci95`` and :func:`combine`'s ``m_wall``, ``m_wall_ci95``."""
     timing = time_ratio(df, reference, arm, options)
     return {**timing, "m": m, "m_ci95": m_ci95, **combine(m, m_ci95, timing)}
 
@@ -234,10 +168,8 @@ def wallclock_multiplier(
 def ladder_wallclock(
     runs: pd.DataFrame, baseline: str, multipliers: dict[str, Any], options: WallclockOptions = WallclockOptions()
 ) -> dict[str, dict[str, Any]]:
-    """fit.json ``wallclock``: for each variant of a fitted ladder, :func:`wallclock_multiplier` beside its compute
-    multiplier. ``runs``: the ladder's runs as analysed (arm names as fitted, e.g. ``<variant>@own_lr``);
-    ``multipliers``: {variant: anything with ``m`` and ``m_ci95`` (a dict or analysis.io.fit_document.Multiplier)}.
-    Empty when the runs hold no CPU time (no ``cpu_time_s`` column, or none positive)."""
+    """fit.json ``wallclock``: :func:`wallclock_multiplier` per variant of ``multipliers`` ({variant: a dict or an
+    object with ``m``, ``m_ci95``}) on the ladder's ``runs`` as analysed; empty without CPU times."""
     if "cpu_time_s" not in runs.columns or not (pd.to_numeric(runs["cpu_time_s"], errors="coerce") > 0).any():
         return {}
     out = {}
@@ -248,10 +180,8 @@ def ladder_wallclock(
 
 
 def document_wallclock(doc: Any) -> dict[str, dict[str, Any]]:
-    """The wall-clock multipliers of a fit document (analysis.io.fit_document.FitDocument): its ``wallclock`` section
-    when it has one, else :func:`ladder_wallclock` of the runs its ``source`` names (the study's ladder, arms split
-    by lr protocol as fitted), so that a report written without ``--wallclock`` still gets the line. Empty when the
-    source cannot be read or holds no CPU times."""
+    """A fit document's ``wallclock`` section, else :func:`ladder_wallclock` of the runs its ``source`` names (empty
+    when they cannot be read or hold no CPU times)."""
     if doc.wallclock is not None:
         return dict(doc.wallclock)
     import warnings

@@ -13,7 +13,7 @@ import math
 import re
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,10 @@ FLAG_COLOR = "#e600e6"  # runs the outlier rule flagged: a ring in fig4, a dashe
 MAX_ARROW = 4.0  # fig4: multiplier arrows longer than this are cut (and say so), so the axis stays near the data
 CI_TEXT_BOUND = 20.0  # interval ends beyond [1/20, 20] print as "<0.05" / ">20"
 _FALLBACK = ["#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
+Labels = dict[str, str] | None  # display names by variant (None: LABELS, else the variant's own name)
 
-# The paper style of these figures: set while one of them is drawn (:func:`styled`), never at import, so that
-# importing this module leaves other figures (the map, MoE, recipe and router figures) in matplotlib's defaults.
+# The paper style, set only while one of these figures is drawn (:func:`styled`), so that importing this module
+# leaves other figures in matplotlib's defaults.
 STYLE = {
     "figure.dpi": 110,
     "savefig.dpi": 160,
@@ -83,7 +84,7 @@ def color_of(variant: str, order: list[str] | None = None) -> str:
     return _FALLBACK[i]
 
 
-def label_of(variant: str, labels: dict[str, str] | None = None) -> str:
+def label_of(variant: str, labels: Labels = None) -> str:
     if variant.endswith(OWN_LR) and not (labels or {}).get(variant):
         return label_of(variant[: -len(OWN_LR)], labels) + " (own lr)"
     return (labels or {}).get(variant) or LABELS.get(variant, variant)
@@ -92,8 +93,8 @@ def label_of(variant: str, labels: dict[str, str] | None = None) -> str:
 def save(
     fig: plt.Figure, stem: str | Path, formats: tuple[str, ...] = (".png", ".pdf"), dpi: float | None = None, tight=True
 ) -> list[Path]:
-    """The one figure saver: ``fig`` as ``stem`` with each suffix of ``formats`` (its directory made), cropped to its
-    contents (``tight``) at ``dpi`` (None: the rcParams' savefig.dpi), then closed; returns the written paths."""
+    """Save ``fig`` as ``stem`` with each suffix of ``formats`` (its directory made), cropped to its contents
+    (``tight``) at ``dpi`` (None: rcParams' savefig.dpi), then close it; returns the written paths."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(f) for f in formats]
@@ -112,9 +113,8 @@ def interval_errors(y: Any, ci95: list[list[float] | None]) -> np.ndarray:
 
 
 def delta_errorbar(ax: plt.Axes, x: Any, y: Any, ci95: list[list[float] | None], horizontal: bool = False, **style):
-    """The paired comparison's Δ drawn one way in every figure: each Δ (arm - reference) at ``x`` with its 95%
-    t interval as an error bar (none: a bare point), vertical, or along x when ``horizontal`` (then ``x`` is the
-    row position); ``style`` goes to matplotlib's errorbar."""
+    """Each Δ (arm - reference) at ``x`` with its 95% interval as an error bar (none: a bare point), vertical, or
+    along x when ``horizontal`` (then ``x`` is the row position); ``style`` goes to matplotlib's errorbar."""
     err = interval_errors(y, ci95)
     if horizontal:
         return ax.errorbar(y, x, xerr=err, **style)
@@ -122,7 +122,7 @@ def delta_errorbar(ax: plt.Axes, x: Any, y: Any, ci95: list[list[float] | None],
 
 
 def _compute_formatter(x: float, _pos: Any = None) -> str:
-    # Plain numbers for paper-scale compute (0.5, 1, 2, 5), powers of ten for CPU-scale (1e-6).
+    """Plain numbers for paper-scale compute (0.5, 1, 2, 5), powers of ten for CPU-scale (1e-6)."""
     if x <= 0:
         return ""
     if 0.01 <= x < 1e4:
@@ -133,17 +133,14 @@ def _compute_formatter(x: float, _pos: Any = None) -> str:
 
 
 def _log_compute_axis(ax: plt.Axes, lo: float, hi: float) -> None:
-    ax.set_xscale("log")
-    ax.set_xlim(lo, hi)
+    ax.set(xscale="log", xlim=(lo, hi))
     if hi / lo < 30:  # less than ~1.5 decades: label 1-2-5 steps, else only decades would be visible
         ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_minor_formatter(NullFormatter())
     ax.xaxis.set_major_formatter(FuncFormatter(_compute_formatter))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Fig. 4: scaling law with the multiplier arrow
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Fig. 4: scaling law with the multiplier arrow ---------------------------------------------------------------
 
 
 @styled
@@ -153,7 +150,7 @@ def scaling_figure(
     stem: Path,
     *,
     compute: str = "pflops_days",
-    labels: dict[str, str] | None = None,
+    labels: Labels = None,
     variants: list[str] | None = None,
     title: str | None = None,
     per_size_panel: bool = True,
@@ -183,16 +180,13 @@ def scaling_figure(
     grid = np.geomspace(lo, hi, 200)
     _runs_and_laws(ax, df, fits, variants, grid, compute, labels)
     y_lo, y_hi = _loss_limits(df, variants, grid, fits)
-    n_lines = len(mults)
-    y_bottom = y_lo - (0.06 + 0.045 * n_lines) * (y_hi - y_lo) if n_lines else y_lo
-    _multiplier_arrows(ax, fits, mults, variants, labels, y_bottom, y_hi)
+    y_bottom = y_lo - (0.06 + 0.045 * len(mults)) * (y_hi - y_lo) if mults else y_lo
+    _multiplier_arrows(ax, fits, mults, variants, labels, (y_bottom, y_hi))
     _joint_fit_box(ax, mults, labels)
     _log_compute_axis(ax, lo, hi)
-    ax.set_ylim(y_bottom, y_hi)
     xlabel = "Compute (PFLOP/s-days)" + ("" if compute == "pflops_days" else f"  [{compute}]")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("Validation loss")
-    ax.set_title(title or f"Scaling laws; arrows: multiplier M vs {label_of(base, labels)} at the largest C")
+    title = title or f"Scaling laws; arrows: multiplier M vs {label_of(base, labels)} at the largest C"
+    ax.set(ylim=(y_bottom, y_hi), xlabel=xlabel, ylabel="Validation loss", title=title)
     ax.legend(loc="upper right", frameon=True, framealpha=0.9)
     if ax2 is not None:
         _multiplier_panel(ax2, mults, variants, labels, base)
@@ -209,52 +203,32 @@ def _runs_and_laws(
     variants: list[str],
     grid: np.ndarray,
     compute: str,
-    labels: dict[str, str] | None,
+    labels: Labels,
 ) -> None:
-    """The scaling panel's data: each variant's runs (flagged ones ringed), per-size means and fitted law."""
-    flagged_labelled = False
+    """Each variant's runs (flagged ones ringed), per-size means and fitted law."""
+    flag_label: str | None = "flagged run (outlier rule)"
     for v in variants:
         f = fits[v]
-        law = PowerLaw(f.A, f.alpha)
         col = color_of(v, variants)
         d = df[df["variant"] == v]
         ax.scatter(d[compute], d["val_loss"], s=12, color=col, alpha=0.45, lw=0, zorder=3)
-        if "flags" in d.columns and (d["flags"] != "").any():  # the outlier rule's flagged runs: a ring
+        if "flags" in d.columns and (d["flags"] != "").any():
             odd = d[d["flags"] != ""]
-            ax.scatter(
-                odd[compute],
-                odd["val_loss"],
-                s=70,
-                facecolors="none",
-                edgecolors=FLAG_COLOR,
-                lw=1.2,
-                zorder=6,
-                label=None if flagged_labelled else "flagged run (outlier rule)",
-            )
-            flagged_labelled = True
+            style = {"s": 70, "facecolors": "none", "edgecolors": FLAG_COLOR, "lw": 1.2, "zorder": 6}
+            ax.scatter(odd[compute], odd["val_loss"], **style, label=flag_label)
+            flag_label = None
         means = d.groupby("size")[[compute, "val_loss"]].mean()
         ax.scatter(means[compute], means["val_loss"], s=34, color=col, edgecolor="white", lw=0.7, zorder=4)
-        ax.plot(
-            grid,
-            law.loss(grid),
-            color=col,
-            lw=1.5,
-            zorder=2,
-            label=f"{label_of(v, labels)}: $L = {f.A:.3f}\\,C^{{-{f.alpha:.4f}}}$",
-        )
+        law = f"{label_of(v, labels)}: $L = {f.A:.3f}\\,C^{{-{f.alpha:.4f}}}$"
+        ax.plot(grid, PowerLaw(f.A, f.alpha).loss(grid), color=col, lw=1.5, zorder=2, label=law)
 
 
 def _multiplier_arrows(
-    ax: plt.Axes,
-    fits: dict[str, Any],
-    mults: dict[str, Any],
-    variants: list[str],
-    labels: dict[str, str] | None,
-    y_bottom: float,
-    y_hi: float,
+    ax: plt.Axes, fits: dict[str, Any], mults: dict[str, Any], variants: list[str], labels: Labels, ylim: tuple
 ) -> None:
-    """The scaling panel's arrows (variant curve at C* -> baseline curve at the same loss, i.e. M x further right)
-    and their labels in the right margin."""
+    """The arrows (variant curve at C* -> baseline curve at the same loss, M x further right), each labelled in
+    the right margin at its height (``ylim``: the axis' loss range), pushed apart where arrows end close together."""
+    y_bottom, y_hi = ylim
     arrows = sorted(
         ((v, mm) for v, mm in mults.items() if mm.paper_M and np.isfinite(mm.paper_M)),
         key=lambda t: PowerLaw(fits[t[0]].A, fits[t[0]].alpha).loss(t[1].paper_M_at_C),
@@ -265,47 +239,24 @@ def _multiplier_arrows(
         y = float(PowerLaw(fits[v].A, fits[v].alpha).loss(C_star))
         col = color_of(v, variants)
         M_drawn = min(mm.paper_M, MAX_ARROW)  # a longer arrow would stretch the axis past the data: cut it
-        ax.annotate(
-            "",
-            xy=(C_star * M_drawn, y),
-            xytext=(C_star, y),
-            arrowprops={
-                "arrowstyle": "-|>" if M_drawn == mm.paper_M else "-",
-                "color": col,
-                "lw": 1.6,
-                "shrinkA": 0,
-                "shrinkB": 0,
-                "ls": "-" if M_drawn == mm.paper_M else "--",
-            },
-            zorder=5,
-        )
+        whole = M_drawn == mm.paper_M
+        ls = "-" if whole else "--"
+        arrow = {"arrowstyle": "-|>" if whole else "-", "color": col, "lw": 1.6, "shrinkA": 0, "shrinkB": 0, "ls": ls}
+        ax.annotate("", xy=(C_star * M_drawn, y), xytext=(C_star, y), arrowprops=arrow, zorder=5)
         txt = f"{label_of(v, labels)}: M = {mm.paper_M:.2f}×" + ci_text(mm.paper_M_ci95)
         if M_drawn < mm.paper_M:
             txt += f" (arrow cut at {MAX_ARROW:g}×)"
         ends.append(((y - y_bottom) / (y_hi - y_bottom), txt, col))
-    # The labels sit in the right margin, outside the axes (where no curve is drawn), each at its arrow's height,
-    # pushed apart where arrows end at nearly the same loss (at the largest compute they usually do).
     for frac, (_, txt, col) in zip(_spread(sorted(e[0] for e in ends), gap=0.075), sorted(ends, key=lambda e: e[0])):
-        ax.text(
-            1.015,
-            frac,
-            txt,
-            transform=ax.transAxes,
-            color=col,
-            ha="left",
-            va="center",
-            fontsize=8.5,
-            clip_on=False,
-            zorder=6,
-        )
+        style = {"color": col, "ha": "left", "va": "center", "fontsize": 8.5, "clip_on": False, "zorder": 6}
+        ax.text(1.015, frac, txt, transform=ax.transAxes, **style)
 
 
-def _joint_fit_box(ax: plt.Axes, mults: dict[str, Any], labels: dict[str, str] | None) -> None:
-    """The scaling panel's box of joint-fit multipliers m with their intervals, lower left."""
+def _joint_fit_box(ax: plt.Axes, mults: dict[str, Any], labels: Labels) -> None:
+    """The box of joint-fit multipliers m with their intervals, lower left."""
     lines = []
     for v, mm in mults.items():
-        ci = mm.m_ci95
-        s = f"{label_of(v, labels)}: m = {mm.m:.2f}×" + ci_text(ci, at_bound=mm.m_ci95_at_bound)
+        s = f"{label_of(v, labels)}: m = {mm.m:.2f}×" + ci_text(mm.m_ci95, at_bound=mm.m_ci95_at_bound)
         if mm.p_m_le_1 is not None:
             s += f", P(m≤1) = {mm.p_m_le_1:.3f}"
         if mm.headline == "curve":
@@ -314,17 +265,9 @@ def _joint_fit_box(ax: plt.Axes, mults: dict[str, Any], labels: dict[str, str] |
     if lines:
         form = {m.joint.form if m.joint else None for m in mults.values()}
         head = "joint fit, shared " + ("E, α" if form == {"saturating"} else "α") + " (95% CI):"
-        ax.text(
-            0.02,
-            0.03,
-            "\n".join([head, *lines]),
-            transform=ax.transAxes,
-            fontsize=7.8,
-            va="bottom",
-            ha="left",
-            bbox={"boxstyle": "round,pad=0.35", "fc": "white", "ec": "0.8", "alpha": 0.9},
-            zorder=6,
-        )
+        box = {"boxstyle": "round,pad=0.35", "fc": "white", "ec": "0.8", "alpha": 0.9}
+        text = "\n".join([head, *lines])
+        ax.text(0.02, 0.03, text, transform=ax.transAxes, fontsize=7.8, va="bottom", ha="left", bbox=box, zorder=6)
 
 
 def _spread(fracs: list[float], gap: float, lo: float = 0.02, hi: float = 0.98) -> list[float]:
@@ -342,7 +285,7 @@ def _spread(fracs: list[float], gap: float, lo: float = 0.02, hi: float = 0.98) 
 
 
 def _multiplier_panel(
-    ax: plt.Axes, mults: dict[str, Multiplier], variants: list[str], labels: dict[str, str] | None, base: str
+    ax: plt.Axes, mults: dict[str, Multiplier], variants: list[str], labels: Labels, base: str
 ) -> None:
     """Per-size multipliers m_s (baseline curve inverted at each variant's loss) with intervals, the joint-fit m
     as a band, and the paper-form M(C) curve: a trend in m_s means the gain is not a constant multiplier."""
@@ -358,24 +301,14 @@ def _multiplier_panel(
         ci_clipped = np.clip(ci, y_lo, y_hi)  # an unbounded interval ends at the panel's edge, marked by a caret
         yc = np.clip(y, y_lo, y_hi)
         yerr = np.abs(np.vstack([yc - ci_clipped[:, 0], ci_clipped[:, 1] - yc]))
-        ax.errorbar(
-            C * shift,
-            yc,
-            yerr=None if np.isnan(yerr).all() else yerr,
-            fmt="o",
-            ms=4.5,
-            color=col,
-            capsize=2.5,
-            lw=1.1,
-            label=f"{label_of(v, labels)}: $m_s$ per size",
-            zorder=4,
-        )
+        style = {"fmt": "o", "ms": 4.5, "color": col, "capsize": 2.5, "lw": 1.1, "zorder": 4}
+        label = f"{label_of(v, labels)}: $m_s$ per size"
+        ax.errorbar(C * shift, yc, yerr=None if np.isnan(yerr).all() else yerr, **style, label=label)
         for end, edge, marker in ((ci[:, 1], y_hi, "^"), (ci[:, 0], y_lo, "v")):
             out = np.isfinite(end) & ((end > edge) if marker == "^" else (end < edge))
             if out.any():
-                ax.scatter(
-                    C[out] * shift, np.full(out.sum(), edge), marker=marker, s=30, color=col, zorder=5, clip_on=False
-                )
+                caret = {"marker": marker, "s": 30, "color": col, "zorder": 5, "clip_on": False}
+                ax.scatter(C[out] * shift, np.full(out.sum(), edge), **caret)
         lo_, hi_ = mm.m_ci95
         if lo_ is not None:
             ax.axhspan(max(lo_, y_lo), min(hi_, y_hi), color=col, alpha=0.12, lw=0)
@@ -384,8 +317,7 @@ def _multiplier_panel(
         if cur:
             ax.plot(cur.C, cur.M, color=col, ls="--", lw=1.0, alpha=0.9)
     ax.axhline(1.0, color="0.3", lw=0.9, ls=":")
-    ax.set_yscale("log")
-    ax.set_ylim(y_lo, y_hi)
+    ax.set(yscale="log", ylim=(y_lo, y_hi))
     if y_hi / y_lo > 12:  # no crowded labels, and at least two on a narrow axis
         subs: tuple[float, ...] = (1.0, 2.0, 5.0)
     elif y_hi / y_lo > 3:
@@ -396,9 +328,8 @@ def _multiplier_panel(
     ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda x, _: f"{x:g}×"))
     ax.yaxis.set_minor_formatter(mticker.NullFormatter())
     ax.set_ylabel(f"Compute multiplier vs {label_of(base, labels)}")
-    ax.set_title(
-        "Multiplier: $m_s$ per size (points), joint-fit m (line, 95% band),\npaper-form M(C) (dashed)", fontsize=9
-    )
+    title = "Multiplier: $m_s$ per size (points), joint-fit m (line, 95% band),\npaper-form M(C) (dashed)"
+    ax.set_title(title, fontsize=9)
     ax.legend(loc="best", frameon=True, framealpha=0.9)
 
 
@@ -416,8 +347,8 @@ def _multiplier_limits(mults: dict[str, Multiplier]) -> tuple[float, float]:
 
 def ci_text(ci: Any, bound: float = CI_TEXT_BOUND, at_bound: list[bool] | None = None) -> str:
     """' [lo, hi]' for a multiplier interval; ends beyond [1/bound, bound] print as '<x' / '>x' (a bootstrap
-    interval of a fit with too few points can run to 1e9: a number that size carries no information). An end that
-    ``at_bound`` flags (fit.json's ``*_ci95_at_bound``: set by a search bound, unbounded) prints as '≤x' / '≥x'."""
+    interval of a fit with too few points can run to 1e9). An end that ``at_bound`` flags (fit.json's
+    ``*_ci95_at_bound``: set by a search bound, unbounded) prints as '≤x' / '≥x'."""
     if not ci or ci[0] is None or ci[1] is None or not (np.isfinite(ci[0]) and np.isfinite(ci[1])):
         return ""
     lo_b, hi_b = (bool(at_bound[0]), bool(at_bound[1])) if at_bound else (False, False)
@@ -437,67 +368,49 @@ def _loss_limits(
     return lo - pad, hi + 0.25 * (hi - lo)  # headroom for the legend
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Loss curves from metrics.csv
-# ----------------------------------------------------------------------------------------------------------------
+# ---- per-run files: loss curves (metrics.csv), Fig. 5b/c and Fig. 8 (diagnostics.json) ---------------------------
 
 
-def _names(items: list[str], limit: int = 8) -> str:
-    more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    return ", ".join(items[:limit]) + more
+def _warn_missing(what: str, missing: list[str], stacklevel: int, limit: int = 8) -> None:
+    if missing:
+        more = f" and {len(missing) - limit} more" if len(missing) > limit else ""
+        names = ", ".join(missing[:limit]) + more
+        warnings.warn(f"{what} for {len(missing)} run(s): {names}", AnalysisWarning, stacklevel=stacklevel + 1)
 
 
-def _read_run_file(row: pd.Series, base_dir: str | None, name: str) -> Path | None:
-    d = resolve_run_dir(row, base_dir)
-    if d is None or not (d / name).is_file():
-        return None
-    return d / name
+def _run_files(df: pd.DataFrame, base_dir: str | None, name: str, missing: list[str]) -> Iterator[tuple[Any, Path]]:
+    """Each run's row and its file ``name`` (in its run directory); the runs without one go to ``missing``."""
+    for _, row in df.iterrows():
+        d = resolve_run_dir(row, base_dir)
+        if d is not None and (d / name).is_file():
+            yield row, d / name
+        else:
+            missing.append(str(row["run_id"]))
 
 
-@styled
 def _loss_curves(df: pd.DataFrame, base_dir: str | None) -> pd.DataFrame | None:
     """Every run's val-loss curve from its metrics.csv (step, tokens, flops, val_loss, with its variant, size, seed,
     run_id and outlier flag), one table; runs without a usable file are named in one warning; None without any."""
-    curves, missing = [], []
-    for _, row in df.iterrows():
-        path = _read_run_file(row, base_dir, "metrics.csv")
-        if path is None:
-            missing.append(str(row["run_id"]))
-            continue
+    curves: list[pd.DataFrame] = []
+    missing: list[str] = []
+    for row, path in _run_files(df, base_dir, "metrics.csv", missing):
         m = pd.read_csv(path)
         if not {"tokens", "flops", "val_loss"} <= set(m.columns):
             missing.append(f"{row['run_id']} (metrics.csv lacks tokens/flops/val_loss)")
             continue
+        flagged = bool(str(row.get("flags", "") or ""))  # the outlier rule's flag (analysis.io.report)
         m = m.dropna(subset=["val_loss"])
-        m = m.assign(
-            variant=row["variant"],
-            size=row["size"],
-            seed=row["seed"],
-            run_id=row["run_id"],
-            flagged=bool(str(row.get("flags", "") or "")),
-        )  # the outlier rule's flag (analysis.io.report)
+        m = m.assign(variant=row["variant"], size=row["size"], seed=row["seed"], run_id=row["run_id"], flagged=flagged)
         curves.append(m[["step", "tokens", "flops", "val_loss", "variant", "size", "seed", "run_id", "flagged"]])
-    if missing:
-        warnings.warn(
-            f"loss curves: no usable metrics.csv for {len(missing)} run(s): {_names(missing)}",
-            AnalysisWarning,
-            stacklevel=3,
-        )
-    if not curves:
-        return None
-    return pd.concat(curves, ignore_index=True)
+    _warn_missing("loss curves: no usable metrics.csv", missing, stacklevel=2)
+    return pd.concat(curves, ignore_index=True) if curves else None
 
 
 def loss_curves_figure(
-    df: pd.DataFrame,
-    stem: Path,
-    *,
-    base_dir: str | None = None,
-    compute: str = "pflops_days",
-    labels: dict[str, str] | None = None,
+    df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days", labels: Labels = None
 ) -> list[Path]:
     """Val loss vs tokens (top) and vs FLOPs (bottom), one panel per size, one line per variant (mean over
-    seeds at each evaluation step).  Runs without a metrics.csv are skipped with one warning naming them."""
+    seeds at each evaluation step). Runs without a metrics.csv are skipped with one warning naming them."""
     c = _loss_curves(df, base_dir)
     if c is None:
         return []
@@ -505,7 +418,7 @@ def loss_curves_figure(
     variants = list(pd.unique(df["variant"]))
     ncol = len(sizes)
     fig, axes = plt.subplots(2, ncol, figsize=(max(2.6 * ncol + 0.6, 4.6), 5.2), squeeze=False)
-    flagged_labelled = False
+    flag_label: str | None = "flagged run (outlier rule)"
     for j, size in enumerate(sizes):
         cs = c[c["size"] == size]
         final = df.loc[df["size"] == size, "val_loss"]
@@ -520,21 +433,12 @@ def loss_curves_figure(
                 ax.plot(mean[xcol], mean["val_loss"], color=color_of(v, variants), lw=1.3, label=label_of(v, labels))
                 for _, run in cv[cv["flagged"]].groupby("run_id"):  # a flagged run: its own curve, dashed
                     run = run[run[xcol] > 0]
-                    ax.plot(
-                        run[xcol],
-                        run["val_loss"],
-                        color=FLAG_COLOR,
-                        ls="--",
-                        lw=0.9,
-                        alpha=0.85,
-                        label=None if flagged_labelled else "flagged run (outlier rule)",
-                    )
-                    flagged_labelled = True
+                    style = {"color": FLAG_COLOR, "ls": "--", "lw": 0.9, "alpha": 0.85}
+                    ax.plot(run[xcol], run["val_loss"], **style, label=flag_label)
+                    flag_label = None
             ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))  # one "1e8" offset instead of long labels
-            # Zoom on the part that separates the variants: from just under the final losses to the loss reached
-            # at ~10% of training (the start of training is uninformative and would flatten everything). "10%" is
-            # per variant, so the tokens and FLOPs panels of a size zoom alike (AttnRes spends more FLOPs per
-            # token: 10% of the largest FLOPs cut off the baseline's first point in the FLOPs panel only).
+            # Zoom from just under the final losses to the loss reached at ~10% of training (per variant, so the
+            # tokens and FLOPs panels of a size zoom alike): the start of training would flatten everything.
             progress = cs[xcol] / cs.groupby("variant")[xcol].transform("max")
             early = cs[progress >= 0.1]["val_loss"]
             top = float(np.nanmax(early)) if len(early) else float(cs["val_loss"].max())
@@ -545,69 +449,47 @@ def loss_curves_figure(
             ax.set_xlabel("Tokens" if xcol == "tokens" else "FLOPs")
             if j == 0:
                 ax.set_ylabel("Validation loss")
-    seen: dict[str, Any] = {}
-    for ax in axes.ravel():  # every label once (a flagged run may sit in any panel)
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(lab, h)
-    handles, labs = list(seen.values()), list(seen)
-    fig.legend(
-        handles,
-        labs,
-        loc="upper center",
-        ncol=min(len(labs), 2 * ncol + 1),
-        frameon=False,
-        bbox_to_anchor=(0.5, 1.04 + 0.035 * (len(labs) > 2 * ncol + 1)),
-    )
+    seen = _legend_entries(axes.ravel())  # a flagged run may sit in any panel
+    labs = list(seen)
+    anchor, ncols = (0.5, 1.04 + 0.035 * (len(labs) > 2 * ncol + 1)), min(len(labs), 2 * ncol + 1)
+    fig.legend(list(seen.values()), labs, loc="upper center", ncol=ncols, frameon=False, bbox_to_anchor=anchor)
     fig.tight_layout()
     return save(fig, stem)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Fig. 5b/c and Fig. 8 from diagnostics.json
-# ----------------------------------------------------------------------------------------------------------------
+def _legend_entries(axes: Any) -> dict[str, Any]:
+    """Each legend label of ``axes`` once, with its first handle."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    return seen
 
 
 def _diagnostics(df: pd.DataFrame, base_dir: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    out, missing = [], []
-    for _, row in df.iterrows():
-        path = _read_run_file(row, base_dir, "diagnostics.json")
-        if path is None:
-            missing.append(str(row["run_id"]))
-            continue
+    out: list[dict[str, Any]] = []
+    missing: list[str] = []
+    for row, path in _run_files(df, base_dir, "diagnostics.json", missing):
         d = json.loads(path.read_text())
-        d.update(
-            variant=row["variant"], size=row["size"], seed=row["seed"], residual=row.get("residual", d.get("residual"))
-        )
+        residual = row.get("residual", d.get("residual"))
+        d.update(variant=row["variant"], size=row["size"], seed=row["seed"], residual=residual)
         out.append(d)
     return out, missing
 
 
 def _largest_size_with(diags: list[dict[str, Any]], df: pd.DataFrame, key: str, compute: str) -> str | None:
     have = {d["size"] for d in diags if d.get(key)}
-    for s in reversed(size_order(df, compute)):
-        if s in have:
-            return s
-    return None
+    return next((s for s in reversed(size_order(df, compute)) if s in have), None)
 
 
 @styled
 def dynamics_figure(
-    df: pd.DataFrame,
-    stem: Path,
-    *,
-    base_dir: str | None = None,
-    compute: str = "pflops_days",
-    labels: dict[str, str] | None = None,
+    df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days", labels: Labels = None
 ) -> list[Path]:
     """Fig. 5b/c: output RMS and gradient norm per transformer block at the end of training, baseline vs AttnRes
     (largest size with diagnostics, mean over seeds)."""
     diags, missing = _diagnostics(df, base_dir)
-    if missing:
-        warnings.warn(
-            f"training dynamics: no diagnostics.json for {len(missing)} run(s): {_names(missing)}",
-            AnalysisWarning,
-            stacklevel=2,
-        )
+    _warn_missing("training dynamics: no diagnostics.json", missing, stacklevel=2)
     size = _largest_size_with(diags, df, "block_output_rms", compute)
     if size is None:
         return []
@@ -619,17 +501,9 @@ def dynamics_figure(
             if not rows or len({r.size for r in rows}) != 1:
                 continue
             y = np.mean(rows, axis=0)
-            ax.plot(
-                np.arange(1, y.size + 1),  # transformer blocks 1..L (the embedding is 0: fig8's numbering)
-                y,
-                marker="o",
-                ms=3.5,
-                lw=1.4,
-                color=color_of(v, variants),
-                label=label_of(v, labels),
-            )
-        ax.set_xlabel("Transformer block l (1..L)")
-        ax.set_ylabel(ylabel)
+            style = {"marker": "o", "ms": 3.5, "lw": 1.4, "color": color_of(v, variants), "label": label_of(v, labels)}
+            ax.plot(np.arange(1, y.size + 1), y, **style)  # transformer blocks 1..L (the embedding is 0, as in fig8)
+        ax.set(xlabel="Transformer block l (1..L)", ylabel=ylabel)
         ax.set_ylim(bottom=0)
         ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0].set_title(f"(b) output magnitude per block ({size})")
@@ -644,64 +518,57 @@ _SUBLAYER_LABEL = re.compile(r"^(attn|mlp)(\d+)$")
 
 def source_label(label: str) -> str:
     """A depth-attention source's tick label in the paper's numbering (the embedding is source 0, transformer blocks
-    are 1..L): attnres.residual names Full AttnRes's sublayer sources 0-based (``attn0``, ``mlp0`` = block 1's),
-    so they are shifted by one to match the figure's rows; ``emb`` and Block's ``block1..N`` are kept."""
+    1..L): Full AttnRes's 0-based sublayer sources (``attn0``, ``mlp0`` = block 1's) are shifted by one; ``emb``
+    and Block's ``block1..N`` are kept."""
     m = _SUBLAYER_LABEL.match(label)
     return f"{m.group(1)}{int(m.group(2)) + 1}" if m else label
 
 
 def depth_weight_panel(W: np.ndarray, kinds: list[str], srcs: list[str], kind: str) -> tuple[np.ndarray, list[str]]:
     """One Fig. 8 panel: the rows of ``W`` (reads x sources, NaN = not visible) whose read kind is ``kind``, without
-    the source columns that no such read can see, and those columns' labels (:func:`source_label`).
-
-    The matrix has a column for every source of the final read, which sees all of them; a panel's reads do not:
-    under Full AttnRes the last block's pre-attention read sees emb .. mlp_{L-1} (attn_L and mlp_L are written
-    after it) and its pre-MLP read sees up to attn_L (mlp_L is the last sublayer's output, read only by the final
-    aggregation). Such columns are all-NaN in the panel by construction and are dropped."""
+    the source columns that no such read can see (all-NaN in the panel: e.g. under Full AttnRes the last block's
+    pre-attention read does not see attn_L and mlp_L), and those columns' labels (:func:`source_label`)."""
     rows = [r for r, k in enumerate(kinds) if k == kind]
     M = np.asarray(W, float)[rows]
     keep = ~np.all(np.isnan(M), axis=0) if M.shape[0] else np.ones(M.shape[1], bool)
     return M[:, keep], [source_label(srcs[k]) for k in np.flatnonzero(keep)]
 
 
+def _depth_weight_runs(diags: list[dict[str, Any]], df: pd.DataFrame, residual: str, name: str, compute: str):
+    """The (variant, size, mean weights, read kinds, source labels) of one residual scheme's panel row: the runs of
+    its canonical variant ``name`` (else any variant with that scheme) at the largest size with weights; None
+    without any."""
+    cand = [d for d in diags if d.get("depth_weights") and d.get("residual") == residual]
+    cand = [d for d in cand if d["variant"] == name] or cand
+    if not cand:
+        return None
+    size = _largest_size_with(cand, df, "depth_weights", compute)
+    runs = [d for d in cand if d["size"] == size]
+    runs = [d for d in runs if d["variant"] == runs[0]["variant"]]
+    mats = [np.array([[np.nan if x is None else x for x in r] for r in d["depth_weights"]], float) for d in runs]
+    if len({m.shape for m in mats}) != 1:
+        mats = mats[:1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells stay NaN (not visible)
+        W = np.nanmean(mats, axis=0)
+    return runs[0]["variant"], size, W, list(runs[0]["read_kinds"]), list(runs[0]["source_labels"])
+
+
 @styled
 def depth_weights_figure(
-    df: pd.DataFrame,
-    stem: Path,
-    *,
-    base_dir: str | None = None,
-    compute: str = "pflops_days",
-    labels: dict[str, str] | None = None,
+    df: pd.DataFrame, stem: Path, *, base_dir: str | None = None, compute: str = "pflops_days", labels: Labels = None
 ) -> list[Path]:
     """Fig. 8: depth-attention weights (rows: reads, columns: sources) for Full and Block AttnRes, pre-attention
     and pre-MLP reads in separate panels (largest size with weights, mean over seeds; blank = not visible)."""
     diags, _ = _diagnostics(df, base_dir)
     panels = []
-    for residual, default_name in (("full", "full_attnres"), ("block", "block_attnres")):
-        cand = [d for d in diags if d.get("depth_weights") and d.get("residual") == residual]
-        # Prefer the canonical variant (not an ablation that happens to share the residual scheme).
-        named = [d for d in cand if d["variant"] == default_name]
-        cand = named or cand
-        if not cand:
-            continue
-        size = _largest_size_with(cand, df, "depth_weights", compute)
-        runs = [d for d in cand if d["size"] == size]
-        runs = [d for d in runs if d["variant"] == runs[0]["variant"]]
-        mats = [np.array([[np.nan if x is None else x for x in r] for r in d["depth_weights"]], float) for d in runs]
-        if len({m.shape for m in mats}) != 1:
-            mats = mats[:1]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells stay NaN (not visible)
-            W = np.nanmean(mats, axis=0)
-        kinds = list(runs[0]["read_kinds"])
-        srcs = list(runs[0]["source_labels"])
-        panels.append((runs[0]["variant"], size, W, kinds, srcs, residual))
+    for residual, name in (("full", "full_attnres"), ("block", "block_attnres")):
+        found = _depth_weight_runs(diags, df, residual, name, compute)
+        if found is not None:
+            panels.append((*found, residual))
     if not panels:
-        warnings.warn(
-            "depth-weight heatmaps skipped: no diagnostics.json with depth_weights (Full/Block AttnRes)",
-            AnalysisWarning,
-            stacklevel=2,
-        )
+        msg = "depth-weight heatmaps skipped: no diagnostics.json with depth_weights (Full/Block AttnRes)"
+        warnings.warn(msg, AnalysisWarning, stacklevel=2)
         return []
     vmax = max(float(np.nanmax(p[2])) for p in panels)
     fig, axes = plt.subplots(len(panels), 2, figsize=(9.0, 3.4 * len(panels) + 0.3), squeeze=False)
@@ -719,26 +586,20 @@ def depth_weights_figure(
             ax.grid(False)
             step = max(1, math.ceil(len(names) / 17))
             ax.set_xticks(range(0, len(names), step))
-            ax.set_xticklabels(
-                [names[k] for k in range(0, len(names), step)], rotation=90 if len(names) > 8 else 0, fontsize=7.5
-            )
+            ticks = [names[k] for k in range(0, len(names), step)]
+            ax.set_xticklabels(ticks, rotation=90 if len(names) > 8 else 0, fontsize=7.5)
             rstep = max(1, math.ceil(rows / 16))
             ax.set_yticks(range(0, rows, rstep))
             ax.set_yticklabels([str(k + 1) for k in range(0, rows, rstep)], fontsize=7.5)
-            ax.set_xlabel(
-                "Source (emb = 0; "
-                + ("block n: the n-th block's sum)" if residual == "block" else "attn l, mlp l: block l's sublayers)")
-            )
-            ax.set_ylabel("Layer (transformer block)")
-            ax.set_title(f"{label_of(variant, labels)}: pre-{'attention' if kind == 'attn' else 'MLP'} reads ({size})")
+            sources = "block n: the n-th block's sum)" if residual == "block" else "attn l, mlp l: block l's sublayers)"
+            title = f"{label_of(variant, labels)}: pre-{'attention' if kind == 'attn' else 'MLP'} reads ({size})"
+            ax.set(xlabel="Source (emb = 0; " + sources, ylabel="Layer (transformer block)", title=title)
     fig.tight_layout()
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.85, pad=0.02, label="Depth-attention weight α")
     return save(fig, stem)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Fig. 7 (architecture grid: analysis.laws.arch_grid); Fig. 6 (block size) is block_size_figure, below
-# ----------------------------------------------------------------------------------------------------------------
+# ---- Fig. 7 (architecture grid: analysis.laws.arch_grid); Fig. 6 (block size) is block_size_figure, below --------
 
 
 @styled
@@ -757,35 +618,20 @@ def _grid_heatmaps(
         im = ax.imshow(np.ma.masked_invalid(g), cmap="viridis_r", vmin=vmin, vmax=vmax, aspect="auto")
         ax.grid(False)
         title = name
+        i = j = -1
         if np.isfinite(g).any():
             i, j = np.unravel_index(np.nanargmin(g), g.shape)
             ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
             title = f"{name} (best {g[i, j]:.3f} at $d/L_b$={xs[j]:g}, $H/L_b$={ys[i]:g})"
-        else:
-            i = j = -1
-        for r in range(g.shape[0]):
-            for c in range(g.shape[1]):
-                if not np.isfinite(g[r, c]):
-                    ax.text(c, r, "–", ha="center", va="center", fontsize=8, color="0.5")
-                    continue
-                shade = (g[r, c] - vmin) / span
-                ax.text(
-                    c,
-                    r,
-                    f"{g[r, c]:.3f}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="black" if shade < 0.55 else "white",
-                    fontweight="bold" if (r, c) == (i, j) else None,
-                )
-        ax.set_xticks(range(len(xs)))
-        ax.set_xticklabels([f"{x:g}" for x in xs])
-        ax.set_yticks(range(len(ys)))
-        ax.set_yticklabels([f"{y:g}" for y in ys])
-        ax.set_xlabel("$d_{model}/L_b$")
-        ax.set_ylabel("$H/L_b$")
-        ax.set_title(title)
+        for (r, c), v in np.ndenumerate(g):
+            if not np.isfinite(v):
+                ax.text(c, r, "–", ha="center", va="center", fontsize=8, color="0.5")
+                continue
+            ink = "black" if (v - vmin) / span < 0.55 else "white"
+            weight = "bold" if (r, c) == (i, j) else None
+            ax.text(c, r, f"{v:.3f}", ha="center", va="center", fontsize=8, color=ink, fontweight=weight)
+        ax.set(xticks=range(len(xs)), xticklabels=[f"{x:g}" for x in xs], xlabel="$d_{model}/L_b$")
+        ax.set(yticks=range(len(ys)), yticklabels=[f"{y:g}" for y in ys], ylabel="$H/L_b$", title=title)
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
@@ -799,9 +645,8 @@ def architecture_grid_figure(fig7: dict[str, Any], stem: Path) -> list[Path]:
     return _grid_heatmaps(list(fig7["d_over_Lb"]), list(fig7["H_over_Lb"]), panels, stem)
 
 
-def arch_grid_figure(table: ArchGrid, stem: Path, labels: dict[str, str] | None = None) -> list[Path]:
-    """Fig. 7 from our runs (analysis.laws.arch_grid.arch_grid_table): one heat map per variant on a shared colour
-    scale."""
+def arch_grid_figure(table: ArchGrid, stem: Path, labels: Labels = None) -> list[Path]:
+    """Fig. 7 from our runs (analysis.laws.arch_grid.arch_grid_table): one heat map per variant, one colour scale."""
     panels = [
         (label_of(v, labels), np.array([[np.nan if c is None else c for c in r] for r in table.val_loss[v]], float))
         for v in table.variants
@@ -811,9 +656,7 @@ def arch_grid_figure(table: ArchGrid, stem: Path, labels: dict[str, str] | None 
     return _grid_heatmaps(list(table.d_over_lb), list(table.heads_over_lb), panels, stem, suptitle=title)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Learning-rate tuning (analysis.studies.lr)
-# ----------------------------------------------------------------------------------------------------------------
+# ---- learning-rate tuning (analysis.studies.lr) ------------------------------------------------------------------
 
 
 @styled
@@ -821,15 +664,12 @@ def lr_figure(
     runs: pd.DataFrame,
     table: pd.DataFrame,
     stem: Path,
-    labels: dict[str, str] | None = None,
+    labels: Labels = None,
     tuned: dict[str, dict[str, float]] | None = None,
     rule: str = "per_size",
 ) -> list[Path]:
-    """Validation loss vs learning rate (log x), one panel per arm, one curve per size (mean over seeds; single
-    runs as faint dots), the fitted optimum as a star with its 95% interval as a bar; diverged runs as crosses on
-    the panel's top edge; an optimum on a grid edge is labelled "edge". ``tuned`` (``lr[variant][size]``, the lrs
-    written under ``rule``), where it differs from the optimum, as an open diamond on the size's curve.
-    ``runs``: analysis.studies.lr.lr_runs output."""
+    """Validation loss vs learning rate (log x), one panel per arm, one curve per size (:func:`_lr_curve`); ``runs``:
+    analysis.studies.lr.lr_runs output; ``tuned`` (``lr[variant][size]``): the lrs written under ``rule``."""
     if table.empty:
         warnings.warn("LR figure skipped: no tuned curves", AnalysisWarning, stacklevel=2)
         return []
@@ -850,25 +690,17 @@ def lr_figure(
             _lr_curve(ax, row.iloc[0], d, size_col[s], y_hi + pad, lr_out, label=s, ls=size_ls[s])
         grid_all = np.unique(np.concatenate([np.asarray(g, float) for g in table.loc[table["variant"] == v, "grid"]]))
         _lr_axis(ax, grid_all)
-        ax.set_title(label_of(v, labels))
-        ax.set_ylim(y_lo - pad, y_hi + 2 * pad)
+        ax.set(title=label_of(v, labels), ylim=(y_lo - pad, y_hi + 2 * pad))
     axes[0][0].set_ylabel("Validation loss")
-    shown: dict[str, Any] = {}  # every size's curve once, whichever panel has it (an arm may lack a size)
-    for ax in axes[0]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            shown.setdefault(label, handle)
+    shown = _legend_entries(axes[0])  # whichever panel has a size's curve (an arm may lack a size)
     order = [s for s in sizes if s in shown]
     title = "size @ tokens / param" if any("@" in str(s) for s in sizes) else "size"
     axes[0][-1].legend(
         [shown[s] for s in order], order, title=title, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False
     )
     written = "; ◇ lr written (power-law trend over sizes)" if rule == "trend" and tuned else ""
-    fig.suptitle(
-        "Learning-rate tuning: mean loss per grid point (dots: runs),\nfitted optimum (★) with 95% interval"
-        + written
-        + "; × diverged",
-        fontsize=9,
-    )
+    head = "Learning-rate tuning: mean loss per grid point (dots: runs),\nfitted optimum (★) with 95% interval"
+    fig.suptitle(head + written + "; × diverged", fontsize=9)
     fig.tight_layout()
     return save(fig, stem)
 
@@ -890,18 +722,11 @@ def _lr_styles(sizes: list[Any]) -> tuple[dict[Any, Any], dict[Any, str]]:
 
 
 def _lr_curve(
-    ax: plt.Axes,
-    r: pd.Series,
-    d: pd.DataFrame,
-    col: Any,
-    y_top: float,
-    lr_out: float | None,
-    label: str,
-    ls: str = "-",
+    ax: plt.Axes, r: pd.Series, d: pd.DataFrame, col: Any, y_top: float, lr_out: float | None, label: str, ls: str = "-"
 ):
-    """One size's lr curve on ``ax``: the grid's mean loss, its runs (faint dots; diverged ones as crosses at
-    ``y_top``), the fitted optimum ``r`` as a star with its interval, ``lr_out`` (the lr written, where it differs)
-    as an open diamond, and "edge" under an optimum on the grid's edge."""
+    """One size's lr curve: the grid's mean loss, its runs (faint dots; diverged ones as crosses at ``y_top``), the
+    fitted optimum ``r`` as a star with its 95% interval, ``lr_out`` (the lr written, where it differs from the
+    optimum) as an open diamond, and "edge" under an optimum on the grid's edge."""
     grid = np.asarray(r["grid"], float)
     mean = np.array([np.nan if m is None else m for m in r["mean_loss"]], float)
     ax.plot(grid, mean, marker="o", ls=ls, color=col, ms=3.5, lw=1.3, label=label)
@@ -926,27 +751,20 @@ def _lr_curve(
 
 
 def _lr_axis(ax: plt.Axes, grid_all: np.ndarray) -> None:
-    """A log lr axis labelled at no more than ~6 of the grid's lrs (near-equal ones once), every grid lr a minor
-    tick."""
+    """A log lr axis labelled at no more than ~6 of the grid's lrs, evenly spread in log lr (near-equal lrs of two
+    grids, e.g. 2.28e-3 and 2.36e-3, once), every grid lr a minor tick."""
     ax.set_xscale("log")
-    # at most ~6 labels, evenly spread in log lr (no overlap at this width; several rungs' grids interleave), and
-    # near-equal lrs of two grids (e.g. 2.28e-3, 2.36e-3) one label
     span = float(grid_all[-1] / grid_all[0]) if len(grid_all) > 1 and grid_all[0] > 0 else 1.0
-    ticks = _thin_ratio(grid_all, max(1.25, 0.99 * span ** (1 / 5)))
+    ratio = max(1.25, 0.99 * span ** (1 / 5))
+    ticks: list[float] = []
+    for x in grid_all:  # each kept lr at least ``ratio`` times the one kept before
+        if not ticks or x >= ratio * ticks[-1]:
+            ticks.append(float(x))
     ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
     ax.xaxis.set_major_formatter(mticker.FixedFormatter([f"{x:.2g}" for x in ticks]))
     ax.xaxis.set_minor_locator(mticker.FixedLocator(grid_all))
     ax.xaxis.set_minor_formatter(mticker.NullFormatter())
     ax.set_xlabel("Peak learning rate")
-
-
-def _thin_ratio(values: np.ndarray, ratio: float) -> list[float]:
-    """The ascending ``values`` thinned so that each kept one is at least ``ratio`` times the one kept before."""
-    kept: list[float] = []
-    for x in values:
-        if not kept or x >= ratio * kept[-1]:
-            kept.append(float(x))
-    return kept
 
 
 @styled
@@ -967,31 +785,27 @@ def rollout_figure(ro: dict[str, Any], runs: pd.DataFrame, stem: Path, base: str
             rows = runs[runs["variant"] == arm]
             fitted, later = rows[~rows["size"].isin(held)], rows[rows["size"].isin(held)]
             ax.scatter(fitted[compute], fitted["val_loss"], s=12, color=color, alpha=0.6, label=f"{arm} (fitted)")
-            ax.scatter(
-                later[compute], later["val_loss"], s=18, facecolors="none", edgecolors=color, label=f"{arm} (held out)"
-            )
+            hollow = {"s": 18, "facecolors": "none", "edgecolors": color, "label": f"{arm} (held out)"}
+            ax.scatter(later[compute], later["val_loss"], **hollow)
             ax.plot(grid, j["E"] + A * grid ** (-j["alpha"]), color=color, lw=1)
             for p in e["points"]:
                 if p["arm"] != arm or not p["prediction_interval95"]:
                     continue
                 lo, hi = p["prediction_interval95"]
-                ax.errorbar(
-                    [p["C"]],
-                    [p["predicted"]],
-                    yerr=[[p["predicted"] - lo], [hi - p["predicted"]]],
-                    fmt="D",
-                    color=color,
-                    ms=5,
-                    capsize=4,
-                )
+                yerr = [[p["predicted"] - lo], [hi - p["predicted"]]]
+                ax.errorbar([p["C"]], [p["predicted"]], yerr=yerr, fmt="D", color=color, ms=5, capsize=4)
                 ax.plot([p["C"]], [p["measured"]], marker="*", ms=11, color=color, mec="black", mew=0.5, ls="none")
-        ax.set_xscale("log")
-        ax.set_xlabel(f"compute C ({compute})")
-        ax.set_ylabel("final val loss (nats/token)")
+        ax.set(xscale="log", xlabel=f"compute C ({compute})", ylabel="final val loss (nats/token)")
         ax.set_title(f"{v} vs {base}: fit on {len(ro['fitted_sizes'])} rungs, m = {e['m']:.3f}", fontsize=9)
         ax.legend(fontsize=7, title="◆ predicted (95% PI)   ★ measured mean", title_fontsize=7)
     fig.tight_layout()
     return save(fig, stem)
+
+
+# ---- Table 4 and Fig. 6 ------------------------------------------------------------------------------------------
+
+
+OFF_SCALE = 0.25  # |Δ| above this (an arm that failed to train) is drawn at the axis edge with its value
 
 
 @styled
@@ -1007,32 +821,21 @@ def ablation_figure(table: list[dict[str, Any]], stem: Path, title: str | None =
     delta_errorbar(ax, y, d, ci95, horizontal=True, **style)
     paper = [(yy, r["paper_delta"]) for yy, r in zip(y, arms) if r.get("paper_delta") is not None]
     if paper:
-        ax.scatter(
-            [p for _, p in paper],
-            [yy for yy, _ in paper],
-            marker="D",
-            facecolors="none",
-            edgecolors=COLORS["full_attnres"],
-            s=28,
-            label="paper (436M)",
-            zorder=3,
-        )
+        hollow = {"marker": "D", "facecolors": "none", "edgecolors": COLORS["full_attnres"], "s": 28}
+        ax.scatter([p for _, p in paper], [yy for yy, _ in paper], **hollow, label="paper (436M)", zorder=3)
     ax.axvline(0.0, color=COLORS[BASELINE], ls="--", lw=1.1)
     _clip_outliers(ax, d, y, [p for _, p in paper])
     ax.set_yticks(y)
     ax.set_yticklabels([r.get("label", r["variant"]) for r in arms], fontsize=8)
-    ax.set_xlabel("Δ val loss vs baseline (negative: better); ours: same-seed pairs, 95% t interval")
-    ax.set_title(title or "Ablations and peers (Table 4)")
+    xlabel = "Δ val loss vs baseline (negative: better); ours: same-seed pairs, 95% t interval"
+    ax.set(xlabel=xlabel, title=title or "Ablations and peers (Table 4)")
     ax.legend(frameon=True, framealpha=0.9, fontsize=7.5, loc="best")
     fig.tight_layout()
     return save(fig, stem)
 
 
-OFF_SCALE = 0.25  # |Δ| above this (an arm that failed to train) is drawn at the axis edge with its value
-
-
 def _clip_outliers(ax: plt.Axes, d: np.ndarray, y: np.ndarray, paper: list[float]) -> None:
-    """Keep the axis on the arms that trained: a difference beyond OFF_SCALE is marked at the edge, with its value
+    """Keep the axis on the arms that trained: a difference beyond OFF_SCALE is marked at the edge, its value
     written beside it, instead of stretching the axis until the others' intervals cannot be read."""
     core = [abs(v) for v in [*d, *paper] if abs(v) <= OFF_SCALE]
     if len(core) == len(d) + len(paper):
@@ -1043,14 +846,8 @@ def _clip_outliers(ax: plt.Axes, d: np.ndarray, y: np.ndarray, paper: list[float
         if abs(v) > lim:
             edge = math.copysign(lim, v)
             ax.plot([edge], [yy], marker=">" if v > 0 else "<", color=COLORS["block_attnres"], ms=7, clip_on=False)
-            ax.annotate(
-                f"{v:+.2f}",
-                (edge, yy),
-                textcoords="offset points",
-                xytext=(-8 if v > 0 else 8, 6),
-                ha="right" if v > 0 else "left",
-                fontsize=7.5,
-            )
+            side = {"xytext": (-8 if v > 0 else 8, 6), "ha": "right" if v > 0 else "left", "fontsize": 7.5}
+            ax.annotate(f"{v:+.2f}", (edge, yy), textcoords="offset points", **side)
 
 
 @styled
@@ -1067,12 +864,16 @@ def block_size_figure(
         panels.append((paper, "Paper, Fig. 6 (436M, 32 sublayers)", False))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 3.8), squeeze=False)
     for ax, (sw, name, delta) in zip(axes[0], panels):
-        if delta:
-            _delta_panel(ax, sw, name)
-        else:
-            _block_size_panel(ax, sw, name)
+        (_delta_panel if delta else _block_size_panel)(ax, sw, name)
     fig.tight_layout()
     return save(fig, stem)
+
+
+def _reference_line(ax: plt.Axes, name: str, y: float, ci: Any, ls: str, text: str) -> None:
+    """A reference arm (BASELINE or FULL) as a horizontal line, its interval ``ci`` (if any) as a band."""
+    ax.axhline(y, color=COLORS[name], ls=ls, lw=1.3, label=f"{LABELS[name]} ({text})")
+    if ci:
+        ax.axhspan(*ci, color=COLORS[name], alpha=0.12, lw=0)
 
 
 def _delta_panel(ax: plt.Axes, sw: BlockSizeSweep, title: str) -> None:
@@ -1085,9 +886,7 @@ def _delta_panel(ax: plt.Axes, sw: BlockSizeSweep, title: str) -> None:
     ax.axhline(0.0, color=COLORS[BASELINE], ls="--", lw=1.3, label=f"{LABELS[BASELINE]} (0)")
     full = (sw.full.vs_baseline or {}) if sw.full is not None else {}
     if full.get("delta") is not None:
-        ax.axhline(full["delta"], color=COLORS[FULL], ls=":", lw=1.3, label=f"{LABELS[FULL]} ({full['delta']:+.3f})")
-        if full.get("delta_ci95"):
-            ax.axhspan(*full["delta_ci95"], color=COLORS[FULL], alpha=0.12, lw=0)
+        _reference_line(ax, FULL, full["delta"], full.get("delta_ci95"), ":", f"{full['delta']:+.3f}")
     _block_size_axes(ax, S, title, "Δ val loss vs baseline (same seeds)")
 
 
@@ -1096,18 +895,14 @@ def _block_size_panel(ax: plt.Axes, sw: BlockSizeSweep, title: str) -> None:
     y = np.array([p.val_loss for p in sw.points], float)
     ci95 = [p.val_loss_ci95 for p in sw.points]
     err = interval_errors(y, ci95) if any(c is not None for c in ci95) else None
-    ax.errorbar(
-        S, y, yerr=err, color=COLORS["block_attnres"], marker="o", ms=5, lw=1.5, capsize=3, label="Block AttnRes"
-    )
+    style = {"color": COLORS["block_attnres"], "marker": "o", "ms": 5, "lw": 1.5, "capsize": 3}
+    ax.errorbar(S, y, yerr=err, **style, label="Block AttnRes")
     span = [y.min(), y.max()]
-    for ref, name, style in ((sw.baseline, BASELINE, "--"), (sw.full, FULL, ":")):
+    for ref, name, ls in ((sw.baseline, BASELINE, "--"), (sw.full, FULL, ":")):
         if ref is None or ref.val_loss is None:
             continue
-        ax.axhline(ref.val_loss, color=COLORS[name], ls=style, lw=1.3, label=f"{LABELS[name]} ({ref.val_loss:.3f})")
-        if ref.val_loss_ci95:
-            ax.axhspan(*ref.val_loss_ci95, color=COLORS[name], alpha=0.12, lw=0)
-            span += list(ref.val_loss_ci95)
-        span.append(ref.val_loss)
+        _reference_line(ax, name, ref.val_loss, ref.val_loss_ci95, ls, f"{ref.val_loss:.3f}")
+        span += [*(ref.val_loss_ci95 or []), ref.val_loss]
     if err is not None:
         span += list(y - err[0]) + list(y + err[1])
     lo, hi = min(span), max(span)
@@ -1118,14 +913,13 @@ def _block_size_panel(ax: plt.Axes, sw: BlockSizeSweep, title: str) -> None:
 
 def _block_size_axes(ax: plt.Axes, S: np.ndarray, title: str, ylabel: str) -> None:
     ax.set_xscale("log", base=2)
-    ax.set_xticks(S)
-    ax.set_xticklabels([f"{int(s)}" + ("\n(Full)" if s == 1 else "") for s in S])
+    ax.set(xticks=S, xticklabels=[f"{int(s)}" + ("\n(Full)" if s == 1 else "") for s in S])
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlim(S.min() / 1.4, S.max() * 1.4)
-    ax.set_xlabel("Block size S (sublayers per block)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(xlim=(S.min() / 1.4, S.max() * 1.4), xlabel="Block size S (sublayers per block)", ylabel=ylabel, title=title)
     ax.legend(frameon=True, framealpha=0.9, fontsize=7.5, loc="best")
+
+
+# ---- training length and the compute-optimal frontier (analysis.studies.training_length) -------------------------
 
 
 @styled
@@ -1139,9 +933,8 @@ def frontier_figure(
 ) -> list[Path]:
     """Left: the same-seed Δ per (rung, budget) as a heat map (``table``: studies.training_length.gain_by_length),
     each cell with its multiplier m (``cells``: analysis.laws.cell_multiplier) under it; right: M(C) with its 95%
-    band over the measured span of C (where the frontier was fitted), with N kept inside the measured rungs and with
-    N free (the law extrapolated in N), each labelled with how far it reads the reference's law in D, and approach
-    2's M(C) where it is defined."""
+    band over the measured span of C, with N kept inside the measured rungs and with N free, each labelled with how
+    far it reads the reference's law in D, and approach 2's M(C) where it is defined."""
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.6))
     _delta_heatmap(fig, ax, table, cells, arm, reference)
     if fr and "error" not in fr:
@@ -1205,27 +998,21 @@ def _frontier_panel(bx: plt.Axes, fr: dict[str, Any], reference: str, arm: str) 
     within = fr.get("within_rungs") or {}
     curves = [("N inside the rungs", within.get("M"), within.get("reads")), ("N free", fr["M"], fr.get("reads"))]
     for (label, curve, reads), ls in zip([c for c in curves if c[1]], ("-", "--")):
-        M = np.array([np.nan if m is None else m for m in curve["M"]])
-        lo = np.array([np.nan if m is None else m for m in curve["ci95_lo"]])
-        hi = np.array([np.nan if m is None else m for m in curve["ci95_hi"]])
-        label += _reach_label(reads)
-        line = bx.plot(C, M, marker=".", ls=ls, label=f"M(C), {label}")[0]
+        M, lo, hi = (np.array([np.nan if m is None else m for m in curve[k]]) for k in ("M", "ci95_lo", "ci95_hi"))
+        line = bx.plot(C, M, marker=".", ls=ls, label=f"M(C), {label}{_reach_label(reads)}")[0]
         bx.fill_between(C, lo, hi, alpha=0.2, color=line.get_color())
     a2 = [r for r in (fr.get("approach2") or {}).get("levels", []) if r.get("M") is not None]
     if a2:
-        x = np.array([r["C"] for r in a2])
         y = np.array([r["M"] for r in a2])
-        ci = [r.get("M_ci95") for r in a2]
-        err = interval_errors(y, ci)
-        bx.errorbar(x, y, yerr=err, fmt="s", color="black", capsize=3, label="M(C), approach 2 (isoFLOP)")
+        err = interval_errors(y, [r.get("M_ci95") for r in a2])
+        label = "M(C), approach 2 (isoFLOP)"
+        bx.errorbar(np.array([r["C"] for r in a2]), y, yerr=err, fmt="s", color="black", capsize=3, label=label)
     bx.axhline(1.0, color="black", lw=0.8)
-    bx.set_xscale("log")
-    bx.set_xlabel("compute C (PFLOP/s-days), the measured span")
+    bx.set(xscale="log", xlabel="compute C (PFLOP/s-days), the measured span")
     bx.set_ylabel(f"M(C) = C_{reference} / C_{arm} at equal frontier loss", fontsize=8)
     bx.legend(fontsize=7.5)
     title = "compute-optimal frontier multiplier (approach 3 per arm; 95% bands)"
-    ex = fr.get("exponents") or {}
-    if ex.get("differ"):
+    if (fr.get("exponents") or {}).get("differ"):
         title += "\nexponents differ between the arms: M changes with C"
     bx.set_title(title, fontsize=9)
 
@@ -1239,12 +1026,9 @@ def length_figure(table: pd.DataFrame, stem: Path, arm: str, reference: str) -> 
     for i, size in enumerate(sizes):
         g = table[table["size"] == size]
         x = g["tokens_per_param"].to_numpy(float) * (1 + 0.03 * (i - (len(sizes) - 1) / 2))  # dodge the bars
-        y = g["delta"].to_numpy(float)
-        delta_errorbar(ax, x, y, list(g["delta_ci95"]), marker="o", capsize=3, label=str(size))
+        delta_errorbar(ax, x, g["delta"].to_numpy(float), list(g["delta_ci95"]), marker="o", capsize=3, label=str(size))
     ax.axhline(0.0, color="black", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("training tokens per parameter")
-    ax.set_ylabel(f"{arm} - {reference} val loss (nats/token)")
+    ax.set(xscale="log", xlabel="training tokens per parameter", ylabel=f"{arm} - {reference} val loss (nats/token)")
     ax.set_title("same-seed difference per rung (95% t intervals); below 0: the arm wins", fontsize=9)
     ax.legend(title="rung", fontsize=8)
     fig.tight_layout()

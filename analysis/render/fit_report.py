@@ -1,9 +1,7 @@
 """The fit pipeline: one results table -> fit.json, summary.md, the stand-alone tables and the figures, in one
-directory (:func:`run_fit`, with the optional sections of :class:`Sections`). What is fitted follows each record's
-study kind: the scaling ladder (analysis.laws.scaling_ladder), the block-size sweep and the ablation table
-(analysis.laws.fixed_shape), the architecture grid (analysis.laws.arch_grid). ``python -m analysis fit``
-(analysis.studies.pipeline) and the training-length study's compute fit over its points
-(analysis.studies.training_length) write their reports with it.
+directory (:func:`run_fit`). What is fitted follows each record's study kind: the scaling ladder
+(analysis.laws.scaling_ladder), the block-size sweep and the ablation table (analysis.laws.fixed_shape), the
+architecture grid (analysis.laws.arch_grid).
 """
 
 from __future__ import annotations
@@ -23,17 +21,16 @@ from ..laws.fit_options import FitOptions
 from ..laws.fixed_shape import ablation_table, block_size_sweep
 from ..laws.scaling_ladder import analyse_scaling
 from . import figures
-from .figures import block_size_figure
 from .markdown import summary_markdown
 from .tables import ablation_markdown, arch_grid_markdown
 
 
 @dataclass(frozen=True)
 class Sections:
-    """The optional sections of ``python -m analysis fit`` (each off by default, so that a report without them is
-    unchanged): ``wallclock`` (the wall-clock multiplier beside each compute one, where the records hold CPU times),
-    ``rollout`` (the number of largest rungs held out and predicted; 0: none), ``e_sensitivity`` (the fractions of
-    the lowest loss at which E is pinned; None: no table), ``nd`` (the fit over parameters and tokens)."""
+    """The optional sections of ``python -m analysis fit``, each off by default: ``wallclock`` (the wall-clock
+    multiplier beside each compute one), ``rollout`` (how many largest rungs to hold out and predict; 0: none),
+    ``e_sensitivity`` (the fractions of the lowest loss at which E is pinned; None: none), ``nd`` (the fit over
+    parameters and tokens)."""
 
     wallclock: bool = False
     rollout: int = 0
@@ -50,51 +47,37 @@ def run_fit(
     sections: Sections | None = None,
 ) -> FitDocument:
     """Fit one results table and write everything under ``out`` (fit.json, summary.md, tables, figures); returns
-    the fit document. What is fitted follows each record's study kind: the ``scaling`` study (or
-    ``options.study``) as a compute ladder, the ``block_size``, ``ablations`` and ``arch_grid`` studies as their
-    sweep and tables; ``sections`` adds the optional ones (:class:`Sections`)."""
+    the fit document. The ``scaling`` study (or ``options.study``) is fitted as a compute ladder, the
+    ``block_size``, ``ablations`` and ``arch_grid`` studies as their sweep and tables."""
     extra = sections if sections is not None else Sections()
     opt = options if options is not None else FitOptions()
-    baseline, compute = opt.baseline, opt.compute
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base_dir = df.attrs.get("base_dir")
     df, plain = as_plain_scaling(df)
     if plain is not None:
         warnings.warn(plain, AnalysisWarning, stacklevel=2)
-    completed, excluded = select_completed(df, compute)
+    completed, excluded = select_completed(df, opt.compute)
     ladder = scaling_runs(completed, opt.study)
     if ladder.empty:
-        warnings.warn(
-            "no scaling-ladder runs: only block-size / ablation / arch-grid outputs are written",
-            AnalysisWarning,
-            stacklevel=2,
-        )
-        parts: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "source": df.attrs.get("source"),
-            "baseline": baseline,
-            "compute": compute,
-            "excluded_runs": excluded,
-        }
+        msg = "no scaling-ladder runs: only block-size / ablation / arch-grid outputs are written"
+        warnings.warn(msg, AnalysisWarning, stacklevel=2)
+        parts: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "source": df.attrs.get("source")}
+        parts |= {"baseline": opt.baseline, "compute": opt.compute, "excluded_runs": excluded}
     else:
         fit = analyse_scaling(ladder, opt, excluded=excluded, source=df.attrs.get("source"), base_dir=base_dir)
         parts, ladder = fit.parts, fit.runs
     parts |= {
-        "block_size_sweep": block_size_sweep(completed, baseline),
-        "ablations": ablation_table(completed, baseline),
-        "arch_grid": arch_grid_table(completed, baseline),
+        "block_size_sweep": block_size_sweep(completed, opt.baseline),
+        "ablations": ablation_table(completed, opt.baseline),
+        "arch_grid": arch_grid_table(completed, opt.baseline),
     }
     if not ladder.empty:
         parts |= _optional_sections(ladder, parts, opt, extra)
     doc = FitDocument.from_dict(parts)
     written = _write_tables(doc, out)
     if make_figures:
-        written += _draw_figures(doc, ladder, out, compute, base_dir)
-        if doc.rollout and not ladder.empty:
-            from .figures import rollout_figure
-
-            written += rollout_figure(doc.rollout, ladder, out / "fig_rollout", baseline, compute)
+        written += _draw_figures(doc, ladder, out, opt.compute, base_dir)
     doc.files = [*sorted(str(p.relative_to(out)) for p in written), "fit.json", "summary.md"]
     plain = doc.to_dict()
     write_json(plain, out / "fit.json")
@@ -126,16 +109,15 @@ def _optional_sections(ladder: pd.DataFrame, parts: dict[str, Any], opt: FitOpti
 
 def _write_tables(doc: FitDocument, out: Path) -> list[Path]:
     """The non-ladder kinds' stand-alone tables: table4_ablations.md, fig7_arch_grid.md (where they apply)."""
-    written: list[Path] = []
+    tables = []
     if doc.ablations:
-        md = ["# Ablations (Table 4 style)", "", *ablation_markdown(doc.ablations)]
-        (out / "table4_ablations.md").write_text("\n".join(md) + "\n")
-        written.append(out / "table4_ablations.md")
+        tables.append(("table4_ablations.md", "# Ablations (Table 4 style)", ablation_markdown(doc.ablations)))
     if doc.arch_grid:
-        md = ["# Architecture grid (Fig. 7 style)", "", *arch_grid_markdown(doc.arch_grid.to_dict())]
-        (out / "fig7_arch_grid.md").write_text("\n".join(md) + "\n")
-        written.append(out / "fig7_arch_grid.md")
-    return written
+        grid = arch_grid_markdown(doc.arch_grid.to_dict())
+        tables.append(("fig7_arch_grid.md", "# Architecture grid (Fig. 7 style)", grid))
+    for name, title, md in tables:
+        (out / name).write_text("\n".join([title, "", *md]) + "\n")
+    return [out / name for name, _, _ in tables]
 
 
 def _draw_figures(doc: FitDocument, ladder: pd.DataFrame, out: Path, compute: str, base_dir: str | None) -> list[Path]:
@@ -145,11 +127,16 @@ def _draw_figures(doc: FitDocument, ladder: pd.DataFrame, out: Path, compute: st
     if doc.variants:
         written += figures.scaling_figure(fitted, doc, out / "fig4_scaling", compute=compute)
     if not fitted.empty:
-        written += figures.loss_curves_figure(fitted, out / "loss_curves", base_dir=base_dir, compute=compute)
-        written += figures.dynamics_figure(fitted, out / "fig5_dynamics", base_dir=base_dir, compute=compute)
-        written += figures.depth_weights_figure(fitted, out / "fig8_depth_weights", base_dir=base_dir, compute=compute)
+        for draw, name in (
+            (figures.loss_curves_figure, "loss_curves"),
+            (figures.dynamics_figure, "fig5_dynamics"),
+            (figures.depth_weights_figure, "fig8_depth_weights"),
+        ):
+            written += draw(fitted, out / name, base_dir=base_dir, compute=compute)
     if doc.block_size_sweep:
-        written += block_size_figure(doc.block_size_sweep, out / "fig6_block_size")
+        written += figures.block_size_figure(doc.block_size_sweep, out / "fig6_block_size")
     if doc.arch_grid:
         written += figures.arch_grid_figure(doc.arch_grid, out / "fig7_arch_grid")
+    if doc.rollout and not ladder.empty:
+        written += figures.rollout_figure(doc.rollout, ladder, out / "fig_rollout", doc.baseline, compute)
     return written

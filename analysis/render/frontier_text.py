@@ -1,7 +1,6 @@
 """The text of the compute-optimal frontier (length.json ``frontier``, analysis.laws.frontier): its headline lines,
 the equal-exponent test with its crossover warning, approach 2 (analysis.laws.isoflop) and the length report's
-Markdown section, built from the numbers analysis.laws returns. Nothing here fits or resamples; every number printed
-is read from the document.
+Markdown section. Nothing here fits or resamples; every number printed is read from the document.
 """
 
 from __future__ import annotations
@@ -12,31 +11,30 @@ from ..laws.frontier import crossings
 from ..laws.isoflop import MIN_RUNGS
 from .tables import markdown_table
 
-# ---- the compute-optimal frontier (analysis.laws.frontier) -----------------------------------------------------------
-
 
 def _ci(lo: float | None, hi: float | None, spec: str = ".3f") -> str:
     return f"[{lo:{spec}}, {hi:{spec}}]" if lo is not None and hi is not None else "[n/a]"
 
 
+def _interval(c: list[float] | None, spec: str) -> str:
+    return _ci(*c, spec) if c else "[n/a]"
+
+
 def _m_cell(M: dict[str, Any], i: int) -> str:
-    """A table cell: M(C) at point ``i`` of a curve (``M``: an ``M`` entry of the frontier) with its interval."""
+    """M(C) at point ``i`` of a curve (``M``: an ``M`` entry of the frontier) with its interval."""
     m = M["M"][i]
     return f"{'n/a' if m is None else f'{m:.3f}x'} {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}"
 
 
 def _points(C: list[float], M: dict[str, Any]) -> str:
-    """M(C) at the bottom, middle and top of the span with bands, and the top's half-width (with each half's)."""
-    pts = []
-    for i in (0, len(C) // 2, len(C) - 1):
-        m = M["M"][i]
-        pts.append(f"M({C[i]:.3g}) = " + (f"{m:.3f}x {_ci(M['ci95_lo'][i], M['ci95_hi'][i])}" if m else "n/a"))
+    """M(C) at the bottom, middle and top of the span with bands, and the top's half-width (with its error)."""
+    pts = [f"M({C[i]:.3g}) = " + (_m_cell(M, i) if M["M"][i] else "n/a") for i in (0, len(C) // 2, len(C) - 1)]
     half, se = M["half_width_over_M_at_top"], M.get("half_width_at_top_se")
     err = "" if se is None else f", ± {100 * se:.1f} points from the draws alone"
     return f"{', '.join(pts)} (95% half-width at the top {'n/a' if half is None else f'{100 * half:.0f}%'}{err})"
 
 
-def _reach(reads: dict[str, Any] | None, reference: str) -> str:
+def _reach(reads: dict[str, Any] | None) -> str:
     """How far a curve reads the laws past the measurements: tokens per parameter (above the largest measured,
     below the smallest) and N."""
     if not reads or reads.get("largest_tokens_per_param_read") is None:
@@ -82,31 +80,24 @@ def frontier_lines(fr: dict[str, Any] | None, arm: str, reference: str) -> list[
         return []
     if "error" in fr:
         return [f"compute-optimal frontier: n/a ({fr['error']})"]
-    C = fr["C"]
-    free = f"{_points(C, fr['M'])}{_reach(fr.get('reads'), reference)}"
-    lines = [
-        (
-            f"frontier: {reference}'s compute to reach {arm}'s frontier loss, over {arm}'s (C in PFLOP/s-days), N free "
-            f"(extrapolated past the rungs where N_opt leaves them): {free}"
-        )
-    ]
-    within = fr.get("within_rungs")
+    C, within = fr["C"], fr.get("within_rungs")
+    free = f"{_points(C, fr['M'])}{_reach(fr.get('reads'))}"
+    head = f"frontier: {reference}'s compute to reach {arm}'s frontier loss, over {arm}'s (C in PFLOP/s-days), N free"
+    lines = [f"{head} (extrapolated past the rungs where N_opt leaves them): {free}"]
     if within:
         lines.append(
             f"frontier with N inside the measured rungs (no extrapolation in N): {_points(C, within['M'])}"
-            f"{_reach(within.get('reads'), reference)}"
+            f"{_reach(within.get('reads'))}"
         )
     lines += exponent_lines(fr.get("exponents"), fr, arm, reference)
     lines += isoflop_lines(fr.get("approach2"), arm, reference)
     for name, ro in fr["rollout"].items():
+        without = f"frontier rollout without the {name.replace('_', ' ')}"
         if "error" in ro:
-            lines.append(f"frontier rollout without the {name.replace('_', ' ')}: n/a ({ro['error']})")
-            continue
-        inside = sum(c["inside"] for c in ro["cells"])
-        lines.append(
-            f"frontier rollout without the {name.replace('_', ' ')}: {inside} of {len(ro['cells'])} held-out cells "
-            "inside their predicted intervals"
-        )
+            lines.append(f"{without}: n/a ({ro['error']})")
+        else:
+            inside = sum(c["inside"] for c in ro["cells"])
+            lines.append(f"{without}: {inside} of {len(ro['cells'])} held-out cells inside their predicted intervals")
     return lines
 
 
@@ -118,13 +109,14 @@ def _tpp(reads: dict[str, Any] | None, i: int) -> str:
 def _curve_tables(fr: dict[str, Any], arm: str, reference: str) -> list[str]:
     """The two M(C) tables: N free (with L* per arm) and N inside the measured rungs, every fourth C."""
     header = ["C (PFLOP/s-days)", f"L* {reference} [95%]", f"L* {arm} [95%]", f"N_opt {reference}", f"N_opt {arm}"]
+    read_at, span = f"{reference} read at D/N", range(0, len(fr["C"]), 4)
     rows = []
-    ref, mine, M = fr["arms"][reference], fr["arms"][arm], fr["M"]
-    for i in range(0, len(fr["C"]), 4):
+    ref, mine = fr["arms"][reference], fr["arms"][arm]
+    for i in span:
         stars = [f"{a['L_star'][i]:.4f} {_ci(a['ci95_lo'][i], a['ci95_hi'][i], '.4f')}" for a in (ref, mine)]
         n_opt = [f"{ref['N_opt'][i]:.3g}", f"{mine['N_opt'][i]:.3g}"]
-        rows.append([f"{fr['C'][i]:.3g}", *stars, *n_opt, _tpp(fr.get("reads"), i), _m_cell(M, i)])
-    lines = markdown_table([*header, f"{reference} read at D/N", "M(C) [95%]"], rows)
+        rows.append([f"{fr['C'][i]:.3g}", *stars, *n_opt, _tpp(fr.get("reads"), i), _m_cell(fr["M"], i)])
+    lines = markdown_table([*header, read_at, "M(C) [95%]"], rows)
     outside = [a for a in (reference, arm) if fr["arms"][a]["N_opt_outside_rungs"]]
     if outside:
         lines += ["", (f"N_opt lies outside the measured rungs somewhere on the span for {', '.join(outside)}: "
@@ -134,12 +126,12 @@ def _curve_tables(fr: dict[str, Any], arm: str, reference: str) -> list[str]:
         return lines
     lines += ["", "With N kept inside the measured rungs (the best the measured model sizes reach at C):", ""]
     rows = []
-    for i in range(0, len(fr["C"]), 4):
+    for i in span:
         n_ref, n_arm = within["arms"][reference]["N_opt"][i], within["arms"][arm]["N_opt"][i]
-        tpp, m = _tpp(within.get("reads"), i), _m_cell(within["M"], i)
-        rows.append([f"{fr['C'][i]:.3g}", f"{n_ref:.3g}", f"{n_arm:.3g}", tpp, m])
-    header = ["C (PFLOP/s-days)", f"N_opt {reference}", f"N_opt {arm}", f"{reference} read at D/N", "M(C) [95%]"]
-    lines += markdown_table(header, rows)
+        rows.append(
+            [f"{fr['C'][i]:.3g}", f"{n_ref:.3g}", f"{n_arm:.3g}", _tpp(within.get("reads"), i), _m_cell(within["M"], i)]
+        )
+    lines += markdown_table(["C (PFLOP/s-days)", f"N_opt {reference}", f"N_opt {arm}", read_at, "M(C) [95%]"], rows)
     at_edge = [a for a in (reference, arm) if within["arms"][a]["N_opt_at_largest_rung"]]
     if at_edge:
         lines += ["", (f"N_opt reaches the largest rung on the span for {', '.join(at_edge)}: there the compute-"
@@ -173,9 +165,11 @@ def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> li
         *(f"* {a}: {law}" for a, law in fr["laws"].items()),
         "",
         *_curve_tables(fr, arm, reference),
+        "",
+        *(f"* {line}" for line in frontier_lines(fr, arm, reference)),
+        "",
+        *isoflop_markdown(fr.get("approach2"), arm, reference),
     ]
-    lines += ["", *(f"* {line}" for line in frontier_lines(fr, arm, reference)), ""]
-    lines += isoflop_markdown(fr.get("approach2"), arm, reference)
     for name, ro in fr["rollout"].items():
         if "error" in ro:
             continue
@@ -192,30 +186,22 @@ def frontier_markdown(fr: dict[str, Any] | None, arm: str, reference: str) -> li
 # ---- approach 2, isoFLOP profiles (analysis.laws.isoflop) ------------------------------------------------------------
 
 
-def _interval(c: list[float] | None, spec: str) -> str:
-    return f"[{c[0]:{spec}}, {c[1]:{spec}}]" if c else "[n/a]"
-
-
-def _fitted_span(a2: dict[str, Any], arm: str) -> str:
-    Cs = [r["C"] for r in a2["levels"] if r["arms"][arm].get("L_opt") is not None]
-    return f"C {Cs[0]:.3g} to {Cs[-1]:.3g}" if Cs else "no C"
-
-
 def isoflop_lines(a2: dict[str, Any] | None, arm: str, reference: str) -> list[str]:
     """The headline: where approach 2 is fitted for each arm, M(C) where it is defined, and where it cannot be."""
     if not a2:
         return []
-    n = len(a2["levels"])
-    short = sum(all(r["arms"][a]["rungs"] < MIN_RUNGS for a in (reference, arm)) for r in a2["levels"])
-    ms = [
-        f"M({r['C']:.3g}) = {r['M']:.3f}x {_interval(r['M_ci95'], '.3f')}" for r in a2["levels"] if r["M"] is not None
-    ]
+    levels = a2["levels"]
+    short = sum(all(r["arms"][a]["rungs"] < MIN_RUNGS for a in (reference, arm)) for r in levels)
+    ms = [f"M({r['C']:.3g}) = {r['M']:.3f}x {_interval(r['M_ci95'], '.3f')}" for r in levels if r["M"] is not None]
+
+    def fitted(a: str) -> str:
+        Cs = [r["C"] for r in levels if r["arms"][a].get("L_opt") is not None]
+        return f"{len(Cs)} ({f'C {Cs[0]:.3g} to {Cs[-1]:.3g}' if Cs else 'no C'})"
+
     return [
-        f"approach 2 (isoFLOP parabolas in ln N through the rungs reaching C): of {n} compute levels, fitted for "
-        f"{reference} at {sum(r['arms'][reference].get('L_opt') is not None for r in a2['levels'])} "
-        f"({_fitted_span(a2, reference)}) and for {arm} at "
-        f"{sum(r['arms'][arm].get('L_opt') is not None for r in a2['levels'])} ({_fitted_span(a2, arm)}); at {short} "
-        f"fewer than {MIN_RUNGS} rungs reach C for both arms, so it cannot be fitted there; "
+        f"approach 2 (isoFLOP parabolas in ln N through the rungs reaching C): of {len(levels)} compute levels, fitted "
+        f"for {reference} at {fitted(reference)} and for {arm} at {fitted(arm)}; at {short} fewer than {MIN_RUNGS} "
+        "rungs reach C for both arms, so it cannot be fitted there; "
         + (f"M(C): {', '.join(ms)}" if ms else "M(C) is defined at no level (the arms' fitted stretches do not meet)")
     ]
 
@@ -245,10 +231,9 @@ def isoflop_markdown(a2: dict[str, Any] | None, arm: str, reference: str) -> lis
             if e.get("L_opt") is None:
                 cells += [e.get("note") or "n/a", ""]
             else:
-                cells.append(f"{e['N_opt']:.3g} {_interval(e['N_opt_ci95'], '.3g')}")
-                cells.append(f"{e['L_opt']:.4f} {_interval(e['L_opt_ci95'], '.4f')}")
+                cells += [f"{e['N_opt']:.3g} {_interval(e['N_opt_ci95'], '.3g')}"]
+                cells += [f"{e['L_opt']:.4f} {_interval(e['L_opt_ci95'], '.4f')}"]
         m = "n/a" if r["M"] is None else f"{r['M']:.3f}x {_interval(r['M_ci95'], '.3f')}"
-        rungs = f"{r['arms'][reference]['rungs']} / {r['arms'][arm]['rungs']}"
-        rows.append([f"{r['C']:.3g}", rungs, *cells, m])
+        rows.append([f"{r['C']:.3g}", f"{r['arms'][reference]['rungs']} / {r['arms'][arm]['rungs']}", *cells, m])
     header = ["C (PFLOP/s-days)", f"rungs {reference} / {arm}", f"N_opt {reference} [95%]", f"L_opt {reference} [95%]"]
     return [*lines, *markdown_table([*header, f"N_opt {arm} [95%]", f"L_opt {arm} [95%]", "M(C) [95%]"], rows), ""]

@@ -1,14 +1,10 @@
 """The gallery: every paper figure and table beside the harness's own version of it, on one Markdown page
 (docs/results/README.md, written by ``python -m sweeps.study figures`` or ``python -m analysis gallery``).
 
-Each entry holds the paper's numbers (transcribed: analysis/data/paper.json and paper_gallery.json, with the
-section they come from), ours as a figure and a table with 95% intervals and seed counts, where it came from (the
-command, the commits, CPU and wall time of its runs) and one sentence on where the two agree and where they do not.
-The sentence is computed from the numbers; for the two figures whose data lives in run directories that are not
-kept (Fig. 5, Fig. 8) it is a reading of the committed figure, labelled as one. An entry whose study has no result
-says why instead.
-
-Plain functions on the reports the analysis writes (fit.json, map.json) and on result records; no torch.
+Each entry holds the paper's numbers (transcribed: analysis/data/paper.json and paper_gallery.json), ours as a figure
+and a table with 95% intervals and seed counts, its provenance (command, commits, CPU and wall time of its runs) and
+one sentence, computed from the numbers, on where the two agree; for Fig. 5 and Fig. 8, whose run directories are not
+kept, a labelled reading of the committed figure. An entry whose study has no result says why instead.
 """
 
 from __future__ import annotations
@@ -27,9 +23,10 @@ from ..io.fit_document import FitDocument
 from ..io.paper_data import load_paper
 from ..io.provenance import Provenance, provenance, seed_text
 from ..io.runs import load_results
-from .tables import markdown_table
+from .tables import ablation_markdown, block_size_markdown, markdown_table
 
 GALLERY_DATA = Path(__file__).resolve().parents[1] / "data" / "paper_gallery.json"  # analysis/data
+COMMITTED_SCALING = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_deep" / "pooled"
 
 
 def load_gallery_text() -> dict[str, Any]:
@@ -55,22 +52,14 @@ class Entry:
 
 
 def _entry(
-    key: str,
-    text: dict[str, Any],
-    verdict: str,
-    ours: list[str],
-    figures: list[Path],
-    runs: pd.DataFrame | None,
-    command: str,
-    reachable: bool = True,
+    key: str, verdict: str, ours: list[str], figures: list[Path], runs: pd.DataFrame | None, command: str, **kw: Any
 ) -> Entry:
-    """The entry of paper item ``key`` from its gallery ``text``, our ``verdict`` and table, the ``figures`` that
-    exist, and the provenance of ``runs`` (None: the command alone)."""
+    """The entry of paper item ``key``: its gallery text, our ``verdict`` and table, the ``figures`` that exist, the
+    provenance of ``runs`` (None: the command alone), and ``kw`` (Entry's ``reachable``)."""
+    text = load_gallery_text()[key]
     prov = provenance(runs, command) if runs is not None else Provenance(command)
     shown = [f for f in figures if f.is_file()]
-    return Entry(
-        key, text["item"], text["title"], text["section"], text["paper"], verdict, ours, shown, prov, reachable
-    )
+    return Entry(key, text["item"], text["title"], text["section"], text["paper"], verdict, ours, shown, prov, **kw)
 
 
 def _ci(lo: float | None, hi: float | None, fmt: str = "{:.3f}") -> str:
@@ -85,8 +74,8 @@ def _where(value: float, lo: float | None, hi: float | None) -> str:
     return "inside our interval" if lo <= value <= hi else ("above our interval" if value > hi else "below it")
 
 
-def _direction(lo: float | None, hi: float | None, no_effect: float) -> str:
-    """What an interval of a multiplier (above ``no_effect``: the arm helps) says, as a verb phrase."""
+def _direction(lo: float | None, hi: float | None, no_effect: float = 1.0) -> str:
+    """What a multiplier's interval (above ``no_effect``: the arm helps) says, as a verb phrase."""
     if lo is None or hi is None:
         return "is not decided"
     if lo > no_effect:
@@ -94,18 +83,25 @@ def _direction(lo: float | None, hi: float | None, no_effect: float) -> str:
     return "hurts" if hi < no_effect else f"is not decided (the interval holds {no_effect:g})"
 
 
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.3f}"
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 # ---- the entries --------------------------------------------------------------------------------------------
 
 
 def frontier_sentence(report: Path) -> str:
-    """Block AttnRes's multiplier along the compute-optimal frontier from a training-length report (``report``:
-    ``python -m analysis length``'s directory, its length.json ``frontier``): M(C) in the middle of the measured C,
-    and at its top both with N kept inside the measured rungs and with N free, with their half-widths and the rollout
-    to the largest rung, so that a top the fit does not pin down reads as such; '' where there is none."""
+    """Block AttnRes's multiplier along the compute-optimal frontier from a training-length report (``report``: its
+    directory, length.json's ``frontier``): M(C) in the middle of the measured C and at its top, with N inside the
+    measured rungs and free, their half-widths and the rollout to the largest rung; '' where there is none."""
     path = report / "length.json"
     if not path.is_file():
         return ""
-    front = json.loads(path.read_text(encoding="utf-8")).get("frontier") or {}
+    front = _read_json(path).get("frontier") or {}
     C = front.get("C") or []
     free, within = front.get("M") or {}, (front.get("within_rungs") or {}).get("M") or {}
     if not C or len(free.get("M") or []) != len(C):
@@ -142,7 +138,6 @@ def scaling_entry(
 ) -> Entry:
     """Fig. 4: the compute multiplier of each AttnRes arm on a CPU ladder (``report``: a fit's directory), and where
     ``frontier`` holds a training-length report, M(C) along the compute-optimal frontier beside it."""
-    text = load_gallery_text()["fig4"]
     doc = FitDocument.from_json(report / "fit.json")
     paper_m = float(load_paper()["headline"]["M"])
     cells = []
@@ -163,30 +158,25 @@ def scaling_entry(
         lo, hi = block.m_ci95 or (None, None)
         paired = block.paired or {}
         plo, phi = paired.get("m_ci95") or (None, None)
-        pairs = (
-            f"; on same-seed pairs m = {paired['m']:.3f} {_ci(plo, phi)}, so it {_direction(plo, phi, 1.0)}"
-            if paired.get("m") is not None
-            else ""
-        )
+        pm = paired.get("m")
+        pairs = "" if pm is None else f"; on same-seed pairs m = {pm:.3f} {_ci(plo, phi)}, so it {_direction(plo, phi)}"
         verdict = (
             f"Paper: Block AttnRes is worth {paper_m:.2f}x the baseline's compute; ours, {regime}: joint fit "
-            f"m = {block.m:.3f} {_ci(lo, hi)}, so Block AttnRes {_direction(lo, hi, 1.0)}{pairs}; the paper's "
+            f"m = {block.m:.3f} {_ci(lo, hi)}, so Block AttnRes {_direction(lo, hi)}{pairs}; the paper's "
             f"{paper_m:.2f} is {_where(paper_m, lo, hi)}."
         )
     figures = [report / "fig4_scaling.png", report / "loss_curves.png"]
     if frontier is not None and (extra := frontier_sentence(frontier)):
         verdict += extra
         figures.append(frontier / "fig_frontier.png")
-    return _entry("fig4", text, verdict, rows, figures, runs, command)
+    return _entry("fig4", verdict, rows, figures, runs, command)
 
 
 def table2_entry(report: Path, command: str) -> Entry:
     """Table 2: the paper's own losses refitted (``report``: ``python -m analysis paper``'s directory)."""
-    text = load_gallery_text()["table2"]
-    paper = json.loads((report / "fit.json").read_text(encoding="utf-8"))["paper"]
-    laws = paper["laws"]
+    paper = _read_json(report / "fit.json")["paper"]
     cells = []
-    for name, law in laws.items():
+    for name, law in paper["laws"].items():
         m = paper["M"].get(name, {})
         pub_a, pub_al = law.get("A_published"), law.get("alpha_published")
         a = f"{law['A']:.4f} / {'-' if pub_a is None else pub_a}"
@@ -194,8 +184,7 @@ def table2_entry(report: Path, command: str) -> Entry:
         cells.append([name, a, alpha, f"{_num(m.get('refit'))} / {_num(m.get('published_laws'))}"])
     header = ["variant", "A (refit / published)", "alpha (refit / published)"]
     rows = markdown_table([*header, "M at 5.6 PF-days (refit / published laws)"], cells)
-    doc = FitDocument.from_json(report / "fit.json")
-    block = doc.multipliers.get("block_attnres")
+    block = FitDocument.from_json(report / "fit.json").multipliers.get("block_attnres")
     lo, hi = block.paper_M_ci95 if block is not None and block.paper_M_ci95 else (None, None)
     refit, published = paper["M"]["block_attnres"]["refit"], paper["M"]["block_attnres"]["published_laws"]
     spread = f"; five points per arm leave it uncertain by {(hi - lo) / 2 / refit:.0%} either way" if lo and hi else ""
@@ -205,59 +194,46 @@ def table2_entry(report: Path, command: str) -> Entry:
         f"({refit / published - 1:+.1%}), and the published {load_paper()['headline']['M']:.2f} is "
         f"{_where(float(load_paper()['headline']['M']), lo, hi)}{spread}."
     )
-    return _entry("table2", text, verdict, rows, [report / "fig4_scaling.png"], None, command)
-
-
-def _num(x: Any) -> str:
-    return "-" if x is None else f"{float(x):.3f}"
-
-
-COMMITTED_SCALING = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_deep" / "pooled"
+    return _entry("table2", verdict, rows, [report / "fig4_scaling.png"], None, command)
 
 
 def reading_entry(key: str, figure: Path, runs: pd.DataFrame | None, command: str) -> Entry:
     """Fig. 5 or Fig. 8: a reading of the committed figure (its data lives in run directories, which are not kept),
     beside ``figure`` when this run drew one, else beside the committed figure itself."""
-    text = load_gallery_text()[key]
     committed = COMMITTED_SCALING / figure.name
     shown = figure if figure.is_file() else committed
-    verdict = text["ours_reading"]
+    verdict = load_gallery_text()[key]["ours_reading"]
     if shown.resolve() != committed.resolve() and committed.is_file():
         verdict += " (This figure was drawn by this run; the reading is of the committed one.)"
     elif not figure.is_file():
         verdict += " (This run kept no run directories to draw it from: the committed figure is shown.)"
-    return _entry(key, text, verdict, [], [shown], runs, command)
+    return _entry(key, verdict, [], [shown], runs, command)
 
 
 def map_entry(report: Path, runs: pd.DataFrame | None, command: str, arch_grid: Path | None = None) -> Entry:
     """Fig. 7: the depth-by-width map (``report``: ``python -m analysis map``'s directory), plus the fixed-compute
     architecture grid's demonstration when ``arch_grid`` holds one."""
-    text = load_gallery_text()["fig7"]
-    mdoc = json.loads((report / "map.json").read_text(encoding="utf-8"))
+    map_cells = _read_json(report / "map.json")["cells"]
     cells = []
-    for c in mdoc["cells"]:
+    for c in map_cells:
         delta = f"{c['delta']:+.4f} {_ci(c['ci_lo'], c['ci_hi'], '{:+.4f}')}"
         cells.append([str(c["n_layers"]), str(c["d_model"]), str(c["n_pairs"]), delta, c["verdict"]])
     rows = markdown_table(["L_b", "d_model", "pairs", "Block - baseline [95% CI]", "verdict"], cells)
-    verdicts = [c["verdict"] for c in mdoc["cells"]]
-    wins = [f"L_b {c['n_layers']} x d {c['d_model']}" for c in mdoc["cells"] if c["verdict"] == "wins"]
-    loses = [f"L_b {c['n_layers']} x d {c['d_model']}" for c in mdoc["cells"] if c["verdict"] == "loses"]
-    aspect = {v: [c["n_layers"] / c["d_model"] for c in mdoc["cells"] if c["verdict"] == v] for v in ("wins", "loses")}
-    where = (
-        ": where it wins is deeper and narrower (higher L_b / d_model) than where it loses, as the paper's optimum "
-        "moves"
-        if aspect["wins"] and aspect["loses"] and min(aspect["wins"]) > max(aspect["loses"])
-        else ""
-    )
+    verdicts = [c["verdict"] for c in map_cells]
+    wins = [f"L_b {c['n_layers']} x d {c['d_model']}" for c in map_cells if c["verdict"] == "wins"]
+    loses = [f"L_b {c['n_layers']} x d {c['d_model']}" for c in map_cells if c["verdict"] == "loses"]
+    aspect = {v: [c["n_layers"] / c["d_model"] for c in map_cells if c["verdict"] == v] for v in ("wins", "loses")}
+    where = ""
+    if aspect["wins"] and aspect["loses"] and min(aspect["wins"]) > max(aspect["loses"]):
+        where = ": where it wins is deeper and narrower (higher L_b / d_model) than where it loses, as the paper's "
+        where += "optimum moves"
     verdict = (
         f"Paper: AttnRes wins in all 25 cells of its grid; ours: of {len(verdicts)} cells measured, Block AttnRes "
         f"wins in {len(wins)} ({', '.join(wins) or 'none'}), loses in {len(loses)} ({', '.join(loses) or 'none'}) "
         f"and is undecided in {verdicts.count('undecided')}{where}."
     )
-    figures = [report / "fig7_map.png"]
-    if arch_grid is not None:
-        figures.append(arch_grid / "fig7_arch_grid.png")
-    return _entry("fig7", text, verdict, rows, figures, runs, command)
+    figures = [report / "fig7_map.png", *([arch_grid / "fig7_arch_grid.png"] if arch_grid is not None else [])]
+    return _entry("fig7", verdict, rows, figures, runs, command)
 
 
 def _study_runs(runs: pd.DataFrame | None, kind: str) -> pd.DataFrame | None:
@@ -269,43 +245,30 @@ def _study_runs(runs: pd.DataFrame | None, kind: str) -> pd.DataFrame | None:
 
 def block_size_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
     """Fig. 6: Block AttnRes' loss per block size S (``report``: ``python -m analysis block-size``'s directory)."""
-    from .tables import block_size_markdown
-
-    text = load_gallery_text()["fig6"]
-    doc = json.loads((report / "block_size.json").read_text(encoding="utf-8"))
+    doc = _read_json(report / "block_size.json")
     regime = (
         f"Shape: L_b {doc['n_sublayers'] // 2}, d_model {doc['d_model']} ({doc['n_sublayers']} sublayers, as the "
         f"paper's), {doc['tokens_per_param']:.0f} tokens per parameter, every arm at the baseline's lr."
     )
-    table = block_size_markdown(doc)[2:]  # the study's table without its heading
+    ours = [regime, "", *block_size_markdown(doc)[2:]]  # the study's table without its heading
     own = _study_runs(runs, "block_size")
-    return _entry("fig6", text, doc["verdict"], [regime, "", *table], [report / "fig6_block_size.png"], own, command)
+    return _entry("fig6", doc["verdict"], ours, [report / "fig6_block_size.png"], own, command)
 
 
 def ablations_entry(report: Path, runs: pd.DataFrame | None, command: str) -> Entry:
     """Table 4: ablations and peers (``report``: ``python -m analysis ablations``' directory)."""
-    from .tables import ablation_markdown
-
-    text = load_gallery_text()["table4"]
-    doc = json.loads((report / "ablations.json").read_text(encoding="utf-8"))
-    own = _study_runs(runs, "ablations")
+    doc = _read_json(report / "ablations.json")
     notes = sorted({r["note"] for r in doc["rows"] if r.get("note")})
     ours = [f"Shape {doc['size']}; Δ on same-seed pairs, arm minus baseline.", "", *ablation_markdown(doc["rows"])]
     if notes:
         ours += ["", *[f"Rows marked from another study: {n}." for n in notes]]
-    return _entry("table4", text, doc["verdict"], ours, [report / "fig_table4_ablations.png"], own, command)
+    own = _study_runs(runs, "ablations")
+    return _entry("table4", doc["verdict"], ours, [report / "fig_table4_ablations.png"], own, command)
 
 
 def table3_entry(command: str) -> Entry:
     """Table 3: not reachable at CPU scale; how a GPU user produces it."""
-    text = load_gallery_text()["table3"]
-    return _entry("table3", text, text["why_not_cpu"], [], [], None, command, reachable=False)
-
-
-def missing_entry(key: str, why: str, command: str) -> Entry:
-    """An entry whose study has no report yet."""
-    text = load_gallery_text()[key]
-    return Entry(key, text["item"], text["title"], text["section"], text["paper"], why, [], [], Provenance(command))
+    return _entry("table3", load_gallery_text()["table3"]["why_not_cpu"], [], [], None, command, reachable=False)
 
 
 # ---- the page -------------------------------------------------------------------------------------------------
@@ -326,10 +289,8 @@ def gallery_markdown(entries: list[Entry], page: Path, intro: list[str] | None =
         lines += [f"- {p}" for p in e.paper]
         lines += ["", "**Ours:**" if e.reachable else "**Not reachable at CPU scale.**", ""]
         lines += [f"![{e.item}]({os.path.relpath(f.resolve(), page.parent.resolve())})" for f in e.figures]
-        if e.figures:
-            lines.append("")
-        if e.ours:
-            lines += [*e.ours, ""]
+        lines += [""] if e.figures else []
+        lines += [*e.ours, ""] if e.ours else []
         lines.append(f"**Where they agree:** {e.verdict}")
         if e.provenance is not None:
             lines += ["", f"**How it was made:** {e.provenance.markdown()}"]
@@ -359,26 +320,9 @@ def write_gallery(entries: list[Entry], page: Path, intro: list[str] | None = No
     return page
 
 
-EntryBuilder = Callable[[], Entry]
-
-
-def build_entries(builders: dict[str, EntryBuilder], commands: dict[str, str]) -> list[Entry]:
-    """Each builder's entry; one whose report is missing or unreadable becomes a 'not yet run' entry naming the
-    problem and the command that makes it, so one broken study never hides the others."""
-    entries = []
-    for key, build in builders.items():
-        try:
-            entries.append(build())
-        except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError) as e:
-            entries.append(missing_entry(key, f"no result yet ({type(e).__name__}: {e}).", commands.get(key, "")))
-    return entries
-
-
-def load_runs(path: Path | None) -> pd.DataFrame | None:
+def _load_runs(path: Path | None) -> pd.DataFrame | None:
     """A results table for provenance, or None when ``path`` is None or missing."""
-    if path is None or not path.exists():
-        return None
-    return load_results(path)
+    return load_results(path) if path is not None and path.exists() else None
 
 
 @dataclass(frozen=True)
@@ -445,16 +389,24 @@ DEEP_REGIME = "L_b 8-16 at d_model = 2 L_b, 8 tokens per parameter"
 
 
 def gallery_entries(src: GallerySources) -> list[Entry]:
-    """Every entry, from ``src``; a study without a report becomes a 'not yet run' entry."""
-    scaling_runs = load_runs(src.scaling_runs)
-    builders: dict[str, EntryBuilder] = {
+    """Every entry, from ``src``; a study whose report is missing or unreadable becomes a 'not yet run' entry naming
+    the problem and the command that makes it, so one broken study never hides the others."""
+    scaling_runs = _load_runs(src.scaling_runs)
+    builders: dict[str, Callable[[], Entry]] = {
         "table2": lambda: table2_entry(src.paper_refit, COMMANDS["table2"]),
         "fig4": lambda: scaling_entry(src.scaling, scaling_runs, COMMANDS["fig4"], DEEP_REGIME, src.frontier),
         "fig5": lambda: reading_entry("fig5", src.scaling / "fig5_dynamics.png", scaling_runs, COMMANDS["fig4"]),
         "table3": lambda: table3_entry(COMMANDS["table3"]),
-        "table4": lambda: ablations_entry(src.ablations, load_runs(src.ablations_runs), COMMANDS["table4"]),
-        "fig6": lambda: block_size_entry(src.block_size, load_runs(src.block_size_runs), COMMANDS["fig6"]),
-        "fig7": lambda: map_entry(src.depth_map, load_runs(src.depth_map_runs), COMMANDS["fig7"], src.arch_grid),
+        "table4": lambda: ablations_entry(src.ablations, _load_runs(src.ablations_runs), COMMANDS["table4"]),
+        "fig6": lambda: block_size_entry(src.block_size, _load_runs(src.block_size_runs), COMMANDS["fig6"]),
+        "fig7": lambda: map_entry(src.depth_map, _load_runs(src.depth_map_runs), COMMANDS["fig7"], src.arch_grid),
         "fig8": lambda: reading_entry("fig8", src.scaling / "fig8_depth_weights.png", scaling_runs, COMMANDS["fig4"]),
     }
-    return build_entries(builders, COMMANDS)
+    entries = []
+    for key, build in builders.items():
+        try:
+            entries.append(build())
+        except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError) as e:
+            why = f"no result yet ({type(e).__name__}: {e})."
+            entries.append(_entry(key, why, [], [], None, COMMANDS.get(key, "")))
+    return entries

@@ -1,7 +1,6 @@
 """The text of the training-length study under two lr protocols side by side (analysis.laws.length_protocols,
-length.json ``lr_protocols``): its section of length_summary.md and its headline sentences
-(analysis.studies.training_length), and the best-against-best section (length.json ``best_against_best``). Plain
-functions from the comparison's document to lines; no torch.
+length.json ``lr_protocols``) and of its best-against-best comparison (length.json ``best_against_best``): their
+sections of length_summary.md and their headline sentences (analysis.studies.training_length).
 """
 
 from __future__ import annotations
@@ -42,10 +41,10 @@ def protocols_markdown(doc: dict[str, Any]) -> list[str]:
         rows.append([f"{c['size']}", f"{c['tokens_per_param']:g}", lrs, *numbers, f"{c['n_pairs']}"])
     lines += markdown_table([*header, f"{arm} gain", "pairs"], rows)
     lines += ["", f"Δ(largest budget) - Δ(smallest) per rung (negative: {arm}'s gain grows with training length):", ""]
-    rows = []
     by_rung: dict[str, dict[str, dict[str, Any]]] = {}
     for g in doc["growth"]:
         by_rung.setdefault(g["size"], {})[g["protocol"]] = g
+    rows = []
     for size, g in by_rung.items():
         span = next(iter(g.values()))
         cols = [_signed(g[p]["growth"], g[p]["growth_ci95"]) if p in g else "n/a" for p in (SHARED, OWN)]

@@ -1,7 +1,7 @@
 """The Markdown of a multi-budget LR study (``python -m analysis lr`` on records with several budgets per arm and
 size, analysis.studies.lr): the optimum per (arm, size, budget), the runs that extend a grid whose optimum is on its
-edge, and each arm's lr rule ``ln lr* = a + b ln N + c ln D`` (analysis.laws.lr_rule) with its leave-one-cell-out
-check. Plain functions from the study's table and documents to lines; no torch."""
+edge, each arm's lr rule ``ln lr* = a + b ln N + c ln D`` (analysis.laws.lr_rule) with its leave-one-cell-out check,
+and what each lr protocol costs. Plain functions from the study's table and documents to lines."""
 
 from __future__ import annotations
 
@@ -14,18 +14,20 @@ import pandas as pd
 from ..io.runs import lr_text
 from .tables import markdown_table
 
+PROTOCOL_TOLERANCE = 0.01  # nats above an arm's own optimum that a protocol's lr may cost it (issue 49's target)
+
 
 def _num(x: Any, spec: str = ".3g") -> str:
     return "n/a" if x is None or not np.isfinite(x) else format(x, spec)
 
 
+def _optimum(lr: float, ci: Any) -> str:
+    return f"{_num(lr)} [{_num(ci[0])}, {_num(ci[1])}]"
+
+
 def cell_name(size: str, tokens_per_param: float) -> str:
     """One cell in words: ``deep_L12 @ 8 tokens/param``."""
     return f"{size} @ {tokens_per_param:g} tokens/param"
-
-
-def _flags(r: Any) -> str:
-    return flag_text(r, f"next lr {lr_text(r.next_lr)}" if r.on_edge else "")
 
 
 def flag_text(r: Any, on_edge: str) -> str:
@@ -41,21 +43,6 @@ def flag_text(r: Any, on_edge: str) -> str:
     if r.n_diverged:
         flags.append(f"{r.n_diverged} diverged")
     return ", ".join(flags)
-
-
-def budget_table_lines(table: pd.DataFrame) -> list[str]:
-    """The per-(arm, size, budget) table: optimum with its 95% interval, the interval's width (hi / lo), the best
-    grid lr, the loss at the optimum, grid points, seeds, and flags (an edge with the lr to run next)."""
-    header = ["arm", "size", "N", "tokens / param", "D", "optimum [95% CI]", "CI width (hi/lo)", "best grid lr"]
-    header += ["loss at optimum", "grid points", "seeds", "flags"]
-    rows = []
-    for r in table.itertuples():
-        n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
-        lo, hi = r.ci95
-        cells = [f"{r.variant}", f"{r.size}", n, f"{r.tokens_per_param:g}", f"{r.tokens:,.0f}"]
-        cells += [f"{_num(r.lr)} [{_num(lo)}, {_num(hi)}]", _num(r.ci_ratio, ".2f"), _num(r.grid_best_lr)]
-        rows.append([*cells, _num(r.loss_at_optimum), f"{r.n_grid}", f"{r.n_seeds}", _flags(r)])
-    return markdown_table(header, rows)
 
 
 def next_run_lines(runs: list[dict[str, Any]]) -> list[str]:
@@ -78,12 +65,13 @@ def _coef(rule: dict[str, Any], name: str) -> str:
     return f"{rule[name]:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
 
 
+def _excluded(rule: dict[str, Any]) -> str:
+    return ", ".join(f"{cell_name(e['size'], e['tokens_per_param'])} ({e['reason']})" for e in rule["excluded"])
+
+
 def rule_sentence(variant: str, rule: dict[str, Any]) -> str:
     """The arm's rule in one line: its coefficients with intervals, the leave-one-cell-out count, the excluded cells."""
-    excluded = "; excluded: " + ", ".join(
-        f"{cell_name(e['size'], e['tokens_per_param'])} ({e['reason']})" for e in rule["excluded"]
-    )
-    excluded = excluded if rule["excluded"] else ""
+    excluded = f"; excluded: {_excluded(rule)}" if rule["excluded"] else ""
     if rule.get("error"):
         return f"lr rule {variant}: not fitted ({rule['error']}){excluded}"
     coefs = ", ".join(f"{t} = {_coef(rule, t)}" for t in ("a", "b", "c"))
@@ -97,36 +85,30 @@ def rule_lines(rules: dict[str, dict[str, Any]]) -> list[str]:
     """The rule section: method, one table row per arm, then per arm its cells with the left-out prediction."""
     if not rules:
         return []
-    any_rule = next(iter(rules.values()))
-    lines = [
+    rows, cells = [], []
+    for v, rule in rules.items():
+        coefs = [_coef(rule, t) for t in ("a", "b", "c")]
+        inside = f"{rule['loo_inside']} of {rule['loo_n']}"
+        rows.append([v, f"{rule['n_cells']}", *coefs, inside, _excluded(rule) or "none"])
+        for c in rule["cells"]:
+            verdict = "n/a" if c["inside"] is None else ("yes" if c["inside"] else "**no**")
+            name = cell_name(c["size"], c["tokens_per_param"])
+            cells.append([v, name, _optimum(c["lr"], c["ci95"]), _num(c["loo_lr"]), verdict])
+    return [
         "## The lr rule per arm: ln lr* = a + b ln N + c ln D",
         "",
         (
             "N = non-embedding parameters, D = training tokens; fitted over the cells whose optimum was located "
-            f"({any_rule['method']}); a term the cells do not vary is not identified. Intervals: 95% percentile "
-            "bootstrap, each replicate refitted on every cell's bootstrap draw of its optimum. Leave-one-cell-out: "
-            "the rule refitted without a cell predicts it; inside = within that cell's own 95% interval."
+            f"({next(iter(rules.values()))['method']}); a term the cells do not vary is not identified. Intervals: "
+            "95% percentile bootstrap, each replicate refitted on every cell's bootstrap draw of its optimum. "
+            "Leave-one-cell-out: the rule refitted without a cell predicts it; inside = within that cell's own 95% "
+            "interval."
         ),
         "",
+        *markdown_table(["arm", "cells", "a", "b", "c", "left-out cells inside", "excluded"], rows),
+        "",
+        *markdown_table(["arm", "cell", "optimum [95% CI]", "rule without the cell", "inside"], cells),
     ]
-    rows = []
-    for v, rule in rules.items():
-        excluded = ", ".join(f"{cell_name(e['size'], e['tokens_per_param'])} ({e['reason']})" for e in rule["excluded"])
-        coefs = [_coef(rule, t) for t in ("a", "b", "c")]
-        rows.append([v, f"{rule['n_cells']}", *coefs, f"{rule['loo_inside']} of {rule['loo_n']}", excluded or "none"])
-    lines += markdown_table(["arm", "cells", "a", "b", "c", "left-out cells inside", "excluded"], rows)
-    rows = []
-    for v, rule in rules.items():
-        for c in rule["cells"]:
-            lo, hi = c["ci95"]
-            inside = "n/a" if c["inside"] is None else ("yes" if c["inside"] else "**no**")
-            cell, optimum = cell_name(c["size"], c["tokens_per_param"]), f"{_num(c['lr'])} [{_num(lo)}, {_num(hi)}]"
-            rows.append([v, cell, optimum, _num(c["loo_lr"]), inside])
-    header = ["arm", "cell", "optimum [95% CI]", "rule without the cell", "inside"]
-    return [*lines, "", *markdown_table(header, rows)]
-
-
-PROTOCOL_TOLERANCE = 0.01  # nats above an arm's own optimum that a protocol's lr may cost it (issue 49's target)
 
 
 def protocol_cost_lines(costs: list[dict[str, Any]], reference: str = "baseline") -> list[str]:
@@ -140,7 +122,13 @@ def protocol_cost_lines(costs: list[dict[str, Any]], reference: str = "baseline"
         text = "off the grid" if v is None or not np.isfinite(v) else f"{round(v, 4) or 0.0:+.4f}"  # no -0.0000
         return text + (" (edge: at least)" if on_edge and text != "off the grid" else "")
 
-    lines = [
+    header = ["arm", "rung", "tokens / param", "own optimum", "per budget: lr", "excess", "one trunk: lr", "excess"]
+    rows = []
+    for c in costs:
+        cells = [f"{c['variant']}", f"{c['size']}", f"{c['tokens_per_param']:g}", _num(c["lr"])]
+        cells += [_num(c["reference_lr"]), excess(c["excess_reference"], c["on_edge"]), _num(c["trunk_lr"])]
+        rows.append([*cells, excess(c["excess_trunk"], c["on_edge"])])
+    return [
         "## What each protocol's lr costs each arm",
         "",
         (
@@ -150,14 +138,10 @@ def protocol_cost_lines(costs: list[dict[str, Any]], reference: str = "baseline"
             "smallest budget (decay branches off one trunk share its peak lr)."
         ),
         "",
+        *markdown_table(header, rows),
+        "",
+        *(f"- {line}" for line in protocol_verdicts(costs)),
     ]
-    header = ["arm", "rung", "tokens / param", "own optimum", "per budget: lr", "excess", "one trunk: lr", "excess"]
-    rows = []
-    for c in costs:
-        cells = [f"{c['variant']}", f"{c['size']}", f"{c['tokens_per_param']:g}", _num(c["lr"])]
-        cells += [_num(c["reference_lr"]), excess(c["excess_reference"], c["on_edge"]), _num(c["trunk_lr"])]
-        rows.append([*cells, excess(c["excess_trunk"], c["on_edge"])])
-    return [*lines, *markdown_table(header, rows), "", *(f"- {line}" for line in protocol_verdicts(costs))]
 
 
 def protocol_verdicts(costs: list[dict[str, Any]]) -> list[str]:
@@ -187,10 +171,21 @@ def budget_markdown(
     rules: dict[str, dict[str, Any]],
     costs: list[dict[str, Any]] | None = None,
 ) -> str:
-    """lr_summary.md of a multi-budget LR study."""
+    """lr_summary.md of a multi-budget LR study: per (arm, size, budget) the optimum with its 95% interval, its
+    width (hi / lo), the best grid lr, the loss there, grid points, seeds and flags; then the next runs, the rules
+    and the protocol costs."""
+    header = ["arm", "size", "N", "tokens / param", "D", "optimum [95% CI]", "CI width (hi/lo)", "best grid lr"]
+    header += ["loss at optimum", "grid points", "seeds", "flags"]
+    rows = []
+    for r in table.itertuples():
+        n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
+        cells = [f"{r.variant}", f"{r.size}", n, f"{r.tokens_per_param:g}", f"{r.tokens:,.0f}"]
+        cells += [_optimum(r.lr, r.ci95), _num(r.ci_ratio, ".2f"), _num(r.grid_best_lr), _num(r.loss_at_optimum)]
+        flags = flag_text(r, f"next lr {lr_text(r.next_lr)}" if r.on_edge else "")
+        rows.append([*cells, f"{r.n_grid}", f"{r.n_seeds}", flags])
     lines = ["# Learning-rate tuning per budget", "", f"Source: `{source}`." if source else "", ""]
-    lines += budget_table_lines(table)
     lines += [
+        *markdown_table(header, rows),
         "",
         (
             "Per (arm, size, budget): the vertex of a least-squares parabola in ln(lr) through the grid points within "

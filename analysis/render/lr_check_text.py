@@ -1,6 +1,5 @@
 """The text of the lr check of a multi-budget study (analysis.laws.lr_check, length.json ``lr_check``): its
-headline lines and its Markdown section in length_summary.md (analysis.studies.training_length). Plain functions from
-the check's document to lines; no torch.
+headline lines and its Markdown section in length_summary.md (analysis.studies.training_length).
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ def _lr_cell(b: dict[str, Any]) -> str:
 
 
 def _signed(x: float | None, ci: list[float] | None = None) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+    return "n/a" if x is None else f"{x:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
 
 
 def lr_check_lines(check: dict[str, Any], arm: str, reference: str) -> list[str]:

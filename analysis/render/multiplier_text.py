@@ -1,11 +1,8 @@
 """The text of the multiplier reports: Markdown sections and headline lines, built from the numbers analysis.laws
-returns (fit.json and length.json entries), never from runs.
-
-The rung test and the per-rung multipliers (analysis.laws.heterogeneity: :func:`rung_headline`, :func:`rung_markdown`),
-the per-(rung, budget) token multipliers (analysis.laws.cell_multiplier: :func:`m_text`, :func:`cell_markdown`),
-the rollout (analysis.laws.rollout: :func:`rollout_markdown`), the sensitivity to the asymptote E
-(analysis.laws.asymptote: :func:`e_sensitivity_markdown`) and the fit over parameters and tokens (analysis.laws.nd_fit:
-:func:`nd_markdown`). Nothing here fits or resamples; every number printed is read from the entry given.
+returns (fit.json and length.json entries), never from runs: the rung test and per-rung multipliers
+(analysis.laws.heterogeneity), the per-(rung, budget) token multipliers (analysis.laws.cell_multiplier), the rollout
+(analysis.laws.rollout), the sensitivity to the asymptote E (analysis.laws.asymptote), the fit over parameters and
+tokens (analysis.laws.nd_fit) and the wall-clock multiplier line.
 """
 
 from __future__ import annotations
@@ -25,51 +22,48 @@ def _ci(c: list[float] | None) -> str:
     return "[n/a]"
 
 
+def _m_ci(m: float, c: list[float] | None) -> str:
+    return f"{m:.3f}× {_ci(c)}"
+
+
 def _time_at(size: str, ratios: dict[str, float]) -> float | None:
     """The time ratio of a size (a rung, or a (rung, budget) point named ``<rung>@<budget>``)."""
     return ratios.get(size, ratios.get(str(size).split("@")[0]))
 
 
-def _wall_text(r: dict[str, Any], ratios: dict[str, float]) -> str:
-    t = _time_at(r["size"], ratios)
-    return f" (m_wall {r['m'] * t:.3f}×)" if t is not None else ""
-
-
 def rung_headline(mult: dict[str, Any], arm: str, timing: dict[str, Any] | None = None) -> list[str]:
     """The lines a report prints about one arm's multiplier: the pooled m with its loss, and where the rung test
-    rejects, that one multiplier does not describe the rungs, with m(C) at the measured C, each beside its
-    wall-clock version m_s · t_s where the rung's time ratio is known (``mult["rung_time"]`` or ``timing``, a
-    wall-clock entry); then the least-squares m where it disagrees with the Huber one."""
+    rejects one multiplier over the rungs, m(C) at the measured C, each beside its wall-clock version m_s · t_s where
+    the rung's time ratio is known (``mult["rung_time"]`` or ``timing``, a wall-clock entry); then the least-squares
+    m where it disagrees with the Huber one."""
     test = mult.get("rung_test") or {}
     delta = (mult.get("joint") or {}).get("huber_delta")
     loss = fit_loss_text(delta) if delta is not None else "its fit loss"
     ratios = mult.get("rung_time") or rung_time_ratios(timing)
-    lines = []
+    pooled = _m_ci(mult["m"], mult["m_ci95"])
     if test.get("one_multiplier") is False:
-        pts = ", ".join(
-            f"{r['size']} (C = {r['C']:.3g}): {r['m']:.3f}× {_ci(r['m_ci95'])}{_wall_text(r, ratios)}"
-            for r in test["m_of_C"]
-        )
-        trend = ""
-        if test.get("slope") is not None:
-            trend = f"; d ln m / d ln C = {test['slope']:+.3f} {_ci(test['slope_ci95'])}"
-        lines.append(
+        slope = test.get("slope")
+        trend = "" if slope is None else f"; d ln m / d ln C = {slope:+.3f} {_ci(test['slope_ci95'])}"
+        pts = []
+        for r in test["m_of_C"]:
+            t = _time_at(r["size"], ratios)
+            wall = f" (m_wall {r['m'] * t:.3f}×)" if t is not None else ""
+            pts.append(f"{r['size']} (C = {r['C']:.3g}): {_m_ci(r['m'], r['m_ci95'])}{wall}")
+        line = (
             f"{arm}: one multiplier does not describe these rungs (p = {test['p']:.2g}, Q = {test['Q']:.1f}, "
-            f"{test.get('reference', 'chi2')}): m(C) at the measured C: {pts}{trend}. The pooled m = {mult['m']:.3f}× "
-            f"{_ci(mult['m_ci95'])} ({loss}) averages rungs that disagree."
+            f"{test.get('reference', 'chi2')}): m(C) at the measured C: {', '.join(pts)}{trend}. The pooled m = "
+            f"{pooled} ({loss}) averages rungs that disagree."
         )
     else:
         p = "n/a" if test.get("p") is None else f"{test['p']:.2g}"
-        lines.append(
-            f"{arm}: pooled m = {mult['m']:.3f}× {_ci(mult['m_ci95'])} ({loss}); one multiplier over the rungs: p = {p}"
-        )
+        line = f"{arm}: pooled m = {pooled} ({loss}); one multiplier over the rungs: p = {p}"
     lsq = mult.get("least_squares")
-    if lsq and mult.get("loss_disagreement"):
-        lines.append(
-            f"{arm}: the fit's loss matters: {lsq['loss']} gives m = {lsq['m']:.3f}× {_ci(lsq['m_ci95'])} against "
-            f"{mult['m']:.3f}× {_ci(mult['m_ci95'])} ({loss}), each outside the other's interval"
-        )
-    return lines
+    if not (lsq and mult.get("loss_disagreement")):
+        return [line]
+    matters = (
+        f"{arm}: the fit's loss matters: {lsq['loss']} gives m = {_m_ci(lsq['m'], lsq['m_ci95'])} against {pooled}"
+    )
+    return [line, f"{matters} ({loss}), each outside the other's interval"]
 
 
 def rung_markdown(
@@ -93,15 +87,15 @@ def rung_markdown(
         rows = []
         for r in test["m_of_C"]:
             other = (lsq.get("per_size") or {}).get(r["size"])
-            other_text = f"{other['m']:.3f}× {_ci(other['m_ci95'])}" if other else "n/a"
-            row = [f"{r['size']}", f"{r['C']:.3g}", f"{r['m']:.3f}× {_ci(r['m_ci95'])}", other_text]
+            row = [f"{r['size']}", f"{r['C']:.3g}", _m_ci(r["m"], r["m_ci95"])]
+            row.append(_m_ci(other["m"], other["m_ci95"]) if other else "n/a")
             if ratios:
                 t = _time_at(r["size"], ratios)
                 row += [f"{t:.3f}", f"{r['m'] * t:.3f}×"] if t is not None else ["n/a", "n/a"]
             rows.append(row)
         lines += ["", *markdown_table(header, rows)]
         if lsq:
-            pooled = f"| pooled m | | {mm['m']:.3f}× {_ci(mm['m_ci95'])} | {lsq['m']:.3f}× {_ci(lsq['m_ci95'])} |"
+            pooled = f"| pooled m | | {_m_ci(mm['m'], mm['m_ci95'])} | {_m_ci(lsq['m'], lsq['m_ci95'])} |"
             lines.append(pooled + (" | |" if ratios else ""))
         if ratios:
             note = (
@@ -135,10 +129,6 @@ def m_text(e: dict[str, Any], m_key: str = "m", ci_key: str = "m_ci95") -> str:
     return f"{head} [{texts[0]}, {texts[1]}]"
 
 
-def _interval(ci: list[float] | None, spec: str) -> str:
-    return f"[{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "[n/a]"
-
-
 def cell_markdown(cells: list[dict[str, Any]], arm: str, reference: str) -> list[str]:
     """length_summary.md's section: per cell Delta with its interval, m with its interval and D* / D_max, the
     step-time ratio and m_wall, and approach 3's m where present."""
@@ -156,48 +146,38 @@ def cell_markdown(cells: list[dict[str, Any]], arm: str, reference: str) -> list
     )
     if a3:
         what += f" Approach 3: the same m read off the {reference}'s L(N, D) law of the frontier below, as a check."
-    lines = [
-        f"## {reference}'s tokens to reach {arm}'s loss, per rung and budget",
-        "",
-        what,
-        "",
-    ]
     header = ["rung", "tokens / param", "Δ [95%]", "law at the rung", "m [95%]", "D*/D_max", "r", "m_wall [95%]"]
     rows = []
     for c in cells:
         law = c.get("law") or {}
         law_text = "n/a" if "error" in law else f"{law['E']:.3f} + {law['B']:.3g}/D^{law['beta']:.3f}"
-        x = c.get("d_star_over_d_max")
-        r = c.get("step_time_ratio")
-        row = [f"{c['size']}", f"{c['tokens_per_param']:g}", f"{c['delta']:+.4f} {_interval(c['delta_ci95'], '+.4f')}"]
-        row += [law_text, m_text(c), "n/a" if x is None else f"{x:.2f}", "n/a" if r is None else f"{r:.3f}"]
+        x, r, ci = c.get("d_star_over_d_max"), c.get("step_time_ratio"), c["delta_ci95"]
+        delta = f"{c['delta']:+.4f} " + (f"[{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "[n/a]")
+        row = [f"{c['size']}", f"{c['tokens_per_param']:g}", delta, law_text, m_text(c)]
+        row += ["n/a" if x is None else f"{x:.2f}", "n/a" if r is None else f"{r:.3f}"]
         row.append(m_text(c, "m_wall", "m_wall_ci95") if c["m_wall"] is not None else "n/a")
         if a3:
-            e = c.get("approach3") or {}
-            row.append(m_text(e) if e else "n/a")
+            row.append(m_text(c["approach3"]) if c.get("approach3") else "n/a")
         rows.append(row)
+    lines = [f"## {reference}'s tokens to reach {arm}'s loss, per rung and budget", "", what, ""]
     lines += markdown_table(header + (["m, approach 3 [95%]"] if a3 else []), rows)
     notes = sorted({c["note"] for c in cells if c.get("note") and c["note"] not in (">10x", "<0.1x")})
     return [*lines, "", *(f"* not measured: {n}" for n in notes), *([""] if notes else [])]
 
 
-# ---- rollout (analysis.laws.rollout) ---------------------------------------------------------------------------------
+# ---- rollout (analysis.laws.rollout), E sensitivity (analysis.laws.asymptote), N-D fit (analysis.laws.nd_fit) --------
 
 
-_NOTE = (
-    "Each variant's joint fit with the baseline, without the held-out rung(s); the prediction interval is the fit's "
-    "bootstrap widened by the fitted cell means' rms log residual (docs/analysis.md, Rollout)."
-)
+def _f(x: float | None, spec: str) -> str:
+    return "n/a" if x is None or x != x else format(x, spec)
+
+
+def _with_ci(x: str, ci: list[float] | None, spec: str) -> str:
+    return x + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
 
 
 def rollout_markdown(ro: dict[str, Any], base: str) -> list[str]:
     """summary.md's rollout section."""
-    lines = [
-        f"## Rollout: fitted on {', '.join(ro['fitted_sizes'])}, predicting {', '.join(ro['held_out'])}",
-        "",
-        _NOTE,
-        "",
-    ]
     rows = []
     for v, e in ro["variants"].items():
         for p in e["points"]:
@@ -206,41 +186,36 @@ def rollout_markdown(ro: dict[str, Any], base: str) -> list[str]:
             measured, inside = f"{p['measured']:.4f} ({p['n_runs']})", "yes" if p["inside"] else "**no**"
             rows.append([v, f"{p['size']}", f"{p['arm']}", f"{p['predicted']:.4f}", pi_text, measured, inside])
     header = ["pair", "rung", "arm", "predicted", "95% prediction interval", "measured (runs)", "inside"]
-    lines += [*markdown_table(header, rows), ""]
+    lines = [
+        f"## Rollout: fitted on {', '.join(ro['fitted_sizes'])}, predicting {', '.join(ro['held_out'])}",
+        "",
+        (
+            "Each variant's joint fit with the baseline, without the held-out rung(s); the prediction interval is the "
+            "fit's bootstrap widened by the fitted cell means' rms log residual (docs/analysis.md, Rollout)."
+        ),
+        "",
+        *markdown_table(header, rows),
+        "",
+    ]
     rows = []
     for v, e in ro["variants"].items():
         for dl in e["delta"]:
-            ci = dl["predicted_ci95"]
-            mci, fci = e.get("m_ci95"), e.get("measured_m_ci95")
-            ms = (e.get("measured_m_s") or {}).get(dl["size"])
-            predicted = f"{dl['predicted']:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
-            fitted = f"{e['m']:.3f}" + (f" [{mci[0]:.3f}, {mci[1]:.3f}]" if mci else "")
-            full = _f(e.get("measured_m"), ".3f") + (f" [{fci[0]:.3f}, {fci[1]:.3f}]" if fci else "")
+            predicted = _with_ci(f"{dl['predicted']:+.4f}", dl["predicted_ci95"], "+.4f")
+            fitted = _with_ci(f"{e['m']:.3f}", e.get("m_ci95"), ".3f")
+            full = _with_ci(_f(e.get("measured_m"), ".3f"), e.get("measured_m_ci95"), ".3f")
             measured = f"{_f(dl['measured'], '+.4f')} ({dl['n_pairs']})"
-            rows.append([v, f"{dl['size']}", predicted, measured, fitted, full, _f(ms, ".3f")])
+            m_s = _f((e.get("measured_m_s") or {}).get(dl["size"]), ".3f")
+            rows.append([v, f"{dl['size']}", predicted, measured, fitted, full, m_s])
     header = ["variant", "rung", f"predicted Δ vs {base} [95%]", "measured Δ (pairs)", "m fitted [95%]"]
     return [*lines, *markdown_table([*header, "m full ladder [95%]", "m_s at the rung"], rows), ""]
 
 
-def _f(x: float | None, spec: str) -> str:
-    return "n/a" if x is None or x != x else format(x, spec)
-
-
-# ---- sensitivity to the asymptote E (analysis.laws.asymptote) --------------------------------------------------------
-
-
 def e_sensitivity_markdown(es: dict[str, Any], base: str) -> list[str]:
     """summary.md's section: one table per variant."""
-    lines = [
-        f"## Sensitivity of the multiplier to the asymptote E (joint fit with {base}, Huber on log-loss)",
-        "",
-    ]
+    lines = [f"## Sensitivity of the multiplier to the asymptote E (joint fit with {base}, Huber on log-loss)", ""]
     for v, e in es["variants"].items():
         lo, hi = e["m_range"]
-        lines += [
-            f"**{v}**: m from {lo:.3f} to {hi:.3f} over these E (lowest observed loss {e['L_min']:.4f}).",
-            "",
-        ]
+        lines += [f"**{v}**: m from {lo:.3f} to {hi:.3f} over these E (lowest observed loss {e['L_min']:.4f}).", ""]
         rows = []
         for r in e["rows"]:
             note = " (at a bound)" if r.get("at_bound") else (" (fell back to E = 0)" if r.get("fallback") else "")
@@ -251,9 +226,6 @@ def e_sensitivity_markdown(es: dict[str, Any], base: str) -> list[str]:
     return lines
 
 
-# ---- the fit over parameters and tokens (analysis.laws.nd_fit) -------------------------------------------------------
-
-
 def nd_markdown(nd: dict[str, Any]) -> list[str]:
     """summary.md's section: one row per arm."""
     lines = [
@@ -261,18 +233,15 @@ def nd_markdown(nd: dict[str, Any]) -> list[str]:
         "",
         f"{nd['loss']}; {nd['E_bound']}; 95% bootstrap intervals.",
         "",
-        "| arm | runs | E | A | alpha | B | beta | rmse(log L) |",
-        "|---|---|---|---|---|---|---|---|",
+        *markdown_table(["arm", "runs", "E", "A", "alpha", "B", "beta", "rmse(log L)"], []),
     ]
     for arm, e in nd["arms"].items():
         if e.get("error"):
             lines.append(f"| {arm} | {e.get('n_runs', 0)} | {e['error']} | | | | | |")
             continue
-
-        lines.append(
-            f"| {arm} | {e['n_runs']} | {_cell(e, 'E', '.3f')} | {_cell(e, 'A', '.3g')} | {_cell(e, 'alpha', '.3f')} "
-            f"| {_cell(e, 'B', '.3g')} | {_cell(e, 'beta', '.3f')} | {e['rmse_log']:.4f} |"
-        )
+        terms = (("E", ".3f"), ("A", ".3g"), ("alpha", ".3f"), ("B", ".3g"), ("beta", ".3f"))
+        cells = " | ".join(_cell(e, k, spec) for k, spec in terms)
+        lines.append(f"| {arm} | {e['n_runs']} | {cells} | {e['rmse_log']:.4f} |")
     return [*lines, ""]
 
 

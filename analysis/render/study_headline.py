@@ -1,11 +1,11 @@
-"""The lines a study prints under its report: the fit's headline (each arm's compute multiplier with its interval,
-beside its wall-clock version), the committed full result beside a new run's, and the regime sentence (the shape,
-context and tokens per parameter the runs measured, against the paper's claim). ``python -m sweeps.study`` prints
-them; the fit's headline is the ``fit`` study's registered headline (analysis.studies.study_registry)."""
+"""The lines a study prints under its report (``python -m sweeps.study``): the fit's headline (each arm's compute
+multiplier with its interval, beside its wall-clock version), the committed full result beside a new run's, and the
+regime sentence (the shape, context and tokens per parameter the runs measured, against the paper's claim)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..io.fit_document import FitDocument, Multiplier
 
@@ -16,15 +16,13 @@ CPU_MAP_NOTE = " (where Block AttnRes starts to pay at CPU scale: docs/results/c
 
 
 def regime_sentence(results: Path, why: str | None = None) -> str:
-    """One sentence on the regime a study's completed runs measured: depths, widths, heads, context, tokens per
-    parameter, where that sits against the paper's claim (24-34 sublayers, d_model 896-1264, ~200 tokens per
-    parameter), and ``why`` the study measures there. Runs whose depths and widths all lie in the paper's ranges
-    speak for the paper's shapes (and, at 100-400 tokens per parameter, its regime); any other for their own
-    shape, not the paper's."""
-    from ..io.runs import load_results
+    """One sentence on the regime a study's completed runs measured (depths, widths, heads, context, tokens per
+    parameter), where that sits against the paper's claim (the PAPER_* ranges), and ``why`` the study measures
+    there."""
+    from ..io.runs import completed_runs, load_results
 
     df = load_results(results)
-    df = df[df["status"] == "completed"] if "status" in df.columns else df
+    df = completed_runs(df)
     if df.empty:
         return "regime: no completed runs"
 
@@ -32,19 +30,17 @@ def regime_sentence(results: Path, why: str | None = None) -> str:
         lo, hi = int(df[col].min()), int(df[col].max())
         return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
-    def inside(lo: float, hi: float, bounds: tuple[int, int]) -> bool:
-        return bounds[0] <= lo and hi <= bounds[1]
+    def inside(values: Any, bounds: tuple[int, int]) -> bool:
+        return bounds[0] <= values.min() and values.max() <= bounds[1]
 
     tpp = (df["tokens"] / df["params_non_embedding"]).astype(float)
     tpp_text = f"{tpp.min():.0f}" if round(tpp.min()) == round(tpp.max()) else f"{tpp.min():.0f}-{tpp.max():.0f}"
     layers, widths = df["n_layers"].astype(int), df["d_model"].astype(int)
     sublayers = f"{2 * layers.min()}-{2 * layers.max()}"
-    paper_shape = inside(2 * layers.min(), 2 * layers.max(), PAPER_SUBLAYERS) and inside(
-        widths.min(), widths.max(), PAPER_D_MODEL
-    )
+    paper_shape = inside(2 * layers, PAPER_SUBLAYERS) and inside(widths, PAPER_D_MODEL)
     if not paper_shape:
         verdict = "so a result here speaks for this shape, not for the paper's"
-    elif inside(tpp.min(), tpp.max(), PAPER_TOKENS_PER_PARAM):
+    elif inside(tpp, PAPER_TOKENS_PER_PARAM):
         verdict = "and these runs are at the paper's shapes and training length, so a result here speaks for its regime"
     else:
         verdict = (
@@ -71,34 +67,23 @@ def committed_lines(path: Path, root: Path | None = None) -> list[str]:
     if not path.is_file():
         return []
     fit = FitDocument.from_json(path)
-    seeds = sorted(set((fit.bootstrap.seeds_per_size or {}).values())) if fit.bootstrap else []
-    lines = []
-    where = path.parent.relative_to(root) if root else path.parent
-    for name, m in fit.multipliers.items():
-        if m.m is None:
-            continue
-        lines.append(
-            f"  committed ({'/'.join(map(str, seeds)) or '?'} seeds per size, {where}): {name}: {m_interval_text(m)}"
-        )
-    return lines
+    seeds = "/".join(map(str, sorted(set((fit.bootstrap.seeds_per_size or {}).values())))) if fit.bootstrap else ""
+    where = f"{seeds or '?'} seeds per size, {path.parent.relative_to(root) if root else path.parent}"
+    return [f"  committed ({where}): {n}: {m_interval_text(m)}" for n, m in fit.multipliers.items() if m.m is not None]
 
 
 def fit_headline(fit: FitDocument) -> list[str]:
     """One line per variant: the compute multiplier vs the baseline with its 95% interval (``fit``: the document
     ``python -m analysis fit`` built, or read back from its fit.json: ``FitDocument.from_json``)."""
-    lines = []
-    for name, b in (fit.arch_grid.best if fit.arch_grid else {}).items():
-        lines.append(
-            f"  {name}: best val loss {b.val_loss:.4f} at d/L_b = {b.d_over_lb:g}, H/L_b = {b.heads_over_lb:g}"
-            f" (the grid: fig7_arch_grid.md)"
-        )
+    lines = [
+        f"  {name}: best val loss {b.val_loss:.4f} at d/L_b = {b.d_over_lb:g}, H/L_b = {b.heads_over_lb:g}"
+        " (the grid: fig7_arch_grid.md)"
+        for name, b in (fit.arch_grid.best if fit.arch_grid else {}).items()
+    ]
     for name, m in fit.multipliers.items():
-        if m.m is None:
-            continue
-        lines.append(
-            f"  {name}: compute multiplier {m_interval_text(m)}, P(m <= 1) = {m.p_m_le_1:.3f}"
-            + (f", paper-form M at largest C = {m.paper_M:.3f}x" if m.paper_M is not None else "")
-        )
+        if m.m is not None:
+            paper = f", paper-form M at largest C = {m.paper_M:.3f}x" if m.paper_M is not None else ""
+            lines.append(f"  {name}: compute multiplier {m_interval_text(m)}, P(m <= 1) = {m.p_m_le_1:.3f}{paper}")
     if fit.multipliers:  # the wall-clock multiplier beside the compute one, where the records hold CPU times
         from ..laws.wallclock import document_wallclock
         from .multiplier_text import wallclock_line

@@ -1,38 +1,24 @@
-"""The ablation study (study kind ``ablations``, paper Table 4): the paper's AttnRes ablations and the peer residual
-schemes against the baseline at one shape, every arm at the same lr protocol and seeds.
-
-* :func:`ablation_table` (analysis.laws.fixed_shape) -- one row per arm: the mean loss over seeds with its 95% t
-  interval, its same-seed difference from the baseline with its interval (analysis.laws.paired) and the paper's loss
-  and difference beside it; rows in the paper's Table 4 order, with the arms the paper does not report after its
-  peers. The baseline and any arm the study skipped because another study had trained it (the ladder's Full and Block
-  runs) are taken from every study in the table at the same shape, lr protocol and seeds.
-* :func:`ablation_markdown`, :func:`ablation_figure`, :func:`ablation_verdict` -- the table, a dot plot of the
-  differences (ours beside the paper's) and one sentence comparing them.
-* :func:`analyse_ablations` -- ``python -m analysis ablations``: all of it written to one directory.
-
-Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
-"""
+"""The ablation study (``python -m analysis ablations``, paper Table 4): the AttnRes ablations and peer residual
+schemes against the baseline at one shape (analysis.laws.fixed_shape.ablation_table: same-seed differences with t
+intervals, references drawn from other studies at the same shape, lr protocol and seeds), the table, a dot plot
+beside the paper's and one sentence comparing them."""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from ..io.runs import load_one_dataset
 from ..laws.fixed_shape import BASELINE, ablation_table
 from ..render.figures import ablation_figure
 from ..render.tables import ablation_markdown
-from .study_registry import fixed_shape_arguments, register
+from .study_registry import register_fixed_shape
 
 
 def ablation_verdict(table: list[dict[str, Any]]) -> str:
-    """One sentence on where ours agrees with the paper's Table 4 and where not: which arms beat or lose to the
-    baseline at 95%, and whether the arms' order agrees with the paper's (Spearman's rank correlation of the Δs
-    over the arms both report)."""
+    """One sentence against the paper's Table 4: the arms that beat or lose to the baseline at 95%, and Spearman's
+    rank correlation of our Δs with the paper's."""
     from scipy import stats
 
     arms = [r for r in table if r.get("delta_vs_baseline") is not None]
@@ -58,8 +44,7 @@ def ablation_verdict(table: list[dict[str, Any]]) -> str:
 
 
 def analyse_ablations(df: pd.DataFrame, out: Path, baseline: str = BASELINE) -> dict[str, Any]:
-    """``python -m analysis ablations``: ablations.json, table4_ablations.md and fig_table4_ablations.png/pdf under
-    ``out``; returns the document (rows, ``verdict``, ``files``). No ablation study in ``df``: ValueError."""
+    """ablations.json, table4_ablations.md and fig_table4_ablations.png/pdf under ``out``; the document."""
     from ..io.report import write_report
 
     table = ablation_table(df, baseline)
@@ -75,17 +60,4 @@ def analyse_ablations(df: pd.DataFrame, out: Path, baseline: str = BASELINE) -> 
     return write_report(out, doc, "ablations.json", {"table4_ablations.md": "\n".join(md)}, figures)
 
 
-# ---- python -m analysis <command> -----------------------------------------------------------------------------------
-
-
-@register(
-    "ablations",
-    help="ablations and peers (Table 4): same-seed differences with 95%% t intervals, beside the paper's",
-    arguments=fixed_shape_arguments,
-    files="table4_ablations.md, ablations.json, fig_table4_ablations.png",
-    study_kind="ablations",
-    printed=lambda doc: [doc["verdict"]],
-)
-def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``python -m analysis ablations``: the study's JSON, Markdown table and figure; the document."""
-    return analyse_ablations(load_one_dataset(args.results), Path(args.out), args.baseline)
+register_fixed_shape("ablations", analyse_ablations, "table4_ablations.md, ablations.json, fig_table4_ablations.png")

@@ -1,22 +1,10 @@
-"""The block-size study (study kind ``block_size``, paper Fig. 6): Block AttnRes' loss per block size S (sublayers
-per block) at one shape, from S = 1 (one sublayer per block: Full AttnRes' maths) to S = 2 L_b (a single block),
-against the baseline and Full AttnRes of the same shape, lr protocol and seeds.
-
-* :func:`block_size_sweep` (analysis.laws.fixed_shape) -- the sweep: per S the mean loss over seeds with its 95% t
-  interval, and its same-seed differences from the baseline and from Full AttnRes with theirs (analysis.laws.paired).
-  The reference arms and any S the sweep skipped because another study had trained it (the ladder's own Block run)
-  are taken from every study in the table at the same shape, lr protocol and seeds.
-* :func:`block_size_markdown`, :func:`block_size_figure`, :func:`block_size_verdict` -- the table (with the
-  paper's Fig. 6 beside it), the figure (ours beside the paper's) and one sentence comparing them.
-* :func:`analyse_block_size` -- ``python -m analysis block-size``: all of it written to one directory.
-
-Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
-"""
+"""The block-size study (``python -m analysis block_size``, paper Fig. 6): Block AttnRes' loss per block size S at one
+shape, from S = 1 (Full AttnRes' maths) to a single block, against the baseline and Full AttnRes
+(analysis.laws.fixed_shape.block_size_sweep: same-seed differences, references drawn from other studies at the same
+shape, lr protocol and seeds), the table and figure beside the paper's, and one sentence comparing them."""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +12,14 @@ import pandas as pd
 
 from ..io.fit_document import BlockSizeSweep
 from ..io.paper_data import paper_sweep
-from ..io.runs import load_one_dataset
 from ..laws.fixed_shape import BASELINE, FULL, block_size_sweep
 from ..render.figures import block_size_figure
 from ..render.tables import block_size_markdown, interval_text
-from .study_registry import fixed_shape_arguments, register
-
-# ---- the table, the sentence and the figure -------------------------------------------------------------------
+from .study_registry import register_fixed_shape
 
 
 def block_size_verdict(sw: dict[str, Any]) -> str:
-    """One sentence on where ours agrees with the paper's Fig. 6 and where not, computed from the sweep."""
+    """One sentence on where ours agrees with the paper's Fig. 6 and where not."""
     pts = sw["points"]
     if not pts:
         return "No block size was trained."
@@ -66,8 +51,7 @@ def _list(xs: list[int]) -> str:
 
 
 def analyse_block_size(df: pd.DataFrame, out: Path, baseline: str = BASELINE, full: str = FULL) -> dict[str, Any]:
-    """``python -m analysis block-size``: block_size.json, block_size_summary.md and fig6_block_size.png/pdf under
-    ``out``; returns the document (with ``files`` and ``verdict``). No block-size study in ``df``: ValueError."""
+    """block_size.json, block_size_summary.md and fig6_block_size.png/pdf under ``out``; the document."""
     from ..io.report import write_report
 
     sw = block_size_sweep(df, baseline, full)
@@ -81,18 +65,4 @@ def analyse_block_size(df: pd.DataFrame, out: Path, baseline: str = BASELINE, fu
     return write_report(out, doc, "block_size.json", {"block_size_summary.md": md}, figures)
 
 
-# ---- python -m analysis <command> -----------------------------------------------------------------------------------
-
-
-@register(
-    "block_size",
-    help="block size (Fig. 6): same-seed differences with 95%% t intervals, beside the paper's",
-    arguments=fixed_shape_arguments,
-    aliases=("block-size",),
-    files="block_size_summary.md, block_size.json, fig6_block_size.png",
-    study_kind="block_size",
-    printed=lambda doc: [doc["verdict"]],
-)
-def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``python -m analysis block_size``: the study's JSON, Markdown table and figure; the document."""
-    return analyse_block_size(load_one_dataset(args.results), Path(args.out), args.baseline)
+register_fixed_shape("block_size", analyse_block_size, "block_size_summary.md, block_size.json, fig6_block_size.png")

@@ -1,21 +1,8 @@
-"""Where does Block AttnRes start to beat the baseline? The depth-by-width map (study kind ``map``).
-
-Every cell of the map is one shape (L_b transformer blocks of width d_model) trained by both arms for the same
-tokens with the same seeds; a seed's two runs start from the same weights (zero-initialised pseudo-queries), so
-the cell's effect is measured on same-seed pairs:
-
-    delta_i = val_loss(arm, seed i) - val_loss(baseline, seed i)        (negative: the arm wins)
-
-* :func:`cell_table` -- per cell: the pairs, their mean and sd, and a 95% Student-t interval for the mean
-  (n - 1 degrees of freedom: honest at few pairs, where a normal or bootstrap interval is overconfident;
-  :func:`interval_coverage` checks it by simulation, tests/test_depth_width_map.py);
-* :func:`boundaries` -- per width: where the mean delta crosses zero along depth (linear in log2 L_b between
-  adjacent cells), with a 95% percentile interval from resampling each cell's pairs;
-* :func:`map_markdown`, :func:`map_figure` -- the table and the Fig. 7-style heat map, every cell annotated with
-  its delta, half-width and pair count; cells without pairs are drawn as missing, never interpolated.
-
-Plain functions on tidy DataFrames (analysis.io.runs.load_results); no torch.
-"""
+"""Where does Block AttnRes start to beat the baseline? The depth-by-width map (``python -m analysis map``): per cell
+(L_b blocks of width d_model, both arms on the same tokens and seeds) the same-seed difference
+``delta = val_loss(arm) - val_loss(baseline)`` with a 95% Student-t interval over the pairs (honest at few pairs;
+its coverage: tests/test_depth_width_map.py), per width where the mean delta crosses zero along depth with a
+resampled interval, the table and the Fig. 7-style heat map (cells without pairs drawn as missing)."""
 
 from __future__ import annotations
 
@@ -29,12 +16,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from ..io.runs import AnalysisWarning
+from ..io.runs import AnalysisWarning, completed_runs, load_one_dataset
 from ..laws.paired import paired_comparison
 from ..render.figures import save
-from .study_registry import add_arms, add_bootstrap, add_results_out, register
+from .study_registry import add_arms, add_bootstrap, add_results_out, options_from, register
 
 ARM = "block_attnres"
 BASELINE = "baseline"
@@ -42,8 +28,7 @@ BASELINE = "baseline"
 
 @dataclass(frozen=True)
 class MapOptions:
-    """What the map compares: ``arm`` against ``baseline``, at ``level`` confidence, with ``B`` resamples for the
-    boundary's interval (seeded by ``seed``)."""
+    """``arm`` against ``baseline`` at ``level``; ``B`` resamples (from ``seed``) for the boundary's interval."""
 
     arm: str = ARM
     baseline: str = BASELINE
@@ -52,26 +37,10 @@ class MapOptions:
     seed: int = 0
 
 
-def interval_coverage(
-    n_pairs: int, sd: float = 0.02, n_sim: int = 20000, level: float = 0.95, df: float | None = None, seed: int = 0
-) -> float:
-    """The share of simulated cells whose :func:`t_interval` holds the true delta (0): ``n_pairs`` pair differences
-    drawn normal with ``sd`` (or Student-t with ``df`` degrees of freedom, scaled to ``sd``: heavier tails)."""
-    rng = np.random.default_rng(seed)
-    if df is None:
-        x = rng.normal(0.0, sd, size=(n_sim, n_pairs))
-    else:
-        x = rng.standard_t(df, size=(n_sim, n_pairs)) * sd / math.sqrt(df / (df - 2))
-    m, s = x.mean(axis=1), x.std(axis=1, ddof=1)
-    half = stats.t.ppf(0.5 + level / 2, n_pairs - 1) * s / math.sqrt(n_pairs)
-    return float(np.mean(np.abs(m) <= half))
-
-
 def pairs(df: pd.DataFrame, opts: MapOptions = MapOptions()) -> pd.DataFrame:
-    """Same-seed pairs of completed runs: one row per (n_layers, d_model, seed) holding both arms, with
-    ``baseline_loss``, ``arm_loss``, ``delta``, ``params`` and ``tokens``. A seed that either arm lacks (failed,
-    diverged or not run yet) is left out of its cell."""
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    """Same-seed pairs of completed runs, one row per (n_layers, d_model, seed) holding both arms: ``baseline_loss``,
+    ``arm_loss``, ``delta``, ``params`` and ``tokens``. Two runs of one arm, cell and seed: ValueError."""
+    done = completed_runs(df)
     keys = ["n_layers", "d_model", "seed"]
     cols = [*keys, "val_loss", "params_non_embedding", "tokens"]
     base = done[done["variant"] == opts.baseline][cols].rename(columns={"val_loss": "baseline_loss"})
@@ -85,21 +54,18 @@ def pairs(df: pd.DataFrame, opts: MapOptions = MapOptions()) -> pd.DataFrame:
             )
     out = base.merge(arm, on=keys, how="inner")
     out["delta"] = out["arm_loss"] - out["baseline_loss"]
-    out = out.rename(columns={"params_non_embedding": "params"})
-    for c in ("n_layers", "d_model", "seed"):
-        out[c] = out[c].astype(int)
+    out = out.rename(columns={"params_non_embedding": "params"}).astype(dict.fromkeys(keys, int))
     return out.sort_values(keys).reset_index(drop=True)
 
 
 def cell_table(
     df: pd.DataFrame, opts: MapOptions = MapOptions(), cells: list[tuple[int, int]] | None = None
 ) -> pd.DataFrame:
-    """One row per cell (n_layers, d_model): ``n_pairs``, ``delta`` (mean), ``sd``, ``ci_lo``/``ci_hi`` (95%
-    t-interval), ``half_width``, ``verdict`` (``wins`` when the interval lies below 0, ``loses`` above, else
-    ``undecided``; ``missing`` without pairs), the baseline's mean loss, ``params`` and ``tokens_per_param``.
-    ``cells`` adds the cells of the design that hold no pair yet (as missing)."""
+    """One row per cell (laws.paired.paired_comparison): ``n_pairs``, ``seeds``, ``delta``, ``sd``, ``ci_lo``/``ci_hi``,
+    ``half_width``, ``verdict``, ``baseline_loss``, ``params``, ``tokens_per_param``; ``cells`` adds design cells
+    without a pair (missing)."""
     p = pairs(df, opts)  # the map's duplicate check, and each cell's size and tokens
-    done = df[df["status"] == "completed"] if "status" in df.columns else df
+    done = completed_runs(df)
     keys = ["n_layers", "d_model"]
     table = paired_comparison(done, opts.baseline, [opts.arm], keys, level=opts.level)
     by_cell = {(int(r.n_layers), int(r.d_model)): r for r in table.itertuples()} if not table.empty else {}
@@ -111,29 +77,17 @@ def cell_table(
         n = r.n_pairs if r is not None else 0
         lo, hi = r.delta_ci95 if n > 1 and r.delta_ci95 else (math.nan, math.nan)
         params = int(c["params"].iloc[0]) if len(c) else None
-        rows.append(
-            {
-                "n_layers": n_layers,
-                "d_model": d_model,
-                "n_pairs": n,
-                "seeds": list(r.seeds) if n else [],
-                "delta": float(r.delta) if n else math.nan,
-                "sd": float(r.delta_sd) if n > 1 else math.nan,
-                "ci_lo": lo,
-                "ci_hi": hi,
-                "half_width": (hi - lo) / 2 if np.isfinite(lo) else math.nan,
-                "verdict": r.verdict if n else "missing",
-                "baseline_loss": float(r.ref_loss) if n else math.nan,
-                "params": params,
-                "tokens_per_param": float(c["tokens"].iloc[0]) / params if params else math.nan,
-            }
-        )
+        row = {"n_layers": n_layers, "d_model": d_model, "n_pairs": n, "seeds": list(r.seeds) if n else []}
+        row |= {"delta": float(r.delta) if n else math.nan, "sd": float(r.delta_sd) if n > 1 else math.nan}
+        row |= {"ci_lo": lo, "ci_hi": hi, "half_width": (hi - lo) / 2 if np.isfinite(lo) else math.nan}
+        row |= {"verdict": r.verdict if n else "missing", "baseline_loss": float(r.ref_loss) if n else math.nan}
+        tpp = float(c["tokens"].iloc[0]) / params if params else math.nan
+        rows.append(row | {"params": params, "tokens_per_param": tpp})
     return pd.DataFrame(rows)
 
 
 def _crossing(depths: np.ndarray, means: np.ndarray) -> float:
-    """The first depth (log2-linear between cells) where the mean delta turns from >= 0 to < 0; inf when it
-    never does, the shallowest depth when it is already negative there."""
+    """The first depth (log2-linear between cells) where the mean delta turns negative; inf when it never does."""
     if means[0] < 0:
         return float(depths[0])
     for (d0, m0), (d1, m1) in zip(zip(depths, means), zip(depths[1:], means[1:])):
@@ -144,9 +98,8 @@ def _crossing(depths: np.ndarray, means: np.ndarray) -> float:
 
 
 def boundaries(df: pd.DataFrame, opts: MapOptions = MapOptions()) -> pd.DataFrame:
-    """Per width with pairs at two depths or more: the depth where Block AttnRes starts to pay (``crossing``: the
-    mean delta's zero, :func:`_crossing`) and its 95% interval from ``opts.B`` resamples of each cell's pairs
-    (``inf``: no crossing within the map's depths)."""
+    """Per width with pairs at two depths or more: the ``crossing`` depth (:func:`_crossing`) and its interval from
+    ``opts.B`` resamples of each cell's pairs."""
     p = pairs(df, opts)
     rng = np.random.default_rng(opts.seed)
     rows = []
@@ -160,16 +113,8 @@ def boundaries(df: pd.DataFrame, opts: MapOptions = MapOptions()) -> pd.DataFram
             [_crossing(depths, np.array([rng.choice(g, len(g)).mean() for g in groups])) for _ in range(opts.B)]
         )
         lo, hi = np.quantile(boot, [(1 - opts.level) / 2, (1 + opts.level) / 2])
-        rows.append(
-            {
-                "d_model": int(d_model),
-                "depths": [int(x) for x in depths],
-                "crossing": point,
-                "ci_lo": float(lo),
-                "ci_hi": float(hi),
-                "p_no_crossing": float(np.mean(np.isinf(boot))),
-            }
-        )
+        row = {"d_model": int(d_model), "depths": [int(x) for x in depths], "crossing": point}
+        rows.append(row | {"ci_lo": float(lo), "ci_hi": float(hi), "p_no_crossing": float(np.mean(np.isinf(boot)))})
     return pd.DataFrame(rows)
 
 
@@ -178,16 +123,12 @@ def _fmt_depth(x: float) -> str:
 
 
 def map_markdown(cells: pd.DataFrame, bounds: pd.DataFrame, opts: MapOptions = MapOptions()) -> list[str]:
-    """The per-cell table and the boundary, as Markdown lines."""
-    lines = [
-        (
-            f"Δ = {opts.arm} − {opts.baseline} final validation loss (nats/token), same-seed pairs; 95% Student-t "
-            "interval over the pairs. Negative: Block AttnRes wins."
-        ),
-        "",
-        "| L_b | d_model | N | tokens/param | pairs | baseline loss | Δ | 95% interval | half-width | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    intro = (
+        f"Δ = {opts.arm} − {opts.baseline} final validation loss (nats/token), same-seed pairs; 95% Student-t "
+        "interval over the pairs. Negative: Block AttnRes wins."
+    )
+    header = "| L_b | d_model | N | tokens/param | pairs | baseline loss | Δ | 95% interval | half-width | verdict |"
+    lines = [intro, "", header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in cells.itertuples():
         if r.n_pairs == 0:
             lines.append(f"| {r.n_layers} | {r.d_model} | | | 0 | | | | | not run |")
@@ -198,11 +139,8 @@ def map_markdown(cells: pd.DataFrame, bounds: pd.DataFrame, opts: MapOptions = M
             f"| {r.n_layers} | {r.d_model} | {r.params:,} | {r.tokens_per_param:.1f} | {r.n_pairs} | "
             f"{r.baseline_loss:.4f} | {r.delta:+.4f} | {ci} | {hw} | {r.verdict} |"
         )
-    lines += [
-        "",
-        "**Where Δ crosses zero along depth** (log2-linear between cells; 95% interval from resampled pairs):",
-        "",
-    ]
+    crossing = "**Where Δ crosses zero along depth** (log2-linear between cells; 95% interval from resampled pairs):"
+    lines += ["", crossing, ""]
     if bounds.empty:
         lines.append("No width has pairs at two depths yet.")
     for r in bounds.itertuples():
@@ -218,8 +156,7 @@ def map_markdown(cells: pd.DataFrame, bounds: pd.DataFrame, opts: MapOptions = M
 
 
 def map_figure(cells: pd.DataFrame, stem: Path, opts: MapOptions = MapOptions()) -> list[Path]:
-    """Heat map of Δ over depth (rows) x width (columns) on a diverging scale centred at 0; each cell shows Δ, its
-    95% half-width and the pair count; a missing cell is hatched and says so."""
+    """Heat map of Δ over depth x width (diverging at 0), each cell with Δ, half-width and pairs; missing: hatched."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,8 +198,7 @@ def map_figure(cells: pd.DataFrame, stem: Path, opts: MapOptions = MapOptions())
 def analyse_map(
     df: pd.DataFrame, out: Path, opts: MapOptions = MapOptions(), cells: list[tuple[int, int]] | None = None
 ) -> dict[str, Any]:
-    """Everything the map study reports, written under ``out``: map.json, map_summary.md, fig7_map.png/pdf. In
-    map.json a crossing beyond the map's depths is the string "inf" (other non-finite numbers are null)."""
+    """map.json (a crossing beyond the map is "inf"), map_summary.md and fig7_map.png/pdf under ``out``."""
     from ..io.report import write_report
 
     out.mkdir(parents=True, exist_ok=True)
@@ -294,24 +230,17 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 @register(
     "map",
-    help="the depth-by-width map: per-cell same-seed deltas, intervals, boundary, heat map",
     arguments=_arguments,
     files="map_summary.md, map.json, fig7_map.png",
     study_kind="map",
     printed=lambda doc: [cell_line(c) for c in doc["cells"]],
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``map``: map.json, map_summary.md and the heat map; the document."""
-    from pathlib import Path
-
-    from ..io.runs import load_one_dataset
-
-    opts = MapOptions(arm=args.arm, baseline=args.baseline, B=args.bootstrap, seed=args.seed)
+    opts = options_from(MapOptions, args, B=args.bootstrap)
     return analyse_map(load_one_dataset(args.results), Path(args.out), opts)
 
 
 def cell_line(c: dict[str, Any]) -> str:
-    """One map cell's printed verdict: its Δ with the 95% interval and its pairs."""
     lo, hi = c["ci_lo"], c["ci_hi"]
     ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None else "(one pair)"
     return f"L_b {c['n_layers']} x d {c['d_model']}: delta {c['delta']:+.4f} {ci}, {c['n_pairs']} pairs, {c['verdict']}"

@@ -1,36 +1,11 @@
-"""Learning-rate tuning: the optimum of loss against log(lr) per (size, arm), with a bootstrap interval.
-
-Input: the tidy results table of an LR study (one row per run; columns size, variant, seed, lr, status,
-val_loss, params_non_embedding). Per (size, variant) the runs at each grid point are averaged over seeds, and
-
-    loss(x) = a + b (x - x_k) + c (x - x_k)^2,    x = ln(lr),
-
-is fitted by least squares to the grid points within ``WINDOW`` steps of the grid minimum x_k (loss against
-log-lr is parabolic only near its minimum: the high-lr side steepens towards divergence). The optimum is the
-vertex x* = x_k - b / (2c), kept inside the fitted window (analysis.laws.lr_optimum.quadratic_vertex). A run that
-diverged counts as worse than every completed run at that size (it marks the high side of the curve, but has no loss
-to fit).
-
-Flags, each warned about: ``on_edge`` when the grid minimum is the lowest completed grid point or the top of the
-grid (the optimum may lie beyond it: extend the grid); ``edge == "divergence"`` when it is the highest lr that did
-not diverge (the optimum may lie between it and the diverging lr); ``curvature`` <= 0 when the window shows no
-minimum (the best grid point is reported).
-
-Intervals (95% percentile, on ln lr): with >= 2 seeds at every grid point of a curve, the seeds are resampled
-with replacement as clusters (a seed's runs at every lr together, since they share data order and
-initialisation); with one seed, the losses are perturbed with N(0, sigma^2), where sigma is the given seed-noise
-sd, else the pooled seed sd of curves with several seeds, else the pooled residual sd of the quadratic fits
-(which includes misfit). Each replicate re-finds its own grid minimum and window.
-
-Several budgets (tokens per parameter) per (size, variant), e.g. one WSD trunk with its decay branches per lr: every
-(size, variant, budget) is a curve of its own (:func:`budgets_of`), with the interval's width, the lr that extends a
-grid whose optimum is on its edge (:func:`next_runs`), each arm's lr rule ln lr* = a + b ln N + c ln D over the
-located optima (:func:`lr_rules`, analysis.laws.lr_rule) and the config's per-budget sections
-(:func:`tuned_document`). A study of one budget per (size, variant) is analysed and reported as before.
-
-A scipy reference (analysis.laws.lr_optimum.reference_optimum, a bounded scalar minimisation of the same quadratic)
-checks the closed-form vertex in the tests.
-"""
+"""Learning-rate tuning (``python -m analysis lr``): per (size, arm) curve -- per (size, arm, budget) where some ran at
+several budgets (tokens per parameter) -- the optimum of the seed-mean loss against ln(lr): the vertex of a
+least-squares parabola through the grid points within ``WINDOW`` steps of the grid minimum
+(analysis.laws.lr_optimum.quadratic_vertex). A diverged run counts as worse than every completed one. A 95%
+percentile interval: a cluster bootstrap over seeds where every grid point has >= 2, else parametric (seed noise:
+given, pooled seed sd, else the fits' residual sd). Optima on a grid edge, at the divergence edge or without
+curvature are warned about. Several budgets add each arm's lr rule (analysis.laws.lr_rule), the runs that extend a
+grid and the config's per-budget sections."""
 
 from __future__ import annotations
 
@@ -49,12 +24,12 @@ import pandas as pd
 
 from results.io import atomic_write_text
 
-from ..io.runs import AnalysisWarning, lr_text
+from ..io.runs import AnalysisWarning, load_one_dataset, lr_text
 from ..io.token_budget import tokens_per_param
 from ..laws.lr_check import protocol_costs
 from ..laws.lr_optimum import WINDOW, quadratic_vertex
 from ..laws.lr_rule import lr_rule
-from .study_registry import add_bootstrap, add_results_out, number, register
+from .study_registry import add_bootstrap, add_choice, add_results_out, number, register
 
 CI_LEVEL = 0.95
 DEFAULT_B = 2000
@@ -63,7 +38,7 @@ LR_COLUMNS = ("size", "variant", "seed", "lr", "status", "val_loss")
 
 @dataclass
 class LrOptimum:
-    """The tuned learning rate of one (size, variant) curve."""
+    """The tuned learning rate of one (size, variant) curve (lr.json ``optima``)."""
 
     size: str
     variant: str
@@ -82,19 +57,10 @@ class LrOptimum:
     grid: list[float] = field(default_factory=list)
     mean_loss: list[float | None] = field(default_factory=list)  # per grid point; None where every run diverged
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# One curve
-# ----------------------------------------------------------------------------------------------------------------
-
 
 def _edge(y: np.ndarray) -> str | None:
-    """Where the best grid point sits: 'low' (the lowest lr with a completed run) or 'high' (the top of the grid),
-    so the optimum may lie beyond the grid; 'divergence' (the highest lr that did not diverge, with diverged runs
-    right above it), so the optimum may lie between it and the diverging lr; else None."""
+    """Where the best grid point sits: 'low' (the lowest completed lr), 'high' (the top of the grid), 'divergence'
+    (the highest lr that did not diverge, diverged runs above it) or None."""
     finite = np.isfinite(y)
     if not finite.any():
         return None
@@ -106,11 +72,6 @@ def _edge(y: np.ndarray) -> str | None:
     if k == len(y) - 1 - int(np.argmax(finite[::-1])) and np.isposinf(y[k + 1 :]).any():
         return "divergence"
     return None
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# A whole LR study
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def lr_runs(df: pd.DataFrame) -> pd.DataFrame:
@@ -129,12 +90,8 @@ def lr_runs(df: pd.DataFrame) -> pd.DataFrame:
     dropped = d[~keep]
     if len(dropped):
         names = ", ".join(f"{r.run_id} ({r.status})" for r in dropped.itertuples())
-        warnings.warn(
-            f"LR analysis: {len(dropped)} run(s) neither completed nor diverged, or without lr/val_loss, "
-            f"left out: {names}",
-            AnalysisWarning,
-            stacklevel=2,
-        )
+        why = f"{len(dropped)} run(s) neither completed nor diverged, or without lr/val_loss"
+        warnings.warn(f"LR analysis: {why}, left out: {names}", AnalysisWarning, stacklevel=2)
     d = d[keep].copy()
     d.loc[d["status"] == "diverged", "val_loss"] = np.inf
     d["seed"] = pd.to_numeric(d["seed"], errors="coerce").astype(int)
@@ -167,7 +124,6 @@ Curves = dict[tuple[Any, ...], tuple[np.ndarray, list[int], np.ndarray, np.ndarr
 
 
 def _residual_sigma(curves: Curves) -> float | None:
-    """Pooled residual sd of the windowed quadratic fits of all curves (dof-weighted)."""
     ss, dof = 0.0, 0
     for x, _, M, _ in curves.values():
         y = _mean_over_seeds(M)
@@ -194,10 +150,8 @@ def _pooled_seed_sigma(curves: Curves) -> float | None:
 
 
 def budgets_of(d: pd.DataFrame) -> pd.Series | None:
-    """Each run's budget in tokens per parameter (analysis.io.token_budget.tokens_per_param) when some (variant,
-    size) of ``d`` ran at several budgets, so that every (variant, size, budget) is a curve of its own; None when
-    each (variant, size) ran at one budget (or the table has no ``tokens`` or ``params_non_embedding``). A run
-    without a budget in a multi-budget table is a ValueError naming it."""
+    """Each run's tokens per parameter when some (variant, size) ran at several budgets, else None; a run without a
+    budget in a multi-budget table is a ValueError naming it."""
     if d.empty or not {"tokens", "params_non_embedding"} <= set(d.columns):
         return None
     tpp = tokens_per_param(d)
@@ -217,16 +171,11 @@ def lr_optima_with_draws(
     seed_sigma: float | None = None,
     window: int = WINDOW,
 ) -> tuple[pd.DataFrame, dict[str, Any], np.ndarray]:
-    """The tuned lr of every (size, variant) curve of an LR study, with bootstrap intervals; every (size, variant,
-    budget) curve where some (size, variant) ran at several budgets (:func:`budgets_of`).
-
-    Returns (table, info, draws): the table has one row per curve (the :class:`LrOptimum` fields; with several budgets
-    also ``tokens_per_param``, ``tokens`` (the median of the curve's runs), ``ci_ratio`` (hi / lo of the interval)
-    and ``next_lr`` (on a grid edge: half the lowest lr of the curve's grid, or twice the highest; else NaN)),
-    ordered by variant, by size (ascending non-embedding parameters) and by budget; info records how the intervals
-    were made; ``draws``: every curve's bootstrap ln lr* as a (B, rows) array aligned with the table's rows (nan
-    where a replicate located no optimum, or the curve has no interval): what the lr rule's
-    interval resamples (analysis.laws.lr_rule)."""
+    """The tuned lr of every curve with its bootstrap interval: (table, info, draws). The table: one row per curve
+    (:class:`LrOptimum`'s fields; with several budgets also ``tokens_per_param``, ``tokens``, ``ci_ratio`` (hi / lo)
+    and ``next_lr`` (on a grid edge: half the lowest lr or twice the highest)), by variant, size (ascending N) and
+    budget; ``info``: how the intervals were made; ``draws``: each curve's bootstrap ln lr*, (B, rows), nan where
+    none was located (what the lr rule's interval resamples)."""
     d = lr_runs(df)
     if d.empty:
         raise ValueError("no completed or diverged runs with an lr: nothing to tune")
@@ -255,16 +204,8 @@ def lr_optima_with_draws(
     draw_matrix = np.column_stack(draws)[:, table.index.to_numpy()] if draws else np.empty((B, 0))
     table = table.drop(columns="_o").reset_index(drop=True)
     _warn_doubtful_optima(table)
-    info = {
-        "B": B,
-        "seed": seed,
-        "window": window,
-        "ci_level": CI_LEVEL,
-        "sigma": sigma,
-        "sigma_source": sigma_source,
-        "pooled_seed_sd": pooled_seed,
-    }
-    return table, info, draw_matrix
+    info = {"B": B, "seed": seed, "window": window, "ci_level": CI_LEVEL, "sigma": sigma, "sigma_source": sigma_source}
+    return table, info | {"pooled_seed_sd": pooled_seed}, draw_matrix
 
 
 def _optimum_row(
@@ -277,77 +218,12 @@ def _optimum_row(
     sigma: float | None,
     sigma_source: str,
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """One curve's row of :func:`lr_optima_with_draws` (the budget's columns where ``cell`` holds a budget) and its B
-    bootstrap draws of ln lr*."""
+    """One curve's row of :func:`lr_optima_with_draws` and its B bootstrap draws of ln lr* (nan where a replicate
+    located none): a cluster bootstrap over seeds when every grid point has >= 2, else parametric with ``sigma``."""
     x, seeds, M, lrs = curve
     y = _mean_over_seeds(M)
     x_opt, y_opt, c, _, _ = quadratic_vertex(x, y, window)
     edge = _edge(y)
-    ci, method, n_seeds, cell_draws = _optimum_interval(x, seeds, M, x_opt, rng, B, window, sigma, sigma_source)
-    n_params = (
-        pd.to_numeric(g.get("params_non_embedding"), errors="coerce").median() if "params_non_embedding" in g else None
-    )
-    k = int(np.argmin(np.where(np.isfinite(y), y, np.inf))) if np.isfinite(y).any() else 0
-    row = LrOptimum(
-        size=cell[0],
-        variant=cell[1],
-        lr=float(np.exp(x_opt)) if np.isfinite(x_opt) else float("nan"),
-        ci95=ci,
-        grid_best_lr=float(lrs[k]),
-        loss_at_optimum=y_opt,
-        on_edge=edge in ("low", "high"),
-        edge=edge,
-        curvature=c,
-        n_grid=int(np.isfinite(y).sum()),
-        n_seeds=n_seeds,
-        n_diverged=int((g["status"] == "diverged").sum()),
-        params_non_embedding=None if n_params is None or not np.isfinite(n_params) else float(n_params),
-        interval_method=method,
-        grid=[float(v) for v in lrs],
-        mean_loss=[None if not np.isfinite(v) else float(v) for v in y],
-    ).to_dict()
-    if len(cell) > 2:  # a multi-budget study's curve
-        lo, hi = ci
-        next_lr = {"low": float(lrs.min()) / 2, "high": float(lrs.max()) * 2}.get(edge or "")
-        row |= {
-            "tokens_per_param": cell[2],
-            "tokens": float(pd.to_numeric(g["tokens"], errors="coerce").median()),
-            "ci_ratio": hi / lo if np.isfinite(lo) and np.isfinite(hi) and lo > 0 else float("nan"),
-            "next_lr": next_lr if edge in ("low", "high") else None,
-        }
-    return row, cell_draws
-
-
-def _noise_sigma(curves: Curves, seed_sigma: float | None, pooled_seed: float | None) -> tuple[float | None, str]:
-    """The seed noise of one run's loss for the parametric bootstrap, and where it came from: given, else pooled
-    over the grid points with >= 2 seeds, else the quadratic fits' residuals."""
-    if seed_sigma is not None:
-        if not seed_sigma > 0:
-            raise ValueError(f"seed-noise sigma={seed_sigma} must be > 0")
-        return float(seed_sigma), "given (--seed-sigma)"
-    if pooled_seed is not None:
-        return pooled_seed, "pooled seed sd of the grid points with >= 2 seeds"
-    return (
-        _residual_sigma(curves),
-        "pooled residual sd of the quadratic fits (includes misfit; pass --seed-sigma from a seed study)",
-    )
-
-
-def _optimum_interval(
-    x: np.ndarray,
-    seeds: list[int],
-    M: np.ndarray,
-    x_opt: float,
-    rng: np.random.Generator,
-    B: int,
-    window: int,
-    sigma: float | None,
-    sigma_source: str,
-) -> tuple[list[float], str, int, np.ndarray]:
-    """One curve's 95% interval of the optimal lr (a cluster bootstrap over seeds when every grid point has >= 2,
-    else parametric with ``sigma``), the method in words, the fewest seeds of a grid point, and the B draws of
-    ln lr* the interval is the percentiles of (nan where a replicate located none, or all nan without replicates)."""
-    y = _mean_over_seeds(M)
     per_point = (np.isfinite(M) | np.isposinf(M)).sum(0)
     n_seeds = int(per_point[per_point > 0].min()) if (per_point > 0).any() else 0
     if n_seeds >= 2:
@@ -364,52 +240,92 @@ def _optimum_interval(
         method, reps, scale = "none (too few points)", [], 1.0
     all_xs = np.array([quadratic_vertex(x, r, window)[0] for r in reps]) if reps else np.full(B, np.nan)
     xs = all_xs[np.isfinite(all_xs)]
+    ci, cell_draws = [float("nan"), float("nan")], np.full(B, np.nan)
     if xs.size and np.isfinite(x_opt):
         q = 100 * (1 - CI_LEVEL) / 2
         lo, hi = np.percentile(x_opt + scale * (xs - x_opt), [q, 100 - q])
-        return [float(np.exp(lo)), float(np.exp(hi))], method, n_seeds, x_opt + scale * (all_xs - x_opt)
-    return [float("nan"), float("nan")], method, n_seeds, np.full(B, np.nan)
+        ci, cell_draws = [float(np.exp(lo)), float(np.exp(hi))], x_opt + scale * (all_xs - x_opt)
+    n_params = (
+        pd.to_numeric(g.get("params_non_embedding"), errors="coerce").median() if "params_non_embedding" in g else None
+    )
+    k = int(np.argmin(np.where(np.isfinite(y), y, np.inf))) if np.isfinite(y).any() else 0
+    optimum = LrOptimum(
+        size=cell[0],
+        variant=cell[1],
+        lr=float(np.exp(x_opt)) if np.isfinite(x_opt) else float("nan"),
+        ci95=ci,
+        grid_best_lr=float(lrs[k]),
+        loss_at_optimum=y_opt,
+        on_edge=edge in ("low", "high"),
+        edge=edge,
+        curvature=c,
+        n_grid=int(np.isfinite(y).sum()),
+        n_seeds=n_seeds,
+        n_diverged=int((g["status"] == "diverged").sum()),
+        params_non_embedding=None if n_params is None or not np.isfinite(n_params) else float(n_params),
+        interval_method=method,
+        grid=[float(v) for v in lrs],
+        mean_loss=[None if not np.isfinite(v) else float(v) for v in y],
+    )
+    row = asdict(optimum)
+    if len(cell) > 2:  # a multi-budget study's curve
+        lo, hi = ci
+        next_lr = {"low": float(lrs.min()) / 2, "high": float(lrs.max()) * 2}.get(edge or "")
+        row |= {
+            "tokens_per_param": cell[2],
+            "tokens": float(pd.to_numeric(g["tokens"], errors="coerce").median()),
+            "ci_ratio": hi / lo if np.isfinite(lo) and np.isfinite(hi) and lo > 0 else float("nan"),
+            "next_lr": next_lr if edge in ("low", "high") else None,
+        }
+    return row, cell_draws
+
+
+def _noise_sigma(curves: Curves, seed_sigma: float | None, pooled_seed: float | None) -> tuple[float | None, str]:
+    """The seed noise for the parametric bootstrap and its source: given, pooled seed sd, else fit residuals."""
+    if seed_sigma is not None:
+        if not seed_sigma > 0:
+            raise ValueError(f"seed-noise sigma={seed_sigma} must be > 0")
+        return float(seed_sigma), "given (--seed-sigma)"
+    if pooled_seed is not None:
+        return pooled_seed, "pooled seed sd of the grid points with >= 2 seeds"
+    return (
+        _residual_sigma(curves),
+        "pooled residual sd of the quadratic fits (includes misfit; pass --seed-sigma from a seed study)",
+    )
 
 
 def _where(r: Any) -> str:
-    """A curve's size, with its budget where it has one (a multi-budget study's row)."""
     tpp = getattr(r, "tokens_per_param", None)
     return f"{r.size}" if tpp is None or not np.isfinite(tpp) else f"{r.size} @ {tpp:g} tokens/param"
 
 
 def _warn_doubtful_optima(table: pd.DataFrame) -> None:
-    """An AnalysisWarning for each optimum on a grid edge, at the divergence edge, or without curvature (stacklevel
-    4: the warning names the caller of lr_optima_with_draws, as when these checks were inline)."""
+    """An AnalysisWarning (naming lr_optima_with_draws' caller) for each optimum on a grid edge, at the divergence
+    edge, or without curvature."""
     for r in table.itertuples():
         if r.on_edge:
             where = "below the lowest" if r.edge == "low" else "above the highest"
-            warnings.warn(
-                f"LR optimum of {r.variant} at {_where(r)} lies at the {r.edge} edge of the grid "
-                f"(best grid lr {r.grid_best_lr:.3g}, grid {min(r.grid):.3g}..{max(r.grid):.3g}): extend the "
-                f"grid {where} point",
-                AnalysisWarning,
-                stacklevel=4,
+            text = (
+                f"LR optimum of {r.variant} at {_where(r)} lies at the {r.edge} edge of the grid (best grid lr "
+                f"{r.grid_best_lr:.3g}, grid {min(r.grid):.3g}..{max(r.grid):.3g}): extend the grid {where} point"
             )
         elif r.edge == "divergence":
-            warnings.warn(
+            text = (
                 f"LR optimum of {r.variant} at {_where(r)} is the highest lr that did not diverge "
-                f"({r.grid_best_lr:.3g}): the optimum may lie between it and the next grid point; refine the "
-                "grid there",
-                AnalysisWarning,
-                stacklevel=4,
+                f"({r.grid_best_lr:.3g}): the optimum may lie between it and the next grid point; refine the grid there"
             )
         elif not r.curvature > 0:
-            warnings.warn(
+            text = (
                 f"LR curve of {r.variant} at {_where(r)} shows no minimum around its best grid lr "
-                f"{r.grid_best_lr:.3g} (curvature {r.curvature:.3g}); reported that grid point",
-                AnalysisWarning,
-                stacklevel=4,
+                f"{r.grid_best_lr:.3g} (curvature {r.curvature:.3g}); reported that grid point"
             )
+        else:
+            continue
+        warnings.warn(text, AnalysisWarning, stacklevel=4)
 
 
 def lr_trend(table: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Per variant, the least-squares power law lr* = a * N^b over sizes (N = non-embedding parameters): the
-    scaling rule of the tuned lr, reported next to the per-size optima (needs >= 2 sizes with N)."""
+    """Per variant, the least-squares power law lr* = a * N^b over its sizes (needs >= 2 sizes with N)."""
     out = {}
     for variant, g in table.groupby("variant", sort=False):
         g = g[np.isfinite(g["lr"]) & g["params_non_embedding"].notna()]
@@ -420,16 +336,11 @@ def lr_trend(table: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Several budgets per (size, arm): the lr rule per arm, the runs that extend a grid, the config's per-budget sections
-# ----------------------------------------------------------------------------------------------------------------
-
 SWEEP_DIR = Path(__file__).resolve().parents[2] / "conf" / "sweep"  # where a study's sweep file is looked up
 
 
 def not_located(r: Any) -> str | None:
-    """Why a multi-budget row's optimum is not located (and stays out of the lr rule), or None: on a grid edge, at
-    the divergence edge, without curvature, without an interval, or without N or D."""
+    """Why a multi-budget row's optimum is not located (and stays out of the lr rule), or None."""
     lo, hi = r.ci95
     if r.on_edge:
         return f"on the {r.edge} edge"
@@ -444,11 +355,9 @@ def not_located(r: Any) -> str | None:
     return None
 
 
-def lr_rules(table: pd.DataFrame, draws: np.ndarray, *, weighted: bool = True) -> dict[str, dict[str, Any]]:
-    """Per arm of a multi-budget table (:func:`lr_optima_with_draws`, with its draws), the lr rule
-    ``ln lr* = a + b ln N + c ln D`` over the cells whose optimum is located (analysis.laws.lr_rule.lr_rule), plus
-    ``cells`` (per fitted cell: size, tokens_per_param, lr, ci95, ``loo_lr`` the rule without it, ``inside``) and
-    ``excluded`` (size, tokens_per_param and the reason, :func:`not_located`)."""
+def lr_rules(table: pd.DataFrame, draws: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per arm of a multi-budget table, the lr rule ``ln lr* = a + b ln N + c ln D`` over the located optima
+    (analysis.laws.lr_rule), with ``cells`` (each with ``loo_lr``, the rule without it) and ``excluded`` (why)."""
     out = {}
     for variant, g in table.groupby("variant", sort=False):
         why = {i: not_located(r) for i, r in zip(g.index, g.itertuples())}
@@ -460,20 +369,13 @@ def lr_rules(table: pd.DataFrame, draws: np.ndarray, *, weighted: bool = True) -
             np.log(cells["tokens"].to_numpy(float)),
             np.log(np.array(cells["ci95"].tolist(), float).reshape(-1, 2)),
             draws[:, idx],
-            weighted=weighted,
         )
         loo = rule["loo"] or [{"predicted_ln_lr": None, "inside": None}] * len(idx)
-        rule["cells"] = [
-            {
-                "size": str(r.size),
-                "tokens_per_param": float(r.tokens_per_param),
-                "lr": float(r.lr),
-                "ci95": [float(x) for x in r.ci95],
-                "loo_lr": None if o["predicted_ln_lr"] is None else math.exp(o["predicted_ln_lr"]),
-                "inside": o["inside"],
-            }
-            for r, o in zip(cells.itertuples(), loo)
-        ]
+        rule["cells"] = []
+        for r, o in zip(cells.itertuples(), loo):
+            cell = {"size": str(r.size), "tokens_per_param": float(r.tokens_per_param), "lr": float(r.lr)}
+            loo_lr = None if o["predicted_ln_lr"] is None else math.exp(o["predicted_ln_lr"])
+            rule["cells"].append(cell | {"ci95": [float(x) for x in r.ci95], "loo_lr": loo_lr, "inside": o["inside"]})
         rule["excluded"] = [
             {"size": str(table.at[i, "size"]), "tokens_per_param": float(table.at[i, "tokens_per_param"]), "reason": w}
             for i, w in why.items()
@@ -484,9 +386,8 @@ def lr_rules(table: pd.DataFrame, draws: np.ndarray, *, weighted: bool = True) -
 
 
 def study_sweep(runs: pd.DataFrame, sweep_dir: Path = SWEEP_DIR) -> str | None:
-    """The sweep (conf/sweep/<name>.yaml) that trains the one study the runs name: the file named as the study, else
-    the one file whose ``study:`` is the study; None when the runs name several studies or no file (or several)
-    matches."""
+    """The sweep (conf/sweep/<name>.yaml) that trains the one study the runs name: the file named as it, else the one
+    file whose ``study:`` is it; else None."""
     studies = {str(s) for s in runs.get("study", pd.Series(dtype=str)).dropna() if str(s)}
     if len(studies) != 1 or not sweep_dir.is_dir():
         return None
@@ -499,11 +400,8 @@ def study_sweep(runs: pd.DataFrame, sweep_dir: Path = SWEEP_DIR) -> str | None:
 
 
 def next_runs(table: pd.DataFrame, runs: pd.DataFrame, sweep: str | None) -> list[dict[str, Any]]:
-    """The launches that extend a multi-budget grid whose optimum is on an edge, one per (arm, size, next lr) (one
-    launch trains every budget): ``variant``, ``size``, ``lr`` (the rows' ``next_lr``), ``edge``, ``budgets`` (those
-    on that edge), ``seeds`` (the size's runs'), and ``command`` (``python -m experiments.train -m +sweep=<sweep>
-    seed=<seeds> size.n_layers=<n> model=<arm> size.lr=<lr>``; ``size=<size>`` where no n_layers is recorded; None
-    without a sweep)."""
+    """The launches that extend a multi-budget grid whose optimum is on an edge, one per (arm, size, next lr): the
+    budgets on that edge, the size's seeds and the ``python -m experiments.train`` command (None without a sweep)."""
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in table[table["on_edge"]].itertuples():
         key = (str(r.variant), str(r.size), lr_text(r.next_lr))
@@ -518,15 +416,8 @@ def next_runs(table: pd.DataFrame, runs: pd.DataFrame, sweep: str | None) -> lis
             f"python -m experiments.train -m +sweep={sweep} seed={','.join(map(str, seeds))} {size_arg} "
             f"model={r.variant} size.lr={key[2]}"
         )
-        out[key] = {
-            "variant": key[0],
-            "size": key[1],
-            "lr": float(r.next_lr),
-            "edge": r.edge,
-            "budgets": [float(r.tokens_per_param)],
-            "seeds": seeds,
-            "command": command if sweep else None,
-        }
+        run = {"variant": key[0], "size": key[1], "lr": float(r.next_lr), "edge": r.edge}
+        out[key] = run | {"budgets": [float(r.tokens_per_param)], "seeds": seeds, "command": command if sweep else None}
     return list(out.values())
 
 
@@ -535,21 +426,15 @@ def _budget_key(tpp: float) -> int | float:
 
 
 def at_smallest_budget(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a multi-budget table at each (arm, size)'s smallest budget."""
     smallest = table.groupby(["variant", "size"])["tokens_per_param"].transform("min")
     return table[table["tokens_per_param"] == smallest]
 
 
 def budget_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (runs or a multi-budget table) with each (size, budget) as its own size, ``<size>@<tokens per param>``,
-    so that the lr figure draws one curve per budget."""
+    """``df`` with each (size, budget) as its own size ``<size>@<tokens per param>``: one lr curve per budget."""
     tpp = df["tokens_per_param"] if "tokens_per_param" in df.columns else tokens_per_param(df)
     return df.assign(size=[f"{s}@{t:g}" for s, t in zip(df["size"], tpp)])
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Outputs: lr.json, lr_summary.md, the figure, and the generated config the sizes read
-# ----------------------------------------------------------------------------------------------------------------
 
 TUNED_HEADER = """\
 # GENERATED by `{command}` -- do not edit by hand.
@@ -569,33 +454,21 @@ def tuned_document(
     rule: str = "per_size",
     trend: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """The generated config: ``lr[variant][size]`` plus intervals, edge flags and where the numbers came from.
-
-    rule "per_size" writes each curve's own optimum; "trend" writes the arm's power law lr* = a N^b (fitted over
-    its sizes, :func:`lr_trend`) at each size's N, which smooths single-size noise. Both are kept in the document
-    (``lr_per_size``, ``lr_trend``) whichever one ``lr`` holds.
-
-    A multi-budget table (a ``tokens_per_param`` column): all of the above at each size's smallest budget, plus
-    ``lr_per_budget``, ``ci95_per_budget`` and ``on_edge_per_budget``, each ``[arm][size][tokens per parameter]``
-    (an integer key where the budget is one)."""
+    """The generated config: ``lr[variant][size]`` under ``rule`` ("per_size": each curve's optimum; "trend": the
+    arm's :func:`lr_trend` at the size's N), both kept (``lr_per_size``, ``lr_trend``), with intervals, edge flags and
+    provenance. A multi-budget table: all at each size's smallest budget, plus ``*_per_budget[arm][size][budget]``."""
     if rule not in RULES:
         raise ValueError(f"rule={rule!r}; allowed values: {', '.join(RULES)}")
     budgets = table if "tokens_per_param" in table.columns else None
     table = at_smallest_budget(table) if budgets is not None else table
     trend = lr_trend(table) if trend is None else trend
-    doc: dict[str, Any] = {
-        "provenance": {
-            **provenance,
-            "rule": rule,
-            "method": (
-                f"quadratic in ln(lr) over the grid points within {info['window']} steps of the grid minimum; "
-                f"{int(100 * info['ci_level'])}% bootstrap interval (B = {info['B']}, seed {info['seed']})"
-                + ("; lr = the arm's power law a * N^b over sizes at each size's N" if rule == "trend" else "")
-            ),
-        }
-    }
-    for key in ("lr", "lr_per_size", "lr_trend", "ci95", "on_edge"):
-        doc[key] = {}
+    method = (
+        f"quadratic in ln(lr) over the grid points within {info['window']} steps of the grid minimum; "
+        f"{int(100 * info['ci_level'])}% bootstrap interval (B = {info['B']}, seed {info['seed']})"
+        + ("; lr = the arm's power law a * N^b over sizes at each size's N" if rule == "trend" else "")
+    )
+    doc: dict[str, Any] = {"provenance": {**provenance, "rule": rule, "method": method}}
+    doc |= {key: {} for key in ("lr", "lr_per_size", "lr_trend", "ci95", "on_edge")}
     for r in table.itertuples():
         v, s = str(r.variant), str(r.size)
         t = trend.get(v)
@@ -623,14 +496,12 @@ def tuned_document(
 
 
 def write_tuned_config(doc: dict[str, Any], path: str | Path, command: str) -> Path:
-    """Write the generated config atomically (a half-written file must never be read by a launching run)."""
+    """Write the generated config atomically (a launching run must never read a half-written one)."""
     import yaml
 
     path = Path(path)
-    text = TUNED_HEADER.format(command=command) + yaml.safe_dump(
-        doc, sort_keys=False, default_flow_style=None, width=110
-    )
-    atomic_write_text(path, text)
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110)
+    atomic_write_text(path, TUNED_HEADER.format(command=command) + body)
     return path
 
 
@@ -660,15 +531,13 @@ def lr_markdown(
         rows.append([*cells, flag_text(r, "extend the grid")])
     lines = ["# Learning-rate tuning", "", f"Source: `{source}`." if source else "", ""]
     lines += markdown_table([*header, "grid points", "seeds", "flags"], rows)
-    lines += [
-        "",
-        (
-            f"Optimum: vertex of a least-squares parabola in ln(lr) through the grid points within {info['window']} "
-            "steps of the grid minimum (kept inside that window); a diverged run counts as worse than every completed "
-            f"one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, B = {info['B']}; single-seed curves "
-            f"use a parametric bootstrap with sigma = {_fmt(info['sigma'])} ({info['sigma_source']})."
-        ),
-    ]
+    method = (
+        f"Optimum: vertex of a least-squares parabola in ln(lr) through the grid points within {info['window']} "
+        "steps of the grid minimum (kept inside that window); a diverged run counts as worse than every completed "
+        f"one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, B = {info['B']}; single-seed curves "
+        f"use a parametric bootstrap with sigma = {_fmt(info['sigma'])} ({info['sigma_source']})."
+    )
+    lines += ["", method]
     if trend:
         lines += ["", "Scaling of the tuned lr with non-embedding parameters N (least squares in log-log):", ""]
         lines += [f"- {v}: lr* = {t['a']:.3g} · N^{t['b']:.3f} over {t['n_sizes']} sizes" for v, t in trend.items()]
@@ -688,12 +557,9 @@ def run_lr(
     rule: str = "per_size",
     sweep: str | None = None,
 ) -> dict[str, Any]:
-    """`python -m analysis lr`: lr.json, lr_summary.md, fig_lr.{png,pdf} in ``out``, and the generated config.
-
-    With several budgets per (size, arm) (:func:`budgets_of`) the optima are per (size, arm, budget), and lr.json
-    also holds ``rules`` (per arm, :func:`lr_rules`) and ``next_runs`` (:func:`next_runs`, their commands naming
-    ``sweep``, default :func:`study_sweep`); the config gets the per-budget sections (:func:`tuned_document`),
-    and the trend over sizes is taken at each size's smallest budget."""
+    """`python -m analysis lr`: lr.json, lr_summary.md, fig_lr.{png,pdf} in ``out``, and the generated config; with
+    several budgets also ``rules``, ``next_runs`` (commands naming ``sweep``, default :func:`study_sweep`) and
+    ``protocol_costs``."""
     import json
     from datetime import datetime, timezone
 
@@ -706,23 +572,16 @@ def run_lr(
     multi = "tokens_per_param" in table.columns
     trend = lr_trend(at_smallest_budget(table) if multi else table)
     runs = lr_runs(df)
-    commits = sorted({str(c) for c in df.get("git_commit", pd.Series(dtype=str)).dropna() if str(c)})
-    studies = sorted({str(s) for s in df.get("study", pd.Series(dtype=str)).dropna() if str(s)})
-    provenance = {
-        "study": ",".join(studies) or None,
-        "source": df.attrs.get("source"),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_commits": commits,
-        "n_runs": len(runs),
-        "n_diverged": int((runs["status"] == "diverged").sum()),
-    }
-    doc = {
-        "schema_version": 1,
-        "provenance": provenance,
-        "info": info,
-        "trend": trend,
-        "optima": json.loads(table.to_json(orient="records")),
-    }
+
+    def named(column: str) -> list[str]:
+        return sorted({str(x) for x in df.get(column, pd.Series(dtype=str)).dropna() if str(x)})
+
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    provenance = {"study": ",".join(named("study")) or None, "source": df.attrs.get("source"), "created": created}
+    provenance |= {"git_commits": named("git_commit"), "n_runs": len(runs)}
+    provenance["n_diverged"] = int((runs["status"] == "diverged").sum())
+    doc = {"schema_version": 1, "provenance": provenance, "info": info, "trend": trend}
+    doc["optima"] = json.loads(table.to_json(orient="records"))
     try:
         tuned: dict[str, Any] | None = tuned_document(table, info, provenance, rule, trend)
     except ValueError:
@@ -734,8 +593,7 @@ def run_lr(
     if multi:
         doc["rules"] = lr_rules(table, draws)
         doc["next_runs"] = next_runs(table, runs, sweep if sweep is not None else study_sweep(runs))
-        reference = "baseline" if (table["variant"] == "baseline").any() else None
-        costs = protocol_costs(table, reference) if reference else pd.DataFrame()
+        costs = protocol_costs(table, "baseline") if (table["variant"] == "baseline").any() else pd.DataFrame()
         doc["protocol_costs"] = json.loads(costs.to_json(orient="records"))
     written = []
     if make_figures and multi:
@@ -757,9 +615,6 @@ def run_lr(
     return doc
 
 
-# ---- python -m analysis <command> -----------------------------------------------------------------------------------
-
-
 def _arguments(p: argparse.ArgumentParser) -> None:
     add_results_out(
         p, "the LR study's results.csv (or a study directory)", "output directory (lr.json, lr_summary.md, fig_lr.png)"
@@ -772,12 +627,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     add_bootstrap(p)
     p.add_argument("--seed-sigma", type=float, help="seed-noise sd of one run's val loss, for single-seed curves")
-    p.add_argument(
-        "--rule",
-        default="per_size",
-        choices=["per_size", "trend"],
-        help="lr written per size: each size's own optimum (default), or the arm's power law in N over sizes",
-    )
+    rule = "lr written per size: each size's own optimum (default), or the arm's power law in N over sizes"
+    add_choice(p, "--rule", RULES, rule)
     p.add_argument(
         "--sweep",
         help=(
@@ -790,37 +641,21 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 @register(
     "lr",
-    help="tune the learning rate per (size, arm) from an LR study; write the config the sizes read",
     arguments=_arguments,
     files="lr_summary.md, lr.json, fig_lr.png",
     study_kind="lr",
     printed=lambda doc: printed_lines(doc),
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``lr``: the tuned lr per (size, arm), lr.json, lr_summary.md (and the generated config when asked)."""
-    from ..io.runs import load_one_dataset
-
-    command = "python -m analysis " + " ".join(argv)
     df = load_one_dataset(args.results, ("completed", "diverged"), args.dataset)
-    doc = run_lr(
-        df,
-        args.out,
-        B=args.bootstrap,
-        seed=args.seed,
-        seed_sigma=args.seed_sigma,
-        write_config=args.write_config,
-        command=command,
-        make_figures=not args.no_figures,
-        rule=args.rule,
-        sweep=args.sweep,
-    )
-    return doc
+    same = {k: getattr(args, k) for k in ("seed", "seed_sigma", "write_config", "rule", "sweep")}
+    command = "python -m analysis " + " ".join(argv)
+    return run_lr(df, args.out, B=args.bootstrap, command=command, make_figures=not args.no_figures, **same)
 
 
 def printed_lines(doc: dict[str, Any]) -> list[str]:
-    """What ``python -m analysis lr`` prints before its files: per curve its optimum with the 95% interval and an
-    edge flag; with several budgets also the interval's width (hi / lo) and the next lr on an edge, then each
-    launch that extends a grid and each arm's lr rule."""
+    """What ``python -m analysis lr`` prints: per curve its optimum, interval and edge flag (with several budgets
+    the interval's width and next lr), then the launches that extend a grid, the lr rules and protocol costs."""
     from ..render.lr_budget_tables import next_run_lines, protocol_verdicts, ratio_text, rule_sentence
 
     lines = []

@@ -1,18 +1,11 @@
-"""A condition study: does an arm's gain over the reference hold under a condition, cell by cell? Per cell (e.g.
-rung ``n_layers, d_model``, or rung x budget) and per value of the condition (MoE vs dense MLPs, one context
-against another, one optimizer against another, or the study a run belongs to), the same-seed difference
-``arm - reference`` with its t interval; between the first condition value and each other one, the difference of
-differences (per seed, averaged: the interaction); per condition value, whether the effect is the same in every cell
-(analysis.laws.paired.cell_heterogeneity). Every number comes from analysis.laws.paired.
-
-A new condition study needs no module: its study file names this command and its axes, e.g. MoE against dense
-(sweeps/studies/deep_moe.yaml)::
+"""A condition study (``python -m analysis paired``): per cell (e.g. ``n_layers, d_model``) and per value of a
+condition column (MoE vs dense, one optimizer against another, the study a run belongs to), the same-seed
+difference arm - reference with its t interval; between the first value and each other, the difference of
+differences (the interaction); per value, whether the effect is the same in every cell. Every number comes from
+analysis.laws.paired. A new condition study needs no module, only its axes::
 
     python -m analysis paired --results docs/results/cpu_deep_moe docs/results/cpu_deep \\
         --cells n_layers,d_model --condition study --out reports/cpu_deep_moe
-
-writes ``paired.csv`` (one row per cell and arm), ``paired.json``, ``paired.md`` and ``fig_paired.png`` under
-``--out``. A cell present under one condition value only has no interaction (a warning names it).
 """
 
 from __future__ import annotations
@@ -36,16 +29,15 @@ from ..io.runs import AnalysisWarning, load_results, select_completed
 from ..laws.paired import LEVEL, cell_heterogeneity, paired_comparison, verdict
 from ..render.figures import delta_errorbar, save
 from ..render.tables import interval_text
-from .study_registry import number, register
+from .study_registry import number, options_from, register
 
 FILES = ("paired.csv", "paired.json", "paired.md", "fig_paired.png")
 
 
 @dataclass(frozen=True)
 class PairedOptions:
-    """The axes of a condition study: the ``reference`` arm, the ``arms`` compared with it (empty: every other
-    variant in the records), the ``cells`` columns, the ``condition`` column (None: one condition), and the lr
-    protocol the runs must share (``baseline``: every arm at the reference's tuned lr; None: any)."""
+    """The axes of a condition study: ``arms`` (empty: every other variant), ``condition`` (None: one condition) and
+    the lr protocol the runs must share (None: any)."""
 
     reference: str = "baseline"
     arms: tuple[str, ...] = ()
@@ -56,8 +48,7 @@ class PairedOptions:
 
 
 def condition_runs(frames: Sequence[pd.DataFrame], opts: PairedOptions) -> pd.DataFrame:
-    """The completed runs of every record set in ``frames``, one table, restricted to ``opts.lr_protocol``; a
-    missing cells or condition column is a ValueError naming it and the columns there are."""
+    """The record sets ``frames`` as one table at ``opts.lr_protocol``; a missing axis column is a ValueError."""
     runs = pd.concat(frames, ignore_index=True)
     for column in (*opts.cells, *([opts.condition] if opts.condition else [])):
         if column not in runs.columns:
@@ -71,31 +62,23 @@ def condition_runs(frames: Sequence[pd.DataFrame], opts: PairedOptions) -> pd.Da
 
 
 def analyse_paired(runs: pd.DataFrame, opts: PairedOptions = PairedOptions()) -> dict[str, Any]:
-    """The condition study of ``runs`` (completed runs: ``variant``, ``seed``, ``val_loss`` and the cells and
-    condition columns): ``levels`` (the condition's values: ascending when numeric, else in order of appearance,
-    i.e. of the record sets given; [None] without one), ``arms`` (``opts.arms``, else every variant but the
-    reference that ran under every level), ``effects`` (paired_comparison per level, with a ``condition`` column),
-    ``interactions`` (per pair of the first level and another: paired_comparison by condition, with ``first`` and
-    ``second``), ``heterogeneity`` (per level and arm). No cell with a pair: ValueError."""
+    """The condition study of completed ``runs``: ``levels`` (ascending when numeric, else in order of appearance),
+    ``arms`` (default: every variant but the reference that ran under every level), ``effects`` (per level),
+    ``interactions`` (the first level against each other) and ``heterogeneity``. No cell with a pair: ValueError."""
     levels: list[Any] = [None]
     if opts.condition:
         levels = list(pd.unique(runs[opts.condition]))
         if pd.api.types.is_numeric_dtype(runs[opts.condition]):
             levels = sorted(levels)
-    at_every = set.intersection(
-        *(set(runs["variant"] if lv is None else runs.loc[runs[opts.condition] == lv, "variant"]) for lv in levels)
-    )
-    arms = list(opts.arms) or sorted(at_every - {opts.reference})
     at = {lv: runs if lv is None else runs[runs[opts.condition] == lv] for lv in levels}
+    at_every = set.intersection(*(set(part["variant"]) for part in at.values()))
+    arms = list(opts.arms) or sorted(at_every - {opts.reference})
     effects = [
         paired_comparison(part, opts.reference, arms, opts.cells, level=opts.level).assign(condition=lv)
         for lv, part in at.items()
     ]
-    effects_table = (
-        pd.concat([e for e in effects if not e.empty], ignore_index=True)
-        if any(not e.empty for e in effects)
-        else pd.DataFrame()
-    )
+    effects = [e for e in effects if not e.empty]
+    effects_table = pd.concat(effects, ignore_index=True) if effects else pd.DataFrame()
     if effects_table.empty:
         raise ValueError(f"no cell holds both {opts.reference} and one of {', '.join(arms) or '(no arm)'} on one seed")
     interactions = []
@@ -139,9 +122,7 @@ def _plain(x: Any) -> Any:
 
 
 def paired_markdown(doc: dict[str, Any]) -> str:
-    """paired.md: per arm, with a condition one table per condition pair (Δ under each value and their difference,
-    on the seeds all four runs of a cell share), then per condition value its own table (every seed it holds), then
-    the test of one effect over the cells."""
+    """paired.md: per arm, the interaction tables, each condition value's own table, the heterogeneity tests."""
     ref, cells = doc["reference"], doc["cells"]
     lines = [f"# Same-seed differences, arm − {ref}, per cell ({', '.join(cells)}), 95% t intervals", ""]
     for arm in doc["arms"]:
@@ -159,49 +140,46 @@ def paired_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _effect_table(effects: pd.DataFrame, arm: str, title: str, cells: Sequence[str]) -> list[str]:
+def _cell_rows(title: str, cells: Sequence[str], columns: list[str], part: pd.DataFrame, say: Any) -> list[str]:
+    """A Markdown table under ``title``: per row of ``part`` its cells, seeds, then ``say(row)``'s columns."""
     lines = [
-        f"## {arm} − {title}",
+        title,
         "",
-        f"| {' | '.join(cells)} | seeds | reference loss | Δ | 95% interval | verdict |",
+        f"| {' | '.join([*cells, 'seeds', *columns])} |",
+        "|" + "---|" * (len(cells) + 1 + len(columns)),
     ]
-    lines.append("|" + "---|" * (len(cells) + 5))
-    for _, r in effects[effects["arm"] == arm].iterrows():
-        lines.append(
-            f"| {' | '.join(str(_plain(r[c])) for c in cells)} | {','.join(map(str, r['seeds']))} | "
-            f"{r['ref_loss']:.3f} | {r['delta']:+.4f} | {interval_text(r['delta_ci95'])} | {r['verdict']} |"
-        )
+    for _, r in part.iterrows():
+        keys = [*(str(_plain(r[c])) for c in cells), ",".join(map(str, r["seeds"]))]
+        lines.append(f"| {' | '.join([*keys, *say(r)])} |")
     return [*lines, ""]
+
+
+def _effect_table(effects: pd.DataFrame, arm: str, title: str, cells: Sequence[str]) -> list[str]:
+    def say(r: pd.Series) -> list[str]:
+        return [f"{r['ref_loss']:.3f}", f"{r['delta']:+.4f}", interval_text(r["delta_ci95"]), f"{r['verdict']}"]
+
+    columns = ["reference loss", "Δ", "95% interval", "verdict"]
+    return _cell_rows(f"## {arm} − {title}", cells, columns, effects[effects["arm"] == arm], say)
 
 
 def _interaction_table(doc: dict[str, Any], arm: str) -> list[str]:
     ref, cells, table = doc["reference"], doc["cells"], doc["interactions"]
     lines = []
     for (first, second), part in table[table["arm"] == arm].groupby(["first", "second"], sort=False):
-        lines += [
-            f"## {arm} − {ref}: {first} against {second} ({doc['condition']})",
-            "",
-            (
-                f"| {' | '.join(cells)} | seeds | {ref} loss {first} / {second} | Δ {first} | Δ {second} | "
-                f"Δ {first} − Δ {second} |"
-            ),
-            "|" + "---|" * (len(cells) + 5),
-        ]
-        for _, r in part.iterrows():
-            lines.append(
-                f"| {' | '.join(str(_plain(r[c])) for c in cells)} | {','.join(map(str, r['seeds']))} | "
-                f"{r[f'ref_loss_{first}']:.3f} / {r[f'ref_loss_{second}']:.3f} | "
-                f"{r[f'delta_{first}']:+.4f} {interval_text(r[f'delta_{first}_ci95'])} {r[f'verdict_{first}']} | "
-                f"{r[f'delta_{second}']:+.4f} {interval_text(r[f'delta_{second}_ci95'])} {r[f'verdict_{second}']} | "
-                f"{r['interaction']:+.4f} {interval_text(r['interaction_ci95'])} |"
-            )
-        lines.append("")
+
+        def say(r: pd.Series, levels: tuple[Any, Any] = (first, second)) -> list[str]:
+            out = [" / ".join(f"{r[f'ref_loss_{c}']:.3f}" for c in levels)]
+            out += [f"{r[f'delta_{c}']:+.4f} {interval_text(r[f'delta_{c}_ci95'])} {r[f'verdict_{c}']}" for c in levels]
+            return [*out, f"{r['interaction']:+.4f} {interval_text(r['interaction_ci95'])}"]
+
+        columns = [f"{ref} loss {first} / {second}", f"Δ {first}", f"Δ {second}", f"Δ {first} − Δ {second}"]
+        title = f"## {arm} − {ref}: {first} against {second} ({doc['condition']})"
+        lines += _cell_rows(title, cells, columns, part, say)
     return lines
 
 
 def headline_lines(doc: dict[str, Any]) -> list[str]:
-    """Per arm and condition value, how many cells the arm wins and loses; per condition pair, the cells whose
-    difference of differences excludes 0."""
+    """Per arm and condition value the cells won and lost; per condition pair the interactions that exclude 0."""
     lines = []
     effects = doc["effects"]
     for arm in doc["arms"]:
@@ -231,8 +209,7 @@ def _is(column: pd.Series, value: Any) -> pd.Series:
 
 
 def _plotted(doc: dict[str, Any]) -> tuple[pd.DataFrame, str]:
-    """The Δs the figure draws (arm, condition, cells, delta, delta_ci95) and its title: with two condition values
-    the pairs' matched seeds (as the interaction reads them), else each value's own seeds."""
+    """The Δs the figure draws and its title: with two condition values on the seeds both hold, else each value's."""
     inter = doc["interactions"]
     if len(doc["levels"]) != 2 or inter.empty:
         return doc["effects"], "same-seed difference per cell, 95% t interval"
@@ -256,16 +233,8 @@ def plot_paired(doc: dict[str, Any], path: str | Path) -> Path:
         for i, lv in enumerate(doc["levels"]):
             rows = effects[(effects["arm"] == arm) & _is(effects["condition"], lv)]
             x = [keys.index(list(k)) + (i - (len(doc["levels"]) - 1) / 2) * width for k in rows[cells].to_numpy()]
-            delta_errorbar(
-                ax,
-                x,
-                rows["delta"].to_numpy(float),
-                list(rows["delta_ci95"]),
-                fmt="o",
-                capsize=3,
-                color=f"C{i}",
-                label=None if lv is None else str(lv),
-            )
+            style = {"fmt": "o", "capsize": 3, "color": f"C{i}", "label": None if lv is None else str(lv)}
+            delta_errorbar(ax, x, rows["delta"].to_numpy(float), list(rows["delta_ci95"]), **style)
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set_xticks(
             range(len(keys)), ["\n".join(f"{c} {_plain(v)}" for c, v in zip(cells, k)) for k in keys], fontsize=8
@@ -280,7 +249,6 @@ def plot_paired(doc: dict[str, Any], path: str | Path) -> Path:
 
 
 def document(doc: dict[str, Any]) -> dict[str, Any]:
-    """paired.json: the study's axes, its tables as lists of rows, the heterogeneity tests and the headline."""
     return {
         k: doc[k] for k in ("reference", "arms", "cells", "condition", "levels", "lr_protocol", "heterogeneity")
     } | {
@@ -296,9 +264,8 @@ def write_paired(doc: dict[str, Any], out: Path) -> list[Path]:
     table = doc["interactions"] if doc["condition"] is not None and not doc["interactions"].empty else doc["effects"]
     table.to_csv(out / FILES[0], index=False)
     written = [out / FILES[0], plot_paired(doc, out / FILES[3])]
-    return [
-        out / f for f in write_report(out, document(doc), FILES[1], {FILES[2]: paired_markdown(doc)}, written)["files"]
-    ]
+    files = write_report(out, document(doc), FILES[1], {FILES[2]: paired_markdown(doc)}, written)["files"]
+    return [out / f for f in files]
 
 
 def _columns(text: str) -> tuple[str, ...]:
@@ -338,23 +305,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-@register(
-    "paired",
-    help="a condition study: arm - reference per cell and condition, their interaction",
-    arguments=_arguments,
-    headline=lambda doc: doc["headline"],
-    files=", ".join(FILES),
-)
+@register("paired", arguments=_arguments, headline=lambda doc: doc["headline"], files=", ".join(FILES))
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``python -m analysis paired``: the report's files under ``--out``; returns paired.json's document with the
-    files (the CLI prints its headline)."""
-    opts = PairedOptions(
-        reference=args.reference,
-        arms=tuple(args.arms),
-        cells=tuple(args.cells),
-        condition=args.condition,
-        lr_protocol=None if args.lr_protocol == "any" else args.lr_protocol,
-    )
+    opts = options_from(PairedOptions, args, lr_protocol=None if args.lr_protocol == "any" else args.lr_protocol)
     frames = [select_completed(load_results(path))[0] for path in args.results]
     doc = analyse_paired(condition_runs(frames, opts), opts)
     return document(doc) | {"files": [f.name for f in write_paired(doc, args.out)]}

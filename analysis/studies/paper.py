@@ -43,38 +43,19 @@ def paper_results(paper: dict[str, Any] | None = None) -> pd.DataFrame:
     """Table 2 as a results table (docs/results_schema.md columns that the fit uses), one seed per cell."""
     paper = paper or load_paper()
     t = paper["table2"]
+    residual = {"baseline": "baseline", "block_attnres": "block", "full_attnres": "full"}
     rows = []
     for values in t["rows"]:
         r = dict(zip(t["columns"], values))
         N, D = r["act_params_M"] * 1e6, r["tokens_B"] * 1e9
         C = paper_compute(N, D, r["L_b"], r["H"], paper)
-        for variant in t["variants"]:
-            rows.append(
-                {
-                    "run_id": f"paper-{variant}-{r['size']}",
-                    "study": "paper_scaling",
-                    "variant": variant,
-                    "residual": {"baseline": "baseline", "block_attnres": "block", "full_attnres": "full"}.get(
-                        variant, "mhc"
-                    ),
-                    "size": r["size"],
-                    "seed": 0,
-                    "status": "completed",
-                    "n_layers": r["L_b"],
-                    "d_model": r["d_model"],
-                    "n_heads": r["H"],
-                    "d_ff": r["d_ff"],
-                    "params_non_embedding": N,
-                    "tokens": D,
-                    "lr": r["lr"],
-                    "batch_size": r["batch_size"],
-                    "flops": C * PFLOPS_DAY,
-                    "pflops_days": C,
-                    "val_loss": r[variant],
-                    "run_dir": "",
-                    "error": "",
-                }
-            )
+        shape = {"n_layers": r["L_b"], "d_model": r["d_model"], "n_heads": r["H"], "d_ff": r["d_ff"]}
+        run = shape | {"params_non_embedding": N, "tokens": D, "lr": r["lr"], "batch_size": r["batch_size"]}
+        run |= {"flops": C * PFLOPS_DAY, "pflops_days": C}
+        for v in t["variants"]:
+            head = {"run_id": f"paper-{v}-{r['size']}", "study": "paper_scaling", "variant": v}
+            head |= {"residual": residual.get(v, "mhc"), "size": r["size"], "seed": 0, "status": "completed"}
+            rows.append(head | run | {"val_loss": r[v], "run_dir": "", "error": ""})
     df = pd.DataFrame(rows)
     df.attrs["source"] = "analysis/data/paper.json (AttnRes Table 2)"
     return df
@@ -87,7 +68,7 @@ def refit_laws(paper: dict[str, Any] | None = None) -> dict[str, PowerLaw]:
 
 
 def paper_comparison(paper: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Refit laws next to the published ones, and M at the paper's 5.6 PFLOP/s-days from both."""
+    """Refit laws next to the published ones, and M at the paper's headline compute from both."""
     paper = paper or load_paper()
     laws = refit_laws(paper)
     pub = {v: PowerLaw(p["A"], p["alpha"]) for v, p in paper["fitted_laws"].items()}
@@ -146,42 +127,23 @@ def run_paper(out: str | Path, *, B: int = DEFAULT_B, seed: int = 0, seed_sigma:
     options = FitOptions(B=B, seed=seed, bootstrap_mode="parametric", seed_sigma=seed_sigma)
     parts = analyse_scaling(df, options, source=df.attrs["source"]).parts
     parts["paper"] = paper_comparison(paper)
-    f6 = paper["fig6"]
-    parts["block_size_sweep"] = {
-        "size": f6["size"],
-        "points": [
-            {"block_size": s, "val_loss": l, "val_loss_sd": None, "n_runs": 1}
-            for s, l in zip(f6["block_size"], f6["loss"])
-        ],
-        "baseline": {"val_loss": f6["baseline"], "val_loss_sd": None, "n_runs": 1},
-        "full": None,  # S = 1 is Full AttnRes, already a point
-    }
+    f6, one = paper["fig6"], {"val_loss_sd": None, "n_runs": 1}  # one published loss per point
+    points = [{"block_size": s, "val_loss": loss} | one for s, loss in zip(f6["block_size"], f6["loss"])]
+    # S = 1 is Full AttnRes, already a point
+    sweep = {"size": f6["size"], "points": points, "baseline": {"val_loss": f6["baseline"]} | one, "full": None}
+    parts["block_size_sweep"] = sweep
     base_loss = next(r["loss"] for r in paper["table4"]["rows"] if r["variant"] == "baseline")
     parts["ablations"] = [
-        {
-            "variant": r["label"],
-            "val_loss": r["loss"],
-            "val_loss_sd": None,
-            "n_runs": 1,
-            "delta_vs_baseline": None if r["variant"] == "baseline" else r["loss"] - base_loss,
-        }
+        {"variant": r["label"], "val_loss": r["loss"]}
+        | one
+        | {"delta_vs_baseline": None if r["variant"] == "baseline" else r["loss"] - base_loss}
         for r in paper["table4"]["rows"]
     ]
     doc = FitDocument.from_dict(parts)
-    written = []
-    written += figures.scaling_figure(
-        df,
-        doc,
-        out / "fig4_scaling",
-        labels=labels,
-        variants=FIG4_VARIANTS,
-        title="AttnRes paper, Fig. 4 refit (Table 2 losses)",
-    )
-    written += block_size_figure(
-        doc.block_size_sweep,
-        out / "fig6_block_size",
-        title="AttnRes paper, Fig. 6: block size (436M model, 32 sublayers)",
-    )
+    title = "AttnRes paper, Fig. 4 refit (Table 2 losses)"
+    written = figures.scaling_figure(df, doc, out / "fig4_scaling", labels=labels, variants=FIG4_VARIANTS, title=title)
+    title = "AttnRes paper, Fig. 6: block size (436M model, 32 sublayers)"
+    written += block_size_figure(doc.block_size_sweep, out / "fig6_block_size", title=title)
     written += figures.architecture_grid_figure(paper["fig7"], out / "fig7_architecture")
     table4 = ["# AttnRes paper, Table 4 (436M model)", "", *ablation_markdown(doc.ablations)]
     (out / "table4_ablations.md").write_text("\n".join(table4) + "\n")
@@ -203,9 +165,6 @@ def headline_numbers(doc: FitDocument) -> str:
     return "\n".join(lines)
 
 
-# ---- python -m analysis <command> -----------------------------------------------------------------------------------
-
-
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     add_bootstrap(p)
@@ -216,12 +175,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 @register(
     "paper",
-    help="refit the paper's published numbers and draw its figures",
     arguments=_arguments,
     files="fit.json, summary.md, table4_ablations.md, the paper's figures",
     printed=lambda doc: [headline_numbers(doc)],
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
-    """``paper``: the paper's own numbers refitted, with the headline."""
-
     return run_paper(args.out, B=args.bootstrap, seed=args.seed, seed_sigma=args.seed_sigma)

@@ -15,7 +15,7 @@ from ..laws.fit_options import FitOptions
 from ..render.fit_report import Sections, run_fit
 from ..render.multiplier_text import rung_headline
 from ..render.study_headline import fit_headline
-from .study_registry import add_arms, add_bootstrap, fractions, number, register, seed_list
+from .study_registry import add_arms, add_bootstrap, add_choice, fractions, number, options_from, register, seed_list
 
 
 def load_any(results: str | None, wandb_project: str | None, wandb_group: str | None) -> pd.DataFrame:
@@ -23,9 +23,6 @@ def load_any(results: str | None, wandb_project: str | None, wandb_group: str | 
     if (results is None) == (wandb_project is None):
         raise ValueError("give exactly one of --results PATH or --wandb ENTITY/PROJECT")
     return load_results(results) if results is not None else load_wandb(wandb_project, wandb_group)
-
-
-# ---- python -m analysis <command> -----------------------------------------------------------------------------------
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -46,38 +43,20 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "path); needed when a table holds several",
     )
     p.add_argument("--study", help="which study to fit as the scaling ladder (default: the one of study_kind scaling)")
-    p.add_argument(
-        "--compute",
-        default="pflops_days",
-        choices=["pflops_days", "pflops_days_6nd"],
-        help="compute column (default: pflops_days)",
-    )
+    add_choice(p, "--compute", ("pflops_days", "pflops_days_6nd"), "compute column (default: pflops_days)")
     add_bootstrap(p)
-    p.add_argument(
-        "--bootstrap-mode",
-        default="auto",
-        choices=["auto", "cluster", "parametric"],
-        help="auto: paired cluster bootstrap over seeds when every size has >= 2 seeds, else parametric",
-    )
+    mode = "auto: paired cluster bootstrap over seeds when every size has >= 2 seeds, else parametric"
+    add_choice(p, "--bootstrap-mode", ("auto", "cluster", "parametric"), mode)
     p.add_argument(
         "--seed-sigma", type=float, help="seed-noise sd of one run's final val loss, for the parametric bootstrap"
     )
     p.add_argument(
         "--seed-rho", type=float, default=0.0, help="share of seed noise common to both arms of a cell (default: 0)"
     )
-    p.add_argument(
-        "--form",
-        default="auto",
-        choices=["auto", "saturating", "power_law"],
-        help="joint-fit form: auto = E + A C^-alpha, falling back to E = 0 when E hits a bound",
-    )
-    p.add_argument(
-        "--outliers",
-        default="keep",
-        choices=["keep", "exclude"],
-        help="runs the outlier rule flags: keep them in the fit (default; the fit without them is reported too) "
-        "or exclude them",
-    )
+    form = "joint-fit form: auto = E + A C^-alpha, falling back to E = 0 when E hits a bound"
+    add_choice(p, "--form", ("auto", "saturating", "power_law"), form)
+    outliers = "runs the outlier rule flags: keep them in the fit (default; the fit without them is reported too) or "
+    add_choice(p, "--outliers", ("keep", "exclude"), outliers + "exclude them")
     p.add_argument(
         "--skip-incomplete",
         action="store_true",
@@ -93,7 +72,6 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_fit_sections(f: argparse.ArgumentParser) -> None:
-    """``fit``'s optional sections (docs/analysis.md): wall clock, rollout, E sensitivity, the N-D fit."""
     f.add_argument(
         "--wallclock",
         action="store_true",
@@ -129,41 +107,22 @@ def _add_fit_sections(f: argparse.ArgumentParser) -> None:
 
 @register(
     "fit",
-    help="fit a results table and write fit.json, summary.md and figures",
     arguments=_arguments,
     headline=fit_headline,
     printed=lambda doc: printed_lines(doc),
-    aliases=("arch_grid",),  # the architecture grid is reported by the fit (fit.json arch_grid, its table and figure)
     files="summary.md, fit.json, figures",
 )
 def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
-    """``fit``: fit.json, summary.md and figures; the document."""
-
     df = load_any(args.results, args.wandb, args.wandb_group)
-    if args.dataset:
-        df = select_dataset(df, args.dataset)
-    if args.seeds:
-        df = select_seeds(df, args.seeds)
-    options = FitOptions(
-        baseline=args.baseline,
-        study=args.study,
-        compute=args.compute,
-        B=args.bootstrap,
-        seed=args.seed,
-        bootstrap_mode=args.bootstrap_mode,
-        seed_sigma=args.seed_sigma,
-        seed_rho=args.seed_rho,
-        form=args.form,
-        skip_incomplete=args.skip_incomplete,
-        outliers=args.outliers,
-    )
-    sections = Sections(wallclock=args.wallclock, rollout=args.rollout, e_sensitivity=args.e_sensitivity, nd=args.nd)
-    return run_fit(df, args.out, options, make_figures=not args.no_figures, sections=sections)
+    df = select_dataset(df, args.dataset) if args.dataset else df
+    df = select_seeds(df, args.seeds) if args.seeds else df
+    options = options_from(FitOptions, args, B=args.bootstrap)
+    return run_fit(df, args.out, options, make_figures=not args.no_figures, sections=options_from(Sections, args))
 
 
 def printed_lines(doc: FitDocument) -> list[str]:
-    """What ``python -m analysis fit`` prints: each multiplier with its interval (and its M(C) curve where the
-    exponents differ), each rung's headline, then the optional sections' lines."""
+    """What ``python -m analysis fit`` prints: each multiplier (and its M(C) where the exponents differ), each
+    rung's headline, then the optional sections' lines."""
     lines = []
     for v, m in doc.multipliers.items():
         lo, hi = m.m_ci95 or (None, None)
@@ -183,7 +142,6 @@ def printed_lines(doc: FitDocument) -> list[str]:
 
 
 def _section_lines(doc: FitDocument) -> list[str]:
-    """The optional sections' headline lines (wall-clock multipliers, the rollout's predictions, the E range)."""
     lines: list[str] = []
     if doc.wallclock:
         from ..render.multiplier_text import wallclock_line
@@ -203,9 +161,7 @@ def _section_lines(doc: FitDocument) -> list[str]:
     for v, e in ((doc.e_sensitivity or {}).get("variants") or {}).items():
         lo, hi = e["m_range"]
         lines.append(f"E sensitivity {v}: m from {number(lo)} to {number(hi)} (summary.md has the table)")
-    for arm, e in ((doc.nd_fit or {}).get("arms") or {}).items():
-        if e.get("error"):
-            lines.append(f"nd fit {arm}: {e['error']}")
-        else:
-            lines.append(f"nd fit {arm}: {e['law']}")
+    lines += [
+        f"nd fit {arm}: {e.get('error') or e['law']}" for arm, e in ((doc.nd_fit or {}).get("arms") or {}).items()
+    ]
     return lines

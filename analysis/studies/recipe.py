@@ -1,24 +1,10 @@
-"""The recipe study (issue 35): the same ladder rungs × arms {baseline, Block AttnRes, Full AttnRes when present} ×
-two training recipes (optimizer + lr schedule: AdamW + cosine, Muon + WSD) × seeds. The report answers
-
-* (a) what the new recipe is worth for the baseline itself: the compute multiplier of the baseline under the new
-  recipe against the baseline under the reference recipe;
-* (b) each arm's multiplier against the baseline under each recipe separately (joint fit and paired);
-* (c) the recipe × arm interaction per rung: the arm's same-seed Δ (arm − baseline) under the new recipe minus its
-  Δ under the reference recipe (analysis.laws.paired.rung_interaction, as the MoE study's);
-* (d) beside every compute multiplier, its wall-clock multiplier (analysis.laws.wallclock);
-* and whether the held-out seeds' multipliers fall inside the design seeds' intervals (every fit is run on the
-  design seeds, the held-out seeds and all of them, where present).
-
-(a) and (b) are analysis.laws.scaling_ladder's fits, unchanged: (a) relabels the baseline's runs ``variant`` =
-``baseline@<recipe>`` so that the joint fit and the paired multiplier read the new recipe as the "variant" and the
-reference recipe as the "baseline"; (b) fits one recipe's runs at a time. A recipe is ``optimizer + "+" +
-lr_schedule`` (the records' fields). Methods: docs/analysis.md, "Recipe study".
-
-    python -m analysis recipe --results docs/results/cpu_deep_recipe --out reports/recipe
-
-writes ``recipe.json``, ``recipe_summary.md``, ``fig_recipe_interaction.png`` and ``fig_recipe_baseline.png``.
-"""
+"""The recipe study (``python -m analysis recipe``): ladder rungs x arms x two training recipes (``optimizer+
+lr_schedule``, e.g. AdamW + cosine against Muon + WSD) x seeds. (a) the baseline's compute multiplier under the new
+recipe against the reference recipe (its runs relabelled ``baseline@<recipe>``); (b) each arm against the baseline
+under each recipe; (c) the recipe x arm interaction per rung (analysis.laws.paired.rung_interaction); (d) beside
+every multiplier its wall-clock one (analysis.laws.wallclock); each fitted on the design seeds, the held-out seeds
+and all, with the held-out check. Writes recipe.json, recipe_summary.md and two figures. Methods: docs/analysis.md,
+"Recipe study"."""
 
 from __future__ import annotations
 
@@ -49,7 +35,7 @@ from ..laws.wallclock import WallclockOptions, combine, time_ratio
 from ..render.figures import delta_errorbar, save
 from ..render.multiplier_text import rung_headline, rung_markdown
 from ..render.tables import fmt, markdown_table
-from .study_registry import add_arms, add_bootstrap, register, seed_list
+from .study_registry import add_arms, add_bootstrap, options_from, register, seed_list
 
 RECIPE_COLUMNS = ("optimizer", "lr_schedule")
 DESIGN_SEEDS = (0, 1, 2)
@@ -59,14 +45,8 @@ DUPLICATE_CELLS = r"\d+ cell\(s\) hold more than one run"  # analysis.io.runs.wa
 
 @dataclass(frozen=True)
 class RecipeOptions:
-    """What the recipe report compares (``python -m analysis recipe``'s options).
-
-    ``reference_recipe`` and ``recipe``: the two recipes, each ``optimizer+lr_schedule``; ``baseline``: the arm every
-    other is compared with; ``lr_protocol``: the arms' runs read (``baseline``: every arm at the baseline's tuned lr;
-    the baseline's own runs are read under either); ``design_seeds`` / ``held_out_seeds``: the seed sets fitted
-    apart (with all seeds together); ``fit``: the scaling fit's options (bootstrap size and seed, form, outlier
-    rule; its ``baseline`` is set per comparison); ``wallclock``: the time ratio's (its bootstrap seed and size
-    follow ``fit``'s)."""
+    """The two recipes compared, the baseline arm, the arms' lr protocol read (the baseline's runs are read under
+    any), the seed sets fitted apart, and the scaling fit's options (its bootstrap also the time ratio's)."""
 
     reference_recipe: str = "adamw+cosine"
     recipe: str = "muon+wsd"
@@ -81,7 +61,6 @@ class RecipeOptions:
         return (self.reference_recipe, self.recipe)
 
     def label(self, recipe: str) -> str:
-        """The baseline's name under ``recipe`` in comparison (a): ``baseline@muon+wsd``."""
         return f"{self.baseline}@{recipe}"
 
     @property
@@ -89,13 +68,8 @@ class RecipeOptions:
         return WallclockOptions(B=self.fit.B, seed=self.fit.seed)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The runs
-
-
 def recipe_of(df: pd.DataFrame) -> pd.Series:
-    """Each run's recipe, ``optimizer + "+" + lr_schedule`` (e.g. ``muon+wsd``). A table without those columns, or
-    with completed runs whose fields are empty, is a ValueError of one line naming what is missing."""
+    """Each run's recipe, ``optimizer+lr_schedule``; missing columns or empty fields: a one-line ValueError."""
     src = df.attrs.get("source", "the results table")
     missing = [c for c in RECIPE_COLUMNS if c not in df.columns]
     if missing:
@@ -114,16 +88,26 @@ def recipe_of(df: pd.DataFrame) -> pd.Series:
     return parts[0] + "+" + parts[1]
 
 
+def _completed(df: pd.DataFrame, opts: RecipeOptions) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    with warnings.catch_warnings():  # a cell's two recipes (or a timing table's re-runs) are not duplicate runs
+        warnings.filterwarnings("ignore", message=DUPLICATE_CELLS, category=AnalysisWarning)
+        return select_completed(df, opts.fit.compute)
+
+
+def _at_protocol(done: pd.DataFrame, opts: RecipeOptions) -> pd.DataFrame:
+    """The baseline's runs under any lr protocol, the other arms' under ``opts.lr_protocol``."""
+    if "lr_protocol" in done.columns:
+        protocol = done["lr_protocol"].fillna("").replace("", "baseline")
+        done = done[(done["variant"] == opts.baseline) | (protocol == opts.lr_protocol)]
+    return done
+
+
 def recipe_runs(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """The runs the report reads and the runs it left out (analysis.io.runs.select_completed: failed, diverged,
-    interrupted and malformed runs are never fitted), with a ``recipe`` column: completed runs of the two recipes,
-    the baseline's under any lr protocol and the other arms' under ``opts.lr_protocol``. A ValueError of one line
-    when a recipe or the baseline under a recipe is missing; runs of a third recipe are left out with a warning."""
+    """The completed runs of the two recipes read (:func:`_at_protocol`; with a ``recipe`` column) and the runs left
+    out. A recipe or the baseline under one missing: a one-line ValueError; a third recipe: warned, left out."""
     src = df.attrs.get("source", "the results table")
     recipe_of(df.iloc[0:0])  # the columns first: their absence is the one error a pre-recipe table gets
-    with warnings.catch_warnings():  # a cell's two recipes are not two runs of one cell: checked per recipe below
-        warnings.filterwarnings("ignore", message=DUPLICATE_CELLS, category=AnalysisWarning)
-        done, excluded = select_completed(df, opts.fit.compute)
+    done, excluded = _completed(df, opts)
     done = done.assign(recipe=recipe_of(done) if len(done) else pd.Series(dtype=str))
     present = done["recipe"].value_counts()
     missing = [r for r in opts.recipes if r not in present.index]
@@ -139,9 +123,7 @@ def recipe_runs(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> tupl
     done = done[done["recipe"].isin(opts.recipes)]
     for r in opts.recipes:
         warn_duplicate_cells(done[done["recipe"] == r])
-    if "lr_protocol" in done.columns:
-        protocol = done["lr_protocol"].fillna("").replace("", "baseline")
-        done = done[(done["variant"] == opts.baseline) | (protocol == opts.lr_protocol)]
+    done = _at_protocol(done, opts)
     for r in opts.recipes:
         if not ((done["variant"] == opts.baseline) & (done["recipe"] == r)).any():
             raise ValueError(f"no completed run of the baseline {opts.baseline!r} under {r} in {src}")
@@ -151,8 +133,8 @@ def recipe_runs(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> tupl
 
 
 def seed_sets(runs: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> dict[str, list[int]]:
-    """The seed sets fitted apart: ``design`` and ``held_out`` (the seeds of each that the runs hold, where any),
-    and ``all`` unless it equals one of them."""
+    """The seed sets fitted apart: ``design`` and ``held_out`` (where the runs hold any), and ``all`` unless it
+    equals one of them."""
     present = {int(s) for s in runs["seed"]}
     sets = {
         name: sorted(present & set(wanted))
@@ -165,12 +147,7 @@ def seed_sets(runs: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> dict
 
 
 def headline_set(sets: dict[str, list[int]]) -> str:
-    """The seed set the figures draw: ``all`` where it is fitted apart, else the one set there is."""
     return "all" if "all" in sets else next(iter(sets))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# (a), (b), (d): the fits and their wall-clock multipliers
 
 
 def _finite_interval(x: Any) -> list[float] | None:
@@ -180,7 +157,6 @@ def _finite_interval(x: Any) -> list[float] | None:
 
 
 def _estimate(m: float | None, m_ci95: Any, p_le_1: float | None, timing: dict[str, Any]) -> dict[str, Any]:
-    """One estimator's multiplier with its interval, half-width in % of m, P(m <= 1) and wall-clock multiplier."""
     m = float(m) if m is not None and math.isfinite(m) else None
     interval = _finite_interval(m_ci95)
     half = (interval[1] - interval[0]) / 2 / m * 100 if m and interval else None
@@ -196,12 +172,9 @@ def compare(
     base_dir: str | None = None,
     timed: pd.DataFrame | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every arm of ``runs`` (column ``variant``) against ``reference`` by laws.scaling_ladder's fit (its options from
-    ``opts.fit``; an arm with fewer than MIN_SIZES rungs is skipped), each with its wall-clock multiplier from the
-    same runs. Per arm: ``joint`` and ``paired`` (:func:`_estimate`), ``law_reference`` / ``law_arm`` (the joint
-    fit's laws), ``exponent_diff`` with its interval, ``paired_heterogeneity_p``, ``timing`` (analysis.laws.wallclock.
-    time_ratio, over ``timed``: the runs fitted and any timing runs of the same configurations; default ``runs``),
-    ``n_runs`` and ``sizes``; or ``error`` with the fit's reason when it cannot be fitted."""
+    """Every arm of ``runs`` against ``reference`` by laws.scaling_ladder's fit, each with its time ratio over
+    ``timed`` (default ``runs``): per arm the joint and paired estimates, the joint laws, the exponent difference,
+    the rungs, ``n_runs`` and ``sizes``; or ``error`` (with the timing) where it cannot be fitted."""
     timed = runs if timed is None else timed
     runs = runs.drop(columns=[c for c in ("lr_protocol",) if c in runs.columns])  # filtered already: one protocol
     out: dict[str, dict[str, Any]] = {}
@@ -213,14 +186,11 @@ def compare(
         return {a: {"error": str(e), "timing": time_ratio(timed, reference, a, opts.wallclock)} for a in arms}
     for arm in arms:
         mult = fit["multipliers"].get(arm)
+        timing = time_ratio(timed, reference, arm, opts.wallclock)
         if mult is None:
             n = runs[runs["variant"] == arm]["size"].nunique()
-            out[arm] = {
-                "error": f"{arm!r} ran at {n} rung(s); a fit needs at least {MIN_SIZES}",
-                "timing": time_ratio(timed, reference, arm, opts.wallclock),
-            }
+            out[arm] = {"error": f"{arm!r} ran at {n} rung(s); a fit needs at least {MIN_SIZES}", "timing": timing}
             continue
-        timing = time_ratio(timed, reference, arm, opts.wallclock)
         joint, paired = mult["joint"], mult.get("paired") or {}
         exps = mult["exponents"]
         pair = runs[runs["variant"].isin([reference, arm])]
@@ -236,60 +206,37 @@ def compare(
             "paired_heterogeneity_p": (paired.get("heterogeneity") or {}).get("p"),
             "rungs": rung_part(mult, timing),
             "timing": timing,
-            "n_runs": {
-                "reference": int((pair["variant"] == reference).sum()),
-                "arm": int((pair["variant"] == arm).sum()),
-            },
+            "n_runs": {k: int((pair["variant"] == v).sum()) for k, v in (("reference", reference), ("arm", arm))},
             "sizes": size_order(pair, opts.fit.compute),
         }
     return out
 
 
 def baseline_table(runs: pd.DataFrame, opts: RecipeOptions) -> pd.DataFrame:
-    """Comparison (a)'s runs: the baseline's under both recipes, ``variant`` renamed ``baseline@<recipe>``."""
     base = runs[runs["variant"] == opts.baseline].copy()
     base["variant"] = [opts.label(r) for r in base["recipe"]]
     return base
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# (c): the interaction per rung
-
-
 def interaction_rows(runs: pd.DataFrame, arms: list[str], opts: RecipeOptions) -> list[dict[str, Any]]:
-    """Per arm (present under both recipes) and rung: the same-seed Δ = arm − baseline under each recipe, with t
-    intervals and verdicts, and the interaction Δ_recipe − Δ_reference_recipe on the seeds all four runs share
-    (analysis.laws.paired.rung_interaction), with its verdict: ``gains more under <recipe>`` (the interval below 0),
-    ``gains less``, ``undecided`` or ``missing``."""
+    """Per arm under both recipes and rung: laws.paired.rung_interaction's Δ under each recipe and the interaction
+    Δ_recipe − Δ_reference, its verdict in words (``gains more under <recipe>`` when its interval lies below 0)."""
     by = {r: runs[runs["recipe"] == r] for r in (opts.recipe, opts.reference_recipe)}
+    words = {"wins": f"gains more under {opts.recipe}", "loses": f"gains less under {opts.recipe}"}
     rows = []
     for arm in arms:
         if not all((df["variant"] == arm).any() for df in by.values()):
             continue
-        table = rung_interaction(by, arm, opts.baseline)
-        for r in table.to_dict("records"):
-            inter_ci = r["interaction_ci95"]
-            word = verdict(inter_ci, r["n_pairs"])
-            rows.append(
-                {
-                    "arm": arm,
-                    "n_layers": r["n_layers"],
-                    "d_model": r["d_model"],
-                    "seeds": r["seeds"],
-                    "baseline_loss": {k: _num(r[f"ref_loss_{k}"]) for k in opts.recipes},
-                    "delta": {
-                        k: {"delta": r[f"delta_{k}"], "ci95": r[f"delta_{k}_ci95"], "verdict": r[f"verdict_{k}"]}
-                        for k in opts.recipes
-                    },
-                    "interaction": r["interaction"],
-                    "interaction_ci95": inter_ci,
-                    "interaction_verdict": {
-                        "wins": f"gains more under {opts.recipe}",
-                        "loses": f"gains less under {opts.recipe}",
-                    }.get(word, word),
-                    "n_pairs": r["n_pairs"],
-                }
-            )
+        for r in rung_interaction(by, arm, opts.baseline).to_dict("records"):
+            word = verdict(r["interaction_ci95"], r["n_pairs"])
+            row = {"arm": arm} | {k: r[k] for k in ("n_layers", "d_model", "seeds")}
+            row["baseline_loss"] = {k: _num(r[f"ref_loss_{k}"]) for k in opts.recipes}
+            row["delta"] = {
+                k: {"delta": r[f"delta_{k}"], "ci95": r[f"delta_{k}_ci95"], "verdict": r[f"verdict_{k}"]}
+                for k in opts.recipes
+            }
+            row |= {"interaction": r["interaction"], "interaction_ci95": r["interaction_ci95"]}
+            rows.append(row | {"interaction_verdict": words.get(word, word), "n_pairs": r["n_pairs"]})
     return rows
 
 
@@ -297,30 +244,18 @@ def _num(x: Any) -> float | None:
     return float(x) if x is not None and math.isfinite(float(x)) else None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The report
-
-
 def timing_runs(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> pd.DataFrame:
-    """The completed runs of a timing table (:func:`analyse_recipe`'s ``timing``) that (d) reads: of the two recipes,
-    with a ``recipe`` column, under ``opts.lr_protocol`` except the baseline's; either recipe may be absent."""
-    with warnings.catch_warnings():  # re-runs of fitted cells are the point of a timing table
-        warnings.filterwarnings("ignore", message=DUPLICATE_CELLS, category=AnalysisWarning)
-        done, _ = select_completed(df, opts.fit.compute)
+    """The completed runs of a timing table that (d) reads, as :func:`recipe_runs`'s; either recipe may be absent."""
+    done, _ = _completed(df, opts)
     if done.empty:
         return done.assign(recipe=pd.Series(dtype=str))
     done = done.assign(recipe=recipe_of(done))
-    done = done[done["recipe"].isin(opts.recipes)]
-    if "lr_protocol" in done.columns:
-        protocol = done["lr_protocol"].fillna("").replace("", "baseline")
-        done = done[(done["variant"] == opts.baseline) | (protocol == opts.lr_protocol)]
-    return done.reset_index(drop=True)
+    return _at_protocol(done[done["recipe"].isin(opts.recipes)], opts).reset_index(drop=True)
 
 
 @dataclass
 class RecipeReport:
-    """What :func:`analyse_recipe` returns: ``parts``, recipe.json (plain, JSON-ready), and ``runs``, the runs it
-    read (:func:`recipe_runs`), which the figures draw."""
+    """recipe.json's document (``parts``) and the runs read, which the figures draw."""
 
     parts: dict[str, Any]
     runs: pd.DataFrame
@@ -329,42 +264,33 @@ class RecipeReport:
 def analyse_recipe(
     df: pd.DataFrame, opts: RecipeOptions = RecipeOptions(), timing: pd.DataFrame | None = None
 ) -> RecipeReport:
-    """The recipe study's report from its records ``df`` (analysis.io.runs.load_results; every run, failed ones
-    included: :func:`recipe_runs` chooses). ``parts`` keys: the recipes, arms, rungs, seed sets and regime;
-    ``baseline_recipe[<seed set>]`` (a) and ``arms_vs_baseline[<recipe>][<seed set>][<arm>]`` (b), each as
-    :func:`compare` gives them (with (d) inside); ``interaction`` (c), :func:`interaction_rows`; ``held_out_check``:
-    per multiplier and estimator, whether the held-out seeds' m lies in the design seeds' interval; ``cost``: the
-    CPU and wall time of the runs read; ``excluded_runs``.
-
-    ``timing``: records of extra runs of the study's configurations (e.g. re-runs of committed runs whose records
-    predate ``step_cpu_s``), read for the time ratios of (d) beside the fitted runs, never fitted; every seed set's
-    ratio reads every timed run (time is a property of the configuration, not of the seed)."""
+    """The recipe study's report from all its records ``df``: ``baseline_recipe[<seed set>]`` (a),
+    ``arms_vs_baseline[<recipe>][<seed set>][<arm>]`` (b, d), ``interaction`` (c), ``held_out_check``, ``cost``, ...
+    ``timing``: records of extra runs of the same configurations, read (for every seed set) for the time ratios only."""
     runs, excluded = recipe_runs(df, opts)
-    timed = runs
-    if timing is not None and len(timing):
-        extra = timing_runs(timing, opts)
-        timed = pd.concat([runs, extra], ignore_index=True)
+    timed = (
+        pd.concat([runs, timing_runs(timing, opts)], ignore_index=True) if timing is not None and len(timing) else runs
+    )
     base_dir = df.attrs.get("base_dir")
     arms = sorted(set(runs["variant"]) - {opts.baseline})
     sets = seed_sets(runs, opts)
     a: dict[str, Any] = {}
     b: dict[str, Any] = {r: {} for r in opts.recipes}
+    new, reference = opts.label(opts.recipe), opts.label(opts.reference_recipe)
     for name, seeds in sets.items():
         sub = runs[runs["seed"].isin(seeds)]
-        a[name] = compare(
-            baseline_table(sub, opts),
-            opts.label(opts.reference_recipe),
-            [opts.label(opts.recipe)],
-            opts,
-            base_dir,
-            timed=baseline_table(timed, opts),
-        )[opts.label(opts.recipe)]
+        a[name] = compare(baseline_table(sub, opts), reference, [new], opts, base_dir, baseline_table(timed, opts))[new]
         for r in opts.recipes:
             one = sub[sub["recipe"] == r]
             here = [x for x in arms if (one["variant"] == x).any()]
             b[r][name] = (
                 compare(one, opts.baseline, here, opts, base_dir, timed=timed[timed["recipe"] == r]) if here else {}
             )
+    rungs = [{"size": s} for s in size_order(runs, opts.fit.compute)]
+    if {"n_layers", "d_model"} <= set(runs.columns):
+        for rung in rungs:
+            first = runs[runs["size"] == rung["size"]].iloc[0]
+            rung |= {"n_layers": int(first["n_layers"]), "d_model": int(first["d_model"])}
     parts = {
         "schema_version": SCHEMA_VERSION,
         "source": df.attrs.get("source"),
@@ -376,13 +302,7 @@ def analyse_recipe(
         "compute": opts.fit.compute,
         "n_runs": len(runs),
         "runs_per_recipe": {r: int((runs["recipe"] == r).sum()) for r in opts.recipes},
-        "rungs": [
-            {"size": s, "n_layers": int(g["n_layers"].iloc[0]), "d_model": int(g["d_model"].iloc[0])}
-            for s in size_order(runs, opts.fit.compute)
-            for g in [runs[runs["size"] == s]]
-        ]
-        if {"n_layers", "d_model"} <= set(runs.columns)
-        else [{"size": s} for s in size_order(runs, opts.fit.compute)],
+        "rungs": rungs,
         "seed_sets": sets,
         "headline_seed_set": headline_set(sets),
         "regime": regime_line(runs, opts),
@@ -399,13 +319,13 @@ def analyse_recipe(
 
 
 def held_out_check(a: dict[str, Any], b: dict[str, Any], opts: RecipeOptions) -> list[dict[str, Any]]:
-    """Per multiplier fitted on both the design and the held-out seeds, per estimator (joint, paired): the design
-    m and interval, the held-out m, and ``inside`` (the held-out m within the design interval; None without one)."""
+    """Per multiplier fitted on both design and held-out seeds, per estimator: whether the held-out m lies ``inside``
+    the design interval (None without one)."""
     pairs = [(f"{opts.recipe} vs {opts.reference_recipe} (baseline)", a)]
     pairs += [
         (f"{arm} vs {opts.baseline} under {r}", {k: v.get(arm, {}) for k, v in b[r].items()})
         for r in opts.recipes
-        for arm in _arms_of(b[r])
+        for arm in dict.fromkeys(arm for fits in b[r].values() for arm in fits)
     ]
     rows = []
     for what, by_set in pairs:
@@ -416,29 +336,14 @@ def held_out_check(a: dict[str, Any], b: dict[str, Any], opts: RecipeOptions) ->
             d, h = design[est], held[est]
             interval = d["m_ci95"]
             inside = interval[0] <= h["m"] <= interval[1] if interval and h["m"] is not None else None
-            rows.append(
-                {
-                    "comparison": what,
-                    "estimator": est,
-                    "design_m": d["m"],
-                    "design_m_ci95": interval,
-                    "held_out_m": h["m"],
-                    "held_out_m_ci95": h["m_ci95"],
-                    "inside": inside,
-                }
-            )
+            row = {"comparison": what, "estimator": est, "design_m": d["m"], "design_m_ci95": interval}
+            rows.append(row | {"held_out_m": h["m"], "held_out_m_ci95": h["m_ci95"], "inside": inside})
     return rows
 
 
-def _arms_of(by_set: dict[str, dict[str, Any]]) -> list[str]:
-    """The arms a recipe's fits hold, in the order first met."""
-    return list(dict.fromkeys(arm for fits in by_set.values() for arm in fits))
-
-
 def cost(runs: pd.DataFrame, opts: RecipeOptions) -> dict[str, Any]:
-    """The cost of the runs read, per recipe and in all, in hours: ``cpu_h`` and ``wall_h``, the sums of the runs'
-    ``cpu_time_s`` and ``wall_time_s``, and ``span_h``, the first start to the last finish (runs side by side
-    overlap); None where no run records it."""
+    """Per recipe and in all, in hours: the summed ``cpu_h`` and ``wall_h``, and ``span_h``, first start to last
+    finish; None where no run records it."""
 
     def hours(d: pd.DataFrame, col: str) -> float | None:
         v = pd.to_numeric(d[col], errors="coerce").dropna() if col in d.columns else pd.Series(dtype=float)
@@ -459,8 +364,6 @@ def cost(runs: pd.DataFrame, opts: RecipeOptions) -> dict[str, Any]:
 
 
 def regime_line(runs: pd.DataFrame, opts: RecipeOptions) -> str:
-    """One sentence on what the runs measured: depths, widths, tokens per parameter, arms, recipes, seeds, lr."""
-
     def span(col: str) -> str | None:
         if col not in runs.columns or runs[col].isna().all():
             return None
@@ -488,10 +391,6 @@ def regime_line(runs: pd.DataFrame, opts: RecipeOptions) -> str:
         f"{opts.lr_protocol} lr protocol. The paper's claim is at 24–34 sublayers, d_model 896–1264 and ~200 tokens "
         "per parameter: this speaks for this shape only."
     )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Markdown
 
 
 def _m_cell(est: dict[str, Any] | None, key: str = "m", with_half: bool = True) -> str:
@@ -532,19 +431,10 @@ DEFINITIONS = (
 
 
 def recipe_markdown(doc: dict[str, Any]) -> str:
-    """recipe_summary.md from the report (:func:`analyse_recipe`); nothing is fitted here."""
     ref, new, sets = doc["reference_recipe"], doc["recipe"], doc["seed_sets"]
     notes: list[str] = []
-    out = [
-        f"# Recipe study: {new} against {ref}",
-        "",
-        doc["regime"],
-        "",
-        DEFINITIONS,
-        "",
-        f"## (a) The baseline: {new} against {ref}",
-        "",
-    ]
+    out = [f"# Recipe study: {new} against {ref}", "", doc["regime"], "", DEFINITIONS, ""]
+    out += [f"## (a) The baseline: {new} against {ref}", ""]
     columns = ["runs", "m", "m_wall", "paired m", "paired m_wall"]
     rows = [_row([_seed_text(sets, name)], e, notes, f"(a) {name}") for name, e in doc["baseline_recipe"].items()]
     out += markdown_table(["seeds", *columns, "step-time ratio", "FLOPs/step ratio"], rows)
@@ -556,19 +446,10 @@ def recipe_markdown(doc: dict[str, Any]) -> str:
         for arm, e in fits.items()
     ]
     out += markdown_table(["recipe", "seeds", "arm", *columns, "P(m ≤ 1)", "step-time ratio"], rows)
-    out += _held_out_section(doc) + _interaction_section(doc)
-    out += rung_section(doc)
-    out += _step_time_section(doc)
-    cost_ = doc["cost"]
-    out += [
-        "",
-        "## Cost",
-        "",
-        *markdown_table(
-            ["runs of", "runs", "CPU time (h, summed)", "wall time (h, summed)", "first start to last finish (h)"],
-            ([k, f"{v['runs']}", *(fmt(v[t], 3) for t in ("cpu_h", "wall_h", "span_h"))] for k, v in cost_.items()),
-        ),
-    ]
+    out += _held_out_section(doc) + _interaction_section(doc) + rung_section(doc) + _step_time_section(doc)
+    header = ["runs of", "runs", "CPU time (h, summed)", "wall time (h, summed)", "first start to last finish (h)"]
+    rows = [[k, f"{v['runs']}", *(fmt(v[t], 3) for t in ("cpu_h", "wall_h", "span_h"))] for k, v in doc["cost"].items()]
+    out += ["", "## Cost", "", *markdown_table(header, rows)]
     if doc["excluded_runs"]:
         out += ["", "## Runs not read", ""]
         out += [
@@ -581,7 +462,6 @@ def recipe_markdown(doc: dict[str, Any]) -> str:
 
 
 def _held_out_section(doc: dict[str, Any]) -> list[str]:
-    """recipe_summary.md's check of the held-out seeds against the design seeds' intervals (none without one)."""
     if not doc["held_out_check"]:
         return []
     out = ["", "## Held-out seeds against the design seeds' interval", ""]
@@ -596,7 +476,6 @@ def _held_out_section(doc: dict[str, Any]) -> list[str]:
 
 
 def _interaction_section(doc: dict[str, Any]) -> list[str]:
-    """recipe_summary.md's (c): per arm and rung, Δ under each recipe and their difference."""
     ref, new, base = doc["reference_recipe"], doc["recipe"], doc["baseline"]
     out = ["", "## (c) Recipe × arm interaction per rung (same-seed, 95% t intervals)", ""]
     if not doc["interaction"]:
@@ -615,8 +494,7 @@ def _interaction_section(doc: dict[str, Any]) -> list[str]:
 
 
 def _row(head: list[str], e: dict[str, Any], notes: list[str], what: str, p: bool = False) -> list[str]:
-    """One multiplier row: joint and paired m, each with its m_wall (and P(m <= 1) when ``p``), then the time
-    ratios; what is n/a gets a note saying why."""
+    """One multiplier row (P(m <= 1) when ``p``), then the time ratios; what is n/a gets a note saying why."""
     t = e.get("timing") or {}
     if "error" in e:
         notes.append(f"- {what}: {e['error']}")
@@ -646,26 +524,21 @@ def _delta(d: dict[str, Any]) -> str:
 
 
 def _step_time_section(doc: dict[str, Any]) -> list[str]:
-    """Per rung: the step-time ratio (arm ÷ reference) of every comparison, on the headline seed set's runs."""
     name = doc["headline_seed_set"]
     columns: list[tuple[str, dict[str, Any]]] = []
     a = doc["baseline_recipe"].get(name, {})
     if "timing" in a:
         columns.append((f"{doc['baseline']} {doc['recipe']} ÷ {doc['reference_recipe']}", a["timing"]))
-    for r, by_set in doc["arms_vs_baseline"].items():
-        for arm, e in by_set.get(name, {}).items():
-            if "timing" in e:
-                columns.append((f"{arm} ÷ {doc['baseline']}, {r}", e["timing"]))
+    columns += [(f"{arm} ÷ {doc['baseline']}, {r}", e["timing"]) for r, arm, e in _headline_fits(doc) if "timing" in e]
     if not columns:
         return []
     rungs = list(dict.fromkeys(p["rung"] for _, t in columns for p in t["per_rung"]))
+    read = "; ".join(f"{c}: {t.get('time_source', 'cpu_time_s')}" for c, t in columns)
     out = [
         "",
         f"## Step-time ratio per rung ({name} seeds; geometric means)",
         "",
-        "Time read per comparison: "
-        + "; ".join(f"{c}: {t.get('time_source', 'cpu_time_s')}" for c, t in columns)
-        + ".",
+        f"Time read per comparison: {read}.",
         "",
     ]
     rows = []
@@ -679,17 +552,12 @@ def _step_time_section(doc: dict[str, Any]) -> list[str]:
     return [*out, *markdown_table(["rung", *(c for c, _ in columns)], rows)]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Figures
-
 RECIPE_COLORS = ("0.35", "tab:red")  # reference recipe, new recipe
 ARM_MARKERS = ("o", "s", "D", "^")
 
 
 def plot_interaction(doc: dict[str, Any], path: str | Path) -> Path:
-    """Left: each arm's same-seed Δ (arm − baseline) per rung under each recipe with its 95% t interval; right:
-    the interaction (Δ new − Δ reference) per rung. A point without an interval (fewer than two pairs) is drawn
-    hollow; 0 = no effect."""
+    """Left: each arm's Δ per rung under each recipe; right: the interaction per rung (hollow: no interval)."""
     rows = doc["interaction"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
     rungs = sorted({(r["n_layers"], r["d_model"]) for r in rows})
@@ -698,28 +566,13 @@ def plot_interaction(doc: dict[str, Any], path: str | Path) -> Path:
     n = max(len(arms), 1)
     for j, arm in enumerate(arms):
         mine = [r for r in rows if r["arm"] == arm]
+        x = [x_of[(r["n_layers"], r["d_model"])] for r in mine]
         marker = ARM_MARKERS[j % len(ARM_MARKERS)]
         for k, (recipe, color) in enumerate(zip((doc["reference_recipe"], doc["recipe"]), RECIPE_COLORS)):
-            off = (j * 2 + k - (2 * n - 1) / 2) * 0.08
-            _points(
-                left,
-                [x_of[(r["n_layers"], r["d_model"])] + off for r in mine],
-                [r["delta"][recipe]["delta"] for r in mine],
-                [r["delta"][recipe]["ci95"] for r in mine],
-                color,
-                marker,
-                f"{arm}, {recipe}",
-            )
-        off = (j - (n - 1) / 2) * 0.1
-        _points(
-            right,
-            [x_of[(r["n_layers"], r["d_model"])] + off for r in mine],
-            [r["interaction"] for r in mine],
-            [r["interaction_ci95"] for r in mine],
-            "tab:purple",
-            marker,
-            arm,
-        )
+            points = [(r["delta"][recipe]["delta"], r["delta"][recipe]["ci95"]) for r in mine]
+            _points(left, x, (j * 2 + k - (2 * n - 1) / 2) * 0.08, points, color, marker, f"{arm}, {recipe}")
+        points = [(r["interaction"], r["interaction_ci95"]) for r in mine]
+        _points(right, x, (j - (n - 1) / 2) * 0.1, points, "tab:purple", marker, arm)
     hollow = any(not r["interaction_ci95"] for r in rows)
     for ax in (left, right):
         ax.axhline(0, color="0.5", lw=0.8)
@@ -738,12 +591,10 @@ def plot_interaction(doc: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def _points(
-    ax, x: list[float], y: list[float | None], cis: list[list[float] | None], color: str, marker: str, label: str
-) -> None:
-    """Points with error bars where an interval exists, hollow where it does not; missing points skipped."""
+def _points(ax, x: list[int], off: float, points: list[tuple], color: str, marker: str, label: str) -> None:
+    """(y, interval) at ``x + off``: error bars, hollow without an interval; missing points skipped."""
     labelled = False
-    for xi, yi, c in zip(x, y, cis):
+    for xi, (yi, c) in zip((xi + off for xi in x), points):
         if yi is None or not math.isfinite(yi):
             continue
         lab = None if labelled else label
@@ -755,12 +606,10 @@ def _points(
 
 
 def _laws_and_arrow(ax: plt.Axes, a: dict[str, Any], doc: dict[str, Any], C: np.ndarray) -> None:
-    """The joint fit's two laws of comparison (a) over the runs' compute ``C``, and where m is plottable, the arrow
-    from the new recipe's law to where the reference's reaches the same loss, labelled × m."""
+    """Comparison (a)'s joint laws over compute ``C`` and, where m is plottable, the arrow × m from the new recipe's
+    law (inside the data) to where the reference's reaches the same loss."""
     m = a["joint"]["m"]
     arrow = m is not None and 0.05 < m < 20
-    # The arrow starts on the new recipe's law where it lies inside the data (the smallest compute when m > 1,
-    # the largest when m < 1) and ends where the reference's law reaches the same loss: m times that compute.
     c_star = float(C.min() if not arrow or m >= 1 else C.max())
     ends = [C.min(), C.max()] + ([c_star * m] if arrow else [])
     grid = np.geomspace(min(ends) / 1.3, max(ends) * 1.3, 100)
@@ -768,33 +617,18 @@ def _laws_and_arrow(ax: plt.Axes, a: dict[str, Any], doc: dict[str, Any], C: np.
         ("law_reference", RECIPE_COLORS[0], doc["reference_recipe"]),
         ("law_arm", RECIPE_COLORS[1], doc["recipe"]),
     ):
-        law = PowerLaw(A=a[key]["A"], alpha=a[key]["alpha"], E=a[key]["E"])
-        ax.plot(grid, law.loss(grid), "-", color=color, lw=1.2, label=f"joint fit, {recipe}")
+        ax.plot(grid, PowerLaw(**a[key]).loss(grid), "-", color=color, lw=1.2, label=f"joint fit, {recipe}")
     if arrow:
-        L_star = float(PowerLaw(A=a["law_arm"]["A"], alpha=a["law_arm"]["alpha"], E=a["law_arm"]["E"]).loss(c_star))
-        ax.annotate(
-            "",
-            xy=(c_star * m, L_star),
-            xytext=(c_star, L_star),
-            arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.2},
-        )
-        ax.annotate(
-            f"× {m:.2f}",
-            xy=(c_star * math.sqrt(m), L_star),
-            xytext=(0, 9),
-            textcoords="offset points",
-            color="tab:blue",
-            fontsize=8,
-            ha="center",
-            va="bottom",
-            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
-        )
+        L_star = float(PowerLaw(**a["law_arm"]).loss(c_star))
+        arrow_style = {"arrowstyle": "->", "color": "tab:blue", "lw": 1.2}
+        ax.annotate("", xy=(c_star * m, L_star), xytext=(c_star, L_star), arrowprops=arrow_style)
+        box = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8}
+        style = {"textcoords": "offset points", "color": "tab:blue", "fontsize": 8, "ha": "center", "va": "bottom"}
+        ax.annotate(f"× {m:.2f}", xy=(c_star * math.sqrt(m), L_star), xytext=(0, 9), bbox=box, **style)
 
 
 def plot_baseline(runs: pd.DataFrame, doc: dict[str, Any], path: str | Path) -> Path:
-    """The baseline's val loss against compute under both recipes (runs faint, rung means solid) with the joint
-    fit's laws of comparison (a) on the headline seed set, and an arrow from the new recipe's loss at its largest
-    compute to where the reference recipe's law reaches it (the multiplier m)."""
+    """The baseline's val loss against compute under both recipes with comparison (a)'s laws and m."""
     name = doc["headline_seed_set"]
     a = doc["baseline_recipe"].get(name, {})
     base = runs[(runs["variant"] == doc["baseline"]) & runs["seed"].isin(doc["seed_sets"][name])]
@@ -807,36 +641,14 @@ def plot_baseline(runs: pd.DataFrame, doc: dict[str, Any], path: str | Path) -> 
         ax.plot(g["C"], g["L"], "o", color=color, ms=6, label=f"{doc['baseline']}, {recipe} (rung means)")
     C = base[compute].to_numpy(float)
     if "error" in a or not len(C):
-        ax.text(
-            0.98,
-            0.97,
-            textwrap.fill(f"fit n/a: {a.get('error', 'no runs')}", 48),
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=7,
-            bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"},
-        )
+        text, size = textwrap.fill(f"fit n/a: {a.get('error', 'no runs')}", 48), 7
     else:
         j = a["joint"]
         _laws_and_arrow(ax, a, doc, C)
-        text = "\n".join(
-            [
-                f"m = {_m_cell(j, with_half=False)}",
-                f"m_wall = {_m_cell(j, 'm_wall')}",
-                f"paired m = {_m_cell(a['paired'], with_half=False)}",
-            ]
-        )
-        ax.text(
-            0.98,
-            0.97,
-            text,
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=8,
-            bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"},
-        )
+        m_wall, paired = _m_cell(j, "m_wall"), _m_cell(a["paired"], with_half=False)
+        text, size = f"m = {_m_cell(j, with_half=False)}\nm_wall = {m_wall}\npaired m = {paired}", 8
+    box = {"boxstyle": "round", "fc": "white", "ec": "0.7"}
+    ax.text(0.98, 0.97, text, transform=ax.transAxes, ha="right", va="top", fontsize=size, bbox=box)
     ax.set_xscale("log")
     ax.set_xlabel(f"compute ({compute}, PFLOP/s-days)")
     ax.set_ylabel("final val loss")
@@ -851,37 +663,36 @@ def _save(fig, path: str | Path) -> Path:
 
 
 def read_studies(paths: list[str] | list[Path]) -> pd.DataFrame:
-    """The records of one or more study directories / results tables as one table (analysis.io.runs.load_results
-    each; run directories are looked up under the first one's)."""
+    """The records of one or more study directories or results tables as one (run directories under the first's)."""
     frames = [load_results(p) for p in paths]
     if len(frames) == 1:
         return frames[0]
     df = pd.concat(frames, ignore_index=True)
-    df.attrs = {
-        "source": "; ".join(str(f.attrs.get("source")) for f in frames),
-        "base_dir": frames[0].attrs.get("base_dir"),
-    }
+    df.attrs = {"source": "; ".join(str(f.attrs.get("source")) for f in frames)}
+    df.attrs["base_dir"] = frames[0].attrs.get("base_dir")
     return df
 
 
+def _headline_fits(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(recipe, arm, its fit) of comparison (b) on the headline seed set."""
+    name = doc["headline_seed_set"]
+    return [(r, arm, e) for r, by_set in doc["arms_vs_baseline"].items() for arm, e in by_set.get(name, {}).items()]
+
+
 def headline_lines(doc: dict[str, Any]) -> list[str]:
-    """What the command prints: (a) on every seed set, (b) on the headline set, and the held-out check's count."""
     name = doc["headline_seed_set"]
     lines = []
     for set_name, e in doc["baseline_recipe"].items():
         lines.append(f"(a) {doc['baseline']} {doc['recipe']} vs {doc['reference_recipe']}, {set_name}: {_line(e)}")
-    for r, by_set in doc["arms_vs_baseline"].items():
-        for arm, e in by_set.get(name, {}).items():
-            lines.append(f"(b) {arm} vs {doc['baseline']} under {r}, {name}: {_line(e)}")
+    lines += [f"(b) {arm} vs {doc['baseline']} under {r}, {name}: {_line(e)}" for r, arm, e in _headline_fits(doc)]
     for row in doc["interaction"]:
         lines.append(
             f"(c) {row['arm']} L_b {row['n_layers']}: interaction "
             f"{_signed(row['interaction'], row['interaction_ci95'])} {row['interaction_verdict']}"
         )
-    for r, by_set in doc["arms_vs_baseline"].items():
-        for arm, e in by_set.get(name, {}).items():
-            if e.get("rungs"):
-                lines += [f"(b) under {r}, {name}: {line}" for line in rung_headline(e["rungs"], arm)]
+    for r, arm, e in _headline_fits(doc):
+        if e.get("rungs"):
+            lines += [f"(b) under {r}, {name}: {line}" for line in rung_headline(e["rungs"], arm)]
     checks = [h for h in doc["held_out_check"] if h["inside"] is not None]
     if checks:
         inside = sum(h["inside"] for h in checks)
@@ -906,8 +717,7 @@ def run_recipe(
     make_figures: bool = True,
     timing: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
-    """:func:`analyse_recipe` on ``df``, written under ``out``: recipe.json, recipe_summary.md and (unless
-    ``make_figures`` is False) fig_recipe_interaction.png and fig_recipe_baseline.png. Returns the report."""
+    """:func:`analyse_recipe` on ``df``, written under ``out`` (recipe.json, recipe_summary.md, figures)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = analyse_recipe(df, opts, timing)
@@ -920,21 +730,12 @@ def run_recipe(
 
 
 def rung_section(doc: dict[str, Any]) -> list[str]:
-    """Per recipe and arm on the headline seed set, the multiplier per rung under both fit losses and the test
-    of one multiplier over the rungs (analysis.laws.heterogeneity; the text: analysis.render.multiplier_text)."""
+    """Per recipe and arm on the headline seed set, the multiplier per rung and the test of one over the rungs."""
     name = doc["headline_seed_set"]
-    parts = {
-        f"{arm} under {r} ({name} seeds)": e["rungs"]
-        for r, by_set in doc["arms_vs_baseline"].items()
-        for arm, e in by_set.get(name, {}).items()
-        if e.get("rungs")
-    }
+    parts = {f"{arm} under {r} ({name} seeds)": e["rungs"] for r, arm, e in _headline_fits(doc) if e.get("rungs")}
     if not parts:
         return []
     return ["", "## Multiplier per rung, and the test of one over all", "", *rung_markdown(parts)]
-
-
-# ---- python -m analysis <command> -----------------------------------------------------------------------------------
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -961,29 +762,13 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-@register(
-    "recipe",
-    help="a recipe study: two training recipes x arms x rungs; multipliers, wall clock, interaction",
-    arguments=_arguments,
-    headline=headline_lines,
-    files="recipe_summary.md, recipe.json, figures",
-)
+@register("recipe", arguments=_arguments, headline=headline_lines, files="recipe_summary.md, recipe.json, figures")
 def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """``recipe``: recipe.json, recipe_summary.md and figures, then the headline multipliers."""
     from ..io.runs import select_seeds
-    from ..laws.fit_options import FitOptions
 
     df = read_studies(args.results)
-    if args.seeds:
-        df = select_seeds(df, args.seeds)
-    opts = RecipeOptions(
-        reference_recipe=args.reference_recipe,
-        recipe=args.recipe,
-        baseline=args.baseline,
-        lr_protocol=args.lr_protocol,
-        design_seeds=tuple(args.design_seeds),
-        held_out_seeds=tuple(args.held_out_seeds),
-        fit=FitOptions(B=args.bootstrap, seed=args.seed),
-    )
+    df = select_seeds(df, args.seeds) if args.seeds else df
+    seeds = {"design_seeds": tuple(args.design_seeds), "held_out_seeds": tuple(args.held_out_seeds)}
+    opts = options_from(RecipeOptions, args, **seeds, fit=FitOptions(B=args.bootstrap, seed=args.seed))
     timing = read_studies(args.timing) if args.timing else None
     return run_recipe(df, args.out, opts, make_figures=not args.no_figures, timing=timing)

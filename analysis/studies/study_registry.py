@@ -1,24 +1,13 @@
-"""The study registry: ``python -m analysis <name>`` -> the study that reports it. A study registers itself once,
-where it is defined (analysis/studies/<module>.py)::
-
-    @register("map", help="the depth-by-width map ...", arguments=_arguments, printed=cell_lines)
-    def report(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-        ...  # reads args.results, writes the report under args.out (analysis.io.report.write_report), returns it
-
-and the CLI prints what the study says of its document (``printed``) and the files it wrote. So the registered names
-are the single list of analysis commands, and the names a study's config gives as its
-``analysis:`` command (sweeps/study.py). The CLI (analysis/__main__.py) builds one subcommand per registered
-study; :func:`load` imports every module of this package, which registers them. This module itself imports
-nothing heavy (no pandas, scipy or matplotlib).
-
-:data:`COMMANDS` repeats each command's name, ``--help`` line and aliases as plain data, so that
-``python -m analysis --help`` lists them without importing a study (tests/test_analysis_cli.py fails when it and the
-registry disagree, and prints the table to paste).
-"""
+"""The study registry: ``python -m analysis <name>`` -> the study that reports it. A study registers itself once, in
+its module (analysis/studies/<module>.py), with :func:`register` on its report function (args, argv -> the document
+it wrote); the registered names are the analysis commands a study file names (sweeps/study.py). :func:`load`
+imports every study module. This module imports nothing heavy: :data:`COMMANDS` repeats each command's ``--help``
+line and aliases as plain data for ``python -m analysis --help`` (tests/test_analysis_cli.py checks it)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
@@ -32,12 +21,9 @@ Headline = Callable[[Any], list[str]]  # a report's document -> lines
 
 @dataclass(frozen=True)
 class Study:
-    """One registered analysis command: its name (and aliases), its ``--help`` line, the function that adds its
-    arguments, the one that writes its report (returns the document it built), the one that says its headline
-    from that document (None: the command prints its own lines and has no headline for sweeps.study), what its
-    report writes (``files``, as sweeps.study names them), the study kind it reports (``study_kind``: a sweep
-    of that kind is reported by this command whatever its study file says; None: the study file's ``analysis``) and
-    the lines the CLI prints from the document before the files it wrote (``printed``; None: the headline's)."""
+    """One registered analysis command: ``headline`` (the document's lines for sweeps.study; None: none), ``files``
+    (what its report writes, in words), ``study_kind`` (the kind of sweep it reports whatever its study file says)
+    and ``printed`` (the lines the CLI prints before the files; None: the headline)."""
 
     name: str
     help: str
@@ -50,8 +36,7 @@ class Study:
     printed: Headline | None = None
 
     def printout(self, document: Any, out: str | None) -> list[str]:
-        """What ``python -m analysis <name>`` prints once the report is written: ``printed`` (or the headline) of the
-        document, then ``wrote <files> to <out>`` from the document's ``files``."""
+        """What ``python -m analysis <name>`` prints: ``printed`` (or the headline), then ``wrote <files> to <out>``."""
         say = self.printed or self.headline
         lines = list(say(document)) if say is not None else []
         files = document.get("files") if isinstance(document, dict) else getattr(document, "files", None)
@@ -62,8 +47,7 @@ class Study:
 
 STUDIES: dict[str, Study] = {}  # name -> study, in registration order
 
-# name -> (its --help line, its aliases): what the registry holds once every study is loaded, as plain data for the
-# top-level --help (no study imported); a study added or its help changed is added or changed here too.
+# name -> (its --help line, its aliases), as the loaded registry holds them: the top-level --help's plain table
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ablations": (
         "ablations and peers (Table 4): same-seed differences with 95%% t intervals, beside the paper's",
@@ -73,6 +57,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         "block size (Fig. 6): same-seed differences with 95%% t intervals, beside the paper's",
         ("block-size",),
     ),
+    # the architecture grid is reported by the fit (fit.json arch_grid, its table and figure)
     "fit": ("fit a results table and write fit.json, summary.md and figures", ("arch_grid",)),
     "gallery": ("the paper's figures and tables beside ours, one Markdown page", ()),
     "length": (
@@ -88,8 +73,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def command_of(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names (its first word that is not an option), if :data:`COMMANDS` knows it by its name or
-    an alias; None otherwise (no command, ``--help`` alone, an unknown word)."""
+    """The command ``argv`` names (its first word that is not an option) if :data:`COMMANDS` knows it, else None."""
     word = next((a for a in argv if not a.startswith("-")), None)
     known = {n for name, (_, aliases) in COMMANDS.items() for n in (name, *aliases)}
     return word if word in known else None
@@ -98,16 +82,19 @@ def command_of(argv: Sequence[str]) -> str | None:
 def register(
     name: str,
     *,
-    help: str,
     arguments: Arguments,
+    help: str | None = None,
     headline: Headline | None = None,
-    aliases: tuple[str, ...] = (),
+    aliases: tuple[str, ...] | None = None,
     files: str = "",
     study_kind: str | None = None,
     printed: Headline | None = None,
 ) -> Callable[[Report], Report]:
-    """Register the decorated report function as ``python -m analysis <name>``; a name or alias taken twice, or a
-    study kind claimed by two commands, is a ValueError naming both."""
+    """Register the decorated report function as ``python -m analysis <name>`` (its help and aliases by default
+    :data:`COMMANDS`'); a name, alias or study kind taken twice is a ValueError naming both."""
+    plain_help, plain_aliases = COMMANDS.get(name, ("", ()))
+    help = plain_help if help is None else help
+    aliases = plain_aliases if aliases is None else aliases
 
     def add(report: Report) -> Report:
         taken = {n: s.name for s in STUDIES.values() for n in (s.name, *s.aliases)}
@@ -125,7 +112,7 @@ def register(
 
 
 def load() -> dict[str, Study]:
-    """Every study of analysis.studies, registered by importing its module (pandas, scipy and matplotlib with it)."""
+    """Every study of analysis.studies, registered by importing its module (and pandas, scipy, matplotlib)."""
     package = importlib.import_module(__package__ or "analysis.studies")
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{package.__name__}.{module.name}")
@@ -133,7 +120,7 @@ def load() -> dict[str, Study]:
 
 
 def get(name: str) -> Study:
-    """The study registered as ``name`` (or with ``name`` as an alias); ValueError naming the registered ones."""
+    """The study registered as ``name`` or with it as an alias; else a ValueError naming the registered ones."""
     studies = load()
     for study in studies.values():
         if name == study.name or name in study.aliases:
@@ -186,15 +173,44 @@ def add_arms(p: argparse.ArgumentParser, arm: str | None = None) -> None:
 
 
 def fixed_shape_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of a study at one shape (ablations, block size): ``--results``, ``--out`` and ``--baseline``."""
     add_results_out(p, "the study's results.csv (or a study directory)", "output directory (JSON, Markdown, figure)")
     add_arms(p)
+
+
+def register_fixed_shape(name: str, analyse: Callable[..., Any], files: str) -> None:
+    """Register ``analyse(records, out, baseline)``, a study at one shape (ablations, block size), as the reporter
+    of study kind ``name``; the CLI prints its document's ``verdict``."""
+
+    def report(args: argparse.Namespace, argv: Sequence[str]) -> Any:
+        from pathlib import Path
+
+        from ..io.runs import load_one_dataset
+
+        return analyse(load_one_dataset(args.results), Path(args.out), args.baseline)
+
+    kind = {"study_kind": name, "printed": _verdict}
+    register(name, arguments=fixed_shape_arguments, files=files, **kind)(report)
+
+
+def _verdict(doc: Any) -> list[str]:
+    return [doc["verdict"]]
 
 
 def add_bootstrap(p: argparse.ArgumentParser, what: str = "bootstrap replicates") -> None:
     """``--bootstrap B`` and ``--seed``: the resampling of a study's intervals."""
     p.add_argument("--bootstrap", type=int, default=2000, metavar="B", help=f"{what} (default: 2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap random seed (default: 0)")
+
+
+def add_choice(p: argparse.ArgumentParser, flag: str, choices: Sequence[str], help: str) -> None:
+    """An option with a fixed set of values, the first its default."""
+    p.add_argument(flag, default=choices[0], choices=list(choices), help=help)
+
+
+def options_from(cls: Any, args: argparse.Namespace, **given: Any) -> Any:
+    """The options dataclass ``cls`` from the parsed arguments named as its fields, ``given`` taking precedence."""
+    named = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**(named | given))
 
 
 def number(x: float | None, spec: str = ".3f") -> str:

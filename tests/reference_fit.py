@@ -1,17 +1,7 @@
-"""Reference scaling-law fits, written plainly with ``scipy.optimize.least_squares``.
-
-These are the definitions the fast fits in :mod:`analysis.laws.fit` are tested against (tests/test_analysis_fit.py);
-the analysis itself runs the fast ones (docs/analysis.md, "The reference fit"). Same models, residuals, loss and
-bounds as analysis.laws.fit, compute C in PFLOP/s-days normalised by C_ref = the geometric mean of all points' C:
-
-* paper form, per variant: ``log L = log A - alpha log C``, plain least squares (loss="linear");
-* shared-exponent power law: ``log L = a_arm - alpha log(C / C_ref)``, Huber(delta) (loss="huber", f_scale=delta);
-* saturating joint fit: ``L = E + exp(a_arm) (C / C_ref)^-alpha``, Huber(delta) on ``log L - log Lhat``, with
-  0 <= E <= min(L) and alpha in ALPHA_BOUNDS; a multi-start local search (the objective is not convex in alpha).
-
-The Huber objective is ``sum_i w_i huber(r_i, delta)`` with ``huber`` as in analysis.laws.fit, which is exactly
-least_squares' cost with loss="huber" and f_scale=delta. least_squares has no per-residual weights for a robust
-loss, so Huber fits take integer weights (the bootstrap's cell counts) and repeat each point that many times.
+"""Reference scaling-law fits written plainly with ``scipy.optimize.least_squares``: the definitions the fast fits
+of :mod:`analysis.laws.fit` are tested against (same models, residuals, Huber loss, bounds and C_ref;
+docs/analysis.md, "The reference fit and the fast path"). Huber fits take integer weights (point multiplicities):
+least_squares has no per-residual weights for a robust loss.
 """
 
 from __future__ import annotations
@@ -22,9 +12,10 @@ import numpy as np
 from scipy.optimize import least_squares
 from threadpoolctl import threadpool_limits
 
-from .fit import ALPHA_BOUNDS, HUBER_DELTA, JointFit, PowerLaw, _joint_result, huber
+from analysis.laws.fit import ALPHA_BOUNDS, HUBER_DELTA, JointFit, PowerLaw, _joint_result, huber
 
 _TOL = 1e-14  # ftol = xtol = gtol: well below any difference the tests resolve, above machine epsilon
+_TOLS = {"ftol": _TOL, "xtol": _TOL, "gtol": _TOL}
 
 
 def _points(C: Any, L: Any, is_variant: Any, weights: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -52,16 +43,14 @@ def reference_power_law(C: Any, L: Any, weights: Any = None) -> PowerLaw:
     def jac(theta: np.ndarray) -> np.ndarray:
         return np.stack([-sw, sw * lnC], 1)
 
-    res = least_squares(resid, np.zeros(2), jac=jac, loss="linear", method="trf", ftol=_TOL, xtol=_TOL, gtol=_TOL)
+    res = least_squares(resid, np.zeros(2), jac=jac, loss="linear", method="trf", **_TOLS)
     return PowerLaw(A=float(np.exp(res.x[0])), alpha=float(res.x[1]))
 
 
 def reference_joint_power_law(
     C: Any, L: Any, is_variant: Any, weights: Any = None, *, delta: float = HUBER_DELTA
 ) -> JointFit:
-    """Shared-exponent pure power law ``log L = a_arm - alpha log(C / C_ref)`` (E = 0), Huber(delta) in log space.
-
-    The problem is convex, so one local solve from the least-squares start is the global optimum."""
+    """Shared-exponent power law ``log L = a_arm - alpha log(C / C_ref)``, Huber(delta): convex, one local solve."""
     lnc, L, isv, C_ref = _points(C, L, is_variant, weights)
     lnL = np.log(L)
 
@@ -73,9 +62,7 @@ def reference_joint_power_law(
 
     start = least_squares(resid, np.zeros(3), jac=jac, loss="linear", method="trf")
     with threadpool_limits(limits=1, user_api="blas"):
-        res = least_squares(
-            resid, start.x, jac=jac, loss="huber", f_scale=delta, method="trf", ftol=_TOL, xtol=_TOL, gtol=_TOL
-        )
+        res = least_squares(resid, start.x, jac=jac, loss="huber", f_scale=delta, method="trf", **_TOLS)
     a_b, a_v, alpha = (float(t) for t in res.x)
     return _joint_result("power_law", 0.0, a_b, a_v, alpha, float(res.cost), C_ref)
 
@@ -91,11 +78,8 @@ def reference_joint_saturating(
     n_alpha: int = 4,
     E_starts: tuple[float, ...] = (0.01, 0.5),
 ) -> JointFit:
-    """Saturating joint fit ``L_arm = E + A_arm C^-alpha`` (E and alpha shared), Huber(delta) on log residuals.
-
-    Bounds: 0 <= E <= min(L) (the smallest loss with positive weight), alpha within ``alpha_bounds``. Local
-    trust-region solves start from every pair of ``n_alpha`` log-spaced exponents and E = each ``E_starts``
-    fraction of min(L) (prefactors: the arm's mean of log(L - E) + alpha log(C / C_ref)); the lowest cost wins."""
+    """Saturating joint fit ``L_arm = E + A_arm C^-alpha``, Huber(delta) on log residuals, 0 <= E <= min(L), alpha
+    in ``alpha_bounds``: the lowest-cost trust-region solve from ``n_alpha`` exponents x ``E_starts`` fractions."""
     lnc, L, isv, C_ref = _points(C, L, is_variant, weights)
     lnL = np.log(L)
     E_max = float(L.min())
@@ -121,17 +105,7 @@ def reference_joint_saturating(
                 y = np.log(L - E0) + alpha0 * lnc
                 x0 = np.array([E0, y[~isv].mean(), y[isv].mean(), alpha0])
                 res = least_squares(
-                    resid,
-                    x0,
-                    jac=jac,
-                    bounds=bounds,
-                    loss="huber",
-                    f_scale=delta,
-                    method="trf",
-                    ftol=_TOL,
-                    xtol=_TOL,
-                    gtol=_TOL,
-                    max_nfev=2000,
+                    resid, x0, jac=jac, bounds=bounds, loss="huber", f_scale=delta, method="trf", max_nfev=2000, **_TOLS
                 )
                 if best is None or res.cost < best.cost:
                     best = res
