@@ -14,7 +14,10 @@ same relative path. What a regeneration cannot reproduce is pinned or masked, an
 - a PDF's ``/CreationDate`` is the time it was drawn: compared with that one field masked (same length, so the
   cross-reference offsets still compare); a PNG carries no time (its ``Software`` key names the matplotlib
   version, which is compared like every other byte);
-- a ``source`` the committed document recorded as an absolute or scratch path (``/tmp/...``) is masked.
+- a ``source`` the committed document recorded as an absolute or scratch path (``/tmp/...``) is masked;
+- a report's files drawn from run directories, which are not committed (its study file's ``from_run_dirs``:
+  cpu_deep/design's dynamics, depth-weight and loss-curve figures), are listed as not regenerable, and left out of
+  the ``files`` list of the committed JSON documents they are compared with.
 
 A JSON or Markdown file that is not byte-identical is compared token by token (:func:`compare_text`): every byte
 outside its numbers as it is, its numbers as numbers, within 1e-8 relative in JSON (``JSON_RTOL``: full floats,
@@ -60,6 +63,7 @@ class Report:
     studies: tuple[tuple[str, tuple[str, ...]], ...] = ()
     pinned: str | None = None  # the JSON document whose ``created`` pins the regeneration's clock
     in_place: str | None = None  # a file the command writes inside the scratch copy of docs/results (the gallery)
+    from_run_dirs: tuple[str, ...] = ()  # its files drawn from run directories (not committed): not rebuilt
 
 
 # The reports of no study: the refit of the paper's own numbers, and the gallery page over every report.
@@ -93,7 +97,7 @@ def study_reports(only: set[str] | None = None) -> tuple[list[Report], dict[str,
                 argv = analysis_argv(study, runs[1], f"runs/{runs[0]}/results.csv", "{out}", args=study.analysis_args)
                 command = ("-m", "analysis", *argv, *spec.args)
             sources = ((runs[0], spec.records),) if spec.records and runs is not None else ()
-            reports.append(Report(spec.out, command, sources, spec.pinned))
+            reports.append(Report(spec.out, command, sources, spec.pinned, from_run_dirs=spec.from_run_dirs))
     return reports, not_regenerable
 
 
@@ -274,9 +278,25 @@ def _drawn_equal(a: bytes, b: bytes) -> bool:
     return abs(float(a) - float(b)) <= PDF_POINTS or _printed_equal(a, b, units=1.0)
 
 
-def compare(new: Path, old: Path) -> str:
+def _drop_listed(data: bytes, names: tuple[str, ...]) -> bytes:
+    """The JSON document ``data`` with ``names`` taken out of its ``files`` list, in the layout json.dumps(indent=2)
+    writes; unchanged where it lists none of them."""
+    m = re.search(rb'"files": \[(\n(\s*)[^\]]*)\]', data)
+    if m is None:
+        return data
+    inner, indent = m.group(1), m.group(2)
+    items = json.loads(b"[" + inner + b"]")
+    kept = [x for x in items if x not in names]
+    if len(kept) == len(items):
+        return data
+    listed = b",".join(b"\n" + indent + json.dumps(x).encode() for x in kept)
+    return data[: m.start(1)] + listed + inner[len(inner.rstrip()) :] + data[m.end(1) :]
+
+
+def compare(new: Path, old: Path, from_run_dirs: tuple[str, ...] = ()) -> str:
     """The regenerated file against the committed: ``identical``, ``identical, <what> masked``, for JSON and
-    Markdown ``equal within ...`` (:func:`compare_text`), else ``DIFFERENT`` (``: line <n>: ...`` for those two)."""
+    Markdown ``equal within ...`` (:func:`compare_text`), else ``DIFFERENT`` (``: line <n>: ...`` for those two).
+    ``from_run_dirs``: files a regeneration cannot draw, left out of the committed JSON's ``files`` list."""
     a, b = new.read_bytes(), old.read_bytes()
     if a == b:
         return "identical"
@@ -289,10 +309,16 @@ def compare(new: Path, old: Path) -> str:
         return compare_text(_pdf_commands(a), _pdf_commands(b), "pdf")
     if new.suffix not in (".json", ".md"):
         return "DIFFERENT"
-    a, b = _mask_source(a), _mask_source(b)
+    masked: list[str] = []
+    if new.suffix == ".json" and _drop_listed(b, from_run_dirs) != b:
+        b = _drop_listed(b, from_run_dirs)
+        masked.append(f"{len(from_run_dirs)} file(s) drawn from run directories left out of its files list")
+    if _mask_source(a) != a or _mask_source(b) != b:
+        a, b = _mask_source(a), _mask_source(b)
+        masked.append("absolute source path masked")
     if a == b:
-        return "identical, absolute source path masked"
-    return compare_text(a, b, new.suffix[1:])
+        return ", ".join(["identical", *masked])
+    return compare_text(a, b, new.suffix[1:]) + "".join(f"; {m}" for m in masked)
 
 
 def _lay_out(scratch: Path, report: Report) -> None:
@@ -361,10 +387,13 @@ def main(argv: list[str] | None = None) -> int:
         for new in written:
             rel = new.relative_to(out)
             old = RESULTS / report.out / rel
-            status = compare(new, old) if old.is_file() else "not committed"
+            status = compare(new, old, report.from_run_dirs) if old.is_file() else "not committed"
             what = status.split(":")[0]  # DIFFERENT, equal within <tolerance>, identical...
             counts[what] = counts.get(what, 0) + 1
             print(f"{(Path(report.out) / rel).as_posix()}: {status}", flush=True)
+        for undrawn in (name for name in report.from_run_dirs if not (out / name).is_file()):
+            counts["not regenerable"] = counts.get("not regenerable", 0) + 1
+            print(f"{report.out}/{undrawn}: not regenerable (drawn from run directories, which are not committed)")
     for what, why in not_regenerable.items():
         print(f"{what}: not regenerable ({why})")
     print("; ".join(f"{n} {status}" for status, n in sorted(counts.items())))

@@ -24,8 +24,9 @@ reports. The keys of a study file (every one but ``sweep`` and ``what`` optional
 - ``reports``: the committed reports under docs/results made from the study's runs, each ``out`` (its directory,
   relative to docs/results) and either the study's own analysis command with ``args`` appended, or a ``command``
   of its own (``-m module ...``), with ``records`` (the docs/results directories whose records/ are the study's
-  runs), ``pinned`` (the JSON document whose ``created`` pins the regeneration's clock); or ``not_regenerable``: why
-  it cannot be rebuilt (its records were never committed).
+  runs), ``pinned`` (the JSON document whose ``created`` pins the regeneration's clock), ``from_run_dirs`` (its
+  files drawn from run directories, which are not committed: not rebuilt, and left out of the ``files`` its JSON
+  documents list when compared); or ``not_regenerable``: why it cannot be rebuilt (its records were never committed).
 
 A file that breaks these rules fails in one line naming the file, the key and what is allowed
 (:class:`StudyFileError`). Files whose names start with ``_`` are not studies.
@@ -69,6 +70,7 @@ class ReportSpec:
     command: tuple[str, ...] | None = None  # a command of its own instead (``-m module ...``; ``{out}``: its output)
     records: tuple[str, ...] = ()  # docs/results directories whose records/ are restored into runs/<study>
     pinned: str | None = None
+    from_run_dirs: tuple[str, ...] = ()  # its files drawn from run directories (not committed): not rebuilt
     not_regenerable: str | None = None  # why it cannot be rebuilt (then nothing else is set)
 
 
@@ -143,6 +145,7 @@ REPORT_KEYS: dict[str, Callable[[Any], str | None]] = {
     "command": _strings,
     "records": _strings,
     "pinned": _str,
+    "from_run_dirs": _strings,
     "not_regenerable": _str,
 }
 
@@ -177,6 +180,7 @@ def _report(path: Path, i: int, node: Any) -> ReportSpec:
         command=tuple(command) if command is not None else None,
         records=tuple(spec.get("records", ())),
         pinned=spec.get("pinned"),
+        from_run_dirs=tuple(spec.get("from_run_dirs", ())),
         not_regenerable=spec.get("not_regenerable"),
     )
 

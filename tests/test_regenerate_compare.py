@@ -74,6 +74,21 @@ def test_compare_files_by_kind(tmp_path: Path, suffix: str, first: str):
     assert compare(old, old) == "identical"
 
 
+def test_files_drawn_from_run_directories_leave_the_files_list_and_nothing_else(tmp_path: Path):
+    """A regeneration that could not draw a report's declared run-directory figures lists fewer ``files``: equal once
+    those are left out of the committed list (and said so); an undeclared missing file, or any other change, is not."""
+    compare = regenerate_reports().compare
+    doc = {"m": 1.25, "files": ["fig4.png", "fig5.png", "loss.png", "fit.json"]}
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps(doc, indent=2))
+    new.write_text(json.dumps({**doc, "files": ["fig4.png", "fit.json"]}, indent=2))
+    assert compare(new, old, ("fig5.png", "loss.png")).startswith("identical, 2 file(s) drawn from run directories")
+    assert compare(new, old, ("fig5.png",)).startswith("DIFFERENT")
+    assert compare(new, old).startswith("DIFFERENT")
+    new.write_text(json.dumps({"m": 1.5, "files": ["fig4.png", "fit.json"]}, indent=2))
+    assert compare(new, old, ("fig5.png", "loss.png")).startswith("DIFFERENT")
+
+
 def test_only_a_directory_without_a_report_is_an_error_naming_the_reports(capsys):
     with pytest.raises(SystemExit) as stop:
         regenerate_reports().main(["--only", "cpu_map,cpu_ladder"])

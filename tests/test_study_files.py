@@ -137,6 +137,7 @@ def test_a_new_study_is_one_file(tmp_path):
             "reports[0].cmd is not a key; allowed: out",
         ),
         ("sweep: cpu_deep\nwhat: x\nreports: [{out: a, not_regenerable: b, records: [c]}]\n", "reports[0].not_regen"),
+        ("sweep: cpu_deep\nwhat: x\nreports: [{out: a, from_run_dirs: b.png}]\n", "reports[0].from_run_dirs='b.png'"),
         ("sweep: cpu_deep\nwhat: [x\n", "mine.yaml: not valid YAML: "),
         ("- sweep\n", "mine.yaml: the file must be a mapping of sweep, what"),
     ],
