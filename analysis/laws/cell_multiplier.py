@@ -18,13 +18,13 @@ from scipy import stats
 
 from ..io.runs import completed_runs
 from ..io.token_budget import tokens_per_param
+from .bootstrap import CI_LEVEL
 from .paired import t_interval
 
 MIN_BUDGETS = 3  # the rung's law has three parameters
 MAX_EXTRAPOLATION = 10.0  # D* beyond 10 D_max (or below D_min / 10) is not measured
 BETA_RANGE = (0.01, 3.0)  # the law's exponent; 0.01 is a logarithm in D for every purpose here
 B_LAW = 2000  # the law's bootstrap replicates (each a least-squares fit of three parameters: cheap)
-LEVEL = 0.95
 _GRID = 121  # ln beta grid before the golden-section polish
 _GOLDEN = 60  # golden-section steps between the grid's neighbours of its best point
 
@@ -91,7 +91,7 @@ def log_multiplier_interval(
         return float(np.mean(stats.t.sf((x - delta) / se, dof)))
 
     ends, beyond = [], []
-    for level in ((1 - LEVEL) / 2, (1 + LEVEL) / 2):
+    for level in ((1 - CI_LEVEL) / 2, (1 + CI_LEVEL) / 2):
         a, b = bounds
         if share_at_most(a) >= level or share_at_most(b) <= level:  # the quantile lies below the floor / above the cap
             ends.append(a if share_at_most(a) >= level else b)
@@ -182,7 +182,7 @@ def multiplier_at_cell(
         out["m"] = math.exp(ln_m)
     boot = law.get("boot")
     if delta_ci is not None and n_pairs >= 2 and boot is not None:
-        se = (delta_ci[1] - delta_ci[0]) / 2 / float(stats.t.ppf((1 + LEVEL) / 2, n_pairs - 1))
+        se = (delta_ci[1] - delta_ci[0]) / 2 / float(stats.t.ppf((1 + CI_LEVEL) / 2, n_pairs - 1))
         bounds = (math.log(floor), math.log(cap))
         ends, beyond = log_multiplier_interval(delta, se, n_pairs - 1, _headroom(boot, D), boot["beta"], bounds)
         out["m_ci95"], out["m_ci95_beyond"] = [math.exp(e) for e in ends], beyond

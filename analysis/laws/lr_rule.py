@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-LEVEL = 0.95
+from .bootstrap import CI_LEVEL
+
 TERMS = ("a", "b", "c")  # intercept, ln N, ln D
 
 
@@ -58,7 +59,7 @@ def predict(coef: np.ndarray, ln_n: float | np.ndarray, ln_d: float | np.ndarray
     return a + b * np.asarray(ln_n, float) + c * np.asarray(ln_d, float)
 
 
-def interval_weights(ci_ln: np.ndarray, level: float = LEVEL) -> np.ndarray | None:
+def interval_weights(ci_ln: np.ndarray, level: float = CI_LEVEL) -> np.ndarray | None:
     """1 / se^2 per cell from its interval on ln lr; None where some interval is not finite and of positive width."""
     ci_ln = np.asarray(ci_ln, float)
     width = ci_ln[:, 1] - ci_ln[:, 0]
@@ -111,7 +112,7 @@ def lr_rule(
     draws: np.ndarray | None = None,
     *,
     weighted: bool = True,
-    level: float = LEVEL,
+    level: float = CI_LEVEL,
 ) -> dict[str, Any]:
     """The rule over n cells (``ln_lr``, ``ln_n``, ``ln_d``: (n,); ``ci_ln``: (n, 2); ``draws``: (B, n), nan for no
     draw): ``terms``, ``a``, ``b``, ``c`` with ``_ci95``, ``weighted``, ``method``, ``n_cells``, ``n_boot``,

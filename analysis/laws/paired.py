@@ -14,11 +14,10 @@ import pandas as pd
 from scipy import stats
 
 from ..io.runs import AnalysisWarning, check_one_lr_per_cell, completed_runs
+from .bootstrap import CI_LEVEL
 
-LEVEL = 0.95
 
-
-def t_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+def t_interval(values: np.ndarray, level: float = CI_LEVEL) -> tuple[float, float]:
     """The Student-t interval for the mean of ``values`` (NaNs when fewer than two)."""
     n = len(values)
     if n < 2:
@@ -33,7 +32,7 @@ def _interval_or_none(values: np.ndarray, level: float) -> list[float] | None:
     return None if math.isnan(lo) else [lo, hi]
 
 
-def loss_summary(losses: pd.Series, level: float = LEVEL) -> dict[str, Any]:
+def loss_summary(losses: pd.Series, level: float = CI_LEVEL) -> dict[str, Any]:
     """A group of runs' final val losses (indexed by seed): mean, sd (None for one run), t interval, runs, seeds."""
     v = losses.to_numpy(float)
     return {
@@ -45,7 +44,7 @@ def loss_summary(losses: pd.Series, level: float = LEVEL) -> dict[str, Any]:
     }
 
 
-def paired_delta(arm: pd.Series, reference: pd.Series, level: float = LEVEL) -> dict[str, Any]:
+def paired_delta(arm: pd.Series, reference: pd.Series, level: float = CI_LEVEL) -> dict[str, Any]:
     """``arm - reference`` (Series of val loss by seed) on their common seeds: mean, sd, t interval, seeds."""
     common = sorted(set(arm.index) & set(reference.index))
     d = (arm.loc[common] - reference.loc[common]).to_numpy(float)
@@ -112,7 +111,7 @@ def paired_comparison(
     condition: str | None = None,
     *,
     arm_column: str = "variant",
-    level: float = LEVEL,
+    level: float = CI_LEVEL,
 ) -> pd.DataFrame:
     """Each arm's same-seed difference from ``reference`` in final val loss, per cell of the ``cells`` columns
     (none: one cell), with its t interval and verdict. One row per cell (ascending) and arm where both ran: the
@@ -229,7 +228,7 @@ def _interaction(
 
 
 def rung_interaction(
-    conditions: dict[str, pd.DataFrame], arm: str, reference: str, level: float = LEVEL
+    conditions: dict[str, pd.DataFrame], arm: str, reference: str, level: float = CI_LEVEL
 ) -> pd.DataFrame:
     """:func:`paired_comparison` by condition over the rungs (``n_layers``) both of two ``conditions`` ({name: runs},
     first and second) hold: one row per rung. A rung whose ``d_model`` differs between them is a ValueError."""

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 from ..io.runs import completed_runs
+from .bootstrap import CI_LEVEL
 
 TIME_COLUMNS = ("cpu_time_s", "flops", "steps")
-LEVEL = 0.95
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _bootstrap(
     return ln_t, ln_step
 
 
-def _log_interval(point: float, boot: np.ndarray, scale: float, level: float = LEVEL) -> list[float]:
+def _log_interval(point: float, boot: np.ndarray, scale: float, level: float = CI_LEVEL) -> list[float]:
     q = 100 * (1 - level) / 2
     lo, hi = np.percentile(point + scale * (boot - point), [q, 100 - q])
     return [math.exp(lo), math.exp(hi)]

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.runs import AnalysisWarning, completed_runs, load_one_dataset
+from ..laws.bootstrap import CI_LEVEL
 from ..laws.paired import paired_comparison
 from ..render.figures import save
 from .study_registry import add_arms, add_bootstrap, add_results_out, options_from, register
@@ -32,7 +33,7 @@ class MapOptions:
 
     arm: str = ARM
     baseline: str = BASELINE
-    level: float = 0.95
+    level: float = CI_LEVEL
     B: int = 2000
     seed: int = 0
 

@@ -26,12 +26,12 @@ from results.io import atomic_write_text
 
 from ..io.runs import AnalysisWarning, load_one_dataset, lr_text
 from ..io.token_budget import tokens_per_param
+from ..laws.bootstrap import CI_LEVEL
 from ..laws.lr_check import protocol_costs
 from ..laws.lr_optimum import WINDOW, quadratic_vertex
 from ..laws.lr_rule import lr_rule
 from .study_registry import add_bootstrap, add_choice, add_results_out, number, register
 
-CI_LEVEL = 0.95
 DEFAULT_B = 2000
 LR_COLUMNS = ("size", "variant", "seed", "lr", "status", "val_loss")
 

@@ -26,7 +26,8 @@ import pandas as pd
 
 from ..io.report import write_report
 from ..io.runs import AnalysisWarning, load_results, select_completed
-from ..laws.paired import LEVEL, cell_heterogeneity, paired_comparison, verdict
+from ..laws.bootstrap import CI_LEVEL
+from ..laws.paired import cell_heterogeneity, paired_comparison, verdict
 from ..render.figures import delta_errorbar, save
 from ..render.tables import interval_text
 from .study_registry import number, options_from, register
@@ -44,7 +45,7 @@ class PairedOptions:
     cells: tuple[str, ...] = ("n_layers", "d_model")
     condition: str | None = None
     lr_protocol: str | None = "baseline"
-    level: float = LEVEL
+    level: float = CI_LEVEL
 
 
 def condition_runs(frames: Sequence[pd.DataFrame], opts: PairedOptions) -> pd.DataFrame:
