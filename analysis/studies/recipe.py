@@ -29,6 +29,7 @@ from ..io.runs import AnalysisWarning, load_results, select_completed, size_orde
 from ..laws.fit import PowerLaw
 from ..laws.fit_options import MIN_SIZES, FitOptions
 from ..laws.heterogeneity import rung_part
+from ..laws.isoflop import finite_or_none
 from ..laws.paired import rung_interaction, verdict
 from ..laws.scaling_ladder import analyse_scaling
 from ..laws.wallclock import WallclockOptions, combine, time_ratio
@@ -230,7 +231,7 @@ def interaction_rows(runs: pd.DataFrame, arms: list[str], opts: RecipeOptions) -
         for r in rung_interaction(by, arm, opts.baseline).to_dict("records"):
             word = verdict(r["interaction_ci95"], r["n_pairs"])
             row = {"arm": arm} | {k: r[k] for k in ("n_layers", "d_model", "seeds")}
-            row["baseline_loss"] = {k: _num(r[f"ref_loss_{k}"]) for k in opts.recipes}
+            row["baseline_loss"] = {k: finite_or_none(r[f"ref_loss_{k}"]) for k in opts.recipes}
             row["delta"] = {
                 k: {"delta": r[f"delta_{k}"], "ci95": r[f"delta_{k}_ci95"], "verdict": r[f"verdict_{k}"]}
                 for k in opts.recipes
@@ -238,10 +239,6 @@ def interaction_rows(runs: pd.DataFrame, arms: list[str], opts: RecipeOptions) -
             row |= {"interaction": r["interaction"], "interaction_ci95": r["interaction_ci95"]}
             rows.append(row | {"interaction_verdict": words.get(word, word), "n_pairs": r["n_pairs"]})
     return rows
-
-
-def _num(x: Any) -> float | None:
-    return float(x) if x is not None and math.isfinite(float(x)) else None
 
 
 def timing_runs(df: pd.DataFrame, opts: RecipeOptions = RecipeOptions()) -> pd.DataFrame:
