@@ -4,12 +4,14 @@ length (studies.training_length), on multi-budget studies drawn from planted law
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 from synthetic_records import synthetic_budget_ladder, synthetic_ladder
 
 from analysis.__main__ import main
-from analysis.laws.nd_fit import NDOptions, nd_fit
+from analysis.laws.nd_fit import NDOptions, law_terms, nd_fit
 from analysis.studies.training_length import analyse_length, budget_points, gain_by_length, headline_lines
 
 LAWS = {"baseline": (1.8, 40.0, 0.3, 60.0, 0.28), "block_attnres": (1.8, 30.0, 0.3, 60.0, 0.28)}
@@ -31,6 +33,14 @@ def test_a_planted_chinchilla_law_is_recovered_with_intervals_that_hold_it():
             assert lo < e[k] < hi
             assert abs(e[k] - truth) < (hi - lo), (arm, k, lo, truth, hi)
     assert nd["arms"]["block_attnres"]["A"] < nd["arms"]["baseline"]["A"]
+
+
+def test_an_E_the_log_sum_exp_fit_only_approaches_zero_with_is_zero():
+    """Below E_FLOOR nats E is its lower bound 0 (where the solver leaves it is the BLAS's), above it itself."""
+    theta = np.array([0.0, 0.3, 0.0, 0.3, math.log(1e-12)])
+    assert law_terms(theta, 1e5, 1e6)["E"] == 0.0
+    theta[4] = math.log(0.5)
+    assert law_terms(theta, 1e5, 1e6)["E"] == pytest.approx(0.5, rel=1e-12)
 
 
 def test_a_ladder_at_one_tokens_per_parameter_gets_a_reason_not_a_fit():

@@ -420,7 +420,8 @@ def fit_joint(
         obj *= delta * delta
         sat = _joint_result("saturating", E, a_b, a_v, alpha, obj, C_ref)
         reasons = []
-        if 1e-6 * E_max >= E:
+        at_zero = 1e-6 * E_max >= E
+        if at_zero:
             reasons.append("E hit its lower bound 0 (no saturation visible in this compute range)")
         if E_max * (1 - 1e-4) <= E:
             reasons.append(f"E hit its upper bound min(L) = {E_max:.4g}")
@@ -429,7 +430,8 @@ def fit_joint(
         if form == "saturating" or not reasons:
             return sat
         fallback = "; ".join(reasons) + " -> fell back to E = 0 (pure power law with a shared exponent)"
-        attempt = {k: getattr(sat, k) for k in ("E", "A_base", "A_variant", "alpha", "m", "objective")}
+        if not at_zero:  # at E = 0 the attempt is the power law itself, less well converged (where: the BLAS's)
+            attempt = {k: getattr(sat, k) for k in ("E", "A_base", "A_variant", "alpha", "m", "objective")}
 
     res = _fit_pinned(lnc, L, isv, w, 0.0, delta, C_ref)
     res.fallback = fallback

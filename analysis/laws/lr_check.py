@@ -128,6 +128,12 @@ def protocol_costs(table: pd.DataFrame, reference: str = "baseline") -> pd.DataF
     return pd.DataFrame(rows)
 
 
+EXCESS_FLOOR = 1e-12  # nats: below it an excess is the rounding of two equal losses (its sign the BLAS's): 0
+
+
 def _excess(x: np.ndarray, y: np.ndarray, lr: float, row: Any) -> float:
     """The loss at ``lr`` on the grid curve (x, y) over the row's own optimum (nan unless lr > 0)."""
-    return loss_at(x, y, math.log(lr)) - row.loss_at_optimum if lr > 0 else math.nan
+    if not lr > 0:
+        return math.nan
+    excess = loss_at(x, y, math.log(lr)) - row.loss_at_optimum
+    return 0.0 if abs(excess) < EXCESS_FLOOR else excess  # nan (off the grid) stays nan

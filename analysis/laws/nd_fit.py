@@ -180,11 +180,15 @@ def law_text(law: dict[str, float]) -> str:
     return f"L = {law['E']:.4g} + {law['A']:.4g}/N^{law['alpha']:.4g} + {law['B']:.4g}/D^{law['beta']:.4g}"
 
 
+E_FLOOR = 1e-9  # nats: an E below it is the lower bound 0, which the log-sum-exp parametrisation only approaches
+
+
 def law_terms(theta: np.ndarray, N0: float, D0: float) -> dict[str, float]:
-    """E, A, alpha, B, beta in the original units of N and D (theta on N / N0, D / D0)."""
+    """E, A, alpha, B, beta in the original units of N and D (theta on N / N0, D / D0); E below ``E_FLOOR`` is 0 (where
+    it sits is the solver's path: it differs with the BLAS)."""
     a, alpha, b, beta, e = (float(t) for t in theta)
     return {
-        "E": math.exp(e),
+        "E": math.exp(e) if e >= math.log(E_FLOOR) else 0.0,
         "A": math.exp(a + alpha * math.log(N0)),
         "alpha": alpha,
         "B": math.exp(b + beta * math.log(D0)),
