@@ -135,6 +135,9 @@ PDF_DATE = re.compile(rb"/CreationDate \(D:[0-9]{14}Z?\)")
 
 
 def _created(path: Path) -> str | None:
+    """The committed document's ``created``; None for a report not committed yet (its first regeneration)."""
+    if not path.is_file():
+        return None
     doc = json.loads(path.read_text(encoding="utf-8"))
     return doc.get("created") or (doc.get("provenance") or {}).get("created")
 
