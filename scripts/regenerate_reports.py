@@ -408,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         for new in written:
             rel = new.relative_to(out)
             old = RESULTS / report.out / rel
-            status = compare(new, old, report.from_run_dirs) if old.is_file() else "not committed"
+            beside = tuple(Path(n).name for n in report.from_run_dirs if Path(n).parent == rel.parent)  # beside it
+            status = compare(new, old, beside) if old.is_file() else "not committed"
             what = status.split(":")[0]  # DIFFERENT, equal within <tolerance>, identical...
             counts[what] = counts.get(what, 0) + 1
             print(f"{(Path(report.out) / rel).as_posix()}: {status}", flush=True)
