@@ -2,13 +2,14 @@
 spikes, plateaus, or ends far off its seed-mates is flagged, never dropped by the flag alone.
 
 Pure numpy: training calls :func:`curve_flags` on a finished run's own metrics and writes the result into its record
-(``health``); the analysis adds the seed-mate check (:func:`off_seed_mates`), which needs the other runs.
+(``health``); the analysis adds the checks that need the other runs: the seed-mate check (:func:`off_seed_mates`) and
+the spikes that are the data's (:func:`data_events`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -21,6 +22,7 @@ PLATEAU_GAIN = 0.01
 OFF_MATES_SIGMAS = 4.0
 OFF_MATES_FLOOR = 0.02
 CELL_SD_BOUND = 0.02
+DATA_EVENT_STEPS = 50  # 5 logged steps at conf/train.yaml's log_every of 10: one spike window
 _MEDIAN_S_OVER_SIGMA = 0.83  # median of the sample sd of 3 normal draws, in units of sigma
 
 
@@ -79,3 +81,21 @@ def off_seed_mates(losses: Sequence[float], sigma: float | None) -> list[bool]:
         bound = max(OFF_MATES_SIGMAS * sigma, OFF_MATES_FLOOR)
     med = float(np.median(x))
     return [bool(abs(v - med) > bound) for v in x]
+
+
+def data_events(
+    spike_steps: Sequence[int | None], data_orders: Sequence[Hashable], trajectories: Sequence[Hashable]
+) -> list[bool]:
+    """For each run's first spike step (None: none): is that spike the data's? True when a run with the same data
+    order (equal ``data_orders``: the same batches at the same steps) on another trajectory (unequal
+    ``trajectories``: not the run itself nor a branch of its trunk) also spikes within DATA_EVENT_STEPS steps of it:
+    a stretch of hard text that every model trained on those batches scores high, not this run's instability."""
+    runs = list(zip(spike_steps, data_orders, trajectories, strict=True))
+    return [
+        step is not None
+        and any(
+            other is not None and order == o_order and traj != o_traj and abs(step - other) <= DATA_EVENT_STEPS
+            for other, o_order, o_traj in runs
+        )
+        for step, order, traj in runs
+    ]

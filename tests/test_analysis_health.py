@@ -84,6 +84,38 @@ def test_off_seed_mates_flags_only_the_odd_run() -> None:
     )
 
 
+def test_a_spike_shared_by_another_trajectory_on_the_same_batches_is_the_data_s() -> None:
+    """Seen in the length study: every run of seed 21 (4 depths, 2 arms, several lrs) spiked at step 1880, where
+    its batches held a stretch of hard text; a branch of the run's own trunk is no second witness."""
+    orders = [(21, "fp"), (21, "fp"), (21, "fp"), (0, "fp"), (21, "other data"), (21, "fp")]
+    trajectories = ["a", "b", "c", "d", "e", "a"]
+    steps = [1880, 1890, 1880 + health.DATA_EVENT_STEPS + 20, 1880, 1880, 1880]
+    assert health.data_events(steps, orders, trajectories) == [True, True, False, False, False, True]
+    # the run alone with its own branch: not the data's
+    assert health.data_events([700, 700], [(0, "fp")] * 2, ["t", "t"]) == [False, False]
+    assert health.data_events([None, 700], [(0, "fp")] * 2, ["a", "b"]) == [False, False]
+
+
+def test_analysis_does_not_flag_the_data_s_spikes_and_reports_them(tmp_path: Path) -> None:
+    df = _ladder()
+    both = (df["size"] == "cpu_s") & (df["seed"] == 1)  # both arms spike at one step on the same batches
+    df.loc[both, "health"] = "spike@400"
+    alone = (df["variant"] == "block_attnres") & (df["size"] == "cpu_m") & (df["seed"] == 0)
+    df.loc[alone, "health"] = "spike@400"  # another seed's batches: its own spike
+    df.attrs["source"] = "synthetic"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnalysisWarning)
+        doc = run_fit(df, tmp_path, FitOptions(B=100), make_figures=False)
+    assert [f["run_id"] for f in doc.outliers.flagged] == [df.loc[alone, "run_id"].item()]
+    assert doc.outliers.data_spikes == [
+        {"seed": 1, "step": 400, "n_runs": 2, "run_ids": sorted(df.loc[both, "run_id"])}
+    ]
+    assert doc.outliers.rule["data_event_steps"] == health.DATA_EVENT_STEPS
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Not flagged, the data's" in summary
+    assert "seed 1 at step 400 (2 runs)" in summary
+
+
 def _ladder(seed: int = 0) -> pd.DataFrame:
     df = synthetic_ladder({"block_attnres": 1.2}, seeds=(0, 1, 2), sigma=0.004, rho=0.7, rng=seed)
     df["health"] = "ok"
@@ -196,6 +228,6 @@ def test_curve_flags_from_metrics_csv_for_records_without_health(tmp_path: Path)
     df.loc[row, "steps"] = TOTAL
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AnalysisWarning)
-        flagged_df, flagged, _ = flag_runs(df, str(tmp_path))
+        flagged_df, flagged, _, _ = flag_runs(df, str(tmp_path))
     assert [f["flags"] for f in flagged] == ["spike@500"]
     assert flagged_df.loc[row, "flags"] == "spike@500"

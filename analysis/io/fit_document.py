@@ -212,6 +212,8 @@ class OutlierReport(_Part):
     mode: str | None = None  # "keep" or "exclude"
     flagged: list[dict[str, Any]] = field(default_factory=list)
     cells_disagreeing: list[dict[str, Any]] = field(default_factory=list)
+    # spikes shared by runs of other trajectories on the same batches (analysis.health.data_events): not flags
+    data_spikes: list[dict[str, Any]] | None = field(default=None, metadata={"omit_if_none": True})
     rule: dict[str, Any] = field(default_factory=dict)
 
 

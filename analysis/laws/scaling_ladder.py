@@ -99,11 +99,13 @@ def _variant_fit(d: pd.DataFrame, name: str, plan: bs.ResamplePlan, compute: str
 
 def flag_runs(
     df: pd.DataFrame, base_dir: str | None = None
-) -> tuple[pd.DataFrame, list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[pd.DataFrame, list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """The outlier rule (analysis.health) on completed runs: adds a ``flags`` column (comma-separated, "" when
-    clean) and returns (df, flagged runs, cells whose seeds disagree beyond health.CELL_SD_BOUND)."""
+    clean) and returns (df, flagged runs, cells whose seeds disagree beyond health.CELL_SD_BOUND, the data's spikes:
+    spikes that runs of other trajectories on the same batches share, not flagged; :func:`_data_spikes`)."""
     df = df.copy()
     flags = _curve_flags(df, base_dir)
+    data_spikes = _data_spikes(df, flags)
     disagree = _check_cells(df, flags)
     df["flags"] = [",".join(f) for f in flags]
     keys = ("run_id", "variant", "size", "seed")
@@ -125,7 +127,32 @@ def flag_runs(
             AnalysisWarning,
             stacklevel=2,
         )
-    return df, flagged, disagree
+    return df, flagged, disagree, data_spikes
+
+
+DATA_ORDER = ("seed", "data_fingerprint", "batch_size", "seq_len")  # a run's batches: experiments.data.sampling
+
+
+def _data_spikes(df: pd.DataFrame, flags: list[list[str]]) -> list[dict[str, Any]]:
+    """Drop from ``flags`` (in place) the spikes that are the data's (analysis.health.data_events; a run's
+    trajectory is its trunk's, ``trunk_id``, else its own) and return them grouped by seed and step."""
+    if "seed" not in df.columns:
+        return []
+    cols = [c for c in DATA_ORDER if c in df.columns]
+    orders = [tuple(str(v) for v in r) for r in df[cols].itertuples(index=False)]
+    trunks = df["trunk_id"] if "trunk_id" in df.columns else pd.Series([None] * len(df), index=df.index)
+    trajectories = [str(t) if isinstance(t, str) and t else str(r) for t, r in zip(trunks, df["run_id"])]
+    spikes = [next((f for f in fl if f.startswith("spike@")), None) for fl in flags]
+    steps = [int(f.split("@", 1)[1]) if f else None for f in spikes]
+    groups: dict[tuple[Any, int], list[str]] = {}
+    for i, shared in enumerate(health.data_events(steps, orders, trajectories)):
+        if shared:
+            flags[i].remove(str(spikes[i]))
+            groups.setdefault((df["seed"].iloc[i], int(steps[i] or 0)), []).append(str(df["run_id"].iloc[i]))
+    return [
+        {"seed": int(seed), "step": step, "n_runs": len(ids), "run_ids": sorted(ids)}
+        for (seed, step), ids in sorted(groups.items(), key=lambda kv: (int(kv[0][0]), kv[0][1]))
+    ]
 
 
 def _curve_flags(df: pd.DataFrame, base_dir: str | None) -> list[list[str]]:
@@ -234,8 +261,9 @@ def analyse_scaling(
     excluded = list(excluded or [])
     flagged: list[dict[str, Any]] = []
     disagree: list[dict[str, Any]] = []
+    data_spikes: list[dict[str, Any]] = []
     if opt.outliers != "ignore":
-        df, flagged, disagree = flag_runs(df, base_dir)
+        df, flagged, disagree, data_spikes = flag_runs(df, base_dir)
     if opt.outliers == "exclude" and flagged:
         excluded += [{**f, "status": "completed", "reason": f"outlier rule: {f['flags']}"} for f in flagged]
         df = df[df["flags"] == ""].reset_index(drop=True)
@@ -247,7 +275,7 @@ def analyse_scaling(
             f"parametric bootstrap with sigma = {plan.sigma:.3g}: {plan.sigma_source}", AnalysisWarning, stacklevel=2
         )
     out = _document_head(df, opt, plan, variants, excluded, source)
-    out["outliers"] = _outlier_report(opt.outliers, flagged, disagree)
+    out["outliers"] = _outlier_report(opt.outliers, flagged, disagree, data_spikes)
     out["protocols"] = {}
     _fit_arms(out, df, opt, plan, variants)
     if opt.outliers == "keep" and flagged:
@@ -286,11 +314,17 @@ def _document_head(
     }
 
 
-def _outlier_report(mode: str, flagged: list[dict[str, Any]], disagree: list[dict[str, Any]]) -> dict[str, Any]:
-    """fit.json ``outliers``: the mode, the flagged runs, the disagreeing cells and the rule's constants."""
+def _outlier_report(
+    mode: str, flagged: list[dict[str, Any]], disagree: list[dict[str, Any]], data_spikes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """fit.json ``outliers``: the mode, the flagged runs, the disagreeing cells, the data's spikes (only when there
+    are some) and the rule's constants."""
     names = ("SPIKE_RATIO", "SPIKE_SPAN", "VAL_RISE", "PLATEAU_GAIN", "OFF_MATES_SIGMAS", "OFF_MATES_FLOOR")
     rule = {n.lower(): getattr(health, n) for n in (*names, "CELL_SD_BOUND")}
-    return {"mode": mode, "flagged": flagged, "cells_disagreeing": disagree, "rule": rule}
+    if data_spikes:
+        rule["data_event_steps"] = health.DATA_EVENT_STEPS
+    out = {"mode": mode, "flagged": flagged, "cells_disagreeing": disagree}
+    return out | ({"data_spikes": data_spikes} if data_spikes else {}) | {"rule": rule}
 
 
 def _fit_arms(

@@ -302,6 +302,13 @@ def _outliers(doc: dict[str, Any]) -> list[str]:
         f"flags {f['flags']}"
         for f in o.get("flagged") or []
     ] or ["- No run is flagged."]
+    if o.get("data_spikes"):
+        events = ", ".join(f"seed {e['seed']} at step {e['step']} ({e['n_runs']} runs)" for e in o["data_spikes"])
+        lines.append(
+            f"- Not flagged, the data's: spikes that runs of another trajectory on the same batches (seed, data, batch "
+            f"shape) show within {rule['data_event_steps']} steps, a stretch of hard text every model scores high: "
+            f"{events}."
+        )
     for c in o.get("cells_disagreeing", []):
         lines.append(
             f"- Seeds disagree: {c['variant']} at {c['size']}, sd {c['sd']:.4f} > {c['bound']} "
