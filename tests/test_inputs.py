@@ -55,7 +55,7 @@ def test_names_that_would_become_paths_are_refused_before_anything_is_written(
     runs = tmp_path / "deep" / "runs"
     cache = tmp_path / "empty_cache"  # the data is prepared into it first thing after the checks
     line = _refused(train_cfg(override.format(tmp=tmp_path), f"data.cache_dir={cache}", runs_root=runs), capsys)
-    assert not cache.exists() or not any(cache.iterdir())  # checked first, before the data and the model
+    _nothing_under(cache)  # checked first, before the data and the model
     assert f"config error: {key}=" in line
     assert "letters, digits, '-', '_' and '.', starting with a letter or a digit, at most 48 characters" in line
     _nothing_under(runs, tmp_path / "escape", tmp_path / "abs", tmp_path / "deep" / "escape", Path("/zzesc"))
@@ -149,8 +149,7 @@ def test_a_read_only_runs_root_is_one_line_before_the_model_is_built(tmp_path):
     assert f"config error: paths.runs_root: cannot write to {root} (Read-only file system)" in line
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "starting;" not in proc.stdout
-    # before the data (and so the model): it once failed only in locks.py, after both
-    assert not cache.exists() or not any(cache.iterdir())
+    _nothing_under(cache)  # before the data (and so the model): it once failed only in locks.py, after both
 
 
 # ---- issue 39: a typo under +trainer., a disk full at launch ----------------------------------------------------

@@ -144,14 +144,15 @@ def _data_spikes(df: pd.DataFrame, flags: list[list[str]]) -> list[dict[str, Any
     trajectories = [str(t) if isinstance(t, str) and t else str(r) for t, r in zip(trunks, df["run_id"])]
     spikes = [next((f for f in fl if f.startswith("spike@")), None) for fl in flags]
     steps = [int(f.split("@", 1)[1]) if f else None for f in spikes]
-    groups: dict[tuple[Any, int], list[str]] = {}
-    for i, shared in enumerate(health.data_events(steps, orders, trajectories)):
-        if shared:
-            flags[i].remove(str(spikes[i]))
-            groups.setdefault((df["seed"].iloc[i], int(steps[i] or 0)), []).append(str(df["run_id"].iloc[i]))
+    groups: dict[tuple[int, int], list[str]] = {}
+    shared = health.data_events(steps, orders, trajectories)
+    for fl, spike, step, seed, run_id, is_data in zip(flags, spikes, steps, df["seed"], df["run_id"], shared):
+        if is_data and spike is not None and step is not None:
+            fl.remove(spike)
+            groups.setdefault((int(seed), step), []).append(str(run_id))
     return [
-        {"seed": int(seed), "step": step, "n_runs": len(ids), "run_ids": sorted(ids)}
-        for (seed, step), ids in sorted(groups.items(), key=lambda kv: (int(kv[0][0]), kv[0][1]))
+        {"seed": seed, "step": step, "n_runs": len(ids), "run_ids": sorted(ids)}
+        for (seed, step), ids in sorted(groups.items())
     ]
 
 
