@@ -1,6 +1,7 @@
 """A study's design as data (sweeps/studies/<name>.yaml, read by sweeps/study_spec.py): every study plans what it
 planned when it was Python (tests/data/study_plans.json, frozen at c3a49b9; since then deep_budgets_lr's design
-gained lr x 0.25, reuses its committed launches and names its shared lr, a deliberate change of that entry), a
+gained lr x 0.25, reuses its committed launches and names its shared lr, and deep_budgets_tuned reuses its own
+committed launches, deliberate changes of those entries), a
 broken study file fails in one line naming the file, the key and what is allowed, a new study is one file, --help
 lists every study, and the regime sentence of every study says whether its runs are at the paper's shapes."""
 
@@ -78,6 +79,15 @@ def test_the_paths_the_study_files_name_exist_in_this_checkout():
         for report in s.reports:
             for src in report.records:
                 assert (REPO / "docs" / "results" / src / "records").is_dir(), (name, src)
+
+
+def test_a_study_that_reuses_committed_runs_reuses_its_own():
+    """A study that restores committed records restores its own sweep's too (where they are committed), so that its
+    relaunch trains only what they lack instead of every run again."""
+    for name, s in study.STUDIES.items():
+        own = f"docs/results/{s.sweep}"
+        if s.reuse and (REPO / own / "records").is_dir():
+            assert own in s.reuse, (name, s.reuse)
 
 
 def test_help_lists_every_study_with_what_it_measures(capsys):
