@@ -232,7 +232,7 @@ def test_per_budget_optima_are_recovered_inside_their_intervals() -> None:
     table, _, warned = _optima(df, seed_sigma=0.002)
     assert not warned
     assert len(table) == len(optima)
-    assert list(table.columns[-4:]) == ["tokens_per_param", "tokens", "ci_ratio", "next_lr"]
+    assert list(table.columns[-5:]) == ["tokens_per_param", "tokens", "ci_ratio", "ci_end_rise", "next_lr"]
     covered = 0
     for r in table.itertuples():
         truth = optima[(r.size, r.variant, r.tokens_per_param)]
@@ -249,6 +249,20 @@ def test_per_budget_optima_are_recovered_inside_their_intervals() -> None:
     assert covered >= len(table) - 1
     base = table[table["variant"] == "baseline"]
     assert list(zip(base["size"], base["tokens_per_param"])) == [(s, b) for s in ("cpu_xs", "cpu_s") for b in BUDGETS]
+
+
+def test_the_loss_rise_at_an_interval_end_is_read_off_the_grid_curve() -> None:
+    """On an exact parabola y = y0 + c (x - x0)^2 the rise to the worse end of [x0 - 0.5, x0 + 0.3] is c 0.25; an end
+    off the grid gives nan, so a flat valley is never claimed where the grid does not reach."""
+    from analysis.studies.lr import _interval_end_rise
+
+    x = np.log(5e-3) + np.log(2) * np.arange(-2, 3)
+    x0, c = float(x[2]) + 0.1, 0.04
+    y = 1.3 + c * (x - x0) ** 2
+    rise = _interval_end_rise(x, y, [math.exp(x0 - 0.5), math.exp(x0 + 0.3)], 1.3, 2)
+    assert rise == pytest.approx(c * 0.25, rel=1e-9)
+    assert np.isnan(_interval_end_rise(x, y, [math.exp(x[0] - 0.1), math.exp(x0)], 1.3, 2))
+    assert np.isnan(_interval_end_rise(x, y, [float("nan"), math.exp(x0)], 1.3, 2))
 
 
 def test_a_single_budget_study_keeps_its_columns() -> None:
@@ -352,6 +366,35 @@ def test_lr_rule_on_a_study_excludes_edge_cells_and_predicts_the_planted_optima(
     assert "## The lr rule per arm: ln lr* = a + b ln N + c ln D" in summary
     assert "cpu_m @ 128 tokens/param (on the low edge)" in summary
     assert (tmp_path / "o" / "fig_lr.png").stat().st_size > 10_000
+
+
+def test_the_rule_without_the_smallest_size_is_refitted_beside_it(tmp_path: Path) -> None:
+    """Block's smallest size planted at 2.5x its rule's lr at every budget: the rule over all sizes misses cells, the
+    refit without that size (the other sizes on the rule) predicts its left-out cells; with two sizes there is none."""
+    optima = _rule_optima()
+    for b in BUDGETS:
+        optima[("cpu_xs", "block_attnres", b)] *= 2.5
+    df = budget_lr_study(optima, sigma=0.002, rng=4)
+    df.to_csv(tmp_path / "results.csv", index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnalysisWarning)
+        args = ["lr", "--results", str(tmp_path / "results.csv"), "--out", str(tmp_path / "o")]
+        assert main([*args, "--bootstrap", "300", "--seed-sigma", "0.002"]) == 0
+    doc = json.loads((tmp_path / "o" / "lr.json").read_text())
+    refit = doc["rules_without_smallest"]
+    assert refit["size"] == "cpu_xs"
+    full, rest = doc["rules"]["block_attnres"], refit["rules"]["block_attnres"]
+    assert full["loo_inside"] < full["loo_n"] - 2
+    assert rest["n_cells"] == full["n_cells"] - len(BUDGETS)
+    assert {c["size"] for c in rest["cells"]} == {"cpu_s", "cpu_m"}
+    assert rest["loo_inside"] >= rest["loo_n"] - 1
+    assert rest["c"] == pytest.approx(RULE["block_attnres"][2], abs=0.1)
+    assert "Without the smallest size (cpu_xs)" in (tmp_path / "o" / "lr_summary.md").read_text()
+    two = budget_lr_study(_rule_optima(("cpu_xs", "cpu_s")), sigma=0.002, rng=4)
+    table, _, _ = _optima(two, seed_sigma=0.002)
+    from analysis.studies.lr import rules_without_smallest
+
+    assert rules_without_smallest(table, np.zeros((3, len(table)))) is None
 
 
 def test_write_config_of_a_multi_budget_study_writes_lr_per_budget(tmp_path: Path) -> None:

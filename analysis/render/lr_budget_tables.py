@@ -111,6 +111,25 @@ def rule_lines(rules: dict[str, dict[str, Any]]) -> list[str]:
     ]
 
 
+def rules_without_smallest_lines(refit: dict[str, Any] | None) -> list[str]:
+    """The rule refitted without the smallest size (analysis.studies.lr.rules_without_smallest): one row per arm."""
+    if not refit:
+        return []
+    rows = []
+    for v, rule in refit["rules"].items():
+        inside = "n/a" if rule.get("error") else f"{rule['loo_inside']} of {rule['loo_n']}"
+        misses = ", ".join(cell_name(c["size"], c["tokens_per_param"]) for c in rule["cells"] if c["inside"] is False)
+        rows.append([v, f"{rule['n_cells']}", *(_coef(rule, t) for t in ("a", "b", "c")), inside, misses or "none"])
+    return [
+        (
+            f"Without the smallest size ({refit['size']}): the same rule over the other sizes, a check that one rung "
+            "off the power law in N does not set it."
+        ),
+        "",
+        *markdown_table(["arm", "cells", "a", "b", "c", "left-out cells inside", "left-out cells outside"], rows),
+    ]
+
+
 def protocol_cost_lines(costs: list[dict[str, Any]], reference: str = "baseline") -> list[str]:
     """The protocol-cost section (analysis.laws.lr_check.protocol_costs, as records): per arm, rung and budget the
     loss above the arm's own optimum at the reference's optimum for the budget and at one trunk's lr, then one line
@@ -170,17 +189,20 @@ def budget_markdown(
     next_runs: list[dict[str, Any]],
     rules: dict[str, dict[str, Any]],
     costs: list[dict[str, Any]] | None = None,
+    rules_without_smallest: dict[str, Any] | None = None,
 ) -> str:
     """lr_summary.md of a multi-budget LR study: per (arm, size, budget) the optimum with its 95% interval, its
     width (hi / lo), the best grid lr, the loss there, grid points, seeds and flags; then the next runs, the rules
     and the protocol costs."""
-    header = ["arm", "size", "N", "tokens / param", "D", "optimum [95% CI]", "CI width (hi/lo)", "best grid lr"]
+    header = ["arm", "size", "N", "tokens / param", "D", "optimum [95% CI]", "CI width (hi/lo)", "loss rise at CI end"]
+    header += ["best grid lr"]
     header += ["loss at optimum", "grid points", "seeds", "flags"]
     rows = []
     for r in table.itertuples():
         n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"
         cells = [f"{r.variant}", f"{r.size}", n, f"{r.tokens_per_param:g}", f"{r.tokens:,.0f}"]
-        cells += [_optimum(r.lr, r.ci95), _num(r.ci_ratio, ".2f"), _num(r.grid_best_lr), _num(r.loss_at_optimum)]
+        rise = _num(r.ci_end_rise, "+.4f")
+        cells += [_optimum(r.lr, r.ci95), _num(r.ci_ratio, ".2f"), rise, _num(r.grid_best_lr), _num(r.loss_at_optimum)]
         flags = flag_text(r, f"next lr {lr_text(r.next_lr)}" if r.on_edge else "")
         rows.append([*cells, f"{r.n_grid}", f"{r.n_seeds}", flags])
     lines = ["# Learning-rate tuning per budget", "", f"Source: `{source}`." if source else "", ""]
@@ -193,7 +215,9 @@ def budget_markdown(
             f"than every completed one. Intervals: {int(100 * info['ci_level'])}% percentile bootstrap, "
             f"B = {info['B']}; single-seed curves use a parametric bootstrap with sigma = {_num(info['sigma'])} "
             f"({info['sigma_source']}). On a grid edge the optimum may lie beyond the grid: the next lr is half the "
-            "lowest lr of the grid, or twice the highest."
+            "lowest lr of the grid, or twice the highest. Loss rise at CI end: the grid curve's loss at the worse end "
+            "of the interval above the optimum; a wide interval whose rise is under sigma is a flat valley (the "
+            "optimum's place is not resolved at this noise, and costs little)."
         ),
     ]
     if next_runs:
@@ -201,6 +225,8 @@ def budget_markdown(
         lines += [f"- {line}" for line in next_run_lines(next_runs)]
     if rules:
         lines += ["", *rule_lines(rules)]
+        refit = rules_without_smallest_lines(rules_without_smallest)
+        lines += ["", *refit] if refit else []
     if costs:
         lines += ["", *protocol_cost_lines(costs)]
     return "\n".join(lines) + "\n"

@@ -28,7 +28,7 @@ from ..io.runs import AnalysisWarning, load_one_dataset, lr_text
 from ..io.token_budget import tokens_per_param
 from ..laws.bootstrap import CI_LEVEL
 from ..laws.lr_check import protocol_costs
-from ..laws.lr_optimum import WINDOW, quadratic_vertex
+from ..laws.lr_optimum import WINDOW, loss_at, quadratic_vertex
 from ..laws.lr_rule import lr_rule
 from .study_registry import add_bootstrap, add_choice, add_results_out, number, register
 
@@ -275,9 +275,19 @@ def _optimum_row(
             "tokens_per_param": cell[2],
             "tokens": float(pd.to_numeric(g["tokens"], errors="coerce").median()),
             "ci_ratio": hi / lo if np.isfinite(lo) and np.isfinite(hi) and lo > 0 else float("nan"),
+            "ci_end_rise": _interval_end_rise(x, y, ci, y_opt, window),
             "next_lr": next_lr if edge in ("low", "high") else None,
         }
     return row, cell_draws
+
+
+def _interval_end_rise(x: np.ndarray, y: np.ndarray, ci: list[float], y_opt: float, window: int) -> float:
+    """How far the loss off the grid curve (:func:`loss_at`) rises from the optimum to the worse end of its interval:
+    a wide interval with a rise under the seed noise is a flat valley, where the optimum's place is not resolved and
+    matters little; nan where an end lies off the grid."""
+    if not (np.isfinite(y_opt) and all(np.isfinite(c) and c > 0 for c in ci)):
+        return float("nan")
+    return max(loss_at(x, y, math.log(c), window) for c in ci) - y_opt
 
 
 def _noise_sigma(curves: Curves, seed_sigma: float | None, pooled_seed: float | None) -> tuple[float | None, str]:
@@ -383,6 +393,17 @@ def lr_rules(table: pd.DataFrame, draws: np.ndarray) -> dict[str, dict[str, Any]
         ]
         out[str(variant)] = rule
     return out
+
+
+def rules_without_smallest(table: pd.DataFrame, draws: np.ndarray) -> dict[str, Any] | None:
+    """:func:`lr_rules` refitted without the smallest size (by N), the usual check that one rung off the power law in
+    N does not set the rule: ``{"size": the size left out, "rules": ...}``; None with under three sizes."""
+    order = table.groupby("size")["params_non_embedding"].median().sort_values()
+    if len(order) < 3:
+        return None
+    keep = (table["size"] != order.index[0]).to_numpy()
+    rest = table[keep].reset_index(drop=True)
+    return {"size": str(order.index[0]), "rules": lr_rules(rest, draws[:, keep])}
 
 
 def study_sweep(runs: pd.DataFrame, sweep_dir: Path = SWEEP_DIR) -> str | None:
@@ -592,6 +613,7 @@ def run_lr(
     doc["tuned_lr"] = tuned["lr"] if tuned else None  # what the sizes read under `rule`
     if multi:
         doc["rules"] = lr_rules(table, draws)
+        doc["rules_without_smallest"] = rules_without_smallest(table, draws)
         doc["next_runs"] = next_runs(table, runs, sweep if sweep is not None else study_sweep(runs))
         costs = protocol_costs(table, "baseline") if (table["variant"] == "baseline").any() else pd.DataFrame()
         doc["protocol_costs"] = json.loads(costs.to_json(orient="records"))
@@ -605,7 +627,9 @@ def run_lr(
     (out / "lr.json").write_text(json.dumps(doc, indent=1) + "\n")
     source = df.attrs.get("source")
     summary = (
-        budget_markdown(table, info, source, doc["next_runs"], doc["rules"], doc["protocol_costs"])
+        budget_markdown(
+            table, info, source, doc["next_runs"], doc["rules"], doc["protocol_costs"], doc["rules_without_smallest"]
+        )
         if multi
         else lr_markdown(table, info, trend, source, doc["tuned_lr"], rule)
     )
