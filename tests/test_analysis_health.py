@@ -108,12 +108,29 @@ def test_analysis_does_not_flag_the_data_s_spikes_and_reports_them(tmp_path: Pat
         doc = run_fit(df, tmp_path, FitOptions(B=100), make_figures=False)
     assert [f["run_id"] for f in doc.outliers.flagged] == [df.loc[alone, "run_id"].item()]
     assert doc.outliers.data_spikes == [
-        {"seed": 1, "step": 400, "n_runs": 2, "run_ids": sorted(df.loc[both, "run_id"])}
+        {"seed": 1, "step": 400, "last_step": 400, "n_runs": 2, "run_ids": sorted(df.loc[both, "run_id"])}
     ]
     assert doc.outliers.rule["data_event_steps"] == health.DATA_EVENT_STEPS
     summary = (tmp_path / "summary.md").read_text()
     assert "Not flagged, the data's" in summary
     assert "seed 1 at step 400 (2 runs)" in summary
+
+
+def test_spikes_of_one_seed_that_chain_within_the_window_are_one_data_event(tmp_path: Path) -> None:
+    """Seen in the length study: seed 22's runs spiked at steps 5480, 5490 and 5510, one stretch of hard text, not
+    three events; a spike of the same seed further on is another event."""
+    df = _ladder()
+    s1 = (df["seed"] == 1).to_numpy().nonzero()[0]
+    steps = [400, 400 + health.DATA_EVENT_STEPS, 400 + 2 * health.DATA_EVENT_STEPS, 2000, 2000 + 10]
+    for i, step in zip(s1, steps):
+        df.loc[df.index[i], "health"] = f"spike@{step}"
+    df.attrs["source"] = "synthetic"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AnalysisWarning)
+        doc = run_fit(df, tmp_path, FitOptions(B=100), make_figures=False)
+    events = [(e["seed"], e["step"], e["last_step"], e["n_runs"]) for e in doc.outliers.data_spikes]
+    assert events == [(1, 400, 400 + 2 * health.DATA_EVENT_STEPS, 3), (1, 2000, 2010, 2)]
+    assert f"seed 1 at step 400–{400 + 2 * health.DATA_EVENT_STEPS} (3 runs)" in (tmp_path / "summary.md").read_text()
 
 
 def _ladder(seed: int = 0) -> pd.DataFrame:

@@ -114,3 +114,13 @@ def test_best_against_best_is_the_planted_difference(tmp_path: Path) -> None:
     assert "## Best against best: block_attnres at its own optimum lr" in summary
     assert "- best against best at deep_L16 @ 128 tokens/param: block_attnres " in summary
     assert "lr_check" not in json.loads((out / "length.json").read_text())  # the per-arm runs are not an lr grid
+    assert ", 3 seeds)" in summary
+
+
+def test_one_best_against_best_seed_says_it_has_no_verdict() -> None:
+    from analysis.render.length_protocols_text import best_lines
+
+    row = {"size": "deep_L16", "tokens_per_param": 128.0, "delta_best": -0.0576, "delta_best_ci95": None, "n_pairs": 1}
+    assert best_lines([row], "block_attnres") == [
+        "best against best at deep_L16 @ 128 tokens/param: block_attnres -0.0576 (no interval) (no verdict, 1 seed)"
+    ]

@@ -135,7 +135,8 @@ DATA_ORDER = ("seed", "data_fingerprint", "batch_size", "seq_len")  # a run's ba
 
 def _data_spikes(df: pd.DataFrame, flags: list[list[str]]) -> list[dict[str, Any]]:
     """Drop from ``flags`` (in place) the spikes that are the data's (analysis.health.data_events; a run's
-    trajectory is its trunk's, ``trunk_id``, else its own) and return them grouped by seed and step."""
+    trajectory is its trunk's, ``trunk_id``, else its own) and return them as events: per seed, the spikes whose
+    steps chain within DATA_EVENT_STEPS of each other are one event (``step`` its first, ``last_step`` its last)."""
     if "seed" not in df.columns:
         return []
     cols = [c for c in DATA_ORDER if c in df.columns]
@@ -144,16 +145,21 @@ def _data_spikes(df: pd.DataFrame, flags: list[list[str]]) -> list[dict[str, Any
     trajectories = [str(t) if isinstance(t, str) and t else str(r) for t, r in zip(trunks, df["run_id"])]
     spikes = [next((f for f in fl if f.startswith("spike@")), None) for fl in flags]
     steps = [int(f.split("@", 1)[1]) if f else None for f in spikes]
-    groups: dict[tuple[int, int], list[str]] = {}
+    shared_spikes: list[tuple[int, int, str]] = []
     shared = health.data_events(steps, orders, trajectories)
     for fl, spike, step, seed, run_id, is_data in zip(flags, spikes, steps, df["seed"], df["run_id"], shared):
         if is_data and spike is not None and step is not None:
             fl.remove(spike)
-            groups.setdefault((int(seed), step), []).append(str(run_id))
-    return [
-        {"seed": seed, "step": step, "n_runs": len(ids), "run_ids": sorted(ids)}
-        for (seed, step), ids in sorted(groups.items())
-    ]
+            shared_spikes.append((int(seed), step, str(run_id)))
+    events: list[dict[str, Any]] = []
+    for seed, step, run_id in sorted(shared_spikes):
+        last = events[-1] if events else None
+        if last is not None and last["seed"] == seed and step - last["last_step"] <= health.DATA_EVENT_STEPS:
+            last["last_step"] = step
+            last["run_ids"].append(run_id)
+        else:
+            events.append({"seed": seed, "step": step, "last_step": step, "run_ids": [run_id]})
+    return [e | {"n_runs": len(e["run_ids"]), "run_ids": sorted(e["run_ids"])} for e in events]
 
 
 def _curve_flags(df: pd.DataFrame, base_dir: str | None) -> list[list[str]]:

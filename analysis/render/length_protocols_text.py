@@ -99,9 +99,10 @@ def best_lines(rows: list[dict[str, Any]], arm: str) -> list[str]:
     out = []
     for c in rows:
         ci = c["delta_best_ci95"]
-        said = "n/a" if not ci else ("wins" if ci[1] < 0 else "loses" if ci[0] > 0 else "undecided")
+        said = "no verdict" if not ci else ("wins" if ci[1] < 0 else "loses" if ci[0] > 0 else "undecided")
+        seeds = f"{c['n_pairs']} seed" + ("s" if c["n_pairs"] != 1 else "")
         out.append(
             f"best against best at {c['size']} @ {c['tokens_per_param']:g} tokens/param: {arm} "
-            f"{_signed(c['delta_best'], ci)} ({said}, {c['n_pairs']} seeds)"
+            f"{_signed(c['delta_best'], ci)} ({said}, {seeds})"
         )
     return out

@@ -47,6 +47,10 @@ def summary_markdown(doc: dict[str, Any], title: str = "Scaling-law summary") ->
     return "\n".join(lines)
 
 
+def _step_span(first: int, last: int) -> str:
+    return f"{first}" if first == last else f"{first}–{last}"
+
+
 def _losses(doc: dict[str, Any], base: str) -> list[str]:
     """Validation loss per size and variant, with the difference from the baseline."""
     if not doc.get("losses"):
@@ -303,7 +307,10 @@ def _outliers(doc: dict[str, Any]) -> list[str]:
         for f in o.get("flagged") or []
     ] or ["- No run is flagged."]
     if o.get("data_spikes"):
-        events = ", ".join(f"seed {e['seed']} at step {e['step']} ({e['n_runs']} runs)" for e in o["data_spikes"])
+        events = ", ".join(
+            f"seed {e['seed']} at step {_step_span(e['step'], e['last_step'])} ({e['n_runs']} runs)"
+            for e in o["data_spikes"]
+        )
         lines.append(
             f"- Not flagged, the data's: spikes that runs of another trajectory on the same batches (seed, data, batch "
             f"shape) show within {rule['data_event_steps']} steps, a stretch of hard text every model scores high: "
