@@ -117,6 +117,18 @@ def test_best_against_best_is_the_planted_difference(tmp_path: Path) -> None:
     assert ", 3 seeds)" in summary
 
 
+def test_a_best_cell_without_the_paper_protocol_s_pairs_is_left_out_with_a_warning() -> None:
+    from analysis.io.runs import AnalysisWarning
+    from analysis.laws.length_protocols import best_against_best
+
+    own = _own_lr_copy(load_results(SHARED_RESULTS), {})
+    cell = (own["size"] == "deep_L16") & (own["budget"].astype(float) == 128.0)
+    best = own[cell & (own["variant"] == "block_attnres") & own["seed"].isin([0, 1, 2])].copy()
+    best["lr"] *= 1.4
+    with pytest.warns(AnalysisWarning, match="deep_L16 @ 128 tokens/param; left out"):
+        assert best_against_best(own[~cell], best) == []
+
+
 def test_one_best_against_best_seed_says_it_has_no_verdict() -> None:
     from analysis.render.length_protocols_text import best_lines
 

@@ -1,7 +1,7 @@
 """A study's design as data (sweeps/studies/<name>.yaml, read by sweeps/study_spec.py): every study plans what it
 planned when it was Python (tests/data/study_plans.json, frozen at c3a49b9; since then deep_budgets_lr's design
 gained lr x 0.25, reuses its committed launches and names its shared lr, and deep_budgets_tuned reuses its own
-committed launches, deliberate changes of those entries), a
+committed launches instead of the shared-lr study's, deliberate changes of those entries), a
 broken study file fails in one line naming the file, the key and what is allowed, a new study is one file, --help
 lists every study, and the regime sentence of every study says whether its runs are at the paper's shapes."""
 

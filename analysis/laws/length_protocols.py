@@ -7,11 +7,12 @@ its budget's lr; per rung Δ(largest budget) - Δ(smallest) under each; and best
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import pandas as pd
 
-from ..io.runs import completed_runs
+from ..io.runs import AnalysisWarning, completed_runs
 from ..io.token_budget import tokens_per_param
 from .paired import paired_comparison
 
@@ -129,6 +130,18 @@ def best_against_best(
     o = _completed(own, OWN)
     in_cells = pd.Series([k in cells for k in zip(o["size"], o["tokens_per_param"])], index=o.index)
     o = o[in_cells & o["variant"].isin([arm, reference])]
+    paired = {k for k, g in o.groupby(["size", "tokens_per_param"]) if {arm, reference} <= set(g["variant"])}
+    if missing := sorted(cells - paired):
+        where = ", ".join(f"{size} @ {tpp:g} tokens/param" for size, tpp in missing)
+        warnings.warn(
+            f"best against best: no runs of both {arm} and {reference} under the paper's protocol at {where}; "
+            "left out",
+            AnalysisWarning,
+            stacklevel=2,
+        )
+        mine = mine[[k in paired for k in zip(mine["size"], mine["tokens_per_param"])]]
+        if mine.empty:
+            return []
     ref = o[o["variant"] == reference]
     both = pd.concat([o, mine, ref.assign(protocol=BEST)], ignore_index=True)
     table = paired_comparison(both, reference, [arm], CELLS, "protocol")
