@@ -134,8 +134,7 @@ def best_against_best(
     if missing := sorted(cells - paired):
         where = ", ".join(f"{size} @ {tpp:g} tokens/param" for size, tpp in missing)
         warnings.warn(
-            f"best against best: no runs of both {arm} and {reference} under the paper's protocol at {where}; "
-            "left out",
+            f"best against best: no runs of both {arm} and {reference} under the paper's protocol at {where}; left out",
             AnalysisWarning,
             stacklevel=2,
         )
