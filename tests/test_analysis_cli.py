@@ -309,6 +309,20 @@ def test_loss_curve_panels_of_a_size_zoom_alike(tmp_path: Path, monkeypatch: pyt
     assert tokens_lo == pytest.approx(flops_lo)
 
 
+def test_a_run_directory_that_never_evaluated_gives_no_loss_curve_and_no_crash(tmp_path: Path) -> None:
+    """A run directory whose metrics.csv holds only its header (a launch stopped before its first evaluation, left
+    beside the records that name it) is named in the warning, and a figure without any curve is not drawn."""
+    from analysis.io.runs import AnalysisWarning
+    from analysis.render import figures
+
+    run = tmp_path / "stopped"
+    run.mkdir()
+    (run / "metrics.csv").write_text("step,tokens,flops,train_loss,val_loss\n")
+    row = {"run_id": "stopped", "run_dir": str(run), "variant": "baseline", "size": "cpu_xs", "seed": 0}
+    with pytest.warns(AnalysisWarning, match=r"stopped \(metrics.csv has no val_loss\)"):
+        assert figures.loss_curves_figure(pd.DataFrame([row | {"val_loss": 3.0}]), tmp_path / "curves") == []
+
+
 @pytest.mark.parametrize("name", ["fit.json", "heldout/fit.json", "pooled/fit.json"])
 def test_committed_fit_documents_load_typed_and_round_trip(name: str) -> None:
     """The committed study's fit.json files load into the typed document and are written back unchanged."""

@@ -400,6 +400,9 @@ def _loss_curves(df: pd.DataFrame, base_dir: str | None) -> pd.DataFrame | None:
             continue
         flagged = bool(str(row.get("flags", "") or ""))  # the outlier rule's flag (analysis.io.report)
         m = m.dropna(subset=["val_loss"])
+        if m.empty:  # e.g. a run directory whose training never reached an evaluation
+            missing.append(f"{row['run_id']} (metrics.csv has no val_loss)")
+            continue
         m = m.assign(variant=row["variant"], size=row["size"], seed=row["seed"], run_id=row["run_id"], flagged=flagged)
         curves.append(m[["step", "tokens", "flops", "val_loss", "variant", "size", "seed", "run_id", "flagged"]])
     _warn_missing("loss curves: no usable metrics.csv", missing, stacklevel=2)
