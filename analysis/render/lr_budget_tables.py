@@ -195,8 +195,7 @@ def budget_markdown(
     width (hi / lo), the best grid lr, the loss there, grid points, seeds and flags; then the next runs, the rules
     and the protocol costs."""
     header = ["arm", "size", "N", "tokens / param", "D", "optimum [95% CI]", "CI width (hi/lo)", "loss rise at CI end"]
-    header += ["best grid lr"]
-    header += ["loss at optimum", "grid points", "seeds", "flags"]
+    header += ["best grid lr", "loss at optimum", "grid points", "seeds", "flags"]
     rows = []
     for r in table.itertuples():
         n = f"{r.params_non_embedding:,.0f}" if r.params_non_embedding else "n/a"

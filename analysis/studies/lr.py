@@ -24,7 +24,7 @@ import pandas as pd
 
 from results.io import atomic_write_text
 
-from ..io.runs import AnalysisWarning, load_one_dataset, lr_text
+from ..io.runs import AnalysisWarning, load_one_dataset, lr_text, size_order
 from ..io.token_budget import tokens_per_param
 from ..laws.bootstrap import CI_LEVEL
 from ..laws.lr_check import protocol_costs
@@ -398,12 +398,12 @@ def lr_rules(table: pd.DataFrame, draws: np.ndarray) -> dict[str, dict[str, Any]
 def rules_without_smallest(table: pd.DataFrame, draws: np.ndarray) -> dict[str, Any] | None:
     """:func:`lr_rules` refitted without the smallest size (by N), the usual check that one rung off the power law in
     N does not set the rule: ``{"size": the size left out, "rules": ...}``; None with under three sizes."""
-    order = table.groupby("size")["params_non_embedding"].median().sort_values()
+    order = size_order(table, "params_non_embedding")
     if len(order) < 3:
         return None
-    keep = (table["size"] != order.index[0]).to_numpy()
+    keep = (table["size"] != order[0]).to_numpy()
     rest = table[keep].reset_index(drop=True)
-    return {"size": str(order.index[0]), "rules": lr_rules(rest, draws[:, keep])}
+    return {"size": str(order[0]), "rules": lr_rules(rest, draws[:, keep])}
 
 
 def study_sweep(runs: pd.DataFrame, sweep_dir: Path = SWEEP_DIR) -> str | None:
